@@ -1,0 +1,70 @@
+//! Model configuration: Triton's `config.pbtxt` text format parsed into our own `ModelConfig` schema.
+mod pbtxt;
+mod validate;
+
+use std::sync::OnceLock;
+
+use prost::Message;
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
+
+pub use crate::proto::ModelConfig;
+pub use pbtxt::parse_pbtxt;
+pub use validate::validate_config;
+
+fn model_config_descriptor() -> MessageDescriptor {
+    static POOL: OnceLock<DescriptorPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        DescriptorPool::decode(crate::proto::DESCRIPTOR_SET).expect("descriptor set built by build.rs")
+    })
+    .get_message_by_name("inference.ModelConfig")
+    .expect("ModelConfig is in the descriptor set")
+}
+
+/// The config as Triton's config endpoint renders it: proto field names, enums by name, numbers as numbers.
+pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
+    let dynamic = DynamicMessage::decode(model_config_descriptor(), config.encode_to_vec().as_slice())
+        .expect("a ModelConfig always decodes against its own descriptor");
+    let options = prost_reflect::SerializeOptions::new()
+        .use_proto_field_name(true)
+        .stringify_64_bit_integers(false)
+        .skip_default_fields(false);
+    dynamic
+        .serialize_with_options(serde_json::value::Serializer, &options)
+        .expect("serializing a message into a JSON value cannot fail")
+}
+
+/// Parses a config given as JSON (the repository extension's `config` override), rejecting unknown fields.
+pub fn config_from_json(text: &str) -> Result<ModelConfig, String> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let options = prost_reflect::DeserializeOptions::new().deny_unknown_fields(true);
+    let dynamic = DynamicMessage::deserialize_with_options(model_config_descriptor(), &mut de, &options)
+        .map_err(|e| format!("invalid config JSON: {e}"))?;
+    dynamic.transcode_to::<ModelConfig>().map_err(|e| format!("invalid config JSON: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_uses_triton_field_names_and_plain_numbers() {
+        let c = parse_pbtxt(
+            "name: \"m\"\nmax_batch_size: 8\ninput [ { name: \"x\" data_type: TYPE_FP32 dims: [ -1, 16 ] } ]",
+        )
+        .unwrap();
+        let j = config_to_json(&c);
+        assert_eq!(j["name"], "m");
+        assert_eq!(j["max_batch_size"], 8);
+        assert_eq!(j["input"][0]["data_type"], "TYPE_FP32");
+        assert_eq!(j["input"][0]["dims"], serde_json::json!([-1, 16]));
+        assert_eq!(j["input"][0]["optional"], false);
+        let back = config_from_json(&j.to_string()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn json_rejects_unknown_fields() {
+        let e = config_from_json(r#"{"name":"m","bogus":1}"#).unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+    }
+}

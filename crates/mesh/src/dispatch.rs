@@ -1,0 +1,65 @@
+//! The one seam between frontends and whatever runs models: a local node or the cluster router.
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+use crate::proto::ModelConfig;
+use crate::request::{InferRequest, InferResponse};
+
+/// What a frontend needs to know about one served model version.
+#[derive(Debug, Clone)]
+pub struct ModelView {
+    pub config: Arc<ModelConfig>,
+    /// The version this view describes.
+    pub version: i64,
+    /// Every version of the model that is currently ready, ascending.
+    pub ready_versions: Vec<i64>,
+    pub ready: bool,
+}
+
+/// One row of the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub name: String,
+    /// Empty when the model has no loaded version (for example when it failed to load).
+    pub version: String,
+    /// READY, UNAVAILABLE, LOADING or UNLOADING, as Triton reports them.
+    pub state: String,
+    pub reason: String,
+}
+
+/// Runs inference and answers questions about models; frontends are generic over it.
+#[async_trait]
+pub trait Dispatch: Send + Sync + 'static {
+    /// Runs one request on the model and version it names.
+    async fn infer(&self, request: InferRequest) -> Result<InferResponse>;
+
+    /// Whether the server is ready for inference.
+    fn ready(&self) -> bool;
+
+    /// The view of a model version; `version` empty means the default one.
+    fn model(&self, name: &str, version: &str) -> Result<ModelView>;
+
+    /// Every model the repositories hold, with its state and the reason for it.
+    fn repository_index(&self) -> Vec<IndexEntry>;
+
+    /// Loads or reloads a model (the repository extension).
+    async fn load_model(&self, name: &str) -> Result<()> {
+        Err(Error::unsupported(format!(
+            "cannot load '{name}': explicit model control is not enabled on this server"
+        )))
+    }
+
+    /// Unloads a model (the repository extension).
+    async fn unload_model(&self, name: &str) -> Result<()> {
+        Err(Error::unsupported(format!(
+            "cannot unload '{name}': explicit model control is not enabled on this server"
+        )))
+    }
+
+    /// KServe v2 extensions this dispatcher really implements, for server metadata.
+    fn extensions(&self) -> Vec<&'static str> {
+        vec!["binary_tensor_data", "model_configuration", "parameters"]
+    }
+}

@@ -1,0 +1,221 @@
+//! Converts gRPC ModelInfer messages to and from the mesh's request and response types.
+use std::collections::HashMap;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::proto::{self, infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor};
+use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
+use crate::tensor::{NamedTensor, Tensor};
+
+fn params_in(map: HashMap<String, proto::InferParameter>) -> Params {
+    map.into_iter()
+        .filter_map(|(k, v)| {
+            let p = match v.parameter_choice? {
+                ParameterChoice::BoolParam(b) => Param::Bool(b),
+                ParameterChoice::Int64Param(i) => Param::Int(i),
+                ParameterChoice::Uint64Param(u) => Param::Uint(u),
+                ParameterChoice::DoubleParam(d) => Param::Double(d),
+                ParameterChoice::StringParam(s) => Param::String(s),
+            };
+            Some((k, p))
+        })
+        .collect()
+}
+
+fn params_out(params: &Params) -> HashMap<String, proto::InferParameter> {
+    params
+        .iter()
+        .map(|(k, p)| {
+            let c = match p {
+                Param::Bool(b) => ParameterChoice::BoolParam(*b),
+                Param::Int(i) => ParameterChoice::Int64Param(*i),
+                Param::Uint(u) => ParameterChoice::Uint64Param(*u),
+                Param::Double(d) => ParameterChoice::DoubleParam(*d),
+                Param::String(s) => ParameterChoice::StringParam(s.clone()),
+            };
+            (k.clone(), proto::InferParameter { parameter_choice: Some(c) })
+        })
+        .collect()
+}
+
+/// Builds an InferRequest; inputs come from `raw_input_contents` by position, or from typed `contents`.
+pub fn decode_request(msg: proto::ModelInferRequest) -> Result<InferRequest> {
+    let raw = msg.raw_input_contents;
+    if !raw.is_empty() && raw.len() != msg.inputs.len() {
+        return Err(Error::invalid(format!(
+            "{} raw_input_contents were given for {} inputs; give one per input or none",
+            raw.len(),
+            msg.inputs.len()
+        )));
+    }
+    let mut raw = raw.into_iter();
+    let mut inputs = Vec::with_capacity(msg.inputs.len());
+    for input in msg.inputs {
+        let name = input.name;
+        let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        if input.parameters.keys().any(|k| k.starts_with("shared_memory")) {
+            return Err(Error::unsupported(format!("input '{name}': shared memory is not supported")));
+        }
+        let data = match (raw.next(), input.contents) {
+            (Some(_), Some(_)) => {
+                return Err(Error::invalid(format!("input '{name}' has both raw_input_contents and typed contents")))
+            }
+            (Some(bytes), None) => bytes,
+            (None, Some(c)) => typed_contents(&name, dtype, c)?,
+            (None, None) => return Err(Error::invalid(format!("input '{name}' has no data"))),
+        };
+        let tensor = Tensor::new(dtype, input.shape, data).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        inputs.push(NamedTensor { name, tensor });
+    }
+    let outputs = msg
+        .outputs
+        .into_iter()
+        .map(|o| {
+            if o.parameters.contains_key("classification") {
+                return Err(Error::unsupported(format!("output '{}': the classification extension is not supported", o.name)));
+            }
+            Ok(RequestedOutput { name: o.name })
+        })
+        .collect::<Result<_>>()?;
+    Ok(InferRequest {
+        model_name: msg.model_name,
+        model_version: msg.model_version,
+        id: msg.id,
+        inputs,
+        outputs,
+        parameters: params_in(msg.parameters),
+    })
+}
+
+/// Typed `contents` to wire bytes, with range checks for narrow integer types.
+fn typed_contents(name: &str, dtype: DataType, c: proto::InferTensorContents) -> Result<Bytes> {
+    let mut b = BytesMut::new();
+    let narrow = |what: &str| Error::invalid(format!("input '{name}': a value in {what} is out of range for {dtype}"));
+    let wrong = || {
+        Error::invalid(format!("input '{name}': {dtype} data must be sent in raw_input_contents or its own contents field"))
+    };
+    match dtype {
+        DataType::Bool => c.bool_contents.iter().for_each(|&v| b.put_u8(v as u8)),
+        DataType::Int8 => {
+            for v in c.int_contents {
+                b.put_i8(i8::try_from(v).map_err(|_| narrow("int_contents"))?)
+            }
+        }
+        DataType::Int16 => {
+            for v in c.int_contents {
+                b.put_i16_le(i16::try_from(v).map_err(|_| narrow("int_contents"))?)
+            }
+        }
+        DataType::Int32 => c.int_contents.iter().for_each(|&v| b.put_i32_le(v)),
+        DataType::Int64 => c.int64_contents.iter().for_each(|&v| b.put_i64_le(v)),
+        DataType::Uint8 => {
+            for v in c.uint_contents {
+                b.put_u8(u8::try_from(v).map_err(|_| narrow("uint_contents"))?)
+            }
+        }
+        DataType::Uint16 => {
+            for v in c.uint_contents {
+                b.put_u16_le(u16::try_from(v).map_err(|_| narrow("uint_contents"))?)
+            }
+        }
+        DataType::Uint32 => c.uint_contents.iter().for_each(|&v| b.put_u32_le(v)),
+        DataType::Uint64 => c.uint64_contents.iter().for_each(|&v| b.put_u64_le(v)),
+        DataType::Fp32 => c.fp32_contents.iter().for_each(|&v| b.put_f32_le(v)),
+        DataType::Fp64 => c.fp64_contents.iter().for_each(|&v| b.put_f64_le(v)),
+        DataType::Bytes => {
+            for e in &c.bytes_contents {
+                b.put_u32_le(u32::try_from(e.len()).map_err(|_| narrow("bytes_contents"))?);
+                b.put_slice(e);
+            }
+        }
+        DataType::Fp16 | DataType::Bf16 => return Err(wrong()),
+    }
+    Ok(b.freeze())
+}
+
+/// Builds the reply with every output in `raw_output_contents`, as tritonclient expects.
+pub fn encode_response(resp: InferResponse) -> proto::ModelInferResponse {
+    let mut outputs = Vec::with_capacity(resp.outputs.len());
+    let mut raw = Vec::with_capacity(resp.outputs.len());
+    for o in resp.outputs {
+        outputs.push(InferOutputTensor {
+            name: o.name,
+            datatype: o.tensor.dtype.wire_name().to_string(),
+            shape: o.tensor.shape,
+            parameters: HashMap::new(),
+            contents: None,
+        });
+        raw.push(o.tensor.data);
+    }
+    proto::ModelInferResponse {
+        model_name: resp.model_name,
+        model_version: resp.model_version,
+        id: resp.id,
+        parameters: params_out(&resp.parameters),
+        outputs,
+        raw_output_contents: raw,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::model_infer_request::InferInputTensor;
+
+    fn input(name: &str, dt: &str, shape: Vec<i64>, contents: Option<proto::InferTensorContents>) -> InferInputTensor {
+        InferInputTensor { name: name.into(), datatype: dt.into(), shape, parameters: HashMap::new(), contents }
+    }
+
+    #[test]
+    fn raw_inputs_by_position() {
+        let msg = proto::ModelInferRequest {
+            model_name: "m".into(),
+            inputs: vec![input("a", "INT8", vec![2], None), input("b", "BYTES", vec![1], None)],
+            raw_input_contents: vec![Bytes::from_static(&[1, 2]), Bytes::from_static(&[1, 0, 0, 0, 0])],
+            ..Default::default()
+        };
+        let r = decode_request(msg).unwrap();
+        assert_eq!(r.inputs[0].tensor.data.as_ref(), &[1, 2]);
+        assert_eq!(r.inputs[1].tensor.bytes_elements().collect::<Vec<_>>(), vec![&[0u8][..]]);
+    }
+
+    #[test]
+    fn typed_contents_and_their_errors() {
+        let c = proto::InferTensorContents { int_contents: vec![1, -2], ..Default::default() };
+        let msg = proto::ModelInferRequest { inputs: vec![input("a", "INT16", vec![2], Some(c))], ..Default::default() };
+        assert_eq!(decode_request(msg).unwrap().inputs[0].tensor.data.as_ref(), &[1, 0, 0xfe, 0xff]);
+
+        let c = proto::InferTensorContents { int_contents: vec![300], ..Default::default() };
+        let msg = proto::ModelInferRequest { inputs: vec![input("a", "INT8", vec![1], Some(c))], ..Default::default() };
+        assert!(decode_request(msg).unwrap_err().message.contains("out of range for INT8"));
+
+        let c = proto::InferTensorContents { fp32_contents: vec![1.0], ..Default::default() };
+        let msg = proto::ModelInferRequest { inputs: vec![input("a", "FP32", vec![2], Some(c))], ..Default::default() };
+        assert!(decode_request(msg).unwrap_err().message.contains("needs 8 bytes, got 4"));
+
+        let msg = proto::ModelInferRequest {
+            inputs: vec![input("a", "FP32", vec![1], None), input("b", "FP32", vec![1], None)],
+            raw_input_contents: vec![Bytes::from_static(&[0; 4])],
+            ..Default::default()
+        };
+        assert!(decode_request(msg).unwrap_err().message.contains("1 raw_input_contents were given for 2 inputs"));
+
+        let msg = proto::ModelInferRequest { inputs: vec![input("a", "FP16", vec![1], Some(Default::default()))], ..Default::default() };
+        assert!(decode_request(msg).unwrap_err().message.contains("raw_input_contents"));
+    }
+
+    #[test]
+    fn response_is_raw() {
+        let resp = InferResponse {
+            model_name: "m".into(),
+            model_version: "1".into(),
+            outputs: vec![NamedTensor { name: "y".into(), tensor: Tensor::from_values(vec![1], &[3u16]) }],
+            ..Default::default()
+        };
+        let m = encode_response(resp);
+        assert_eq!(m.outputs[0].datatype, "UINT16");
+        assert_eq!(m.raw_output_contents[0].as_ref(), &[3, 0]);
+    }
+}

@@ -1,0 +1,196 @@
+//! KServe v2 gRPC frontend (`inference.GRPCInferenceService`), generic over `Dispatch`.
+pub mod codec;
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::config::ModelConfig;
+use crate::dispatch::Dispatch;
+use crate::metadata::ModelMetadata;
+use crate::proto::{self, grpc_inference_service_server::GrpcInferenceService};
+
+pub use proto::grpc_inference_service_server::GrpcInferenceServiceServer;
+
+/// The gRPC service over a dispatcher.
+pub struct GrpcFrontend<D> {
+    dispatch: Arc<D>,
+}
+
+impl<D: Dispatch> GrpcFrontend<D> {
+    /// Wraps the service with message limits matching the HTTP body limit.
+    pub fn server(dispatch: Arc<D>, max_message_size: usize) -> GrpcInferenceServiceServer<Self> {
+        GrpcInferenceServiceServer::new(GrpcFrontend { dispatch })
+            .max_decoding_message_size(max_message_size)
+            .max_encoding_message_size(usize::MAX)
+    }
+}
+
+fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
+    Err(Status::unimplemented(format!("{what} is not implemented by this server yet")))
+}
+
+type StreamOf<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
+    async fn server_live(&self, _: Request<proto::ServerLiveRequest>) -> Result<Response<proto::ServerLiveResponse>, Status> {
+        Ok(Response::new(proto::ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _: Request<proto::ServerReadyRequest>) -> Result<Response<proto::ServerReadyResponse>, Status> {
+        Ok(Response::new(proto::ServerReadyResponse { ready: self.dispatch.ready() }))
+    }
+
+    async fn model_ready(&self, r: Request<proto::ModelReadyRequest>) -> Result<Response<proto::ModelReadyResponse>, Status> {
+        let r = r.into_inner();
+        let ready = self.dispatch.model(&r.name, &r.version).map(|v| v.ready).unwrap_or(false);
+        Ok(Response::new(proto::ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<proto::ServerMetadataRequest>,
+    ) -> Result<Response<proto::ServerMetadataResponse>, Status> {
+        Ok(Response::new(proto::ServerMetadataResponse {
+            name: crate::SERVER_NAME.into(),
+            version: crate::SERVER_VERSION.into(),
+            extensions: self.dispatch.extensions().into_iter().map(String::from).collect(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        r: Request<proto::ModelMetadataRequest>,
+    ) -> Result<Response<proto::ModelMetadataResponse>, Status> {
+        let r = r.into_inner();
+        let m = ModelMetadata::from_view(&self.dispatch.model(&r.name, &r.version)?);
+        let tensors = |ts: Vec<crate::metadata::TensorMetadata>| {
+            ts.into_iter()
+                .map(|t| proto::model_metadata_response::TensorMetadata { name: t.name, datatype: t.datatype, shape: t.shape })
+                .collect()
+        };
+        Ok(Response::new(proto::ModelMetadataResponse {
+            name: m.name,
+            versions: m.versions,
+            platform: m.platform,
+            inputs: tensors(m.inputs),
+            outputs: tensors(m.outputs),
+        }))
+    }
+
+    async fn model_infer(&self, r: Request<proto::ModelInferRequest>) -> Result<Response<proto::ModelInferResponse>, Status> {
+        let request = codec::decode_request(r.into_inner())?;
+        let response = self.dispatch.infer(request).await?;
+        Ok(Response::new(codec::encode_response(response)))
+    }
+
+    type ModelStreamInferStream = StreamOf<proto::ModelStreamInferResponse>;
+
+    async fn model_stream_infer(
+        &self,
+        _: Request<tonic::Streaming<proto::ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        unimplemented("ModelStreamInfer (decoupled models)")
+    }
+
+    async fn model_config(&self, r: Request<proto::ModelConfigRequest>) -> Result<Response<proto::ModelConfigResponse>, Status> {
+        let r = r.into_inner();
+        let view = self.dispatch.model(&r.name, &r.version)?;
+        let config: ModelConfig = (*view.config).clone();
+        Ok(Response::new(proto::ModelConfigResponse { config: Some(config) }))
+    }
+
+    async fn model_statistics(
+        &self,
+        _: Request<proto::ModelStatisticsRequest>,
+    ) -> Result<Response<proto::ModelStatisticsResponse>, Status> {
+        unimplemented("ModelStatistics")
+    }
+
+    async fn repository_index(
+        &self,
+        r: Request<proto::RepositoryIndexRequest>,
+    ) -> Result<Response<proto::RepositoryIndexResponse>, Status> {
+        let ready_only = r.into_inner().ready;
+        let models = self
+            .dispatch
+            .repository_index()
+            .into_iter()
+            .filter(|e| !ready_only || e.state == "READY")
+            .map(|e| proto::repository_index_response::ModelIndex {
+                name: e.name,
+                version: e.version,
+                state: e.state,
+                reason: e.reason,
+            })
+            .collect();
+        Ok(Response::new(proto::RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        r: Request<proto::RepositoryModelLoadRequest>,
+    ) -> Result<Response<proto::RepositoryModelLoadResponse>, Status> {
+        self.dispatch.load_model(&r.into_inner().model_name).await?;
+        Ok(Response::new(proto::RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        r: Request<proto::RepositoryModelUnloadRequest>,
+    ) -> Result<Response<proto::RepositoryModelUnloadResponse>, Status> {
+        self.dispatch.unload_model(&r.into_inner().model_name).await?;
+        Ok(Response::new(proto::RepositoryModelUnloadResponse {}))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        _: Request<proto::SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<proto::SystemSharedMemoryStatusResponse>, Status> {
+        unimplemented("system shared memory")
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        _: Request<proto::SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<proto::SystemSharedMemoryRegisterResponse>, Status> {
+        unimplemented("system shared memory")
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        _: Request<proto::SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<proto::SystemSharedMemoryUnregisterResponse>, Status> {
+        unimplemented("system shared memory")
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        _: Request<proto::CudaSharedMemoryStatusRequest>,
+    ) -> Result<Response<proto::CudaSharedMemoryStatusResponse>, Status> {
+        unimplemented("CUDA shared memory")
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        _: Request<proto::CudaSharedMemoryRegisterRequest>,
+    ) -> Result<Response<proto::CudaSharedMemoryRegisterResponse>, Status> {
+        unimplemented("CUDA shared memory")
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<proto::CudaSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<proto::CudaSharedMemoryUnregisterResponse>, Status> {
+        unimplemented("CUDA shared memory")
+    }
+
+    async fn trace_setting(&self, _: Request<proto::TraceSettingRequest>) -> Result<Response<proto::TraceSettingResponse>, Status> {
+        unimplemented("TraceSetting")
+    }
+
+    async fn log_settings(&self, _: Request<proto::LogSettingsRequest>) -> Result<Response<proto::LogSettingsResponse>, Status> {
+        unimplemented("LogSettings")
+    }
+}

@@ -1,0 +1,315 @@
+//! KServe v2 HTTP infer bodies: JSON plus the binary tensor data extension, in both directions.
+use std::collections::HashMap;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::json_data;
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
+use crate::tensor::{NamedTensor, Tensor};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest<'a> {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    parameters: Option<HashMap<String, serde_json::Value>>,
+    #[serde(borrow)]
+    inputs: Vec<JsonInput<'a>>,
+    #[serde(default)]
+    outputs: Option<Vec<JsonOutput>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonInput<'a> {
+    name: String,
+    shape: Vec<i64>,
+    datatype: String,
+    #[serde(default)]
+    parameters: Option<HashMap<String, serde_json::Value>>,
+    #[serde(default, borrow)]
+    data: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonOutput {
+    name: String,
+    #[serde(default)]
+    parameters: Option<HashMap<String, serde_json::Value>>,
+}
+
+/// How the client wants each output returned: binary (true) or JSON data (false).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutputFormat {
+    pub default_binary: bool,
+    pub per_output: Vec<(String, bool)>,
+}
+
+impl OutputFormat {
+    fn is_binary(&self, name: &str) -> bool {
+        self.per_output.iter().find(|(n, _)| n == name).map_or(self.default_binary, |(_, b)| *b)
+    }
+}
+
+fn params_from_json(map: Option<HashMap<String, serde_json::Value>>) -> Result<Params> {
+    let mut out = Vec::new();
+    for (k, v) in map.into_iter().flatten() {
+        let p = match v {
+            serde_json::Value::Bool(b) => Param::Bool(b),
+            serde_json::Value::String(s) => Param::String(s),
+            serde_json::Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), _, _) => Param::Int(i),
+                (None, Some(u), _) => Param::Uint(u),
+                (_, _, Some(f)) => Param::Double(f),
+                _ => return Err(Error::invalid(format!("parameter '{k}' has an unusable number"))),
+            },
+            other => return Err(Error::invalid(format!("parameter '{k}' must be a bool, number or string, got {other}"))),
+        };
+        out.push((k, p));
+    }
+    Ok(out)
+}
+
+fn take_bool(params: &mut Params, key: &str) -> Result<Option<bool>> {
+    match params.iter().position(|(k, _)| k == key) {
+        None => Ok(None),
+        Some(i) => match params.remove(i).1 {
+            Param::Bool(b) => Ok(Some(b)),
+            other => Err(Error::invalid(format!("parameter '{key}' must be a boolean, got {other:?}"))),
+        },
+    }
+}
+
+fn reject_unsupported(params: &Params, what: &str) -> Result<()> {
+    for key in ["shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"] {
+        if params.iter().any(|(k, _)| k == key) {
+            return Err(Error::unsupported(format!("{what}: shared memory is not supported ('{key}')")));
+        }
+    }
+    if params.iter().any(|(k, _)| k == "classification") {
+        return Err(Error::unsupported(format!("{what}: the classification extension is not supported")));
+    }
+    Ok(())
+}
+
+/// Decodes an infer body. `header_len` is the `Inference-Header-Content-Length` value, if any.
+pub fn decode_request(model: &str, version: &str, body: Bytes, header_len: Option<usize>) -> Result<(InferRequest, OutputFormat)> {
+    let json_len = header_len.unwrap_or(body.len());
+    if json_len > body.len() {
+        return Err(Error::invalid(format!(
+            "Inference-Header-Content-Length {json_len} is larger than the body ({} bytes)",
+            body.len()
+        )));
+    }
+    let json = std::str::from_utf8(&body[..json_len])
+        .map_err(|e| Error::invalid(format!("request JSON is not valid UTF-8: {e}")))?;
+    let parsed: JsonRequest =
+        serde_json::from_str(json).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))?;
+    let mut binary = body.slice(json_len..);
+
+    let mut parameters = params_from_json(parsed.parameters)?;
+    let default_binary = take_bool(&mut parameters, "binary_data_output")?.unwrap_or(false);
+    let mut inputs = Vec::with_capacity(parsed.inputs.len());
+    for input in parsed.inputs {
+        let name = input.name;
+        let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        let mut params = params_from_json(input.parameters)?;
+        reject_unsupported(&params, &format!("input '{name}'"))?;
+        let bin_size = match params.iter().position(|(k, _)| k == "binary_data_size") {
+            None => None,
+            Some(i) => Some(params.remove(i).1.as_u64().ok_or_else(|| {
+                Error::invalid(format!("input '{name}': binary_data_size must be a non-negative integer"))
+            })?),
+        };
+        let data = match (bin_size, input.data) {
+            (Some(_), Some(_)) => {
+                return Err(Error::invalid(format!("input '{name}' has both binary_data_size and JSON data")))
+            }
+            (None, None) => return Err(Error::invalid(format!("input '{name}' has no data"))),
+            (Some(n), None) => {
+                let n = usize::try_from(n).ok().filter(|&n| n <= binary.len()).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "input '{name}': binary_data_size {n} overruns the {} bytes of binary data left in the body",
+                        binary.len()
+                    ))
+                })?;
+                binary.split_to(n)
+            }
+            (None, Some(raw)) => json_data::parse_data(&name, dtype, raw)?.freeze(),
+        };
+        let tensor = Tensor::new(dtype, input.shape, data).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        inputs.push(NamedTensor { name, tensor });
+    }
+    let mut format = OutputFormat { default_binary, per_output: Vec::new() };
+    let mut outputs = Vec::new();
+    for out in parsed.outputs.into_iter().flatten() {
+        let mut params = params_from_json(out.parameters)?;
+        reject_unsupported(&params, &format!("output '{}'", out.name))?;
+        if let Some(b) = take_bool(&mut params, "binary_data")? {
+            format.per_output.push((out.name.clone(), b));
+        }
+        outputs.push(RequestedOutput { name: out.name });
+    }
+    let request = InferRequest {
+        model_name: model.to_string(),
+        model_version: version.to_string(),
+        id: parsed.id.unwrap_or_default(),
+        inputs,
+        outputs,
+        parameters,
+    };
+    Ok((request, format))
+}
+
+#[derive(Serialize)]
+struct JsonResponse<'a> {
+    model_name: &'a str,
+    model_version: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    id: &'a str,
+    outputs: Vec<JsonOutputTensor<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonOutputTensor<'a> {
+    name: &'a str,
+    datatype: &'static str,
+    shape: &'a [i64],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parameters: Option<BinaryParam>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<serde_json::Value>,
+}
+
+#[derive(Serialize)]
+struct BinaryParam {
+    binary_data_size: usize,
+}
+
+/// Encodes a response; returns the body and, when binary data follows the JSON, the JSON length.
+pub fn encode_response(resp: &InferResponse, format: &OutputFormat) -> Result<(Bytes, Option<usize>)> {
+    let mut outputs = Vec::with_capacity(resp.outputs.len());
+    let mut binary_parts = Vec::new();
+    for o in &resp.outputs {
+        let t = &o.tensor;
+        let (parameters, data) = if format.is_binary(&o.name) {
+            binary_parts.push(&t.data);
+            (Some(BinaryParam { binary_data_size: t.data.len() }), None)
+        } else {
+            (None, Some(json_data::to_json_array(&o.name, t)?))
+        };
+        outputs.push(JsonOutputTensor { name: &o.name, datatype: t.dtype.wire_name(), shape: &t.shape, parameters, data });
+    }
+    let header = JsonResponse { model_name: &resp.model_name, model_version: &resp.model_version, id: &resp.id, outputs };
+    let bin_len: usize = binary_parts.iter().map(|b| b.len()).sum();
+    let mut buf = BytesMut::with_capacity(256 + bin_len);
+    serde_json::to_writer((&mut buf).writer(), &header).map_err(|e| Error::internal(format!("encoding response: {e}")))?;
+    if binary_parts.is_empty() {
+        return Ok((buf.freeze(), None));
+    }
+    let json_len = buf.len();
+    for part in binary_parts {
+        buf.put_slice(part);
+    }
+    Ok((buf.freeze(), Some(json_len)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_binary(json: &str, bin: &[u8]) -> (Bytes, Option<usize>) {
+        let mut b = json.as_bytes().to_vec();
+        b.extend_from_slice(bin);
+        (Bytes::from(b), Some(json.len()))
+    }
+
+    #[test]
+    fn decodes_json_inputs_and_output_prefs() {
+        let body = r#"{"id":"r1","parameters":{"binary_data_output":true,"priority":2},
+            "inputs":[{"name":"a","shape":[2],"datatype":"INT32","data":[1,2]}],
+            "outputs":[{"name":"y","parameters":{"binary_data":false}},{"name":"z"}]}"#;
+        let (r, f) = decode_request("m", "1", Bytes::from(body), None).unwrap();
+        assert_eq!(r.id, "r1");
+        assert_eq!(r.model_version, "1");
+        assert_eq!(r.inputs[0].tensor.data.as_ref(), &[1, 0, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(r.parameters, vec![("priority".to_string(), Param::Int(2))]);
+        assert!(!f.is_binary("y"));
+        assert!(f.is_binary("z"));
+    }
+
+    #[test]
+    fn binary_inputs_are_slices_of_the_body() {
+        let json = r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":4}},
+                       {"name":"b","shape":[2],"datatype":"BYTES","parameters":{"binary_data_size":9}}]}"#;
+        let mut bin = 1.5f32.to_le_bytes().to_vec();
+        bin.extend_from_slice(&[0, 0, 0, 0, 1, 0, 0, 0, 0xff]);
+        let (body, hl) = with_binary(json, &bin);
+        let base = body.as_ptr() as usize;
+        let (r, _) = decode_request("m", "", body, hl).unwrap();
+        assert_eq!(r.inputs[0].tensor.data.as_ptr() as usize, base + json.len(), "no copy");
+        let elems: Vec<&[u8]> = r.inputs[1].tensor.bytes_elements().collect();
+        assert_eq!(elems, vec![&b""[..], &[0xff][..]]);
+    }
+
+    #[test]
+    fn malformed_bodies_get_named_errors() {
+        let cases: Vec<((Bytes, Option<usize>), &str)> = vec![
+            ((Bytes::from("{not json"), None), "failed to parse the request JSON"),
+            ((Bytes::from(r#"{"inputs":[]} "#), Some(100)), "larger than the body"),
+            ((Bytes::from(r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP99","data":[1]}]}"#), None), "unknown datatype 'FP99'"),
+            ((Bytes::from(r#"{"inputs":[{"name":"a","shape":[3],"datatype":"FP32","data":[1]}]}"#), None), "needs 12 bytes, got 4"),
+            ((Bytes::from(r#"{"inputs":[{"name":"a","shape":[-1],"datatype":"FP32","data":[1]}]}"#), None), "negative"),
+            (
+                (Bytes::from(r#"{"inputs":[{"name":"a","shape":[1099511627776,1099511627776],"datatype":"FP32","data":[1]}]}"#), None),
+                "too large",
+            ),
+            ((Bytes::from(r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32"}]}"#), None), "has no data"),
+            (
+                with_binary(r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":400}}]}"#, &[0; 4]),
+                "overruns",
+            ),
+            (
+                with_binary(r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":-4}}]}"#, &[0; 4]),
+                "non-negative integer",
+            ),
+            ((Bytes::from(r#"{"inputs":[],"bogus":1}"#), None), "unknown field `bogus`"),
+            ((Bytes::from(&[0xffu8, 0xfe][..]), None), "not valid UTF-8"),
+        ];
+        for ((body, hl), want) in cases {
+            let e = decode_request("m", "", body, hl).unwrap_err();
+            assert!(e.message.contains(want), "want '{want}' in '{}'", e.message);
+        }
+    }
+
+    #[test]
+    fn encodes_binary_and_json_outputs() {
+        let resp = InferResponse {
+            model_name: "m".into(),
+            model_version: "1".into(),
+            id: "".into(),
+            outputs: vec![
+                NamedTensor { name: "a".into(), tensor: Tensor::from_values(vec![2], &[1i8, -1]) },
+                NamedTensor { name: "b".into(), tensor: Tensor::from_values(vec![1], &[7u32]) },
+            ],
+            parameters: vec![],
+        };
+        let fmt = OutputFormat { default_binary: false, per_output: vec![("b".into(), true)] };
+        let (body, hl) = encode_response(&resp, &fmt).unwrap();
+        let hl = hl.unwrap();
+        let j: serde_json::Value = serde_json::from_slice(&body[..hl]).unwrap();
+        assert_eq!(j["outputs"][0]["data"], serde_json::json!([1, -1]));
+        assert_eq!(j["outputs"][1]["parameters"]["binary_data_size"], 4);
+        assert!(j.get("id").is_none());
+        assert_eq!(&body[hl..], &[7, 0, 0, 0]);
+        let (all_json, none) = encode_response(&resp, &OutputFormat::default()).unwrap();
+        assert!(none.is_none());
+        assert!(serde_json::from_slice::<serde_json::Value>(&all_json).is_ok());
+    }
+}

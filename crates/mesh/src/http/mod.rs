@@ -1,0 +1,240 @@
+//! KServe v2 HTTP/REST frontend, generic over `Dispatch`.
+pub mod codec;
+mod compress;
+pub mod json_data;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
+use crate::config::config_to_json;
+use crate::dispatch::Dispatch;
+use crate::error::{Code, Error};
+use crate::metadata::ModelMetadata;
+
+/// The header that tells where the JSON part of a binary-extension body ends.
+pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
+
+/// Limits of the HTTP frontend.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// Largest accepted request body, before and after decompression (Triton's `--http-max-input-size`).
+    pub max_input_size: usize,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions { max_input_size: 64 * 1024 * 1024 }
+    }
+}
+
+struct AppState<D> {
+    dispatch: Arc<D>,
+    options: HttpOptions,
+}
+
+/// Builds the `/v2` router over a dispatcher.
+pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions) -> Router {
+    let state = Arc::new(AppState { dispatch, options });
+    Router::new()
+        .route("/v2", get(server_metadata::<D>))
+        .route("/v2/health/live", get(|| async { StatusCode::OK }))
+        .route("/v2/health/ready", get(server_ready::<D>))
+        .route("/v2/models/{model}", get(model_metadata::<D>))
+        .route("/v2/models/{model}/versions/{version}", get(model_metadata_v::<D>))
+        .route("/v2/models/{model}/ready", get(model_ready::<D>))
+        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready_v::<D>))
+        .route("/v2/models/{model}/config", get(model_config::<D>))
+        .route("/v2/models/{model}/versions/{version}/config", get(model_config_v::<D>))
+        .route("/v2/models/{model}/infer", post(infer::<D>))
+        .route("/v2/models/{model}/versions/{version}/infer", post(infer_v::<D>))
+        .route("/v2/repository/index", post(repository_index::<D>))
+        .route("/v2/repository/models/{model}/load", post(load::<D>))
+        .route("/v2/repository/models/{model}/unload", post(unload::<D>))
+        .fallback(|| async { error_response(&Error::not_found("unknown request path")) })
+        .with_state(state)
+}
+
+type St<D> = State<Arc<AppState<D>>>;
+
+/// Renders an error as Triton does: `{"error": "..."}` with the mapped status.
+pub fn error_response(e: &Error) -> Response {
+    (e.http_status(), Json(serde_json::json!({ "error": e.message }))).into_response()
+}
+
+async fn server_metadata<D: Dispatch>(State(s): St<D>) -> Response {
+    Json(serde_json::json!({
+        "name": crate::SERVER_NAME,
+        "version": crate::SERVER_VERSION,
+        "extensions": s.dispatch.extensions(),
+    }))
+    .into_response()
+}
+
+/// Ready is 200; not ready is 400, as Triton answers.
+async fn server_ready<D: Dispatch>(State(s): St<D>) -> StatusCode {
+    if s.dispatch.ready() { StatusCode::OK } else { StatusCode::BAD_REQUEST }
+}
+
+fn metadata<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> Response {
+    match s.dispatch.model(model, version) {
+        Ok(view) => Json(ModelMetadata::from_view(&view)).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+async fn model_metadata<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
+    metadata(&s, &m, "")
+}
+async fn model_metadata_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String, String)>) -> Response {
+    metadata(&s, &m, &v)
+}
+
+fn ready<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> StatusCode {
+    match s.dispatch.model(model, version) {
+        Ok(view) if view.ready => StatusCode::OK,
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+async fn model_ready<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> StatusCode {
+    ready(&s, &m, "")
+}
+async fn model_ready_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String, String)>) -> StatusCode {
+    ready(&s, &m, &v)
+}
+
+fn config<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> Response {
+    match s.dispatch.model(model, version) {
+        Ok(view) => Json(config_to_json(&view.config)).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+async fn model_config<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
+    config(&s, &m, "")
+}
+async fn model_config_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String, String)>) -> Response {
+    config(&s, &m, &v)
+}
+
+async fn repository_index<D: Dispatch>(State(s): St<D>, body: Bytes) -> Response {
+    let ready_only = match parse_optional_json(&body) {
+        Ok(v) => v.get("ready").and_then(|r| r.as_bool()).unwrap_or(false),
+        Err(e) => return error_response(&e),
+    };
+    let rows: Vec<_> = s
+        .dispatch
+        .repository_index()
+        .into_iter()
+        .filter(|e| !ready_only || e.state == "READY")
+        .map(|e| {
+            let mut row = serde_json::json!({ "name": e.name, "state": e.state });
+            if !e.version.is_empty() {
+                row["version"] = e.version.into();
+            }
+            if !e.reason.is_empty() {
+                row["reason"] = e.reason.into();
+            }
+            row
+        })
+        .collect();
+    Json(rows).into_response()
+}
+
+fn parse_optional_json(body: &[u8]) -> Result<serde_json::Value, Error> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::json!({}));
+    }
+    serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))
+}
+
+async fn load<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
+    match s.dispatch.load_model(&m).await {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+async fn unload<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
+    match s.dispatch.unload_model(&m).await {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn infer<D: Dispatch>(State(s): St<D>, Path(m): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    run_infer(&s, m, String::new(), headers, body).await
+}
+async fn infer_v<D: Dispatch>(
+    State(s): St<D>,
+    Path((m, v)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    run_infer(&s, m, v, headers, body).await
+}
+
+async fn run_infer<D: Dispatch>(s: &AppState<D>, model: String, version: String, headers: HeaderMap, body: Body) -> Response {
+    match try_infer(s, &model, &version, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn try_infer<D: Dispatch>(
+    s: &AppState<D>,
+    model: &str,
+    version: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Error> {
+    let limit = s.options.max_input_size;
+    let body = read_body(body, limit).await?;
+    let body = compress::decode(headers.get(header::CONTENT_ENCODING), body, limit)?;
+    let header_len = match headers.get(HEADER_CONTENT_LENGTH) {
+        None => None,
+        Some(v) => Some(v.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()).ok_or_else(|| {
+            Error::invalid("Inference-Header-Content-Length must be a non-negative integer")
+        })?),
+    };
+    let (request, format) = codec::decode_request(model, version, body, header_len)?;
+    let response = s.dispatch.infer(request).await?;
+    let (out, json_len) = codec::encode_response(&response, &format)?;
+    let accept = compress::choose(headers.get(header::ACCEPT_ENCODING));
+    let mut builder = Response::builder().status(StatusCode::OK);
+    builder = match json_len {
+        Some(n) => builder
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .header(HEADER_CONTENT_LENGTH, HeaderValue::from(n)),
+        None => builder.header(header::CONTENT_TYPE, "application/json"),
+    };
+    let out = match accept {
+        Some(enc) => {
+            builder = builder.header(header::CONTENT_ENCODING, enc.name());
+            compress::encode(enc, &out)?
+        }
+        None => out,
+    };
+    builder.body(Body::from(out)).map_err(|e| Error::internal(format!("building response: {e}")))
+}
+
+/// Reads a body up to `limit` bytes; a larger body is rejected without being buffered.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, Error> {
+    let limited = http_body_util::Limited::new(body, limit);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large(limit)),
+        Err(e) => Err(Error::invalid(format!("failed to read the request body: {e}"))),
+    }
+}
+
+fn too_large(limit: usize) -> Error {
+    Error::new(
+        Code::PayloadTooLarge,
+        format!("request body is larger than the limit of {limit} bytes (--http-max-input-size)"),
+    )
+}

@@ -1,0 +1,61 @@
+//! Inference requests and responses as every frontend, dispatcher and backend sees them.
+use crate::tensor::NamedTensor;
+
+/// A request or response parameter value (KServe v2 `parameters`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Param {
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Double(f64),
+    String(String),
+}
+
+impl Param {
+    /// Reads the value as an unsigned integer where it is one.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Param::Int(v) => u64::try_from(v).ok(),
+            Param::Uint(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// Ordered name → value parameters.
+pub type Params = Vec<(String, Param)>;
+
+/// An output the client asked for by name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestedOutput {
+    pub name: String,
+}
+
+/// One inference request, decoded from HTTP, gRPC or the cluster link.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InferRequest {
+    pub model_name: String,
+    /// Empty means "the version the policy picks" (the highest ready one).
+    pub model_version: String,
+    pub id: String,
+    pub inputs: Vec<NamedTensor>,
+    /// Empty means "every output of the model".
+    pub outputs: Vec<RequestedOutput>,
+    pub parameters: Params,
+}
+
+impl InferRequest {
+    pub fn input(&self, name: &str) -> Option<&NamedTensor> {
+        self.inputs.iter().find(|t| t.name == name)
+    }
+}
+
+/// One inference response.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InferResponse {
+    pub model_name: String,
+    pub model_version: String,
+    pub id: String,
+    pub outputs: Vec<NamedTensor>,
+    pub parameters: Params,
+}

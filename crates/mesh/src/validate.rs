@@ -1,0 +1,158 @@
+//! Checks an inference request against its model's config before anything runs.
+use std::collections::HashSet;
+
+use crate::config::ModelConfig;
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::request::InferRequest;
+
+/// Checks inputs (known, unique, present, dtype, shape, batch size) and requested outputs.
+pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
+    let model = &config.name;
+    let mut seen = HashSet::with_capacity(req.inputs.len());
+    let mut batch: Option<i64> = None;
+    for input in &req.inputs {
+        let name = input.name.as_str();
+        let Some(spec) = config.input.iter().find(|i| i.name == name) else {
+            return Err(Error::invalid(format!("unexpected inference input '{name}' for model '{model}'")));
+        };
+        if !seen.insert(name) {
+            return Err(Error::invalid(format!("input '{name}' is given more than once")));
+        }
+        let want = DataType::from_config(spec.data_type);
+        if want != Some(input.tensor.dtype) {
+            return Err(Error::invalid(format!(
+                "input '{name}' has datatype {}, but model '{model}' expects {}",
+                input.tensor.dtype,
+                want.map_or("an invalid type", |d| d.wire_name())
+            )));
+        }
+        let shape = &input.tensor.shape;
+        let dims = if config.max_batch_size > 0 {
+            let Some((&b, rest)) = shape.split_first() else {
+                return Err(Error::invalid(format!(
+                    "input '{name}' has shape [], but model '{model}' is batched and needs a batch dimension first"
+                )));
+            };
+            if b < 1 || b > i64::from(config.max_batch_size) {
+                return Err(Error::invalid(format!(
+                    "input '{name}' has batch size {b}, but model '{model}' accepts 1 to {} (max_batch_size)",
+                    config.max_batch_size
+                )));
+            }
+            if let Some(prev) = batch.replace(b) {
+                if prev != b {
+                    return Err(Error::invalid(format!(
+                        "inputs disagree on batch size: {prev} and {b} (input '{name}')"
+                    )));
+                }
+            }
+            rest
+        } else {
+            &shape[..]
+        };
+        if !dims_match(&spec.dims, dims) {
+            let shown = if config.max_batch_size > 0 {
+                format!("[-1{}]", spec.dims.iter().map(|d| format!(",{d}")).collect::<String>())
+            } else {
+                format!("{:?}", spec.dims)
+            };
+            return Err(Error::invalid(format!(
+                "input '{name}' has shape {shape:?}, but model '{model}' expects {shown}"
+            )));
+        }
+    }
+    for spec in &config.input {
+        if !spec.optional && !seen.contains(spec.name.as_str()) {
+            return Err(Error::invalid(format!("missing required input '{}' for model '{model}'", spec.name)));
+        }
+    }
+    let mut wanted = HashSet::with_capacity(req.outputs.len());
+    for out in &req.outputs {
+        if !config.output.iter().any(|o| o.name == out.name) {
+            return Err(Error::invalid(format!("unexpected inference output '{}' for model '{model}'", out.name)));
+        }
+        if !wanted.insert(out.name.as_str()) {
+            return Err(Error::invalid(format!("output '{}' is requested more than once", out.name)));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a concrete shape fits config dims, where -1 matches any size.
+pub fn dims_match(spec: &[i64], shape: &[i64]) -> bool {
+    spec.len() == shape.len() && spec.iter().zip(shape).all(|(&s, &d)| d >= 0 && (s == -1 || s == d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_pbtxt;
+    use crate::request::RequestedOutput;
+    use crate::tensor::{NamedTensor, Tensor};
+
+    fn cfg() -> ModelConfig {
+        parse_pbtxt(
+            r#"name: "m" max_batch_size: 4
+            input [ { name: "a" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "opt" data_type: TYPE_INT32 dims: [ -1 ] optional: true } ]
+            output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]"#,
+        )
+        .unwrap()
+    }
+
+    fn req(inputs: Vec<(&str, Tensor)>, outputs: &[&str]) -> InferRequest {
+        InferRequest {
+            model_name: "m".into(),
+            inputs: inputs.into_iter().map(|(n, t)| NamedTensor { name: n.into(), tensor: t }).collect(),
+            outputs: outputs.iter().map(|n| RequestedOutput { name: n.to_string() }).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn f32s(shape: Vec<i64>) -> Tensor {
+        let n = crate::tensor::element_count(&shape).unwrap();
+        Tensor::from_values(shape, &vec![0f32; n])
+    }
+
+    #[test]
+    fn accepts_good_requests() {
+        check_request(&cfg(), &req(vec![("a", f32s(vec![3, 2]))], &["y"])).unwrap();
+        let opt = Tensor::from_values(vec![3, 5], &[0i32; 15]);
+        check_request(&cfg(), &req(vec![("a", f32s(vec![3, 2])), ("opt", opt)], &[])).unwrap();
+    }
+
+    #[test]
+    fn rejects_each_bad_case_with_a_named_reason() {
+        let c = cfg();
+        let cases: Vec<(InferRequest, &str)> = vec![
+            (req(vec![("zzz", f32s(vec![1, 2]))], &[]), "unexpected inference input 'zzz'"),
+            (req(vec![("a", f32s(vec![1, 2])), ("a", f32s(vec![1, 2]))], &[]), "more than once"),
+            (req(vec![], &[]), "missing required input 'a'"),
+            (req(vec![("a", Tensor::from_values(vec![1, 2], &[0i64; 2]))], &[]), "datatype INT64"),
+            (req(vec![("a", f32s(vec![1, 3]))], &[]), "expects [-1,2]"),
+            (req(vec![("a", f32s(vec![2]))], &[]), "expects [-1,2]"),
+            (req(vec![("a", f32s(vec![5, 2]))], &[]), "batch size 5"),
+            (req(vec![("a", f32s(vec![0, 2]))], &[]), "batch size 0"),
+            (req(vec![("a", f32s(vec![]))], &[]), "needs a batch dimension"),
+            (req(vec![("a", f32s(vec![1, 2]))], &["nope"]), "unexpected inference output 'nope'"),
+            (req(vec![("a", f32s(vec![1, 2]))], &["y", "y"]), "requested more than once"),
+            (
+                req(vec![("a", f32s(vec![2, 2])), ("opt", Tensor::from_values(vec![3, 1], &[0i32; 3]))], &[]),
+                "disagree on batch size",
+            ),
+        ];
+        for (r, want) in cases {
+            let e = check_request(&c, &r).unwrap_err();
+            assert_eq!(e.code, crate::Code::InvalidArgument);
+            assert!(e.message.contains(want), "want '{want}' in '{}'", e.message);
+        }
+    }
+
+    #[test]
+    fn unbatched_models_compare_whole_shape() {
+        let mut c = cfg();
+        c.max_batch_size = 0;
+        check_request(&c, &req(vec![("a", f32s(vec![2]))], &[])).unwrap();
+        assert!(check_request(&c, &req(vec![("a", f32s(vec![1, 2]))], &[])).is_err());
+    }
+}
