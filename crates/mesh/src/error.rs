@@ -23,7 +23,10 @@ pub struct Error {
 
 impl Error {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Error { code, message: message.into() }
+        Error {
+            code,
+            message: message.into(),
+        }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Error::new(Code::InvalidArgument, message)
@@ -98,7 +101,13 @@ mod tests {
         assert_eq!(Error::internal("x").http_status(), 500);
         assert_eq!(Error::invalid("x").http_status(), 400);
         assert_eq!(Error::new(Code::AlreadyExists, "x").http_status(), 400);
-        assert_eq!(tonic::Status::from(Error::invalid("bad")).code(), tonic::Code::InvalidArgument);
-        assert_eq!(tonic::Status::from(Error::unsupported("no")).code(), tonic::Code::Unimplemented);
+        assert_eq!(
+            tonic::Status::from(Error::invalid("bad")).code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            tonic::Status::from(Error::unsupported("no")).code(),
+            tonic::Code::Unimplemented
+        );
     }
 }

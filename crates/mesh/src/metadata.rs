@@ -42,7 +42,11 @@ impl ModelMetadata {
             s.extend_from_slice(dims);
             s
         };
-        let dt = |v: i32| DataType::from_config(v).map_or("INVALID", |d| d.wire_name()).to_string();
+        let dt = |v: i32| {
+            DataType::from_config(v)
+                .map_or("INVALID", |d| d.wire_name())
+                .to_string()
+        };
         ModelMetadata {
             name: c.name.clone(),
             versions: view.ready_versions.iter().map(|v| v.to_string()).collect(),
@@ -50,12 +54,20 @@ impl ModelMetadata {
             inputs: c
                 .input
                 .iter()
-                .map(|i| TensorMetadata { name: i.name.clone(), datatype: dt(i.data_type), shape: shape(&i.dims) })
+                .map(|i| TensorMetadata {
+                    name: i.name.clone(),
+                    datatype: dt(i.data_type),
+                    shape: shape(&i.dims),
+                })
                 .collect(),
             outputs: c
                 .output
                 .iter()
-                .map(|o| TensorMetadata { name: o.name.clone(), datatype: dt(o.data_type), shape: shape(&o.dims) })
+                .map(|o| TensorMetadata {
+                    name: o.name.clone(),
+                    datatype: dt(o.data_type),
+                    shape: shape(&o.dims),
+                })
                 .collect(),
         }
     }

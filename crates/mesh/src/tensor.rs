@@ -25,7 +25,9 @@ pub fn element_count(shape: &[i64]) -> Result<usize> {
     let mut n: usize = 1;
     for &d in shape {
         if d < 0 {
-            return Err(Error::invalid(format!("shape {shape:?} has a negative dimension")));
+            return Err(Error::invalid(format!(
+                "shape {shape:?} has a negative dimension"
+            )));
         }
         n = usize::try_from(d)
             .ok()
@@ -95,7 +97,11 @@ impl Tensor {
         I: IntoIterator<Item = B>,
         B: AsRef<[u8]>,
     {
-        Tensor { dtype: DataType::Bytes, shape, data: encode_bytes_elements(elements) }
+        Tensor {
+            dtype: DataType::Bytes,
+            shape,
+            data: encode_bytes_elements(elements),
+        }
     }
 
     /// Builds a fixed-size tensor from plain values, copying them into little-endian bytes.
@@ -104,7 +110,11 @@ impl Tensor {
         for v in values {
             v.put(&mut buf);
         }
-        Tensor { dtype: T::DTYPE, shape, data: buf.freeze() }
+        Tensor {
+            dtype: T::DTYPE,
+            shape,
+            data: buf.freeze(),
+        }
     }
 }
 
@@ -183,9 +193,12 @@ impl<'a> BytesElements<'a> {
         }
         if self.rest.len() < 4 {
             self.rest = &[];
-            return Some(Err(Error::invalid("BYTES element has a truncated 4-byte length prefix")));
+            return Some(Err(Error::invalid(
+                "BYTES element has a truncated 4-byte length prefix",
+            )));
         }
-        let len = u32::from_le_bytes([self.rest[0], self.rest[1], self.rest[2], self.rest[3]]) as usize;
+        let len =
+            u32::from_le_bytes([self.rest[0], self.rest[1], self.rest[2], self.rest[3]]) as usize;
         let body = &self.rest[4..];
         if body.len() < len {
             self.rest = &[];
@@ -215,8 +228,14 @@ mod tests {
         assert_eq!(element_count(&[2, 3]).unwrap(), 6);
         assert_eq!(element_count(&[]).unwrap(), 1);
         assert_eq!(element_count(&[0, 5]).unwrap(), 0);
-        assert!(element_count(&[-1, 3]).unwrap_err().message.contains("negative"));
-        assert!(element_count(&[1 << 40, 1 << 40]).unwrap_err().message.contains("too large"));
+        assert!(element_count(&[-1, 3])
+            .unwrap_err()
+            .message
+            .contains("negative"));
+        assert!(element_count(&[1 << 40, 1 << 40])
+            .unwrap_err()
+            .message
+            .contains("too large"));
         assert!(byte_size(DataType::Fp64, &[1 << 31, 1 << 31]).is_err());
     }
 
@@ -246,8 +265,16 @@ mod tests {
         let e = count_bytes_elements(&[5, 0, 0, 0, b'a']).unwrap_err();
         assert!(e.message.contains("declares 5 bytes"), "{e}");
         // element count mismatch
-        let t = Tensor { dtype: DataType::Bytes, shape: vec![2], data: encode_bytes_elements([b"x"]) };
-        assert!(t.check().unwrap_err().message.contains("needs 2 elements, got 1"));
+        let t = Tensor {
+            dtype: DataType::Bytes,
+            shape: vec![2],
+            data: encode_bytes_elements([b"x"]),
+        };
+        assert!(t
+            .check()
+            .unwrap_err()
+            .message
+            .contains("needs 2 elements, got 1"));
         // huge declared length does not allocate
         assert!(count_bytes_elements(&[0xff, 0xff, 0xff, 0xff]).is_err());
     }

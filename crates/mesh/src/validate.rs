@@ -14,10 +14,14 @@ pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
     for input in &req.inputs {
         let name = input.name.as_str();
         let Some(spec) = config.input.iter().find(|i| i.name == name) else {
-            return Err(Error::invalid(format!("unexpected inference input '{name}' for model '{model}'")));
+            return Err(Error::invalid(format!(
+                "unexpected inference input '{name}' for model '{model}'"
+            )));
         };
         if !seen.insert(name) {
-            return Err(Error::invalid(format!("input '{name}' is given more than once")));
+            return Err(Error::invalid(format!(
+                "input '{name}' is given more than once"
+            )));
         }
         let want = DataType::from_config(spec.data_type);
         if want != Some(input.tensor.dtype) {
@@ -53,7 +57,13 @@ pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
         };
         if !dims_match(&spec.dims, dims) {
             let shown = if config.max_batch_size > 0 {
-                format!("[-1{}]", spec.dims.iter().map(|d| format!(",{d}")).collect::<String>())
+                format!(
+                    "[-1{}]",
+                    spec.dims
+                        .iter()
+                        .map(|d| format!(",{d}"))
+                        .collect::<String>()
+                )
             } else {
                 format!("{:?}", spec.dims)
             };
@@ -64,16 +74,25 @@ pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
     }
     for spec in &config.input {
         if !spec.optional && !seen.contains(spec.name.as_str()) {
-            return Err(Error::invalid(format!("missing required input '{}' for model '{model}'", spec.name)));
+            return Err(Error::invalid(format!(
+                "missing required input '{}' for model '{model}'",
+                spec.name
+            )));
         }
     }
     let mut wanted = HashSet::with_capacity(req.outputs.len());
     for out in &req.outputs {
         if !config.output.iter().any(|o| o.name == out.name) {
-            return Err(Error::invalid(format!("unexpected inference output '{}' for model '{model}'", out.name)));
+            return Err(Error::invalid(format!(
+                "unexpected inference output '{}' for model '{model}'",
+                out.name
+            )));
         }
         if !wanted.insert(out.name.as_str()) {
-            return Err(Error::invalid(format!("output '{}' is requested more than once", out.name)));
+            return Err(Error::invalid(format!(
+                "output '{}' is requested more than once",
+                out.name
+            )));
         }
     }
     Ok(())
@@ -81,7 +100,11 @@ pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
 
 /// Whether a concrete shape fits config dims, where -1 matches any size.
 pub fn dims_match(spec: &[i64], shape: &[i64]) -> bool {
-    spec.len() == shape.len() && spec.iter().zip(shape).all(|(&s, &d)| d >= 0 && (s == -1 || s == d))
+    spec.len() == shape.len()
+        && spec
+            .iter()
+            .zip(shape)
+            .all(|(&s, &d)| d >= 0 && (s == -1 || s == d))
 }
 
 #[cfg(test)]
@@ -103,8 +126,19 @@ mod tests {
     fn req(inputs: Vec<(&str, Tensor)>, outputs: &[&str]) -> InferRequest {
         InferRequest {
             model_name: "m".into(),
-            inputs: inputs.into_iter().map(|(n, t)| NamedTensor { name: n.into(), tensor: t }).collect(),
-            outputs: outputs.iter().map(|n| RequestedOutput { name: n.to_string() }).collect(),
+            inputs: inputs
+                .into_iter()
+                .map(|(n, t)| NamedTensor {
+                    name: n.into(),
+                    tensor: t,
+                })
+                .collect(),
+            outputs: outputs
+                .iter()
+                .map(|n| RequestedOutput {
+                    name: n.to_string(),
+                })
+                .collect(),
             ..Default::default()
         }
     }
@@ -118,26 +152,57 @@ mod tests {
     fn accepts_good_requests() {
         check_request(&cfg(), &req(vec![("a", f32s(vec![3, 2]))], &["y"])).unwrap();
         let opt = Tensor::from_values(vec![3, 5], &[0i32; 15]);
-        check_request(&cfg(), &req(vec![("a", f32s(vec![3, 2])), ("opt", opt)], &[])).unwrap();
+        check_request(
+            &cfg(),
+            &req(vec![("a", f32s(vec![3, 2])), ("opt", opt)], &[]),
+        )
+        .unwrap();
     }
 
     #[test]
     fn rejects_each_bad_case_with_a_named_reason() {
         let c = cfg();
         let cases: Vec<(InferRequest, &str)> = vec![
-            (req(vec![("zzz", f32s(vec![1, 2]))], &[]), "unexpected inference input 'zzz'"),
-            (req(vec![("a", f32s(vec![1, 2])), ("a", f32s(vec![1, 2]))], &[]), "more than once"),
+            (
+                req(vec![("zzz", f32s(vec![1, 2]))], &[]),
+                "unexpected inference input 'zzz'",
+            ),
+            (
+                req(vec![("a", f32s(vec![1, 2])), ("a", f32s(vec![1, 2]))], &[]),
+                "more than once",
+            ),
             (req(vec![], &[]), "missing required input 'a'"),
-            (req(vec![("a", Tensor::from_values(vec![1, 2], &[0i64; 2]))], &[]), "datatype INT64"),
+            (
+                req(
+                    vec![("a", Tensor::from_values(vec![1, 2], &[0i64; 2]))],
+                    &[],
+                ),
+                "datatype INT64",
+            ),
             (req(vec![("a", f32s(vec![1, 3]))], &[]), "expects [-1,2]"),
             (req(vec![("a", f32s(vec![2]))], &[]), "expects [-1,2]"),
             (req(vec![("a", f32s(vec![5, 2]))], &[]), "batch size 5"),
             (req(vec![("a", f32s(vec![0, 2]))], &[]), "batch size 0"),
-            (req(vec![("a", f32s(vec![]))], &[]), "needs a batch dimension"),
-            (req(vec![("a", f32s(vec![1, 2]))], &["nope"]), "unexpected inference output 'nope'"),
-            (req(vec![("a", f32s(vec![1, 2]))], &["y", "y"]), "requested more than once"),
             (
-                req(vec![("a", f32s(vec![2, 2])), ("opt", Tensor::from_values(vec![3, 1], &[0i32; 3]))], &[]),
+                req(vec![("a", f32s(vec![]))], &[]),
+                "needs a batch dimension",
+            ),
+            (
+                req(vec![("a", f32s(vec![1, 2]))], &["nope"]),
+                "unexpected inference output 'nope'",
+            ),
+            (
+                req(vec![("a", f32s(vec![1, 2]))], &["y", "y"]),
+                "requested more than once",
+            ),
+            (
+                req(
+                    vec![
+                        ("a", f32s(vec![2, 2])),
+                        ("opt", Tensor::from_values(vec![3, 1], &[0i32; 3])),
+                    ],
+                    &[],
+                ),
                 "disagree on batch size",
             ),
         ];

@@ -8,13 +8,14 @@ use prost::Message;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 
 pub use crate::proto::ModelConfig;
-pub use pbtxt::parse_pbtxt;
+pub use pbtxt::{parse_pbtxt, parse_pbtxt_with_fields};
 pub use validate::validate_config;
 
 fn model_config_descriptor() -> MessageDescriptor {
     static POOL: OnceLock<DescriptorPool> = OnceLock::new();
     POOL.get_or_init(|| {
-        DescriptorPool::decode(crate::proto::DESCRIPTOR_SET).expect("descriptor set built by build.rs")
+        DescriptorPool::decode(crate::proto::DESCRIPTOR_SET)
+            .expect("descriptor set built by build.rs")
     })
     .get_message_by_name("inference.ModelConfig")
     .expect("ModelConfig is in the descriptor set")
@@ -22,8 +23,9 @@ fn model_config_descriptor() -> MessageDescriptor {
 
 /// The config as Triton's config endpoint renders it: proto field names, enums by name, numbers as numbers.
 pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
-    let dynamic = DynamicMessage::decode(model_config_descriptor(), config.encode_to_vec().as_slice())
-        .expect("a ModelConfig always decodes against its own descriptor");
+    let dynamic =
+        DynamicMessage::decode(model_config_descriptor(), config.encode_to_vec().as_slice())
+            .expect("a ModelConfig always decodes against its own descriptor");
     let options = prost_reflect::SerializeOptions::new()
         .use_proto_field_name(true)
         .stringify_64_bit_integers(false)
@@ -37,9 +39,12 @@ pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
 pub fn config_from_json(text: &str) -> Result<ModelConfig, String> {
     let mut de = serde_json::Deserializer::from_str(text);
     let options = prost_reflect::DeserializeOptions::new().deny_unknown_fields(true);
-    let dynamic = DynamicMessage::deserialize_with_options(model_config_descriptor(), &mut de, &options)
-        .map_err(|e| format!("invalid config JSON: {e}"))?;
-    dynamic.transcode_to::<ModelConfig>().map_err(|e| format!("invalid config JSON: {e}"))
+    let dynamic =
+        DynamicMessage::deserialize_with_options(model_config_descriptor(), &mut de, &options)
+            .map_err(|e| format!("invalid config JSON: {e}"))?;
+    dynamic
+        .transcode_to::<ModelConfig>()
+        .map_err(|e| format!("invalid config JSON: {e}"))
 }
 
 #[cfg(test)]

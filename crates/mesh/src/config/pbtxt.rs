@@ -5,26 +5,47 @@ use super::{model_config_descriptor, ModelConfig};
 
 /// Parses config.pbtxt text; errors name the problem with its line and column.
 pub fn parse_pbtxt(text: &str) -> Result<ModelConfig, String> {
-    let (normalized, inserted) = add_list_colons(text);
-    let dynamic = DynamicMessage::parse_text_format(model_config_descriptor(), &normalized).map_err(|e| {
-        match span_start(&format!("{e:?}")) {
+    parse_pbtxt_with_fields(text).map(|(c, _)| c)
+}
+
+/// Parses config.pbtxt and also lists the top-level fields the text sets, since proto3
+/// cannot tell an omitted `max_batch_size` from an explicit 0 and auto-complete must.
+pub fn parse_pbtxt_with_fields(text: &str) -> Result<(ModelConfig, Vec<String>), String> {
+    let Lexed {
+        text: normalized,
+        inserted,
+        top_level,
+    } = add_list_colons(text);
+    let dynamic = DynamicMessage::parse_text_format(model_config_descriptor(), &normalized)
+        .map_err(|e| match span_start(&format!("{e:?}")) {
             Some(pos) => {
                 let orig = pos - inserted.iter().filter(|&&at| at < pos).count();
                 let (line, col) = line_col(text, orig);
                 format!("config.pbtxt line {line} column {col}: {e}")
             }
             None => format!("config.pbtxt: {e}"),
-        }
-    })?;
-    dynamic.transcode_to::<ModelConfig>().map_err(|e| format!("config.pbtxt: {e}"))
+        })?;
+    let config = dynamic
+        .transcode_to::<ModelConfig>()
+        .map_err(|e| format!("config.pbtxt: {e}"))?;
+    Ok((config, top_level))
+}
+
+struct Lexed {
+    text: String,
+    /// Offsets in `text` where a ':' was inserted.
+    inserted: Vec<usize>,
+    /// Identifiers seen outside any braces or brackets: the top-level field names.
+    top_level: Vec<String>,
 }
 
 /// Inserts ':' between a field name and a following '[', skipping strings and comments.
-/// Returns the new text and the offsets (in the new text) where a ':' was inserted.
-fn add_list_colons(text: &str) -> (String, Vec<usize>) {
+fn add_list_colons(text: &str) -> Lexed {
     let b = text.as_bytes();
     let mut out = String::with_capacity(text.len() + 16);
     let mut inserted = Vec::new();
+    let mut top_level = Vec::new();
+    let mut depth = 0usize;
     let mut i = 0;
     // Offset in `out` just after the last identifier, if nothing but space/comments followed it.
     let mut after_ident: Option<usize> = None;
@@ -52,10 +73,14 @@ fn add_list_colons(text: &str) -> (String, Vec<usize>) {
             }
             c if c.is_ascii_alphabetic() || c == b'_' => {
                 let start = i;
-                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'.') {
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'.')
+                {
                     i += 1;
                 }
                 out.push_str(&text[start..i]);
+                if depth == 0 {
+                    top_level.push(text[start..i].to_string());
+                }
                 after_ident = Some(out.len());
                 continue;
             }
@@ -66,6 +91,19 @@ fn add_list_colons(text: &str) -> (String, Vec<usize>) {
                 }
                 out.push('[');
                 i += 1;
+                depth += 1;
+                after_ident = None;
+            }
+            b'{' | b'<' => {
+                out.push(c as char);
+                i += 1;
+                depth += 1;
+                after_ident = None;
+            }
+            b']' | b'}' | b'>' => {
+                out.push(c as char);
+                i += 1;
+                depth = depth.saturating_sub(1);
                 after_ident = None;
             }
             _ => {
@@ -76,20 +114,30 @@ fn add_list_colons(text: &str) -> (String, Vec<usize>) {
             }
         }
     }
-    (out, inserted)
+    Lexed {
+        text: out,
+        inserted,
+        top_level,
+    }
 }
 
 /// Finds the first `span: A..B` in an error's Debug text (the Display form has no position).
 fn span_start(debug: &str) -> Option<usize> {
     let at = debug.find("span: ")? + "span: ".len();
-    let digits: String = debug[at..].chars().take_while(|c| c.is_ascii_digit()).collect();
+    let digits: String = debug[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
     digits.parse().ok()
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map_or(before.len(), |n| before.len() - n - 1) + 1;
+    let col = before
+        .rfind('\n')
+        .map_or(before.len(), |n| before.len() - n - 1)
+        + 1;
     (line, col)
 }
 
@@ -145,7 +193,10 @@ response_cache { enable: true }
         assert_eq!(c.input[0].reshape.as_ref().unwrap().shape, vec![4, 4]);
         assert_eq!(c.input[1].name, "IN[1]");
         assert!(c.input[1].optional);
-        assert_eq!(c.output[0].data_type, crate::proto::DataType::TypeInt64 as i32);
+        assert_eq!(
+            c.output[0].data_type,
+            crate::proto::DataType::TypeInt64 as i32
+        );
         assert_eq!(c.instance_group[0].count, 2);
         assert_eq!(c.instance_group[0].kind, Kind::Cpu as i32);
         assert_eq!(c.instance_group[1].gpus, vec![0, 1]);
@@ -153,7 +204,8 @@ response_cache { enable: true }
             PolicyChoice::Specific(s) => assert_eq!(s.versions, vec![1, 3]),
             other => panic!("wrong policy {other:?}"),
         }
-        let Some(crate::proto::model_config::SchedulingChoice::DynamicBatching(db)) = c.scheduling_choice
+        let Some(crate::proto::model_config::SchedulingChoice::DynamicBatching(db)) =
+            c.scheduling_choice
         else {
             panic!("no dynamic batching")
         };
@@ -163,6 +215,17 @@ response_cache { enable: true }
         assert_eq!(c.parameters["k2"].string_value, "it's # not a comment");
         assert_eq!(c.model_warmup[0].inputs["INPUT0"].dims, vec![16]);
         assert!(c.response_cache.unwrap().enable);
+    }
+
+    #[test]
+    fn reports_top_level_fields() {
+        let (_, f) = parse_pbtxt_with_fields(
+            "name: \"m\" # max_batch_size\ninput [ { name: \"max_batch_size\" } ]",
+        )
+        .unwrap();
+        assert_eq!(f, vec!["name", "input"]);
+        let (_, f) = parse_pbtxt_with_fields("max_batch_size: 0").unwrap();
+        assert_eq!(f, vec!["max_batch_size"]);
     }
 
     #[test]
@@ -195,7 +258,14 @@ response_cache { enable: true }
 
     #[test]
     fn syntax_errors_do_not_panic() {
-        for bad in ["input [", "name: ", "{{{", "name: \"unterminated", "]]]", "max_batch_size: 99999999999"] {
+        for bad in [
+            "input [",
+            "name: ",
+            "{{{",
+            "name: \"unterminated",
+            "]]]",
+            "max_batch_size: 99999999999",
+        ] {
             assert!(parse_pbtxt(bad).is_err(), "{bad}");
         }
     }

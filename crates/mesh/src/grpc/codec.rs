@@ -5,7 +5,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::proto::{self, infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor};
+use crate::proto::{
+    self, infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor,
+};
 use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
 use crate::tensor::{NamedTensor, Tensor};
 
@@ -35,7 +37,12 @@ fn params_out(params: &Params) -> HashMap<String, proto::InferParameter> {
                 Param::Double(d) => ParameterChoice::DoubleParam(*d),
                 Param::String(s) => ParameterChoice::StringParam(s.clone()),
             };
-            (k.clone(), proto::InferParameter { parameter_choice: Some(c) })
+            (
+                k.clone(),
+                proto::InferParameter {
+                    parameter_choice: Some(c),
+                },
+            )
         })
         .collect()
 }
@@ -54,19 +61,29 @@ pub fn decode_request(msg: proto::ModelInferRequest) -> Result<InferRequest> {
     let mut inputs = Vec::with_capacity(msg.inputs.len());
     for input in msg.inputs {
         let name = input.name;
-        let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
-        if input.parameters.keys().any(|k| k.starts_with("shared_memory")) {
-            return Err(Error::unsupported(format!("input '{name}': shared memory is not supported")));
+        let dtype = DataType::from_wire(&input.datatype)
+            .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        if input
+            .parameters
+            .keys()
+            .any(|k| k.starts_with("shared_memory"))
+        {
+            return Err(Error::unsupported(format!(
+                "input '{name}': shared memory is not supported"
+            )));
         }
         let data = match (raw.next(), input.contents) {
             (Some(_), Some(_)) => {
-                return Err(Error::invalid(format!("input '{name}' has both raw_input_contents and typed contents")))
+                return Err(Error::invalid(format!(
+                    "input '{name}' has both raw_input_contents and typed contents"
+                )))
             }
             (Some(bytes), None) => bytes,
             (None, Some(c)) => typed_contents(&name, dtype, c)?,
             (None, None) => return Err(Error::invalid(format!("input '{name}' has no data"))),
         };
-        let tensor = Tensor::new(dtype, input.shape, data).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        let tensor = Tensor::new(dtype, input.shape, data)
+            .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
         inputs.push(NamedTensor { name, tensor });
     }
     let outputs = msg
@@ -74,7 +91,10 @@ pub fn decode_request(msg: proto::ModelInferRequest) -> Result<InferRequest> {
         .into_iter()
         .map(|o| {
             if o.parameters.contains_key("classification") {
-                return Err(Error::unsupported(format!("output '{}': the classification extension is not supported", o.name)));
+                return Err(Error::unsupported(format!(
+                    "output '{}': the classification extension is not supported",
+                    o.name
+                )));
             }
             Ok(RequestedOutput { name: o.name })
         })
@@ -92,7 +112,11 @@ pub fn decode_request(msg: proto::ModelInferRequest) -> Result<InferRequest> {
 /// Typed `contents` to wire bytes, with range checks for narrow integer types.
 fn typed_contents(name: &str, dtype: DataType, c: proto::InferTensorContents) -> Result<Bytes> {
     let mut b = BytesMut::new();
-    let narrow = |what: &str| Error::invalid(format!("input '{name}': a value in {what} is out of range for {dtype}"));
+    let narrow = |what: &str| {
+        Error::invalid(format!(
+            "input '{name}': a value in {what} is out of range for {dtype}"
+        ))
+    };
     let wrong = || {
         Error::invalid(format!("input '{name}': {dtype} data must be sent in raw_input_contents or its own contents field"))
     };
@@ -164,46 +188,105 @@ mod tests {
     use super::*;
     use crate::proto::model_infer_request::InferInputTensor;
 
-    fn input(name: &str, dt: &str, shape: Vec<i64>, contents: Option<proto::InferTensorContents>) -> InferInputTensor {
-        InferInputTensor { name: name.into(), datatype: dt.into(), shape, parameters: HashMap::new(), contents }
+    fn input(
+        name: &str,
+        dt: &str,
+        shape: Vec<i64>,
+        contents: Option<proto::InferTensorContents>,
+    ) -> InferInputTensor {
+        InferInputTensor {
+            name: name.into(),
+            datatype: dt.into(),
+            shape,
+            parameters: HashMap::new(),
+            contents,
+        }
     }
 
     #[test]
     fn raw_inputs_by_position() {
         let msg = proto::ModelInferRequest {
             model_name: "m".into(),
-            inputs: vec![input("a", "INT8", vec![2], None), input("b", "BYTES", vec![1], None)],
-            raw_input_contents: vec![Bytes::from_static(&[1, 2]), Bytes::from_static(&[1, 0, 0, 0, 0])],
+            inputs: vec![
+                input("a", "INT8", vec![2], None),
+                input("b", "BYTES", vec![1], None),
+            ],
+            raw_input_contents: vec![
+                Bytes::from_static(&[1, 2]),
+                Bytes::from_static(&[1, 0, 0, 0, 0]),
+            ],
             ..Default::default()
         };
         let r = decode_request(msg).unwrap();
         assert_eq!(r.inputs[0].tensor.data.as_ref(), &[1, 2]);
-        assert_eq!(r.inputs[1].tensor.bytes_elements().collect::<Vec<_>>(), vec![&[0u8][..]]);
+        assert_eq!(
+            r.inputs[1].tensor.bytes_elements().collect::<Vec<_>>(),
+            vec![&[0u8][..]]
+        );
     }
 
     #[test]
     fn typed_contents_and_their_errors() {
-        let c = proto::InferTensorContents { int_contents: vec![1, -2], ..Default::default() };
-        let msg = proto::ModelInferRequest { inputs: vec![input("a", "INT16", vec![2], Some(c))], ..Default::default() };
-        assert_eq!(decode_request(msg).unwrap().inputs[0].tensor.data.as_ref(), &[1, 0, 0xfe, 0xff]);
+        let c = proto::InferTensorContents {
+            int_contents: vec![1, -2],
+            ..Default::default()
+        };
+        let msg = proto::ModelInferRequest {
+            inputs: vec![input("a", "INT16", vec![2], Some(c))],
+            ..Default::default()
+        };
+        assert_eq!(
+            decode_request(msg).unwrap().inputs[0].tensor.data.as_ref(),
+            &[1, 0, 0xfe, 0xff]
+        );
 
-        let c = proto::InferTensorContents { int_contents: vec![300], ..Default::default() };
-        let msg = proto::ModelInferRequest { inputs: vec![input("a", "INT8", vec![1], Some(c))], ..Default::default() };
-        assert!(decode_request(msg).unwrap_err().message.contains("out of range for INT8"));
+        let c = proto::InferTensorContents {
+            int_contents: vec![300],
+            ..Default::default()
+        };
+        let msg = proto::ModelInferRequest {
+            inputs: vec![input("a", "INT8", vec![1], Some(c))],
+            ..Default::default()
+        };
+        assert!(decode_request(msg)
+            .unwrap_err()
+            .message
+            .contains("out of range for INT8"));
 
-        let c = proto::InferTensorContents { fp32_contents: vec![1.0], ..Default::default() };
-        let msg = proto::ModelInferRequest { inputs: vec![input("a", "FP32", vec![2], Some(c))], ..Default::default() };
-        assert!(decode_request(msg).unwrap_err().message.contains("needs 8 bytes, got 4"));
+        let c = proto::InferTensorContents {
+            fp32_contents: vec![1.0],
+            ..Default::default()
+        };
+        let msg = proto::ModelInferRequest {
+            inputs: vec![input("a", "FP32", vec![2], Some(c))],
+            ..Default::default()
+        };
+        assert!(decode_request(msg)
+            .unwrap_err()
+            .message
+            .contains("needs 8 bytes, got 4"));
 
         let msg = proto::ModelInferRequest {
-            inputs: vec![input("a", "FP32", vec![1], None), input("b", "FP32", vec![1], None)],
+            inputs: vec![
+                input("a", "FP32", vec![1], None),
+                input("b", "FP32", vec![1], None),
+            ],
             raw_input_contents: vec![Bytes::from_static(&[0; 4])],
             ..Default::default()
         };
-        assert!(decode_request(msg).unwrap_err().message.contains("1 raw_input_contents were given for 2 inputs"));
+        assert!(decode_request(msg)
+            .unwrap_err()
+            .message
+            .contains("1 raw_input_contents were given for 2 inputs"));
 
-        let msg = proto::ModelInferRequest { inputs: vec![input("a", "FP16", vec![1], Some(Default::default()))], ..Default::default() };
-        assert!(decode_request(msg).unwrap_err().message.contains("raw_input_contents"));
+        let msg = proto::ModelInferRequest {
+            inputs: vec![input("a", "FP16", vec![1], Some(Default::default()))],
+            ..Default::default()
+        };
+        assert!(decode_request(msg)
+            .unwrap_err()
+            .message
+            .contains("raw_input_contents"));
     }
 
     #[test]
@@ -211,7 +294,10 @@ mod tests {
         let resp = InferResponse {
             model_name: "m".into(),
             model_version: "1".into(),
-            outputs: vec![NamedTensor { name: "y".into(), tensor: Tensor::from_values(vec![1], &[3u16]) }],
+            outputs: vec![NamedTensor {
+                name: "y".into(),
+                tensor: Tensor::from_values(vec![1], &[3u16]),
+            }],
             ..Default::default()
         };
         let m = encode_response(resp);

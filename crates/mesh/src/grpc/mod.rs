@@ -27,24 +27,41 @@ impl<D: Dispatch> GrpcFrontend<D> {
 }
 
 fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
-    Err(Status::unimplemented(format!("{what} is not implemented by this server yet")))
+    Err(Status::unimplemented(format!(
+        "{what} is not implemented by this server yet"
+    )))
 }
 
 type StreamOf<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
-    async fn server_live(&self, _: Request<proto::ServerLiveRequest>) -> Result<Response<proto::ServerLiveResponse>, Status> {
+    async fn server_live(
+        &self,
+        _: Request<proto::ServerLiveRequest>,
+    ) -> Result<Response<proto::ServerLiveResponse>, Status> {
         Ok(Response::new(proto::ServerLiveResponse { live: true }))
     }
 
-    async fn server_ready(&self, _: Request<proto::ServerReadyRequest>) -> Result<Response<proto::ServerReadyResponse>, Status> {
-        Ok(Response::new(proto::ServerReadyResponse { ready: self.dispatch.ready() }))
+    async fn server_ready(
+        &self,
+        _: Request<proto::ServerReadyRequest>,
+    ) -> Result<Response<proto::ServerReadyResponse>, Status> {
+        Ok(Response::new(proto::ServerReadyResponse {
+            ready: self.dispatch.ready(),
+        }))
     }
 
-    async fn model_ready(&self, r: Request<proto::ModelReadyRequest>) -> Result<Response<proto::ModelReadyResponse>, Status> {
+    async fn model_ready(
+        &self,
+        r: Request<proto::ModelReadyRequest>,
+    ) -> Result<Response<proto::ModelReadyResponse>, Status> {
         let r = r.into_inner();
-        let ready = self.dispatch.model(&r.name, &r.version).map(|v| v.ready).unwrap_or(false);
+        let ready = self
+            .dispatch
+            .model(&r.name, &r.version)
+            .map(|v| v.ready)
+            .unwrap_or(false);
         Ok(Response::new(proto::ModelReadyResponse { ready }))
     }
 
@@ -55,7 +72,12 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         Ok(Response::new(proto::ServerMetadataResponse {
             name: crate::SERVER_NAME.into(),
             version: crate::SERVER_VERSION.into(),
-            extensions: self.dispatch.extensions().into_iter().map(String::from).collect(),
+            extensions: self
+                .dispatch
+                .extensions()
+                .into_iter()
+                .map(String::from)
+                .collect(),
         }))
     }
 
@@ -67,7 +89,11 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         let m = ModelMetadata::from_view(&self.dispatch.model(&r.name, &r.version)?);
         let tensors = |ts: Vec<crate::metadata::TensorMetadata>| {
             ts.into_iter()
-                .map(|t| proto::model_metadata_response::TensorMetadata { name: t.name, datatype: t.datatype, shape: t.shape })
+                .map(|t| proto::model_metadata_response::TensorMetadata {
+                    name: t.name,
+                    datatype: t.datatype,
+                    shape: t.shape,
+                })
                 .collect()
         };
         Ok(Response::new(proto::ModelMetadataResponse {
@@ -79,7 +105,10 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         }))
     }
 
-    async fn model_infer(&self, r: Request<proto::ModelInferRequest>) -> Result<Response<proto::ModelInferResponse>, Status> {
+    async fn model_infer(
+        &self,
+        r: Request<proto::ModelInferRequest>,
+    ) -> Result<Response<proto::ModelInferResponse>, Status> {
         let request = codec::decode_request(r.into_inner())?;
         let response = self.dispatch.infer(request).await?;
         Ok(Response::new(codec::encode_response(response)))
@@ -94,11 +123,16 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         unimplemented("ModelStreamInfer (decoupled models)")
     }
 
-    async fn model_config(&self, r: Request<proto::ModelConfigRequest>) -> Result<Response<proto::ModelConfigResponse>, Status> {
+    async fn model_config(
+        &self,
+        r: Request<proto::ModelConfigRequest>,
+    ) -> Result<Response<proto::ModelConfigResponse>, Status> {
         let r = r.into_inner();
         let view = self.dispatch.model(&r.name, &r.version)?;
         let config: ModelConfig = (*view.config).clone();
-        Ok(Response::new(proto::ModelConfigResponse { config: Some(config) }))
+        Ok(Response::new(proto::ModelConfigResponse {
+            config: Some(config),
+        }))
     }
 
     async fn model_statistics(
@@ -140,7 +174,9 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         &self,
         r: Request<proto::RepositoryModelUnloadRequest>,
     ) -> Result<Response<proto::RepositoryModelUnloadResponse>, Status> {
-        self.dispatch.unload_model(&r.into_inner().model_name).await?;
+        self.dispatch
+            .unload_model(&r.into_inner().model_name)
+            .await?;
         Ok(Response::new(proto::RepositoryModelUnloadResponse {}))
     }
 
@@ -186,11 +222,17 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         unimplemented("CUDA shared memory")
     }
 
-    async fn trace_setting(&self, _: Request<proto::TraceSettingRequest>) -> Result<Response<proto::TraceSettingResponse>, Status> {
+    async fn trace_setting(
+        &self,
+        _: Request<proto::TraceSettingRequest>,
+    ) -> Result<Response<proto::TraceSettingResponse>, Status> {
         unimplemented("TraceSetting")
     }
 
-    async fn log_settings(&self, _: Request<proto::LogSettingsRequest>) -> Result<Response<proto::LogSettingsResponse>, Status> {
+    async fn log_settings(
+        &self,
+        _: Request<proto::LogSettingsRequest>,
+    ) -> Result<Response<proto::LogSettingsResponse>, Status> {
         unimplemented("LogSettings")
     }
 }

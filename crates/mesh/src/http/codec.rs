@@ -53,7 +53,10 @@ pub struct OutputFormat {
 
 impl OutputFormat {
     fn is_binary(&self, name: &str) -> bool {
-        self.per_output.iter().find(|(n, _)| n == name).map_or(self.default_binary, |(_, b)| *b)
+        self.per_output
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(self.default_binary, |(_, b)| *b)
     }
 }
 
@@ -67,9 +70,17 @@ fn params_from_json(map: Option<HashMap<String, serde_json::Value>>) -> Result<P
                 (Some(i), _, _) => Param::Int(i),
                 (None, Some(u), _) => Param::Uint(u),
                 (_, _, Some(f)) => Param::Double(f),
-                _ => return Err(Error::invalid(format!("parameter '{k}' has an unusable number"))),
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "parameter '{k}' has an unusable number"
+                    )))
+                }
             },
-            other => return Err(Error::invalid(format!("parameter '{k}' must be a bool, number or string, got {other}"))),
+            other => {
+                return Err(Error::invalid(format!(
+                    "parameter '{k}' must be a bool, number or string, got {other}"
+                )))
+            }
         };
         out.push((k, p));
     }
@@ -81,25 +92,40 @@ fn take_bool(params: &mut Params, key: &str) -> Result<Option<bool>> {
         None => Ok(None),
         Some(i) => match params.remove(i).1 {
             Param::Bool(b) => Ok(Some(b)),
-            other => Err(Error::invalid(format!("parameter '{key}' must be a boolean, got {other:?}"))),
+            other => Err(Error::invalid(format!(
+                "parameter '{key}' must be a boolean, got {other:?}"
+            ))),
         },
     }
 }
 
 fn reject_unsupported(params: &Params, what: &str) -> Result<()> {
-    for key in ["shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"] {
+    for key in [
+        "shared_memory_region",
+        "shared_memory_byte_size",
+        "shared_memory_offset",
+    ] {
         if params.iter().any(|(k, _)| k == key) {
-            return Err(Error::unsupported(format!("{what}: shared memory is not supported ('{key}')")));
+            return Err(Error::unsupported(format!(
+                "{what}: shared memory is not supported ('{key}')"
+            )));
         }
     }
     if params.iter().any(|(k, _)| k == "classification") {
-        return Err(Error::unsupported(format!("{what}: the classification extension is not supported")));
+        return Err(Error::unsupported(format!(
+            "{what}: the classification extension is not supported"
+        )));
     }
     Ok(())
 }
 
 /// Decodes an infer body. `header_len` is the `Inference-Header-Content-Length` value, if any.
-pub fn decode_request(model: &str, version: &str, body: Bytes, header_len: Option<usize>) -> Result<(InferRequest, OutputFormat)> {
+pub fn decode_request(
+    model: &str,
+    version: &str,
+    body: Bytes,
+    header_len: Option<usize>,
+) -> Result<(InferRequest, OutputFormat)> {
     let json_len = header_len.unwrap_or(body.len());
     if json_len > body.len() {
         return Err(Error::invalid(format!(
@@ -109,8 +135,8 @@ pub fn decode_request(model: &str, version: &str, body: Bytes, header_len: Optio
     }
     let json = std::str::from_utf8(&body[..json_len])
         .map_err(|e| Error::invalid(format!("request JSON is not valid UTF-8: {e}")))?;
-    let parsed: JsonRequest =
-        serde_json::from_str(json).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))?;
+    let parsed: JsonRequest = serde_json::from_str(json)
+        .map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))?;
     let mut binary = body.slice(json_len..);
 
     let mut parameters = params_from_json(parsed.parameters)?;
@@ -118,18 +144,23 @@ pub fn decode_request(model: &str, version: &str, body: Bytes, header_len: Optio
     let mut inputs = Vec::with_capacity(parsed.inputs.len());
     for input in parsed.inputs {
         let name = input.name;
-        let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        let dtype = DataType::from_wire(&input.datatype)
+            .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
         let mut params = params_from_json(input.parameters)?;
         reject_unsupported(&params, &format!("input '{name}'"))?;
         let bin_size = match params.iter().position(|(k, _)| k == "binary_data_size") {
             None => None,
             Some(i) => Some(params.remove(i).1.as_u64().ok_or_else(|| {
-                Error::invalid(format!("input '{name}': binary_data_size must be a non-negative integer"))
+                Error::invalid(format!(
+                    "input '{name}': binary_data_size must be a non-negative integer"
+                ))
             })?),
         };
         let data = match (bin_size, input.data) {
             (Some(_), Some(_)) => {
-                return Err(Error::invalid(format!("input '{name}' has both binary_data_size and JSON data")))
+                return Err(Error::invalid(format!(
+                    "input '{name}' has both binary_data_size and JSON data"
+                )))
             }
             (None, None) => return Err(Error::invalid(format!("input '{name}' has no data"))),
             (Some(n), None) => {
@@ -143,10 +174,14 @@ pub fn decode_request(model: &str, version: &str, body: Bytes, header_len: Optio
             }
             (None, Some(raw)) => json_data::parse_data(&name, dtype, raw)?.freeze(),
         };
-        let tensor = Tensor::new(dtype, input.shape, data).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        let tensor = Tensor::new(dtype, input.shape, data)
+            .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
         inputs.push(NamedTensor { name, tensor });
     }
-    let mut format = OutputFormat { default_binary, per_output: Vec::new() };
+    let mut format = OutputFormat {
+        default_binary,
+        per_output: Vec::new(),
+    };
     let mut outputs = Vec::new();
     for out in parsed.outputs.into_iter().flatten() {
         let mut params = params_from_json(out.parameters)?;
@@ -193,23 +228,43 @@ struct BinaryParam {
 }
 
 /// Encodes a response; returns the body and, when binary data follows the JSON, the JSON length.
-pub fn encode_response(resp: &InferResponse, format: &OutputFormat) -> Result<(Bytes, Option<usize>)> {
+pub fn encode_response(
+    resp: &InferResponse,
+    format: &OutputFormat,
+) -> Result<(Bytes, Option<usize>)> {
     let mut outputs = Vec::with_capacity(resp.outputs.len());
     let mut binary_parts = Vec::new();
     for o in &resp.outputs {
         let t = &o.tensor;
         let (parameters, data) = if format.is_binary(&o.name) {
             binary_parts.push(&t.data);
-            (Some(BinaryParam { binary_data_size: t.data.len() }), None)
+            (
+                Some(BinaryParam {
+                    binary_data_size: t.data.len(),
+                }),
+                None,
+            )
         } else {
             (None, Some(json_data::to_json_array(&o.name, t)?))
         };
-        outputs.push(JsonOutputTensor { name: &o.name, datatype: t.dtype.wire_name(), shape: &t.shape, parameters, data });
+        outputs.push(JsonOutputTensor {
+            name: &o.name,
+            datatype: t.dtype.wire_name(),
+            shape: &t.shape,
+            parameters,
+            data,
+        });
     }
-    let header = JsonResponse { model_name: &resp.model_name, model_version: &resp.model_version, id: &resp.id, outputs };
+    let header = JsonResponse {
+        model_name: &resp.model_name,
+        model_version: &resp.model_version,
+        id: &resp.id,
+        outputs,
+    };
     let bin_len: usize = binary_parts.iter().map(|b| b.len()).sum();
     let mut buf = BytesMut::with_capacity(256 + bin_len);
-    serde_json::to_writer((&mut buf).writer(), &header).map_err(|e| Error::internal(format!("encoding response: {e}")))?;
+    serde_json::to_writer((&mut buf).writer(), &header)
+        .map_err(|e| Error::internal(format!("encoding response: {e}")))?;
     if binary_parts.is_empty() {
         return Ok((buf.freeze(), None));
     }
@@ -253,7 +308,11 @@ mod tests {
         let (body, hl) = with_binary(json, &bin);
         let base = body.as_ptr() as usize;
         let (r, _) = decode_request("m", "", body, hl).unwrap();
-        assert_eq!(r.inputs[0].tensor.data.as_ptr() as usize, base + json.len(), "no copy");
+        assert_eq!(
+            r.inputs[0].tensor.data.as_ptr() as usize,
+            base + json.len(),
+            "no copy"
+        );
         let elems: Vec<&[u8]> = r.inputs[1].tensor.bytes_elements().collect();
         assert_eq!(elems, vec![&b""[..], &[0xff][..]]);
     }
@@ -261,25 +320,75 @@ mod tests {
     #[test]
     fn malformed_bodies_get_named_errors() {
         let cases: Vec<((Bytes, Option<usize>), &str)> = vec![
-            ((Bytes::from("{not json"), None), "failed to parse the request JSON"),
-            ((Bytes::from(r#"{"inputs":[]} "#), Some(100)), "larger than the body"),
-            ((Bytes::from(r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP99","data":[1]}]}"#), None), "unknown datatype 'FP99'"),
-            ((Bytes::from(r#"{"inputs":[{"name":"a","shape":[3],"datatype":"FP32","data":[1]}]}"#), None), "needs 12 bytes, got 4"),
-            ((Bytes::from(r#"{"inputs":[{"name":"a","shape":[-1],"datatype":"FP32","data":[1]}]}"#), None), "negative"),
             (
-                (Bytes::from(r#"{"inputs":[{"name":"a","shape":[1099511627776,1099511627776],"datatype":"FP32","data":[1]}]}"#), None),
+                (Bytes::from("{not json"), None),
+                "failed to parse the request JSON",
+            ),
+            (
+                (Bytes::from(r#"{"inputs":[]} "#), Some(100)),
+                "larger than the body",
+            ),
+            (
+                (
+                    Bytes::from(
+                        r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP99","data":[1]}]}"#,
+                    ),
+                    None,
+                ),
+                "unknown datatype 'FP99'",
+            ),
+            (
+                (
+                    Bytes::from(
+                        r#"{"inputs":[{"name":"a","shape":[3],"datatype":"FP32","data":[1]}]}"#,
+                    ),
+                    None,
+                ),
+                "needs 12 bytes, got 4",
+            ),
+            (
+                (
+                    Bytes::from(
+                        r#"{"inputs":[{"name":"a","shape":[-1],"datatype":"FP32","data":[1]}]}"#,
+                    ),
+                    None,
+                ),
+                "negative",
+            ),
+            (
+                (
+                    Bytes::from(
+                        r#"{"inputs":[{"name":"a","shape":[1099511627776,1099511627776],"datatype":"FP32","data":[1]}]}"#,
+                    ),
+                    None,
+                ),
                 "too large",
             ),
-            ((Bytes::from(r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32"}]}"#), None), "has no data"),
             (
-                with_binary(r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":400}}]}"#, &[0; 4]),
+                (
+                    Bytes::from(r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32"}]}"#),
+                    None,
+                ),
+                "has no data",
+            ),
+            (
+                with_binary(
+                    r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":400}}]}"#,
+                    &[0; 4],
+                ),
                 "overruns",
             ),
             (
-                with_binary(r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":-4}}]}"#, &[0; 4]),
+                with_binary(
+                    r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":-4}}]}"#,
+                    &[0; 4],
+                ),
                 "non-negative integer",
             ),
-            ((Bytes::from(r#"{"inputs":[],"bogus":1}"#), None), "unknown field `bogus`"),
+            (
+                (Bytes::from(r#"{"inputs":[],"bogus":1}"#), None),
+                "unknown field `bogus`",
+            ),
             ((Bytes::from(&[0xffu8, 0xfe][..]), None), "not valid UTF-8"),
         ];
         for ((body, hl), want) in cases {
@@ -295,12 +404,21 @@ mod tests {
             model_version: "1".into(),
             id: "".into(),
             outputs: vec![
-                NamedTensor { name: "a".into(), tensor: Tensor::from_values(vec![2], &[1i8, -1]) },
-                NamedTensor { name: "b".into(), tensor: Tensor::from_values(vec![1], &[7u32]) },
+                NamedTensor {
+                    name: "a".into(),
+                    tensor: Tensor::from_values(vec![2], &[1i8, -1]),
+                },
+                NamedTensor {
+                    name: "b".into(),
+                    tensor: Tensor::from_values(vec![1], &[7u32]),
+                },
             ],
             parameters: vec![],
         };
-        let fmt = OutputFormat { default_binary: false, per_output: vec![("b".into(), true)] };
+        let fmt = OutputFormat {
+            default_binary: false,
+            per_output: vec![("b".into(), true)],
+        };
         let (body, hl) = encode_response(&resp, &fmt).unwrap();
         let hl = hl.unwrap();
         let j: serde_json::Value = serde_json::from_slice(&body[..hl]).unwrap();

@@ -28,7 +28,11 @@ pub fn decode(content_encoding: Option<&HeaderValue>, body: Bytes, limit: usize)
         Some(e) if e.is_empty() || e == "identity" => return Ok(body),
         Some(e) if e == "gzip" => Encoding::Gzip,
         Some(e) if e == "deflate" => Encoding::Deflate,
-        Some(e) => return Err(Error::unsupported(format!("unsupported Content-Encoding '{e}'"))),
+        Some(e) => {
+            return Err(Error::unsupported(format!(
+                "unsupported Content-Encoding '{e}'"
+            )))
+        }
     };
     let reader: Box<dyn Read + '_> = match enc {
         Encoding::Gzip => Box::new(flate2::read::GzDecoder::new(&body[..])),
@@ -38,7 +42,12 @@ pub fn decode(content_encoding: Option<&HeaderValue>, body: Bytes, limit: usize)
     reader
         .take(limit as u64 + 1)
         .read_to_end(&mut out)
-        .map_err(|e| Error::invalid(format!("failed to decompress the {} request body: {e}", enc.name())))?;
+        .map_err(|e| {
+            Error::invalid(format!(
+                "failed to decompress the {} request body: {e}",
+                enc.name()
+            ))
+        })?;
     if out.len() > limit {
         return Err(super::too_large(limit));
     }
@@ -77,7 +86,8 @@ pub fn encode(enc: Encoding, data: &[u8]) -> Result<Bytes> {
             w.write_all(data).and_then(|_| w.finish())
         }
     };
-    out.map(Bytes::from).map_err(|e| Error::internal(format!("compressing the response: {e}")))
+    out.map(Bytes::from)
+        .map_err(|e| Error::internal(format!("compressing the response: {e}")))
 }
 
 #[cfg(test)]
@@ -95,15 +105,24 @@ mod tests {
             assert!(e.message.contains("larger than the limit"), "{e}");
         }
         let bad = HeaderValue::from_static("gzip");
-        assert!(decode(Some(&bad), Bytes::from_static(b"nope"), 100).unwrap_err().message.contains("decompress"));
+        assert!(decode(Some(&bad), Bytes::from_static(b"nope"), 100)
+            .unwrap_err()
+            .message
+            .contains("decompress"));
         let br = HeaderValue::from_static("br");
         assert!(decode(Some(&br), Bytes::new(), 100).is_err());
     }
 
     #[test]
     fn chooses_accepted_encoding() {
-        assert_eq!(choose(Some(&HeaderValue::from_static("deflate, gzip"))), Some(Encoding::Gzip));
-        assert_eq!(choose(Some(&HeaderValue::from_static("deflate"))), Some(Encoding::Deflate));
+        assert_eq!(
+            choose(Some(&HeaderValue::from_static("deflate, gzip"))),
+            Some(Encoding::Gzip)
+        );
+        assert_eq!(
+            choose(Some(&HeaderValue::from_static("deflate"))),
+            Some(Encoding::Deflate)
+        );
         assert_eq!(choose(Some(&HeaderValue::from_static("gzip;q=0"))), None);
         assert_eq!(choose(None), None);
     }

@@ -31,7 +31,9 @@ pub struct HttpOptions {
 
 impl Default for HttpOptions {
     fn default() -> Self {
-        HttpOptions { max_input_size: 64 * 1024 * 1024 }
+        HttpOptions {
+            max_input_size: 64 * 1024 * 1024,
+        }
     }
 }
 
@@ -48,13 +50,25 @@ pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions) -> Router {
         .route("/v2/health/live", get(|| async { StatusCode::OK }))
         .route("/v2/health/ready", get(server_ready::<D>))
         .route("/v2/models/{model}", get(model_metadata::<D>))
-        .route("/v2/models/{model}/versions/{version}", get(model_metadata_v::<D>))
+        .route(
+            "/v2/models/{model}/versions/{version}",
+            get(model_metadata_v::<D>),
+        )
         .route("/v2/models/{model}/ready", get(model_ready::<D>))
-        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready_v::<D>))
+        .route(
+            "/v2/models/{model}/versions/{version}/ready",
+            get(model_ready_v::<D>),
+        )
         .route("/v2/models/{model}/config", get(model_config::<D>))
-        .route("/v2/models/{model}/versions/{version}/config", get(model_config_v::<D>))
+        .route(
+            "/v2/models/{model}/versions/{version}/config",
+            get(model_config_v::<D>),
+        )
         .route("/v2/models/{model}/infer", post(infer::<D>))
-        .route("/v2/models/{model}/versions/{version}/infer", post(infer_v::<D>))
+        .route(
+            "/v2/models/{model}/versions/{version}/infer",
+            post(infer_v::<D>),
+        )
         .route("/v2/repository/index", post(repository_index::<D>))
         .route("/v2/repository/models/{model}/load", post(load::<D>))
         .route("/v2/repository/models/{model}/unload", post(unload::<D>))
@@ -66,7 +80,11 @@ type St<D> = State<Arc<AppState<D>>>;
 
 /// Renders an error as Triton does: `{"error": "..."}` with the mapped status.
 pub fn error_response(e: &Error) -> Response {
-    (e.http_status(), Json(serde_json::json!({ "error": e.message }))).into_response()
+    (
+        e.http_status(),
+        Json(serde_json::json!({ "error": e.message })),
+    )
+        .into_response()
 }
 
 async fn server_metadata<D: Dispatch>(State(s): St<D>) -> Response {
@@ -80,7 +98,11 @@ async fn server_metadata<D: Dispatch>(State(s): St<D>) -> Response {
 
 /// Ready is 200; not ready is 400, as Triton answers.
 async fn server_ready<D: Dispatch>(State(s): St<D>) -> StatusCode {
-    if s.dispatch.ready() { StatusCode::OK } else { StatusCode::BAD_REQUEST }
+    if s.dispatch.ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::BAD_REQUEST
+    }
 }
 
 fn metadata<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> Response {
@@ -92,7 +114,10 @@ fn metadata<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> Respons
 async fn model_metadata<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
     metadata(&s, &m, "")
 }
-async fn model_metadata_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String, String)>) -> Response {
+async fn model_metadata_v<D: Dispatch>(
+    State(s): St<D>,
+    Path((m, v)): Path<(String, String)>,
+) -> Response {
     metadata(&s, &m, &v)
 }
 
@@ -105,7 +130,10 @@ fn ready<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> StatusCode
 async fn model_ready<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> StatusCode {
     ready(&s, &m, "")
 }
-async fn model_ready_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String, String)>) -> StatusCode {
+async fn model_ready_v<D: Dispatch>(
+    State(s): St<D>,
+    Path((m, v)): Path<(String, String)>,
+) -> StatusCode {
     ready(&s, &m, &v)
 }
 
@@ -118,7 +146,10 @@ fn config<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> Response 
 async fn model_config<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
     config(&s, &m, "")
 }
-async fn model_config_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String, String)>) -> Response {
+async fn model_config_v<D: Dispatch>(
+    State(s): St<D>,
+    Path((m, v)): Path<(String, String)>,
+) -> Response {
     config(&s, &m, &v)
 }
 
@@ -150,7 +181,8 @@ fn parse_optional_json(body: &[u8]) -> Result<serde_json::Value, Error> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(serde_json::json!({}));
     }
-    serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))
 }
 
 async fn load<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
@@ -166,7 +198,12 @@ async fn unload<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response
     }
 }
 
-async fn infer<D: Dispatch>(State(s): St<D>, Path(m): Path<String>, headers: HeaderMap, body: Body) -> Response {
+async fn infer<D: Dispatch>(
+    State(s): St<D>,
+    Path(m): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     run_infer(&s, m, String::new(), headers, body).await
 }
 async fn infer_v<D: Dispatch>(
@@ -178,7 +215,13 @@ async fn infer_v<D: Dispatch>(
     run_infer(&s, m, v, headers, body).await
 }
 
-async fn run_infer<D: Dispatch>(s: &AppState<D>, model: String, version: String, headers: HeaderMap, body: Body) -> Response {
+async fn run_infer<D: Dispatch>(
+    s: &AppState<D>,
+    model: String,
+    version: String,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     match try_infer(s, &model, &version, &headers, body).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
@@ -197,9 +240,14 @@ async fn try_infer<D: Dispatch>(
     let body = compress::decode(headers.get(header::CONTENT_ENCODING), body, limit)?;
     let header_len = match headers.get(HEADER_CONTENT_LENGTH) {
         None => None,
-        Some(v) => Some(v.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()).ok_or_else(|| {
-            Error::invalid("Inference-Header-Content-Length must be a non-negative integer")
-        })?),
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .ok_or_else(|| {
+                    Error::invalid("Inference-Header-Content-Length must be a non-negative integer")
+                })?,
+        ),
     };
     let (request, format) = codec::decode_request(model, version, body, header_len)?;
     let response = s.dispatch.infer(request).await?;
@@ -219,7 +267,9 @@ async fn try_infer<D: Dispatch>(
         }
         None => out,
     };
-    builder.body(Body::from(out)).map_err(|e| Error::internal(format!("building response: {e}")))
+    builder
+        .body(Body::from(out))
+        .map_err(|e| Error::internal(format!("building response: {e}")))
 }
 
 /// Reads a body up to `limit` bytes; a larger body is rejected without being buffered.
@@ -228,7 +278,9 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, Error> {
     match limited.collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large(limit)),
-        Err(e) => Err(Error::invalid(format!("failed to read the request body: {e}"))),
+        Err(e) => Err(Error::invalid(format!(
+            "failed to read the request body: {e}"
+        ))),
     }
 }
 

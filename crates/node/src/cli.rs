@@ -1,0 +1,94 @@
+//! Command-line flags, named like tritonserver's so start scripts only change the binary name.
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Model control modes, as tritonserver names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ControlMode {
+    None,
+    Explicit,
+    Poll,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mesh-node",
+    version,
+    about = "Serves Triton model repositories over KServe v2 HTTP and gRPC"
+)]
+pub struct Args {
+    /// Model repository directory; give it more than once to serve several.
+    #[arg(long = "model-repository", alias = "model-store", required = true)]
+    pub model_repository: Vec<PathBuf>,
+
+    #[arg(long, default_value_t = 8000)]
+    pub http_port: u16,
+    #[arg(long, default_value = "0.0.0.0")]
+    pub http_address: IpAddr,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_http: bool,
+
+    #[arg(long, default_value_t = 8001)]
+    pub grpc_port: u16,
+    #[arg(long, default_value = "0.0.0.0")]
+    pub grpc_address: IpAddr,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_grpc: bool,
+
+    #[arg(long, default_value_t = 8002)]
+    pub metrics_port: u16,
+    #[arg(long)]
+    pub metrics_address: Option<IpAddr>,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_metrics: bool,
+
+    /// Largest accepted HTTP body (and gRPC message), in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub http_max_input_size: usize,
+
+    /// none: load everything at start; explicit and poll arrive with the repository extension.
+    #[arg(long, value_enum, default_value = "none")]
+    pub model_control_mode: ControlMode,
+    /// Models to load at start in explicit mode (repeatable; `*` for all).
+    #[arg(long)]
+    pub load_model: Vec<String>,
+    #[arg(long, default_value_t = 15)]
+    pub repository_poll_secs: u64,
+
+    /// Ready only when every model loaded (true), or as soon as the server runs (false).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub strict_readiness: bool,
+    /// Whether a model that fails to load stops the server from starting.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub exit_on_error: bool,
+    /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    pub exit_timeout_secs: u64,
+
+    /// 0 logs info and above; 1 adds debug; 2 and more add trace.
+    #[arg(long, default_value_t = 0)]
+    pub log_verbose: u8,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub log_info: bool,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub log_warning: bool,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub log_error: bool,
+
+    /// `<backend>,<setting>=<value>`; `onnxruntime,library=PATH` names the ONNX Runtime library.
+    #[arg(long)]
+    pub backend_config: Vec<String>,
+}
+
+impl Args {
+    /// The value of `--backend-config <backend>,<key>=<value>`, if given.
+    pub fn backend_setting(&self, backend: &str, key: &str) -> Option<String> {
+        self.backend_config.iter().find_map(|s| {
+            let (b, kv) = s.split_once(',')?;
+            let (k, v) = kv.split_once('=')?;
+            (b == backend && k == key).then(|| v.to_string())
+        })
+    }
+}

@@ -1,0 +1,164 @@
+//! The node's Dispatch: finds the model version, checks the request, runs it on the instance, records metrics.
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use mesh::validate::check_request;
+use mesh::{Dispatch, Error, IndexEntry, InferRequest, InferResponse, ModelView, Result};
+
+use crate::loader::LoadedVersion;
+
+/// A model as the repository manager knows it.
+pub enum ModelState {
+    Ready(BTreeMap<i64, Arc<LoadedVersion>>),
+    Failed(String),
+}
+
+/// Serves the models loaded on this node.
+pub struct NodeDispatch {
+    models: RwLock<BTreeMap<String, ModelState>>,
+    strict_readiness: bool,
+}
+
+impl NodeDispatch {
+    pub fn new(strict_readiness: bool) -> Self {
+        NodeDispatch {
+            models: RwLock::new(BTreeMap::new()),
+            strict_readiness,
+        }
+    }
+
+    pub fn set_model(&self, name: String, state: ModelState) {
+        self.models
+            .write()
+            .expect("models lock")
+            .insert(name, state);
+    }
+
+    /// Drops every model, which stops their instance threads once in-flight work ends.
+    pub fn clear(&self) {
+        self.models.write().expect("models lock").clear();
+    }
+
+    fn resolve(&self, name: &str, version: &str) -> Result<(Arc<LoadedVersion>, Vec<i64>)> {
+        let models = self.models.read().expect("models lock");
+        let versions = match models.get(name) {
+            None => {
+                return Err(Error::not_found(format!(
+                    "unknown model: '{name}' is not found"
+                )))
+            }
+            Some(ModelState::Failed(reason)) => {
+                return Err(Error::unavailable(format!(
+                    "model '{name}' is not ready: {reason}"
+                )))
+            }
+            Some(ModelState::Ready(v)) => v,
+        };
+        let chosen = if version.is_empty() {
+            versions.values().next_back()
+        } else {
+            let v: i64 = version.parse().map_err(|_| {
+                Error::invalid(format!("model version '{version}' is not a number"))
+            })?;
+            versions.get(&v)
+        };
+        let chosen = chosen
+            .ok_or_else(|| {
+                Error::not_found(format!(
+                    "version {version} of model '{name}' is not available"
+                ))
+            })?
+            .clone();
+        Ok((chosen, versions.keys().copied().collect()))
+    }
+}
+
+#[async_trait]
+impl Dispatch for NodeDispatch {
+    async fn infer(&self, mut request: InferRequest) -> Result<InferResponse> {
+        let start = Instant::now();
+        let (model, _) = self.resolve(&request.model_name, &request.model_version)?;
+        if let Err(e) = check_request(&model.config, &request) {
+            model.metrics.failure(e.metric_reason(), start.elapsed());
+            return Err(e);
+        }
+        let batch = if model.config.max_batch_size > 0 {
+            request
+                .inputs
+                .first()
+                .and_then(|i| i.tensor.shape.first())
+                .copied()
+                .unwrap_or(1)
+                .max(1) as u64
+        } else {
+            1
+        };
+        let outputs: Vec<String> = request.outputs.iter().map(|o| o.name.clone()).collect();
+        let inputs = std::mem::take(&mut request.inputs);
+        model.metrics.pending.increment(1.0);
+        let result = model.instance.execute(inputs, outputs).await;
+        model.metrics.pending.decrement(1.0);
+        match result {
+            Ok(done) => {
+                model
+                    .metrics
+                    .success(batch, start.elapsed(), done.queued, &done.timings);
+                Ok(InferResponse {
+                    model_name: request.model_name,
+                    model_version: model.version_label.clone(),
+                    id: request.id,
+                    outputs: done.outputs,
+                    parameters: Vec::new(),
+                })
+            }
+            Err(e) => {
+                model.metrics.failure(e.metric_reason(), start.elapsed());
+                Err(e)
+            }
+        }
+    }
+
+    fn ready(&self) -> bool {
+        !self.strict_readiness
+            || self
+                .models
+                .read()
+                .expect("models lock")
+                .values()
+                .all(|m| matches!(m, ModelState::Ready(_)))
+    }
+
+    fn model(&self, name: &str, version: &str) -> Result<ModelView> {
+        let (m, ready_versions) = self.resolve(name, version)?;
+        Ok(ModelView {
+            config: m.config.clone(),
+            version: m.version,
+            ready_versions,
+            ready: true,
+        })
+    }
+
+    fn repository_index(&self) -> Vec<IndexEntry> {
+        let models = self.models.read().expect("models lock");
+        let mut out = Vec::new();
+        for (name, state) in models.iter() {
+            match state {
+                ModelState::Ready(versions) => out.extend(versions.keys().map(|v| IndexEntry {
+                    name: name.clone(),
+                    version: v.to_string(),
+                    state: "READY".into(),
+                    reason: String::new(),
+                })),
+                ModelState::Failed(reason) => out.push(IndexEntry {
+                    name: name.clone(),
+                    version: String::new(),
+                    state: "UNAVAILABLE".into(),
+                    reason: reason.clone(),
+                }),
+            }
+        }
+        out
+    }
+}

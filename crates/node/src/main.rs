@@ -1,0 +1,174 @@
+//! mesh-node: serves Triton model repositories over KServe v2 HTTP/gRPC on ONNX Runtime.
+mod backend;
+mod cli;
+mod dispatch;
+mod instance;
+mod loader;
+mod metrics;
+mod ort_env;
+mod repository;
+mod server;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tokio::sync::watch;
+
+use cli::{Args, ControlMode};
+use dispatch::{ModelState, NodeDispatch};
+
+fn init_logging(args: &Args) {
+    let level = match (args.log_verbose, args.log_info, args.log_warning) {
+        (v, _, _) if v >= 2 => "trace",
+        (1, _, _) => "debug",
+        (_, true, _) => "info",
+        (_, false, true) => "warn",
+        _ => "error",
+    };
+    let filter = format!("warn,mesh={level},mesh_node={level}");
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MESH_LOG")
+                .unwrap_or_else(|_| filter.into()),
+        )
+        .with_target(false)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(&args);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    };
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    code
+}
+
+/// Loads the models the control mode asks for; failures are recorded with their reason.
+fn load_models(env: &ort::environment::Environment, args: &Args, dispatch: &NodeDispatch) -> usize {
+    let (dirs, errors) = repository::scan(&args.model_repository);
+    let mut failed = 0;
+    for (name, reason) in errors {
+        tracing::error!(model = %name, "{reason}");
+        dispatch.set_model(name, ModelState::Failed(reason));
+        failed += 1;
+    }
+    let wanted = |name: &str| match args.model_control_mode {
+        ControlMode::Explicit => args.load_model.iter().any(|m| m == "*" || m == name),
+        ControlMode::None | ControlMode::Poll => true,
+    };
+    for dir in dirs.into_iter().filter(|d| wanted(&d.name)) {
+        match loader::load_model(env, &dir) {
+            Ok(versions) => {
+                let shown: Vec<_> = versions.keys().map(|v| v.to_string()).collect();
+                tracing::info!(model = %dir.name, versions = %shown.join(","), "model ready");
+                dispatch.set_model(dir.name, ModelState::Ready(versions));
+            }
+            Err(reason) => {
+                tracing::error!(model = %dir.name, "failed to load: {reason}");
+                dispatch.set_model(dir.name, ModelState::Failed(reason));
+                failed += 1;
+            }
+        }
+    }
+    failed
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let prometheus = metrics::install()?;
+    let env = ort_env::init(args.backend_setting("onnxruntime", "library"))?;
+    if args.model_control_mode == ControlMode::Poll {
+        tracing::warn!("--model-control-mode=poll: repository changes are not watched yet; models are loaded once at start");
+    }
+    let dispatch = Arc::new(NodeDispatch::new(args.strict_readiness));
+    let env = Arc::new(env);
+    let failed = {
+        let (env, dispatch, args_ref) = (env.clone(), dispatch.clone(), &args);
+        tokio::task::block_in_place(|| load_models(&env, args_ref, &dispatch))
+    };
+    if failed > 0 && args.exit_on_error {
+        return Err(format!(
+            "{failed} model(s) failed to load and --exit-on-error is true"
+        ));
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut servers = Vec::new();
+    if args.allow_http {
+        let addr = SocketAddr::new(args.http_address, args.http_port);
+        let options = mesh::http::HttpOptions {
+            max_input_size: args.http_max_input_size,
+        };
+        servers.push(server::http(addr, dispatch.clone(), options, &stop_rx).await?);
+    }
+    if args.allow_grpc {
+        let addr = SocketAddr::new(args.grpc_address, args.grpc_port);
+        servers
+            .push(server::grpc(addr, dispatch.clone(), args.http_max_input_size, &stop_rx).await?);
+    }
+    if args.allow_metrics {
+        let addr = SocketAddr::new(
+            args.metrics_address.unwrap_or(args.http_address),
+            args.metrics_port,
+        );
+        servers.push(server::metrics(addr, prometheus, &stop_rx).await?);
+        metrics::spawn_cpu_sampler();
+    }
+
+    wait_for_signal().await?;
+    tracing::info!(
+        timeout_secs = args.exit_timeout_secs,
+        "shutting down: no new requests, finishing in-flight ones"
+    );
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(
+        Duration::from_secs(args.exit_timeout_secs),
+        futures_join(servers),
+    )
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            "in-flight requests did not finish within --exit-timeout-secs; exiting anyway"
+        );
+    }
+    dispatch.clear();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
+    for h in handles {
+        let _ = h.await;
+    }
+}
+
+async fn wait_for_signal() -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term =
+        signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+    let mut int =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch SIGINT: {e}"))?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    Ok(())
+}

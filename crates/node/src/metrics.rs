@@ -1,0 +1,191 @@
+//! Prometheus metrics with Triton's names and labels, recorded through the `metrics` crate.
+use std::time::Duration;
+
+use metrics::{counter, gauge, Counter, Gauge};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Failure reasons Triton labels `nv_inference_request_failure` with.
+const REASONS: [&str; 4] = ["REJECTED", "CANCELED", "BACKEND", "OTHER"];
+
+/// Installs the global recorder and returns the handle that renders `/metrics`.
+pub fn install() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    use metrics::describe_counter as c;
+    c!(
+        "nv_inference_request_success",
+        "Number of successful inference requests, all batch sizes"
+    );
+    c!(
+        "nv_inference_request_failure",
+        "Number of failed inference requests, all batch sizes"
+    );
+    c!(
+        "nv_inference_count",
+        "Number of inferences performed (does not include cached requests)"
+    );
+    c!(
+        "nv_inference_exec_count",
+        "Number of model executions performed (does not include cached requests)"
+    );
+    c!(
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds"
+    );
+    c!(
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds"
+    );
+    c!(
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds"
+    );
+    c!(
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds"
+    );
+    c!(
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration in microseconds"
+    );
+    metrics::describe_gauge!(
+        "nv_inference_pending_request_count",
+        "Instantaneous number of pending requests awaiting execution"
+    );
+    metrics::describe_gauge!("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]");
+    metrics::describe_gauge!(
+        "nv_cpu_memory_total_bytes",
+        "CPU total memory (RAM), in bytes"
+    );
+    metrics::describe_gauge!(
+        "nv_cpu_memory_used_bytes",
+        "CPU used memory (RAM), in bytes"
+    );
+}
+
+/// Metric handles of one model version, made once at load so the hot path only adds.
+pub struct ModelMetrics {
+    success: Counter,
+    failure: [Counter; 4],
+    inference_count: Counter,
+    exec_count: Counter,
+    request_us: Counter,
+    queue_us: Counter,
+    input_us: Counter,
+    infer_us: Counter,
+    output_us: Counter,
+    pub pending: Gauge,
+}
+
+impl ModelMetrics {
+    pub fn new(model: &str, version: i64) -> Self {
+        let (m, v) = (model.to_string(), version.to_string());
+        let l = || [("model", m.clone()), ("version", v.clone())];
+        ModelMetrics {
+            success: counter!("nv_inference_request_success", &l()),
+            failure: REASONS.map(|r| {
+                counter!(
+                    "nv_inference_request_failure",
+                    &[
+                        ("model", m.clone()),
+                        ("version", v.clone()),
+                        ("reason", r.to_string())
+                    ]
+                )
+            }),
+            inference_count: counter!("nv_inference_count", &l()),
+            exec_count: counter!("nv_inference_exec_count", &l()),
+            request_us: counter!("nv_inference_request_duration_us", &l()),
+            queue_us: counter!("nv_inference_queue_duration_us", &l()),
+            input_us: counter!("nv_inference_compute_input_duration_us", &l()),
+            infer_us: counter!("nv_inference_compute_infer_duration_us", &l()),
+            output_us: counter!("nv_inference_compute_output_duration_us", &l()),
+            pending: gauge!("nv_inference_pending_request_count", &l()),
+        }
+    }
+
+    /// Records one successful request that ran as one execution of `batch` inferences.
+    pub fn success(
+        &self,
+        batch: u64,
+        total: Duration,
+        queue: Duration,
+        t: &crate::backend::Timings,
+    ) {
+        self.success.increment(1);
+        self.inference_count.increment(batch);
+        self.exec_count.increment(1);
+        self.request_us.increment(total.as_micros() as u64);
+        self.queue_us.increment(queue.as_micros() as u64);
+        self.input_us.increment(t.input.as_micros() as u64);
+        self.infer_us.increment(t.infer.as_micros() as u64);
+        self.output_us.increment(t.output.as_micros() as u64);
+    }
+
+    /// Records one failed request under Triton's reason label.
+    pub fn failure(&self, reason: &str, total: Duration) {
+        let i = REASONS.iter().position(|r| *r == reason).unwrap_or(3);
+        self.failure[i].increment(1);
+        self.request_us.increment(total.as_micros() as u64);
+    }
+}
+
+/// Samples CPU utilization and memory from /proc every second, where /proc exists.
+pub fn spawn_cpu_sampler() {
+    tokio::spawn(async move {
+        let mut last = read_cpu_times();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let now = read_cpu_times();
+            if let (Some((busy0, total0)), Some((busy1, total1))) = (last, now) {
+                let dt = total1.saturating_sub(total0);
+                if dt > 0 {
+                    gauge!("nv_cpu_utilization")
+                        .set(busy1.saturating_sub(busy0) as f64 / dt as f64);
+                }
+            }
+            last = now;
+            if let Some((total, available)) = read_meminfo() {
+                gauge!("nv_cpu_memory_total_bytes").set(total as f64);
+                gauge!("nv_cpu_memory_used_bytes").set(total.saturating_sub(available) as f64);
+            }
+        }
+    });
+}
+
+/// (busy, total) jiffies from the first line of /proc/stat.
+fn read_cpu_times() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Some((total.saturating_sub(idle), total))
+}
+
+/// (total, available) bytes from /proc/meminfo.
+fn read_meminfo() -> Option<(u64, u64)> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = |key: &str| -> Option<u64> {
+        info.lines()
+            .find(|l| l.starts_with(key))?
+            .split_whitespace()
+            .nth(1)?
+            .parse::<u64>()
+            .ok()
+            .map(|v| v * 1024)
+    };
+    Some((kb("MemTotal:")?, kb("MemAvailable:")?))
+}

@@ -1,0 +1,201 @@
+//! Model repository layout: which models exist, where, and which of their versions the policy serves.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use mesh::config::ModelConfig;
+use mesh::proto::model_version_policy::PolicyChoice;
+
+/// A model directory found in a repository.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelDir {
+    pub name: String,
+    pub path: PathBuf,
+    /// Numeric version folders found, ascending.
+    pub versions: Vec<i64>,
+}
+
+/// Lists the models of every repository; a name found in two repositories is an error for that name.
+pub fn scan(repos: &[PathBuf]) -> (Vec<ModelDir>, Vec<(String, String)>) {
+    let mut found: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for repo in repos {
+        let entries = match std::fs::read_dir(repo) {
+            Ok(e) => e,
+            Err(e) => {
+                errors.push((
+                    repo.display().to_string(),
+                    format!("cannot read model repository {}: {e}", repo.display()),
+                ));
+                continue;
+            }
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if path.is_dir() && !name.starts_with('.') {
+                found.entry(name).or_default().push(path);
+            }
+        }
+    }
+    let mut models = Vec::new();
+    for (name, paths) in found {
+        if paths.len() > 1 {
+            let shown: Vec<_> = paths.iter().map(|p| p.display().to_string()).collect();
+            errors.push((
+                name,
+                format!(
+                    "model name is found in more than one repository: {}",
+                    shown.join(", ")
+                ),
+            ));
+            continue;
+        }
+        let path = paths.into_iter().next().expect("one path");
+        let versions = version_dirs(&path);
+        models.push(ModelDir {
+            name,
+            path,
+            versions,
+        });
+    }
+    (models, errors)
+}
+
+/// Numeric subdirectories, ascending; anything else is ignored as Triton does.
+pub fn version_dirs(model: &Path) -> Vec<i64> {
+    let mut v: Vec<i64> = std::fs::read_dir(model)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| n.parse::<i64>().ok())
+                .flatten()
+        })
+        .filter(|&v| v > 0)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// The versions a config's version_policy selects from those present (default: latest 1).
+pub fn select_versions(config: &ModelConfig, available: &[i64]) -> Result<Vec<i64>, String> {
+    let policy = config
+        .version_policy
+        .as_ref()
+        .and_then(|p| p.policy_choice.as_ref());
+    let chosen: Vec<i64> = match policy {
+        None => available.iter().rev().take(1).rev().copied().collect(),
+        Some(PolicyChoice::Latest(l)) => {
+            let n = l.num_versions.max(1) as usize;
+            available[available.len().saturating_sub(n)..].to_vec()
+        }
+        Some(PolicyChoice::All(_)) => available.to_vec(),
+        Some(PolicyChoice::Specific(s)) => {
+            if let Some(missing) = s.versions.iter().find(|v| !available.contains(v)) {
+                return Err(format!(
+                    "version_policy asks for version {missing}, which has no directory"
+                ));
+            }
+            let mut v = s.versions.clone();
+            v.sort_unstable();
+            v.dedup();
+            v
+        }
+    };
+    if chosen.is_empty() {
+        return Err("no version directories (numeric folders such as 1/) to serve".into());
+    }
+    Ok(chosen)
+}
+
+/// The default file name for a platform or backend, overridden by `default_model_filename`.
+pub fn model_file_name(config: &ModelConfig) -> String {
+    if !config.default_model_filename.is_empty() {
+        return config.default_model_filename.clone();
+    }
+    match (config.platform.as_str(), config.backend.as_str()) {
+        ("pytorch_libtorch", _) | (_, "pytorch") => "model.pt".into(),
+        (_, "python") => "model.py".into(),
+        ("tensorflow_savedmodel", _) => "model.savedmodel".into(),
+        ("tensorrt_plan", _) | (_, "tensorrt") => "model.plan".into(),
+        _ => "model.onnx".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mesh::config::parse_pbtxt;
+
+    fn pick(policy: &str, avail: &[i64]) -> Result<Vec<i64>, String> {
+        select_versions(
+            &parse_pbtxt(&format!("name: \"m\" {policy}")).unwrap(),
+            avail,
+        )
+    }
+
+    #[test]
+    fn version_policies() {
+        assert_eq!(pick("", &[1, 2, 3]).unwrap(), vec![3]);
+        assert_eq!(
+            pick("version_policy: { latest { num_versions: 2 } }", &[1, 2, 3]).unwrap(),
+            vec![2, 3]
+        );
+        assert_eq!(
+            pick("version_policy: { latest { num_versions: 9 } }", &[1, 3]).unwrap(),
+            vec![1, 3]
+        );
+        assert_eq!(
+            pick("version_policy: { all { } }", &[1, 2, 3]).unwrap(),
+            vec![1, 2, 3]
+        );
+        assert_eq!(
+            pick(
+                "version_policy: { specific { versions: [3, 1] } }",
+                &[1, 2, 3]
+            )
+            .unwrap(),
+            vec![1, 3]
+        );
+        assert!(
+            pick("version_policy: { specific { versions: [4] } }", &[1, 2, 3])
+                .unwrap_err()
+                .contains("version 4")
+        );
+        assert!(pick("", &[])
+            .unwrap_err()
+            .contains("no version directories"));
+    }
+
+    #[test]
+    fn scan_ignores_non_numeric_folders_and_reports_duplicates() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        for d in ["m/1", "m/10", "m/2", "m/notes", "m/0", "dup/1"] {
+            std::fs::create_dir_all(a.path().join(d)).unwrap();
+        }
+        std::fs::create_dir_all(b.path().join("dup/1")).unwrap();
+        std::fs::write(a.path().join("stray.txt"), "x").unwrap();
+        let (models, errors) = scan(&[a.path().to_path_buf(), b.path().to_path_buf()]);
+        assert_eq!(models.len(), 1);
+        assert_eq!(models[0].name, "m");
+        assert_eq!(models[0].versions, vec![1, 2, 10]);
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].1.contains("more than one repository"));
+    }
+
+    #[test]
+    fn default_file_names() {
+        let c = |t: &str| model_file_name(&parse_pbtxt(t).unwrap());
+        assert_eq!(c("platform: \"onnxruntime_onnx\""), "model.onnx");
+        assert_eq!(c("backend: \"python\""), "model.py");
+        assert_eq!(c("platform: \"pytorch_libtorch\""), "model.pt");
+        assert_eq!(
+            c("backend: \"onnxruntime\" default_model_filename: \"w.onnx\""),
+            "w.onnx"
+        );
+    }
+}

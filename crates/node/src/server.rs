@@ -1,0 +1,107 @@
+//! Binds the HTTP, gRPC and metrics endpoints and drains them gracefully on shutdown.
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::serve::ListenerExt;
+use mesh::grpc::GrpcFrontend;
+use mesh::http::HttpOptions;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::dispatch::NodeDispatch;
+
+/// Resolves when shutdown has been requested.
+pub fn shutdown_signal(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
+    let mut rx = rx.clone();
+    async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+}
+
+async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen for {what} on {addr}: {e}"))
+}
+
+/// Serves KServe v2 HTTP until shutdown; idle keep-alive connections close at once, in-flight requests finish.
+pub async fn http(
+    addr: SocketAddr,
+    dispatch: Arc<NodeDispatch>,
+    options: HttpOptions,
+    stop: &watch::Receiver<bool>,
+) -> Result<JoinHandle<()>, String> {
+    let listener = bind("HTTP", addr).await?.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tracing::info!(%addr, "HTTP service started");
+    let app = mesh::http::router(dispatch, options);
+    let signal = shutdown_signal(stop);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(signal)
+            .await
+        {
+            tracing::error!("HTTP server failed: {e}");
+        }
+    }))
+}
+
+/// Serves KServe v2 gRPC until shutdown.
+pub async fn grpc(
+    addr: SocketAddr,
+    dispatch: Arc<NodeDispatch>,
+    max_message: usize,
+    stop: &watch::Receiver<bool>,
+) -> Result<JoinHandle<()>, String> {
+    let listener = bind("gRPC", addr).await?;
+    tracing::info!(%addr, "gRPC service started");
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let service = GrpcFrontend::server(dispatch, max_message);
+    let signal = shutdown_signal(stop);
+    Ok(tokio::spawn(async move {
+        let server = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(service);
+        if let Err(e) = server.serve_with_incoming_shutdown(incoming, signal).await {
+            tracing::error!("gRPC server failed: {e}");
+        }
+    }))
+}
+
+/// Serves Prometheus text at `/metrics` until shutdown.
+pub async fn metrics(
+    addr: SocketAddr,
+    handle: PrometheusHandle,
+    stop: &watch::Receiver<bool>,
+) -> Result<JoinHandle<()>, String> {
+    let listener = bind("metrics", addr).await?;
+    tracing::info!(%addr, "metrics service started");
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let h = handle.clone();
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4",
+                    )],
+                    h.render(),
+                )
+            }
+        }),
+    );
+    let signal = shutdown_signal(stop);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(signal)
+            .await
+        {
+            tracing::error!("metrics server failed: {e}");
+        }
+    }))
+}
