@@ -60,8 +60,9 @@ pub struct Args {
     /// Ready only when every model loaded (true), or as soon as the server runs (false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub strict_readiness: bool,
-    /// Whether a model that fails to load stops the server from starting.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// Whether a model that fails to load stops the server from starting. Default false (unlike
+    /// tritonserver): the failure is reported in the log and the repository index, and the rest serve.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub exit_on_error: bool,
     /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30)]

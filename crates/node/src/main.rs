@@ -1,13 +1,4 @@
 //! mesh-node: serves Triton model repositories over KServe v2 HTTP/gRPC on ONNX Runtime.
-mod backend;
-mod cli;
-mod dispatch;
-mod instance;
-mod loader;
-mod metrics;
-mod ort_env;
-mod repository;
-mod server;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -17,8 +8,9 @@ use std::time::Duration;
 use clap::Parser;
 use tokio::sync::watch;
 
-use cli::{Args, ControlMode};
-use dispatch::{ModelState, NodeDispatch};
+use mesh_node::cli::{Args, ControlMode};
+use mesh_node::dispatch::{ModelState, NodeDispatch};
+use mesh_node::{loader, metrics, ort_env, repository, server};
 
 fn init_logging(args: &Args) {
     let level = match (args.log_verbose, args.log_info, args.log_warning) {
@@ -93,6 +85,7 @@ fn load_models(env: &ort::environment::Environment, args: &Args, dispatch: &Node
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    repository::check_repositories(&args.model_repository)?;
     let prometheus = metrics::install()?;
     let env = ort_env::init(args.backend_setting("onnxruntime", "library"))?;
     if args.model_control_mode == ControlMode::Poll {

@@ -14,20 +14,22 @@ pub struct ModelDir {
     pub versions: Vec<i64>,
 }
 
+/// Checks that every repository is a readable directory; a bad path is a start-up error, not a model error.
+pub fn check_repositories(repos: &[PathBuf]) -> Result<(), String> {
+    for repo in repos {
+        std::fs::read_dir(repo)
+            .map_err(|e| format!("cannot read model repository {}: {e}", repo.display()))?;
+    }
+    Ok(())
+}
+
 /// Lists the models of every repository; a name found in two repositories is an error for that name.
 pub fn scan(repos: &[PathBuf]) -> (Vec<ModelDir>, Vec<(String, String)>) {
     let mut found: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
     let mut errors = Vec::new();
     for repo in repos {
-        let entries = match std::fs::read_dir(repo) {
-            Ok(e) => e,
-            Err(e) => {
-                errors.push((
-                    repo.display().to_string(),
-                    format!("cannot read model repository {}: {e}", repo.display()),
-                ));
-                continue;
-            }
+        let Ok(entries) = std::fs::read_dir(repo) else {
+            continue;
         };
         for entry in entries.flatten() {
             let path = entry.path();

@@ -178,6 +178,12 @@ pub fn decode_request(
             .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
         inputs.push(NamedTensor { name, tensor });
     }
+    if !binary.is_empty() {
+        return Err(Error::invalid(format!(
+            "{} bytes of binary data follow the inputs' binary_data_size values; the body must hold exactly what they declare",
+            binary.len()
+        )));
+    }
     let mut format = OutputFormat {
         default_binary,
         per_output: Vec::new(),
@@ -390,6 +396,13 @@ mod tests {
                 "unknown field `bogus`",
             ),
             ((Bytes::from(&[0xffu8, 0xfe][..]), None), "not valid UTF-8"),
+            (
+                with_binary(
+                    r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":4}}]}"#,
+                    &[0; 6],
+                ),
+                "2 bytes of binary data follow",
+            ),
         ];
         for ((body, hl), want) in cases {
             let e = decode_request("m", "", body, hl).unwrap_err();

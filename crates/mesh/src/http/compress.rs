@@ -29,8 +29,8 @@ pub fn decode(content_encoding: Option<&HeaderValue>, body: Bytes, limit: usize)
         Some(e) if e == "gzip" => Encoding::Gzip,
         Some(e) if e == "deflate" => Encoding::Deflate,
         Some(e) => {
-            return Err(Error::unsupported(format!(
-                "unsupported Content-Encoding '{e}'"
+            return Err(Error::invalid(format!(
+                "unsupported Content-Encoding '{e}'; use gzip, deflate or identity"
             )))
         }
     };

@@ -73,6 +73,14 @@ pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions) -> Router {
         .route("/v2/repository/models/{model}/load", post(load::<D>))
         .route("/v2/repository/models/{model}/unload", post(unload::<D>))
         .fallback(|| async { error_response(&Error::not_found("unknown request path")) })
+        .method_not_allowed_fallback(|| async {
+            let e = Error::invalid("this HTTP method is not allowed on this path");
+            (
+                StatusCode::METHOD_NOT_ALLOWED,
+                Json(serde_json::json!({ "error": e.message })),
+            )
+                .into_response()
+        })
         .with_state(state)
 }
 

@@ -42,7 +42,9 @@ fn ort_err(what: &str) -> impl Fn(ort::Error) -> Error + '_ {
 /// Reinterprets little-endian bytes as `T` when aligned; None when a copy is needed.
 fn aligned<T: Copy>(data: &[u8]) -> Option<&[T]> {
     let size = std::mem::size_of::<T>();
-    if data.as_ptr() as usize % std::mem::align_of::<T>() != 0 || data.len() % size != 0 {
+    if !(data.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+        || !data.len().is_multiple_of(size)
+    {
         return None;
     }
     // SAFETY: alignment and length were checked above, and T is only ever a plain numeric type

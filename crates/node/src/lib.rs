@@ -1,0 +1,10 @@
+//! mesh-node's library: repository loading, backends, instances and the node's Dispatch, shared by the binary, tests and benches.
+pub mod backend;
+pub mod cli;
+pub mod dispatch;
+pub mod instance;
+pub mod loader;
+pub mod metrics;
+pub mod ort_env;
+pub mod repository;
+pub mod server;
