@@ -4,7 +4,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
-use crate::proto::ModelConfig;
+use crate::proto::{ModelConfig, ModelStatisticsResponse};
 use crate::request::{InferRequest, InferResponse};
 
 /// What a frontend needs to know about one served model version.
@@ -58,8 +58,21 @@ pub trait Dispatch: Send + Sync + 'static {
         )))
     }
 
+    /// Statistics of a model version, every version of a model (`version` empty), or every model (`name` empty).
+    fn model_statistics(&self, name: &str, version: &str) -> Result<ModelStatisticsResponse> {
+        let _ = version;
+        Err(Error::unsupported(format!(
+            "statistics for '{name}' are not available on this server"
+        )))
+    }
+
     /// KServe v2 extensions this dispatcher really implements, for server metadata.
     fn extensions(&self) -> Vec<&'static str> {
-        vec!["binary_tensor_data", "model_configuration", "parameters"]
+        vec![
+            "binary_tensor_data",
+            "model_configuration",
+            "parameters",
+            "statistics",
+        ]
     }
 }

@@ -11,6 +11,9 @@ pub mod request;
 pub mod tensor;
 pub mod validate;
 
+#[cfg(test)]
+mod mutation_tests;
+
 /// Types generated from the mesh's own wire-compatible `.proto` files (package `inference`).
 #[allow(clippy::all, missing_docs)]
 pub mod proto {

@@ -4,6 +4,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use mesh::proto::ModelStatisticsResponse;
 use mesh::validate::check_request;
 use mesh::{Dispatch, Error, IndexEntry, InferRequest, InferResponse, ModelView, Result};
 
@@ -81,7 +82,7 @@ impl Dispatch for NodeDispatch {
         let start = Instant::now();
         let (model, _) = self.resolve(&request.model_name, &request.model_version)?;
         if let Err(e) = check_request(&model.config, &request) {
-            model.metrics.failure(e.metric_reason(), start.elapsed());
+            model.stats.failure(e.metric_reason(), start.elapsed());
             return Err(e);
         }
         let batch = if model.config.max_batch_size > 0 {
@@ -97,13 +98,13 @@ impl Dispatch for NodeDispatch {
         };
         let outputs: Vec<String> = request.outputs.iter().map(|o| o.name.clone()).collect();
         let inputs = std::mem::take(&mut request.inputs);
-        model.metrics.pending.increment(1.0);
+        model.stats.metrics.pending.increment(1.0);
         let result = model.instance.execute(inputs, outputs).await;
-        model.metrics.pending.decrement(1.0);
+        model.stats.metrics.pending.decrement(1.0);
         match result {
             Ok(done) => {
                 model
-                    .metrics
+                    .stats
                     .success(batch, start.elapsed(), done.queued, &done.timings);
                 Ok(InferResponse {
                     model_name: request.model_name,
@@ -114,7 +115,7 @@ impl Dispatch for NodeDispatch {
                 })
             }
             Err(e) => {
-                model.metrics.failure(e.metric_reason(), start.elapsed());
+                model.stats.failure(e.metric_reason(), start.elapsed());
                 Err(e)
             }
         }
@@ -137,6 +138,28 @@ impl Dispatch for NodeDispatch {
             version: m.version,
             ready_versions,
             ready: true,
+        })
+    }
+
+    fn model_statistics(&self, name: &str, version: &str) -> Result<ModelStatisticsResponse> {
+        let models = self.models.read().expect("models lock");
+        let ready = |state: &ModelState| match state {
+            ModelState::Ready(v) => v.values().cloned().collect::<Vec<_>>(),
+            ModelState::Failed(_) => Vec::new(),
+        };
+        let chosen: Vec<Arc<LoadedVersion>> = if name.is_empty() {
+            models.values().flat_map(ready).collect()
+        } else if version.is_empty() {
+            let state = models
+                .get(name)
+                .ok_or_else(|| Error::not_found(format!("unknown model: '{name}' is not found")))?;
+            ready(state)
+        } else {
+            drop(models);
+            vec![self.resolve(name, version)?.0]
+        };
+        Ok(ModelStatisticsResponse {
+            model_stats: chosen.iter().map(|m| m.stats.snapshot()).collect(),
         })
     }
 

@@ -7,8 +7,8 @@ use mesh::proto::model_instance_group::Kind;
 
 use crate::backend::onnx::{self, Device, OnnxBackend};
 use crate::instance::InstanceHandle;
-use crate::metrics::ModelMetrics;
 use crate::repository::{self, ModelDir};
+use crate::stats::ModelStats;
 
 /// A loaded, servable model version.
 pub struct LoadedVersion {
@@ -16,7 +16,7 @@ pub struct LoadedVersion {
     pub version: i64,
     pub version_label: String,
     pub instance: InstanceHandle,
-    pub metrics: ModelMetrics,
+    pub stats: ModelStats,
 }
 
 /// Reads config.pbtxt (if any) and checks its name against the directory.
@@ -106,7 +106,7 @@ pub fn load_model(
                 version: v,
                 version_label: v.to_string(),
                 instance,
-                metrics: ModelMetrics::new(&dir.name, v),
+                stats: ModelStats::new(&dir.name, v),
             }),
         );
     }

@@ -11,21 +11,24 @@ pub use crate::proto::ModelConfig;
 pub use pbtxt::{parse_pbtxt, parse_pbtxt_with_fields};
 pub use validate::validate_config;
 
-fn model_config_descriptor() -> MessageDescriptor {
+fn descriptor(full_name: &str) -> MessageDescriptor {
     static POOL: OnceLock<DescriptorPool> = OnceLock::new();
     POOL.get_or_init(|| {
         DescriptorPool::decode(crate::proto::DESCRIPTOR_SET)
             .expect("descriptor set built by build.rs")
     })
-    .get_message_by_name("inference.ModelConfig")
-    .expect("ModelConfig is in the descriptor set")
+    .get_message_by_name(full_name)
+    .expect("message is in the descriptor set")
 }
 
-/// The config as Triton's config endpoint renders it: proto field names, enums by name, numbers as numbers.
-pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
-    let dynamic =
-        DynamicMessage::decode(model_config_descriptor(), config.encode_to_vec().as_slice())
-            .expect("a ModelConfig always decodes against its own descriptor");
+fn model_config_descriptor() -> MessageDescriptor {
+    descriptor("inference.ModelConfig")
+}
+
+/// Renders a protocol message as Triton's JSON: proto field names, enums by name, 64-bit numbers as numbers.
+pub fn message_to_json<M: Message>(msg: &M, full_name: &str) -> serde_json::Value {
+    let dynamic = DynamicMessage::decode(descriptor(full_name), msg.encode_to_vec().as_slice())
+        .expect("a message always decodes against its own descriptor");
     let options = prost_reflect::SerializeOptions::new()
         .use_proto_field_name(true)
         .stringify_64_bit_integers(false)
@@ -33,6 +36,11 @@ pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
     dynamic
         .serialize_with_options(serde_json::value::Serializer, &options)
         .expect("serializing a message into a JSON value cannot fail")
+}
+
+/// The config as Triton's config endpoint renders it.
+pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
+    message_to_json(config, "inference.ModelConfig")
 }
 
 /// Parses a config given as JSON (the repository extension's `config` override), rejecting unknown fields.

@@ -3,7 +3,11 @@ use std::collections::HashSet;
 
 use super::ModelConfig;
 use crate::dtype::DataType;
+use crate::proto::model_config::SchedulingChoice;
 use crate::proto::model_version_policy::PolicyChoice;
+
+/// Each priority level gets its own queue, so the count is bounded.
+pub const MAX_PRIORITY_LEVELS: u64 = 1024;
 
 /// Checks names, data types, dims, reshapes, batch size and version policy.
 pub fn validate_config(c: &ModelConfig) -> Result<(), String> {
@@ -40,6 +44,14 @@ pub fn validate_config(c: &ModelConfig) -> Result<(), String> {
         )?;
         if !seen.insert(o.name.as_str()) {
             return Err(format!("output '{}' is declared more than once", o.name));
+        }
+    }
+    if let Some(SchedulingChoice::DynamicBatching(db)) = &c.scheduling_choice {
+        if db.priority_levels > MAX_PRIORITY_LEVELS {
+            return Err(format!(
+                "dynamic_batching priority_levels is {}; at most {MAX_PRIORITY_LEVELS} are supported",
+                db.priority_levels
+            ));
         }
     }
     if let Some(PolicyChoice::Latest(l)) = c
@@ -150,6 +162,7 @@ mod tests {
                 "does not hold the same number of elements",
             ),
             ("version_policy { latest { num_versions: 0 } }", "num_versions"),
+            ("dynamic_batching { priority_levels: 5000 }", "at most 1024"),
             ("version_policy { specific { versions: [0] } }", "version 0"),
         ];
         for (body, want) in cases {

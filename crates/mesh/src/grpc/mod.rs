@@ -137,9 +137,12 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
 
     async fn model_statistics(
         &self,
-        _: Request<proto::ModelStatisticsRequest>,
+        r: Request<proto::ModelStatisticsRequest>,
     ) -> Result<Response<proto::ModelStatisticsResponse>, Status> {
-        unimplemented("ModelStatistics")
+        let r = r.into_inner();
+        Ok(Response::new(
+            self.dispatch.model_statistics(&r.name, &r.version)?,
+        ))
     }
 
     async fn repository_index(

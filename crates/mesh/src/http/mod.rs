@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-use crate::config::config_to_json;
+use crate::config::{config_to_json, message_to_json};
 use crate::dispatch::Dispatch;
 use crate::error::{Code, Error};
 use crate::metadata::ModelMetadata;
@@ -68,6 +68,12 @@ pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions) -> Router {
         .route(
             "/v2/models/{model}/versions/{version}/infer",
             post(infer_v::<D>),
+        )
+        .route("/v2/models/stats", get(all_stats::<D>))
+        .route("/v2/models/{model}/stats", get(model_stats::<D>))
+        .route(
+            "/v2/models/{model}/versions/{version}/stats",
+            get(model_stats_v::<D>),
         )
         .route("/v2/repository/index", post(repository_index::<D>))
         .route("/v2/repository/models/{model}/load", post(load::<D>))
@@ -159,6 +165,25 @@ async fn model_config_v<D: Dispatch>(
     Path((m, v)): Path<(String, String)>,
 ) -> Response {
     config(&s, &m, &v)
+}
+
+fn stats<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> Response {
+    match s.dispatch.model_statistics(model, version) {
+        Ok(r) => Json(message_to_json(&r, "inference.ModelStatisticsResponse")).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+async fn all_stats<D: Dispatch>(State(s): St<D>) -> Response {
+    stats(&s, "", "")
+}
+async fn model_stats<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
+    stats(&s, &m, "")
+}
+async fn model_stats_v<D: Dispatch>(
+    State(s): St<D>,
+    Path((m, v)): Path<(String, String)>,
+) -> Response {
+    stats(&s, &m, &v)
 }
 
 async fn repository_index<D: Dispatch>(State(s): St<D>, body: Bytes) -> Response {

@@ -1,0 +1,175 @@
+//! Per-version inference statistics (Triton's statistics extension), kept in step with the Prometheus metrics.
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mesh::proto::{InferBatchStatistics, InferStatistics, ModelStatistics, StatisticDuration};
+
+use crate::backend::Timings;
+use crate::metrics::ModelMetrics;
+
+#[derive(Default)]
+struct Duration64 {
+    count: AtomicU64,
+    ns: AtomicU64,
+}
+
+impl Duration64 {
+    fn add(&self, d: Duration) {
+        self.count.fetch_add(1, Relaxed);
+        self.ns.fetch_add(d.as_nanos() as u64, Relaxed);
+    }
+    fn snapshot(&self) -> Option<StatisticDuration> {
+        Some(StatisticDuration {
+            count: self.count.load(Relaxed),
+            ns: self.ns.load(Relaxed),
+        })
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct BatchTotals {
+    count: u64,
+    input_ns: u64,
+    infer_ns: u64,
+    output_ns: u64,
+}
+
+/// Everything recorded about one model version; one call per request updates statistics and metrics.
+pub struct ModelStats {
+    name: String,
+    version: String,
+    success: Duration64,
+    fail: Duration64,
+    queue: Duration64,
+    compute_input: Duration64,
+    compute_infer: Duration64,
+    compute_output: Duration64,
+    inference_count: AtomicU64,
+    execution_count: AtomicU64,
+    last_inference_ms: AtomicU64,
+    batches: Mutex<BTreeMap<u64, BatchTotals>>,
+    pub metrics: ModelMetrics,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl ModelStats {
+    pub fn new(name: &str, version: i64) -> Self {
+        ModelStats {
+            name: name.to_string(),
+            version: version.to_string(),
+            success: Duration64::default(),
+            fail: Duration64::default(),
+            queue: Duration64::default(),
+            compute_input: Duration64::default(),
+            compute_infer: Duration64::default(),
+            compute_output: Duration64::default(),
+            inference_count: AtomicU64::new(0),
+            execution_count: AtomicU64::new(0),
+            last_inference_ms: AtomicU64::new(0),
+            batches: Mutex::new(BTreeMap::new()),
+            metrics: ModelMetrics::new(name, version),
+        }
+    }
+
+    /// Records a request that succeeded as one execution of `batch` inferences.
+    pub fn success(&self, batch: u64, total: Duration, queue: Duration, t: &Timings) {
+        self.success.add(total);
+        self.queue.add(queue);
+        self.compute_input.add(t.input);
+        self.compute_infer.add(t.infer);
+        self.compute_output.add(t.output);
+        self.inference_count.fetch_add(batch, Relaxed);
+        self.execution_count.fetch_add(1, Relaxed);
+        self.last_inference_ms.store(now_ms(), Relaxed);
+        {
+            let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+            let b = batches.entry(batch).or_default();
+            b.count += 1;
+            b.input_ns += t.input.as_nanos() as u64;
+            b.infer_ns += t.infer.as_nanos() as u64;
+            b.output_ns += t.output.as_nanos() as u64;
+        }
+        self.metrics.success(batch, total, queue, t);
+    }
+
+    /// Records a failed request under Triton's failure reason.
+    pub fn failure(&self, reason: &str, total: Duration) {
+        self.fail.add(total);
+        self.last_inference_ms.store(now_ms(), Relaxed);
+        self.metrics.failure(reason, total);
+    }
+
+    /// The statistics extension's view of this version.
+    pub fn snapshot(&self) -> ModelStatistics {
+        let d = |n: u64, ns: u64| Some(StatisticDuration { count: n, ns });
+        let batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        ModelStatistics {
+            name: self.name.clone(),
+            version: self.version.clone(),
+            last_inference: self.last_inference_ms.load(Relaxed),
+            inference_count: self.inference_count.load(Relaxed),
+            execution_count: self.execution_count.load(Relaxed),
+            inference_stats: Some(InferStatistics {
+                success: self.success.snapshot(),
+                fail: self.fail.snapshot(),
+                queue: self.queue.snapshot(),
+                compute_input: self.compute_input.snapshot(),
+                compute_infer: self.compute_infer.snapshot(),
+                compute_output: self.compute_output.snapshot(),
+                cache_hit: d(0, 0),
+                cache_miss: d(0, 0),
+            }),
+            batch_stats: batches
+                .iter()
+                .map(|(&size, b)| InferBatchStatistics {
+                    batch_size: size,
+                    compute_input: d(b.count, b.input_ns),
+                    compute_infer: d(b.count, b.infer_ns),
+                    compute_output: d(b.count, b.output_ns),
+                })
+                .collect(),
+            memory_usage: Vec::new(),
+            response_stats: Default::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_counts_requests_batches_and_failures() {
+        let s = ModelStats::new("m", 1);
+        let t = Timings {
+            input: Duration::from_micros(1),
+            infer: Duration::from_micros(10),
+            output: Duration::from_micros(2),
+        };
+        s.success(4, Duration::from_micros(50), Duration::from_micros(5), &t);
+        s.success(4, Duration::from_micros(50), Duration::ZERO, &t);
+        s.success(1, Duration::from_micros(20), Duration::ZERO, &t);
+        s.failure("OTHER", Duration::from_micros(3));
+        let snap = s.snapshot();
+        assert_eq!((snap.name.as_str(), snap.version.as_str()), ("m", "1"));
+        assert_eq!(snap.inference_count, 9);
+        assert_eq!(snap.execution_count, 3);
+        let st = snap.inference_stats.unwrap();
+        assert_eq!(st.success.unwrap().count, 3);
+        assert_eq!(st.success.unwrap().ns, 120_000);
+        assert_eq!(st.fail.unwrap().count, 1);
+        assert_eq!(st.compute_infer.unwrap().ns, 30_000);
+        assert_eq!(snap.batch_stats.len(), 2);
+        assert_eq!(snap.batch_stats[0].batch_size, 1);
+        assert_eq!(snap.batch_stats[1].batch_size, 4);
+        assert_eq!(snap.batch_stats[1].compute_infer.unwrap().count, 2);
+        assert!(snap.last_inference > 0);
+    }
+}
