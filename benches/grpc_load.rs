@@ -56,14 +56,8 @@ where
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let addr = args
-        .first()
-        .cloned()
-        .unwrap_or_else(|| "http://127.0.0.1:8001".into());
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let addr = args.first().cloned().unwrap_or_else(|| "http://127.0.0.1:8001".into());
     let model = args.get(1).cloned().unwrap_or_else(|| "mlp".into());
     let concurrency: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
     let seconds: f64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5.0);
@@ -94,15 +88,9 @@ async fn main() {
         .expect("model metadata")
         .into_inner();
     let input = &meta.inputs[0];
-    let shape: Vec<i64> = input
-        .shape
-        .iter()
-        .map(|&d| if d < 0 { 1 } else { d })
-        .collect();
+    let shape: Vec<i64> = input.shape.iter().map(|&d| if d < 0 { 1 } else { d }).collect();
     let n: i64 = shape.iter().product();
-    let data: Vec<u8> = (0..n)
-        .flat_map(|i| ((i % 7) as f32 * 0.25).to_le_bytes())
-        .collect();
+    let data: Vec<u8> = (0..n).flat_map(|i| ((i % 7) as f32 * 0.25).to_le_bytes()).collect();
     let request = ModelInferRequest {
         model_name: model.clone(),
         inputs: vec![InferInputTensor {

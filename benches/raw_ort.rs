@@ -30,10 +30,7 @@ fn report(label: &str, mut samples: Vec<Duration>) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let dir = PathBuf::from(
         args.first()
             .cloned()
@@ -67,9 +64,7 @@ fn main() {
     let run_raw = |s: &mut ort::session::Session| {
         let t = TensorRef::from_array_view((shape.clone(), &values[..])).expect("tensor");
         let outputs = s.run(ort::inputs![input.name.as_str() => t]).expect("run");
-        let (_, data) = outputs[out_name.as_str()]
-            .try_extract_tensor::<f32>()
-            .expect("output");
+        let (_, data) = outputs[out_name.as_str()].try_extract_tensor::<f32>().expect("output");
         std::hint::black_box(data.to_vec());
     };
     for _ in 0..1000 {

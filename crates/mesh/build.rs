@@ -8,10 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fds = protox::compile(files, ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out.join("descriptor.bin"),
-        prost::Message::encode_to_vec(&fds),
-    )?;
+    std::fs::write(out.join("descriptor.bin"), prost::Message::encode_to_vec(&fds))?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -68,11 +68,6 @@ pub trait Dispatch: Send + Sync + 'static {
 
     /// KServe v2 extensions this dispatcher really implements, for server metadata.
     fn extensions(&self) -> Vec<&'static str> {
-        vec![
-            "binary_tensor_data",
-            "model_configuration",
-            "parameters",
-            "statistics",
-        ]
+        vec!["binary_tensor_data", "model_configuration", "parameters", "statistics"]
     }
 }

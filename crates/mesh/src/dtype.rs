@@ -141,9 +141,6 @@ mod tests {
         assert!(DataType::from_wire("FLOAT").is_err());
         assert_eq!(DataType::from_config(0), None);
         assert_eq!(DataType::from_config(99), None);
-        assert_eq!(
-            DataType::Bytes.to_config(),
-            proto::DataType::TypeString as i32
-        );
+        assert_eq!(DataType::Bytes.to_config(), proto::DataType::TypeString as i32);
     }
 }

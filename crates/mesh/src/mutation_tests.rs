@@ -90,9 +90,7 @@ fn mutated_infer_bodies_never_panic() {
 
 #[test]
 fn random_grpc_requests_never_panic() {
-    use crate::proto::{
-        model_infer_request::InferInputTensor, InferTensorContents, ModelInferRequest,
-    };
+    use crate::proto::{model_infer_request::InferInputTensor, InferTensorContents, ModelInferRequest};
     let mut rng = Rng(42);
     let types = ["FP32", "BYTES", "INT8", "BOOL", "BF16", "UINT64", "nope"];
     for _ in 0..5000 {
@@ -100,9 +98,7 @@ fn random_grpc_requests_never_panic() {
             .map(|i| InferInputTensor {
                 name: format!("i{i}"),
                 datatype: types[rng.below(types.len())].into(),
-                shape: (0..rng.below(4))
-                    .map(|_| rng.next() as i64 >> rng.below(64))
-                    .collect(),
+                shape: (0..rng.below(4)).map(|_| rng.next() as i64 >> rng.below(64)).collect(),
                 contents: (rng.below(2) == 0).then(|| InferTensorContents {
                     int_contents: vec![rng.next() as i32; rng.below(4)],
                     bytes_contents: vec![vec![7u8; rng.below(5)]; rng.below(3)],

@@ -25,9 +25,7 @@ pub fn element_count(shape: &[i64]) -> Result<usize> {
     let mut n: usize = 1;
     for &d in shape {
         if d < 0 {
-            return Err(Error::invalid(format!(
-                "shape {shape:?} has a negative dimension"
-            )));
+            return Err(Error::invalid(format!("shape {shape:?} has a negative dimension")));
         }
         n = usize::try_from(d)
             .ok()
@@ -197,8 +195,7 @@ impl<'a> BytesElements<'a> {
                 "BYTES element has a truncated 4-byte length prefix",
             )));
         }
-        let len =
-            u32::from_le_bytes([self.rest[0], self.rest[1], self.rest[2], self.rest[3]]) as usize;
+        let len = u32::from_le_bytes([self.rest[0], self.rest[1], self.rest[2], self.rest[3]]) as usize;
         let body = &self.rest[4..];
         if body.len() < len {
             self.rest = &[];
@@ -228,10 +225,7 @@ mod tests {
         assert_eq!(element_count(&[2, 3]).unwrap(), 6);
         assert_eq!(element_count(&[]).unwrap(), 1);
         assert_eq!(element_count(&[0, 5]).unwrap(), 0);
-        assert!(element_count(&[-1, 3])
-            .unwrap_err()
-            .message
-            .contains("negative"));
+        assert!(element_count(&[-1, 3]).unwrap_err().message.contains("negative"));
         assert!(element_count(&[1 << 40, 1 << 40])
             .unwrap_err()
             .message
@@ -270,11 +264,7 @@ mod tests {
             shape: vec![2],
             data: encode_bytes_elements([b"x"]),
         };
-        assert!(t
-            .check()
-            .unwrap_err()
-            .message
-            .contains("needs 2 elements, got 1"));
+        assert!(t.check().unwrap_err().message.contains("needs 2 elements, got 1"));
         // huge declared length does not allocate
         assert!(count_bytes_elements(&[0xff, 0xff, 0xff, 0xff]).is_err());
     }

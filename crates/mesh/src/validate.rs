@@ -19,9 +19,7 @@ pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
             )));
         };
         if !seen.insert(name) {
-            return Err(Error::invalid(format!(
-                "input '{name}' is given more than once"
-            )));
+            return Err(Error::invalid(format!("input '{name}' is given more than once")));
         }
         let want = DataType::from_config(spec.data_type);
         if want != Some(input.tensor.dtype) {
@@ -57,13 +55,7 @@ pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
         };
         if !dims_match(&spec.dims, dims) {
             let shown = if config.max_batch_size > 0 {
-                format!(
-                    "[-1{}]",
-                    spec.dims
-                        .iter()
-                        .map(|d| format!(",{d}"))
-                        .collect::<String>()
-                )
+                format!("[-1{}]", spec.dims.iter().map(|d| format!(",{d}")).collect::<String>())
             } else {
                 format!("{:?}", spec.dims)
             };
@@ -100,11 +92,7 @@ pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
 
 /// Whether a concrete shape fits config dims, where -1 matches any size.
 pub fn dims_match(spec: &[i64], shape: &[i64]) -> bool {
-    spec.len() == shape.len()
-        && spec
-            .iter()
-            .zip(shape)
-            .all(|(&s, &d)| d >= 0 && (s == -1 || s == d))
+    spec.len() == shape.len() && spec.iter().zip(shape).all(|(&s, &d)| d >= 0 && (s == -1 || s == d))
 }
 
 #[cfg(test)]
@@ -135,9 +123,7 @@ mod tests {
                 .collect(),
             outputs: outputs
                 .iter()
-                .map(|n| RequestedOutput {
-                    name: n.to_string(),
-                })
+                .map(|n| RequestedOutput { name: n.to_string() })
                 .collect(),
             ..Default::default()
         }
@@ -152,11 +138,7 @@ mod tests {
     fn accepts_good_requests() {
         check_request(&cfg(), &req(vec![("a", f32s(vec![3, 2]))], &["y"])).unwrap();
         let opt = Tensor::from_values(vec![3, 5], &[0i32; 15]);
-        check_request(
-            &cfg(),
-            &req(vec![("a", f32s(vec![3, 2])), ("opt", opt)], &[]),
-        )
-        .unwrap();
+        check_request(&cfg(), &req(vec![("a", f32s(vec![3, 2])), ("opt", opt)], &[])).unwrap();
     }
 
     #[test]
@@ -173,20 +155,14 @@ mod tests {
             ),
             (req(vec![], &[]), "missing required input 'a'"),
             (
-                req(
-                    vec![("a", Tensor::from_values(vec![1, 2], &[0i64; 2]))],
-                    &[],
-                ),
+                req(vec![("a", Tensor::from_values(vec![1, 2], &[0i64; 2]))], &[]),
                 "datatype INT64",
             ),
             (req(vec![("a", f32s(vec![1, 3]))], &[]), "expects [-1,2]"),
             (req(vec![("a", f32s(vec![2]))], &[]), "expects [-1,2]"),
             (req(vec![("a", f32s(vec![5, 2]))], &[]), "batch size 5"),
             (req(vec![("a", f32s(vec![0, 2]))], &[]), "batch size 0"),
-            (
-                req(vec![("a", f32s(vec![]))], &[]),
-                "needs a batch dimension",
-            ),
+            (req(vec![("a", f32s(vec![]))], &[]), "needs a batch dimension"),
             (
                 req(vec![("a", f32s(vec![1, 2]))], &["nope"]),
                 "unexpected inference output 'nope'",

@@ -152,28 +152,16 @@ pub struct BatchRequest<T> {
 /// Why a request was refused at enqueue time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RejectReason {
-    QueueFull {
-        level: u32,
-        max_queue_size: usize,
-    },
-    PriorityOutOfRange {
-        priority: u32,
-        levels: u32,
-    },
-    TooLarge {
-        batch_size: usize,
-        max_batch_size: usize,
-    },
+    QueueFull { level: u32, max_queue_size: usize },
+    PriorityOutOfRange { priority: u32, levels: u32 },
+    TooLarge { batch_size: usize, max_batch_size: usize },
 }
 
 impl fmt::Display for RejectReason {
     /// Renders the reason as the error message the client sees.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::QueueFull {
-                level,
-                max_queue_size,
-            } => {
+            Self::QueueFull { level, max_queue_size } => {
                 write!(
                     f,
                     "queue full at priority level {level} (max_queue_size {max_queue_size})"
@@ -186,10 +174,7 @@ impl fmt::Display for RejectReason {
                 batch_size,
                 max_batch_size,
             } => {
-                write!(
-                    f,
-                    "batch size {batch_size} exceeds max_batch_size {max_batch_size}"
-                )
+                write!(f, "batch size {batch_size} exceeds max_batch_size {max_batch_size}")
             }
         }
     }
@@ -250,11 +235,7 @@ impl<T> Batcher<T> {
                 i as u32 + 1
             }
         };
-        let policy = |i| {
-            cfg.level_policies
-                .get(&level(i))
-                .unwrap_or(&cfg.default_policy)
-        };
+        let policy = |i| cfg.level_policies.get(&level(i)).unwrap_or(&cfg.default_policy);
         let policies = (0..n).map(|i| policy(i).clone()).collect();
         Self {
             cfg,
@@ -292,9 +273,7 @@ impl<T> Batcher<T> {
             Err(reason) => return Err(Rejected { id: req.id, reason }),
         };
         let policy = &self.policies[idx];
-        let own = req
-            .timeout
-            .filter(|t| !t.is_zero() && policy.allow_timeout_override);
+        let own = req.timeout.filter(|t| !t.is_zero() && policy.allow_timeout_override);
         let timeout = own.or(policy.default_timeout).filter(|_| self.cfg.dynamic);
         self.counts[idx] += 1;
         self.queues[idx].push_back(Entry {
@@ -329,10 +308,7 @@ impl<T> Batcher<T> {
         let idx = level.max(1) as usize - 1;
         let max_queue_size = self.policies[idx].max_queue_size;
         if max_queue_size > 0 && self.counts[idx] >= max_queue_size {
-            return Err(RejectReason::QueueFull {
-                level,
-                max_queue_size,
-            });
+            return Err(RejectReason::QueueFull { level, max_queue_size });
         }
         Ok(idx)
     }
@@ -470,12 +446,7 @@ mod tests {
     }
 
     /// A dynamic-batching batcher, with `tweak` adjusting the config before it is built.
-    fn mk(
-        max: usize,
-        pref: &[usize],
-        delay_us: u64,
-        tweak: impl FnOnce(&mut BatchConfig),
-    ) -> Batcher<u32> {
+    fn mk(max: usize, pref: &[usize], delay_us: u64, tweak: impl FnOnce(&mut BatchConfig)) -> Batcher<u32> {
         let mut c = BatchConfig::unbatched(max);
         (c.dynamic, c.preferred_batch_sizes) = (true, pref.to_vec());
         c.max_queue_delay = Duration::from_micros(delay_us);
@@ -494,11 +465,7 @@ mod tests {
     }
 
     /// Enqueues one request: (id, rows, shape key, priority, own timeout in µs).
-    fn enq(
-        b: &mut Batcher<u32>,
-        now: Instant,
-        r: (u32, usize, u64, u32, Option<u64>),
-    ) -> Result<(), Rejected<u32>> {
+    fn enq(b: &mut Batcher<u32>, now: Instant, r: (u32, usize, u64, u32, Option<u64>)) -> Result<(), Rejected<u32>> {
         let timeout = r.4.map(Duration::from_micros);
         b.enqueue(
             BatchRequest {
@@ -514,8 +481,7 @@ mod tests {
 
     /// Enqueues one-row requests with shape key 7 and default priority.
     fn push(b: &mut Batcher<u32>, now: Instant, ids: impl IntoIterator<Item = u32>) {
-        ids.into_iter()
-            .for_each(|id| enq(b, now, (id, 1, 7, 0, None)).unwrap());
+        ids.into_iter().for_each(|id| enq(b, now, (id, 1, 7, 0, None)).unwrap());
     }
 
     fn poll(b: &mut Batcher<u32>, now: Instant, idle: bool) -> Polled {
@@ -538,10 +504,7 @@ mod tests {
         push(&mut b, t0, 1..=3);
         assert_eq!(poll(&mut b, t0, true), (vec![], None, Some(at(t0, 1000))));
         push(&mut b, at(t0, 5), [4]);
-        assert_eq!(
-            poll(&mut b, at(t0, 5), true),
-            (vec![], Some(vec![1, 2, 3, 4]), None)
-        );
+        assert_eq!(poll(&mut b, at(t0, 5), true), (vec![], Some(vec![1, 2, 3, 4]), None));
         // A smaller preferred total goes at once; a candidate past the largest preferred size is cut there.
         let mut b = mk(8, &[4, 2], 1000, |_| {});
         push(&mut b, t0, 1..=2);
@@ -557,17 +520,10 @@ mod tests {
         let mut b = mk(4, &[], 1000, |_| {});
         push(&mut b, t0, 1..=6);
         assert_eq!(take(&mut b, t0), Some(vec![1, 2, 3, 4]));
-        assert_eq!(
-            poll(&mut b, at(t0, 1), true),
-            (vec![], None, Some(at(t0, 1000)))
-        );
+        assert_eq!(poll(&mut b, at(t0, 1), true), (vec![], None, Some(at(t0, 1000))));
         enq(&mut b, t0, (7, 3, 7, 0, None)).unwrap();
         assert_eq!((b.len(), b.pending_count()), (3, 5));
-        assert_eq!(
-            take(&mut b, at(t0, 2)),
-            Some(vec![5, 6]),
-            "7 would overflow: no wait"
-        );
+        assert_eq!(take(&mut b, at(t0, 2)), Some(vec![5, 6]), "7 would overflow: no wait");
     }
 
     #[test]
@@ -576,14 +532,8 @@ mod tests {
         let mut b = mk(8, &[], 100, |_| {});
         push(&mut b, t0, [1]);
         push(&mut b, at(t0, 30), [2]);
-        assert_eq!(
-            poll(&mut b, at(t0, 99), true),
-            (vec![], None, Some(at(t0, 100)))
-        );
-        assert_eq!(
-            poll(&mut b, at(t0, 100), true),
-            (vec![], Some(vec![1, 2]), None)
-        );
+        assert_eq!(poll(&mut b, at(t0, 99), true), (vec![], None, Some(at(t0, 100))));
+        assert_eq!(poll(&mut b, at(t0, 100), true), (vec![], Some(vec![1, 2]), None));
     }
 
     #[test]
@@ -593,11 +543,7 @@ mod tests {
         push(&mut b, t0, 1..=3);
         assert_eq!(take(&mut b, at(t0, 99)), None);
         assert_eq!(take(&mut b, at(t0, 100)), Some(vec![1, 2]));
-        assert_eq!(
-            take(&mut b, at(t0, 100)),
-            Some(vec![3]),
-            "already waited its delay"
-        );
+        assert_eq!(take(&mut b, at(t0, 100)), Some(vec![3]), "already waited its delay");
         let mut b = mk(8, &[2, 4], 0, |_| {});
         push(&mut b, t0, 1..=3);
         assert_eq!(poll(&mut b, t0, true), (vec![], Some(vec![1, 2, 3]), None));
@@ -610,11 +556,7 @@ mod tests {
         for (id, key) in [(1, 10), (2, 10), (3, 20), (4, 10)] {
             enq(&mut b, t0, (id, 1, key, 0, None)).unwrap();
         }
-        assert_eq!(
-            take(&mut b, t0),
-            Some(vec![1, 2]),
-            "blocked by another key: no wait"
-        );
+        assert_eq!(take(&mut b, t0), Some(vec![1, 2]), "blocked by another key: no wait");
         assert_eq!(take(&mut b, t0), Some(vec![3]));
         assert_eq!(take(&mut b, at(t0, 99)), None);
         assert_eq!(take(&mut b, at(t0, 100)), Some(vec![4]));
@@ -623,9 +565,7 @@ mod tests {
     #[test]
     fn priorities_reorder_and_default_level() {
         let t0 = Instant::now();
-        let mut b = mk(2, &[], 0, |c| {
-            (c.priority_levels, c.default_priority_level) = (2, 2)
-        });
+        let mut b = mk(2, &[], 0, |c| (c.priority_levels, c.default_priority_level) = (2, 2));
         enq(&mut b, t0, (1, 1, 7, 2, None)).unwrap();
         enq(&mut b, t0, (2, 1, 7, 0, None)).unwrap();
         enq(&mut b, at(t0, 1), (3, 1, 7, 1, None)).unwrap();
@@ -664,14 +604,9 @@ mod tests {
     #[test]
     fn reject_timeout_is_returned_in_rejected() {
         let t0 = Instant::now();
-        let mut b = mk(8, &[], 1000, |c| {
-            c.default_policy = policy(Reject, 50, false, 0)
-        });
+        let mut b = mk(8, &[], 1000, |c| c.default_policy = policy(Reject, 50, false, 0));
         push(&mut b, t0, [1]);
-        assert_eq!(
-            poll(&mut b, at(t0, 49), false),
-            (vec![], None, Some(at(t0, 50)))
-        );
+        assert_eq!(poll(&mut b, at(t0, 49), false), (vec![], None, Some(at(t0, 50))));
         assert_eq!(poll(&mut b, at(t0, 50), true), (vec![1], None, None));
         assert!(b.is_empty());
     }
@@ -686,18 +621,13 @@ mod tests {
         enq(&mut b, t0, (1, 1, 7, 1, None)).unwrap();
         enq(&mut b, at(t0, 40), (2, 1, 7, 1, None)).unwrap();
         enq(&mut b, t0, (3, 1, 7, 2, None)).unwrap();
-        assert_eq!(
-            poll(&mut b, at(t0, 60), false),
-            (vec![], None, Some(at(t0, 90)))
-        );
+        assert_eq!(poll(&mut b, at(t0, 60), false), (vec![], None, Some(at(t0, 90))));
         assert_eq!(
             drain(&mut b, at(t0, 60)),
             vec![2, 3, 1],
             "1 timed out and went behind level 2"
         );
-        let mut b = mk(8, &[], 0, |c| {
-            c.default_policy = policy(Delay, 50, false, 0)
-        });
+        let mut b = mk(8, &[], 0, |c| c.default_policy = policy(Delay, 50, false, 0));
         push(&mut b, t0, [1]);
         assert_eq!(poll(&mut b, at(t0, 50), false), (vec![], None, None));
         assert_eq!(take(&mut b, at(t0, 1_000_000)), Some(vec![1]));
@@ -707,14 +637,9 @@ mod tests {
     fn timeout_override_honoured_only_when_allowed() {
         let t0 = Instant::now();
         for (allow, fires) in [(true, 20), (false, 100)] {
-            let mut b = mk(8, &[], 10_000, |c| {
-                c.default_policy = policy(Reject, 100, allow, 0)
-            });
+            let mut b = mk(8, &[], 10_000, |c| c.default_policy = policy(Reject, 100, allow, 0));
             enq(&mut b, t0, (1, 1, 7, 0, Some(20))).unwrap();
-            assert_eq!(
-                b.poll(at(t0, fires - 1), false).wake_at,
-                Some(at(t0, fires))
-            );
+            assert_eq!(b.poll(at(t0, fires - 1), false).wake_at, Some(at(t0, fires)));
             assert_eq!(b.poll(at(t0, fires), false).rejected, vec![1]);
         }
     }
@@ -722,19 +647,11 @@ mod tests {
     #[test]
     fn wake_at_is_earliest_of_delay_and_timeout() {
         let t0 = Instant::now();
-        let mut b = mk(8, &[], 100, |c| {
-            c.default_policy = policy(Reject, 0, true, 0)
-        });
+        let mut b = mk(8, &[], 100, |c| c.default_policy = policy(Reject, 0, true, 0));
         push(&mut b, t0, [1]);
         enq(&mut b, at(t0, 10), (2, 1, 7, 0, Some(30))).unwrap();
-        assert_eq!(
-            poll(&mut b, at(t0, 10), true),
-            (vec![], None, Some(at(t0, 40)))
-        );
-        assert_eq!(
-            poll(&mut b, at(t0, 40), true),
-            (vec![2], None, Some(at(t0, 100)))
-        );
+        assert_eq!(poll(&mut b, at(t0, 10), true), (vec![], None, Some(at(t0, 40))));
+        assert_eq!(poll(&mut b, at(t0, 40), true), (vec![2], None, Some(at(t0, 100))));
     }
 
     #[test]
@@ -758,10 +675,7 @@ mod tests {
         assert!(!c.dynamic);
         let mut b = Batcher::new(c);
         (0..1000).for_each(|id| enq(&mut b, t0, (id, 2, id as u64 % 3, 5, Some(1))).unwrap());
-        assert_eq!(
-            poll(&mut b, at(t0, 100), true),
-            (vec![], Some(vec![0]), None)
-        );
+        assert_eq!(poll(&mut b, at(t0, 100), true), (vec![], Some(vec![0]), None));
         assert_eq!(take(&mut b, at(t0, 100)), Some(vec![1]));
         assert!(enq(&mut b, t0, (9, 9, 0, 0, None)).is_err());
         // A model with max_batch_size 0 never combines requests, whatever their first dimension.
@@ -785,10 +699,7 @@ mod tests {
     fn oversized_request_rejected() {
         let mut b = mk(4, &[], 0, |_| {});
         let err = enq(&mut b, Instant::now(), (1, 5, 7, 0, None)).unwrap_err();
-        assert_eq!(
-            err.reason.to_string(),
-            "batch size 5 exceeds max_batch_size 4"
-        );
+        assert_eq!(err.reason.to_string(), "batch size 5 exceeds max_batch_size 4");
         assert!(b.is_empty());
     }
 
@@ -827,9 +738,6 @@ mod tests {
         assert_eq!((c.priority_levels, c.default_priority_level), (3, 0));
         assert_eq!(c.default_policy, policy(Reject, 0, false, 5));
         assert_eq!(c.level_policies[&1], policy(Delay, 250, true, 0));
-        assert_eq!(
-            (b.policies[0].timeout_action, b.policies[2].max_queue_size),
-            (Delay, 5)
-        );
+        assert_eq!((b.policies[0].timeout_action, b.policies[2].max_queue_size), (Delay, 5));
     }
 }

@@ -44,6 +44,10 @@ pub struct Args {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub allow_metrics: bool,
 
+    /// GPUs this node may use (e.g. `--gpus 0,1`); default: every visible GPU.
+    #[arg(long, value_delimiter = ',')]
+    pub gpus: Option<Vec<i32>>,
+
     /// Largest accepted HTTP body (and gRPC message), in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub http_max_input_size: usize,

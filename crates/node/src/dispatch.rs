@@ -8,7 +8,35 @@ use mesh::proto::ModelStatisticsResponse;
 use mesh::validate::check_request;
 use mesh::{Dispatch, Error, IndexEntry, InferRequest, InferResponse, ModelView, Result};
 
+use crate::instance::{self, Submission};
 use crate::loader::LoadedVersion;
+
+/// Reads Triton's `priority` and `timeout` (µs) request parameters.
+fn scheduling_params(request: &InferRequest) -> Result<(u32, Option<std::time::Duration>)> {
+    let mut priority = 0;
+    let mut timeout = None;
+    for (key, value) in &request.parameters {
+        match key.as_str() {
+            "priority" => {
+                priority = value.as_u64().and_then(|p| u32::try_from(p).ok()).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "parameter 'priority' must be a small non-negative integer, got {value:?}"
+                    ))
+                })?;
+            }
+            "timeout" => {
+                let us = value.as_u64().ok_or_else(|| {
+                    Error::invalid(format!(
+                        "parameter 'timeout' must be a non-negative integer (µs), got {value:?}"
+                    ))
+                })?;
+                timeout = (us > 0).then(|| std::time::Duration::from_micros(us));
+            }
+            _ => {}
+        }
+    }
+    Ok((priority, timeout))
+}
 
 /// A model as the repository manager knows it.
 pub enum ModelState {
@@ -31,10 +59,7 @@ impl NodeDispatch {
     }
 
     pub fn set_model(&self, name: String, state: ModelState) {
-        self.models
-            .write()
-            .expect("models lock")
-            .insert(name, state);
+        self.models.write().expect("models lock").insert(name, state);
     }
 
     /// Drops every model, which stops their instance threads once in-flight work ends.
@@ -45,32 +70,22 @@ impl NodeDispatch {
     fn resolve(&self, name: &str, version: &str) -> Result<(Arc<LoadedVersion>, Vec<i64>)> {
         let models = self.models.read().expect("models lock");
         let versions = match models.get(name) {
-            None => {
-                return Err(Error::not_found(format!(
-                    "unknown model: '{name}' is not found"
-                )))
-            }
+            None => return Err(Error::not_found(format!("unknown model: '{name}' is not found"))),
             Some(ModelState::Failed(reason)) => {
-                return Err(Error::unavailable(format!(
-                    "model '{name}' is not ready: {reason}"
-                )))
+                return Err(Error::unavailable(format!("model '{name}' is not ready: {reason}")))
             }
             Some(ModelState::Ready(v)) => v,
         };
         let chosen = if version.is_empty() {
             versions.values().next_back()
         } else {
-            let v: i64 = version.parse().map_err(|_| {
-                Error::invalid(format!("model version '{version}' is not a number"))
-            })?;
+            let v: i64 = version
+                .parse()
+                .map_err(|_| Error::invalid(format!("model version '{version}' is not a number")))?;
             versions.get(&v)
         };
         let chosen = chosen
-            .ok_or_else(|| {
-                Error::not_found(format!(
-                    "version {version} of model '{name}' is not available"
-                ))
-            })?
+            .ok_or_else(|| Error::not_found(format!("version {version} of model '{name}' is not available")))?
             .clone();
         Ok((chosen, versions.keys().copied().collect()))
     }
@@ -85,27 +100,36 @@ impl Dispatch for NodeDispatch {
             model.stats.failure(e.metric_reason(), start.elapsed());
             return Err(e);
         }
-        let batch = if model.config.max_batch_size > 0 {
+        let rows = if model.config.max_batch_size > 0 {
             request
                 .inputs
                 .first()
                 .and_then(|i| i.tensor.shape.first())
                 .copied()
                 .unwrap_or(1)
-                .max(1) as u64
+                .max(1) as usize
         } else {
             1
         };
-        let outputs: Vec<String> = request.outputs.iter().map(|o| o.name.clone()).collect();
-        let inputs = std::mem::take(&mut request.inputs);
+        let (priority, timeout) = scheduling_params(&request)?;
+        let submission = Submission {
+            inputs: std::mem::take(&mut request.inputs),
+            outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
+            rows,
+            priority,
+            timeout,
+        };
+        let instance = instance::pick(&model.instances, &model.rotation)
+            .ok_or_else(|| Error::unavailable(format!("model '{}' has no instances", request.model_name)))?;
         model.stats.metrics.pending.increment(1.0);
-        let result = model.instance.execute(inputs, outputs).await;
+        let result = instance.execute(submission).await;
         model.stats.metrics.pending.decrement(1.0);
         match result {
             Ok(done) => {
+                let execution = done.counts_execution.then_some(done.batch_rows as u64);
                 model
                     .stats
-                    .success(batch, start.elapsed(), done.queued, &done.timings);
+                    .success(rows as u64, start.elapsed(), done.queued, &done.timings, execution);
                 Ok(InferResponse {
                     model_name: request.model_name,
                     model_version: model.version_label.clone(),

@@ -1,25 +1,43 @@
-//! One model instance: a backend session behind a dedicated thread, with a fast path that runs
-//! short executions directly on the caller's thread when the instance is idle.
+//! One model instance: a ractor actor that owns the instance's batcher, and an executor thread that owns
+//! its backend session. Short executions of unbatched models run inline when the instance is idle.
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mesh::{Error, NamedTensor, Result};
+use metrics::Counter;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 
 use crate::backend::{Backend, Timings};
+use crate::batch_io;
+use crate::batching::{BatchConfig, BatchRequest, Batcher, RejectReason, TIMED_OUT_MESSAGE};
 
-/// A finished execution with its phase timings and time spent waiting.
+/// A finished execution as one request sees it.
 pub struct Executed {
     pub outputs: Vec<NamedTensor>,
     pub timings: Timings,
     pub queued: Duration,
+    /// Rows of the whole execution this request was part of.
+    pub batch_rows: usize,
+    /// True for exactly one request per execution, so executions are counted once.
+    pub counts_execution: bool,
+}
+
+/// What a caller hands an instance.
+pub struct Submission {
+    pub inputs: Vec<NamedTensor>,
+    /// Requested outputs; empty means all.
+    pub outputs: Vec<String>,
+    pub rows: usize,
+    pub priority: u32,
+    pub timeout: Option<Duration>,
 }
 
 struct Job {
-    inputs: Vec<NamedTensor>,
-    outputs: Vec<String>,
+    sub: Submission,
     enqueued: Instant,
     reply: oneshot::Sender<Result<Executed>>,
 }
@@ -28,7 +46,7 @@ struct Job {
 /// executions were short, so a slow model never stalls the network runtime. Sans-IO.
 #[derive(Debug)]
 pub struct InlinePolicy {
-    /// Moving average of execution time in ns; starts at "unknown" (u64::MAX) until measured.
+    /// Moving average of execution time in ns; u64::MAX until measured.
     average_ns: AtomicU64,
     limit_ns: u64,
 }
@@ -63,99 +81,333 @@ impl InlinePolicy {
 
 type Shared = Arc<Mutex<Box<dyn Backend>>>;
 
-/// Handle to an instance; dropping it lets the thread finish its queue and exit.
-pub struct InstanceHandle {
-    tx: mpsc::Sender<Job>,
-    backend: Shared,
-    policy: Arc<InlinePolicy>,
-    label: String,
-}
-
-fn run(
-    label: &str,
-    backend: &mut dyn Backend,
-    policy: &InlinePolicy,
-    job: (&[NamedTensor], &[String]),
-    queued: Duration,
-) -> Result<Executed> {
-    let start = Instant::now();
-    let result = std::panic::catch_unwind(AssertUnwindSafe(|| backend.execute(job.0, job.1)));
-    policy.record(start.elapsed());
-    match result {
-        Ok(r) => r.map(|(outputs, timings)| Executed {
-            outputs,
-            timings,
-            queued,
-        }),
-        Err(_) => {
-            tracing::error!(instance = %label, "backend panicked while executing a request");
+/// Runs one batch on the backend and answers every request in it.
+fn run_batch(label: &str, backend: &Shared, policy: &InlinePolicy, executions: &Counter, jobs: Vec<Job>) {
+    let started = Instant::now();
+    let rows: Vec<usize> = jobs.iter().map(|j| j.sub.rows).collect();
+    let total: usize = rows.iter().sum();
+    let wanted: Vec<String> = if jobs.iter().any(|j| j.sub.outputs.is_empty()) {
+        Vec::new()
+    } else {
+        let mut all: Vec<String> = jobs.iter().flat_map(|j| j.sub.outputs.iter().cloned()).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    };
+    let result = (|| -> Result<(Vec<Vec<NamedTensor>>, Timings)> {
+        let inputs: Vec<&[NamedTensor]> = jobs.iter().map(|j| &j.sub.inputs[..]).collect();
+        let merged;
+        let batch_inputs = if jobs.len() == 1 {
+            &jobs[0].sub.inputs[..]
+        } else {
+            merged = batch_io::merge(&inputs)?;
+            &merged[..]
+        };
+        let mut b = backend.lock().unwrap_or_else(|p| p.into_inner());
+        let t = Instant::now();
+        let run = std::panic::catch_unwind(AssertUnwindSafe(|| b.execute(batch_inputs, &wanted)));
+        policy.record(t.elapsed());
+        executions.increment(1);
+        let (outputs, timings) = run.unwrap_or_else(|_| {
+            tracing::error!(instance = %label, "backend panicked while executing a batch");
             Err(Error::internal(format!(
                 "instance {label} failed while executing the request"
             )))
+        })?;
+        let parts = if jobs.len() == 1 {
+            vec![outputs]
+        } else {
+            batch_io::split(outputs, &rows)?
+        };
+        Ok((parts, timings))
+    })();
+    match result {
+        Ok((parts, timings)) => {
+            for (i, (job, mut outs)) in jobs.into_iter().zip(parts).enumerate() {
+                if !job.sub.outputs.is_empty() {
+                    outs.retain(|o| job.sub.outputs.contains(&o.name));
+                }
+                let queued = started.saturating_duration_since(job.enqueued);
+                let _ = job.reply.send(Ok(Executed {
+                    outputs: outs,
+                    timings,
+                    queued,
+                    batch_rows: total,
+                    counts_execution: i == 0,
+                }));
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
         }
     }
 }
 
+/// Messages of the instance actor.
+enum InstanceMsg {
+    Submit(Box<(Job, u64)>),
+    Wake,
+    Done,
+}
+
+struct InstanceActor;
+
+struct InstanceArgs {
+    label: String,
+    executions: Counter,
+    config: BatchConfig,
+    backend: Shared,
+    policy: Arc<InlinePolicy>,
+}
+
+struct InstanceState {
+    label: String,
+    batcher: Batcher<u64>,
+    jobs: HashMap<u64, Job>,
+    next_id: u64,
+    busy: bool,
+    exec: Option<mpsc::Sender<Vec<Job>>>,
+    wake_at: Option<Instant>,
+}
+
+impl InstanceState {
+    /// Feeds the clock to the batcher and carries out what it decides.
+    fn drive(&mut self, myself: &ActorRef<InstanceMsg>) {
+        let now = Instant::now();
+        let decision = self.batcher.poll(now, !self.busy);
+        for id in decision.rejected {
+            if let Some(job) = self.jobs.remove(&id) {
+                let _ = job.reply.send(Err(Error::unavailable(TIMED_OUT_MESSAGE)));
+            }
+        }
+        if let Some(ids) = decision.batch {
+            // Requests whose client went away are dropped here instead of being executed.
+            let jobs: Vec<Job> = ids
+                .iter()
+                .filter_map(|id| self.jobs.remove(id))
+                .filter(|j| !j.reply.is_closed())
+                .collect();
+            if !jobs.is_empty() {
+                match &self.exec {
+                    Some(tx) if tx.send(jobs).is_ok() => self.busy = true,
+                    _ => tracing::error!(instance = %self.label, "executor thread is gone"),
+                }
+            } else if !self.batcher.is_empty() {
+                let _ = myself.cast(InstanceMsg::Wake);
+            }
+        }
+        if let Some(at) = decision.wake_at {
+            if self.wake_at.is_none_or(|w| at < w || w <= now) {
+                self.wake_at = Some(at);
+                myself.send_after(at.saturating_duration_since(now), || InstanceMsg::Wake);
+            }
+        }
+    }
+}
+
+impl Actor for InstanceActor {
+    type Msg = InstanceMsg;
+    type State = InstanceState;
+    type Arguments = InstanceArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<InstanceMsg>,
+        args: InstanceArgs,
+    ) -> Result<InstanceState, ActorProcessingErr> {
+        let (tx, rx) = mpsc::channel::<Vec<Job>>();
+        let (label, backend, policy, executions) = (args.label.clone(), args.backend, args.policy, args.executions);
+        let me = myself.clone();
+        std::thread::Builder::new().name(args.label.clone()).spawn(move || {
+            while let Ok(jobs) = rx.recv() {
+                run_batch(&label, &backend, &policy, &executions, jobs);
+                let _ = me.cast(InstanceMsg::Done);
+            }
+        })?;
+        Ok(InstanceState {
+            label: args.label,
+            batcher: Batcher::new(args.config),
+            jobs: HashMap::new(),
+            next_id: 0,
+            busy: false,
+            exec: Some(tx),
+            wake_at: None,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<InstanceMsg>,
+        msg: InstanceMsg,
+        state: &mut InstanceState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            InstanceMsg::Submit(boxed) => {
+                let (job, shape_key) = *boxed;
+                let id = state.next_id;
+                state.next_id += 1;
+                let req = BatchRequest {
+                    id,
+                    batch_size: job.sub.rows,
+                    shape_key,
+                    priority: job.sub.priority,
+                    timeout: job.sub.timeout,
+                };
+                match state.batcher.enqueue(req, job.enqueued) {
+                    Ok(()) => {
+                        state.jobs.insert(id, job);
+                    }
+                    Err(rejected) => {
+                        let e = match rejected.reason {
+                            RejectReason::QueueFull { .. } => {
+                                Error::unavailable(format!("request rejected: {}", rejected.reason))
+                            }
+                            other => Error::invalid(format!("request rejected: {other}")),
+                        };
+                        let _ = job.reply.send(Err(e));
+                    }
+                }
+            }
+            InstanceMsg::Wake => state.wake_at = None,
+            InstanceMsg::Done => state.busy = false,
+        }
+        state.drive(&myself);
+        Ok(())
+    }
+
+    async fn post_stop(&self, _: ActorRef<InstanceMsg>, state: &mut InstanceState) -> Result<(), ActorProcessingErr> {
+        state.exec = None;
+        for (_, job) in state.jobs.drain() {
+            let _ = job.reply.send(Err(Error::unavailable(format!(
+                "instance {} is shutting down",
+                state.label
+            ))));
+        }
+        Ok(())
+    }
+}
+
+/// Handle to a running instance; dropping it stops the actor, and the executor thread after its batch.
+pub struct InstanceHandle {
+    actor: ActorRef<InstanceMsg>,
+    backend: Shared,
+    policy: Arc<InlinePolicy>,
+    /// No dynamic batching: an idle instance may run a short request directly.
+    fast_path: bool,
+    outstanding: AtomicUsize,
+    executions: Counter,
+    pub label: String,
+}
+
 impl InstanceHandle {
-    /// Starts the instance thread that owns `backend`.
-    pub fn spawn(label: String, backend: Box<dyn Backend>) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel::<Job>();
+    /// Starts the instance actor and its executor thread; `labels` are (model, version) for its metrics.
+    pub async fn spawn(
+        label: String,
+        labels: (&str, i64),
+        config: BatchConfig,
+        backend: Box<dyn Backend>,
+    ) -> Result<Self, String> {
         let backend: Shared = Arc::new(Mutex::new(backend));
         let policy = Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT));
-        let (shared, thread_policy, name) = (backend.clone(), policy.clone(), label.clone());
-        std::thread::Builder::new()
-            .name(label.clone())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    let queued = job.enqueued.elapsed();
-                    let mut b = shared.lock().unwrap_or_else(|p| p.into_inner());
-                    let r = run(
-                        &name,
-                        &mut **b,
-                        &thread_policy,
-                        (&job.inputs, &job.outputs),
-                        queued,
-                    );
-                    let _ = job.reply.send(r);
-                }
-            })?;
+        let fast_path = !config.dynamic;
+        let executions = metrics::counter!(
+            "mesh_instance_executions_total",
+            &[
+                ("model", labels.0.to_string()),
+                ("version", labels.1.to_string()),
+                ("instance", label.clone())
+            ]
+        );
+        let args = InstanceArgs {
+            label: label.clone(),
+            executions: executions.clone(),
+            config,
+            backend: backend.clone(),
+            policy: policy.clone(),
+        };
+        let (actor, _) = Actor::spawn(None, InstanceActor, args)
+            .await
+            .map_err(|e| format!("cannot start instance {label}: {e}"))?;
+        let outstanding = AtomicUsize::new(0);
         Ok(InstanceHandle {
-            tx,
+            actor,
             backend,
             policy,
+            fast_path,
+            outstanding,
+            executions,
             label,
         })
     }
 
-    /// Runs a request on this instance: inline when it is idle and fast, else on its thread.
-    pub async fn execute(
-        &self,
-        inputs: Vec<NamedTensor>,
-        outputs: Vec<String>,
-    ) -> Result<Executed> {
-        if self.policy.allows_inline() {
+    /// Requests queued or running on this instance, for least-outstanding-work routing.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Runs a request on this instance and waits for its result.
+    pub async fn execute(&self, sub: Submission) -> Result<Executed> {
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        let _guard = Outstanding(&self.outstanding);
+        if self.fast_path && self.policy.allows_inline() {
             if let Ok(mut b) = self.backend.try_lock() {
-                return run(
-                    &self.label,
-                    &mut **b,
-                    &self.policy,
-                    (&inputs, &outputs),
-                    Duration::ZERO,
-                );
+                let t = Instant::now();
+                let run = std::panic::catch_unwind(AssertUnwindSafe(|| b.execute(&sub.inputs, &sub.outputs)));
+                self.policy.record(t.elapsed());
+                self.executions.increment(1);
+                let (outputs, timings) = run.unwrap_or_else(|_| {
+                    Err(Error::internal(format!(
+                        "instance {} failed while executing the request",
+                        self.label
+                    )))
+                })?;
+                return Ok(Executed {
+                    outputs,
+                    timings,
+                    queued: Duration::ZERO,
+                    batch_rows: sub.rows,
+                    counts_execution: true,
+                });
             }
         }
+        let shape_key = batch_io::shape_key(&sub.inputs);
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Job {
-                inputs,
-                outputs,
-                enqueued: Instant::now(),
-                reply,
-            })
-            .map_err(|_| Error::unavailable("the model instance has stopped"))?;
+        let job = Job {
+            sub,
+            enqueued: Instant::now(),
+            reply,
+        };
+        self.actor
+            .cast(InstanceMsg::Submit(Box::new((job, shape_key))))
+            .map_err(|_| Error::unavailable(format!("instance {} has stopped", self.label)))?;
         rx.await
-            .map_err(|_| Error::unavailable("the model instance stopped before answering"))?
+            .map_err(|_| Error::unavailable(format!("instance {} stopped before answering", self.label)))?
     }
+}
+
+struct Outstanding<'a>(&'a AtomicUsize);
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for InstanceHandle {
+    fn drop(&mut self) {
+        self.actor.stop(None);
+    }
+}
+
+/// Picks the instance with the least outstanding work, rotating among ties so idle instances share load.
+pub fn pick<'a>(instances: &'a [InstanceHandle], rotation: &AtomicUsize) -> Option<&'a InstanceHandle> {
+    let n = instances.len();
+    let start = rotation.fetch_add(1, Ordering::Relaxed);
+    (0..n)
+        .map(|i| &instances[(start + i) % n])
+        .min_by_key(|inst| inst.outstanding())
 }
 
 #[cfg(test)]
@@ -171,10 +423,7 @@ mod tests {
         for _ in 0..40 {
             p.record(Duration::from_millis(50));
         }
-        assert!(
-            !p.allows_inline(),
-            "a model that became slow moves to its thread"
-        );
+        assert!(!p.allows_inline(), "a model that became slow moves to its thread");
         for _ in 0..200 {
             p.record(Duration::from_micros(10));
         }

@@ -1,5 +1,6 @@
 //! mesh-node's library: repository loading, backends, instances and the node's Dispatch, shared by the binary, tests and benches.
 pub mod backend;
+pub mod batch_io;
 pub mod batching;
 pub mod cli;
 pub mod dispatch;

@@ -1,12 +1,14 @@
 //! Loads one model directory: config (parsed or auto-completed), version policy, sessions, instances.
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use mesh::config::{parse_pbtxt_with_fields, validate_config, ModelConfig};
-use mesh::proto::model_instance_group::Kind;
 
-use crate::backend::onnx::{self, Device, OnnxBackend};
+use crate::backend::onnx::{self, OnnxBackend};
+use crate::batching::BatchConfig;
 use crate::instance::InstanceHandle;
+use crate::placement;
 use crate::repository::{self, ModelDir};
 use crate::stats::ModelStats;
 
@@ -15,7 +17,9 @@ pub struct LoadedVersion {
     pub config: Arc<ModelConfig>,
     pub version: i64,
     pub version_label: String,
-    pub instance: InstanceHandle,
+    pub instances: Vec<InstanceHandle>,
+    /// Rotates the starting point of instance selection so ties spread.
+    pub rotation: AtomicUsize,
     pub stats: ModelStats,
 }
 
@@ -52,60 +56,59 @@ fn check_backend(config: &ModelConfig) -> Result<(), String> {
     }
 }
 
-/// The device for the model's instance: KIND_GPU asks for a GPU; everything else runs on CPU.
-fn device_for(config: &ModelConfig) -> Device {
-    config
-        .instance_group
-        .iter()
-        .find(|g| g.kind == Kind::Gpu as i32)
-        .map_or(Device::Cpu, |g| {
-            Device::Gpu(g.gpus.first().copied().unwrap_or(0))
-        })
-}
-
-/// Loads every version the policy selects; any failure fails the whole model with a reason.
-pub fn load_model(
+/// Loads every version the policy selects, one session per placed instance; any failure fails the model with a reason.
+pub async fn load_model(
     env: &ort::environment::Environment,
     dir: &ModelDir,
+    gpus: &[i32],
 ) -> Result<BTreeMap<i64, Arc<LoadedVersion>>, String> {
     let (mut config, sets_mbs) = read_config(dir)?;
     check_backend(&config)?;
     validate_config(&config)?;
     let versions = repository::select_versions(&config, &dir.versions)?;
-    let device = device_for(&config);
+    let placements = placement::place_instances(&config, gpus)?;
     let mut sessions = Vec::with_capacity(versions.len());
     for &v in &versions {
-        let file = dir
-            .path
-            .join(v.to_string())
-            .join(repository::model_file_name(&config));
+        let file = dir.path.join(v.to_string()).join(repository::model_file_name(&config));
         if !file.is_file() {
             return Err(format!("version {v} has no model file {}", file.display()));
         }
-        let session = onnx::open_session(env, &config, &file, device)
-            .map_err(|e| format!("version {v}: {e}"))?;
-        sessions.push((v, session));
+        let mut per_instance = Vec::with_capacity(placements.len());
+        for p in &placements {
+            let session = tokio::task::block_in_place(|| onnx::open_session(env, &config, &file, p.device))
+                .map_err(|e| format!("version {v}, instance {}: {e}", p.name))?;
+            per_instance.push(session);
+        }
+        sessions.push((v, per_instance));
     }
-    if let Some((_, first)) = sessions.first() {
+    if let Some(first) = sessions.first().and_then(|(_, s)| s.first()) {
         onnx::auto_complete(&mut config, first, sets_mbs)?;
     }
     validate_config(&config)?;
-    for (v, session) in &sessions {
-        onnx::check_against_model(&config, session).map_err(|e| format!("version {v}: {e}"))?;
+    for (v, per_instance) in &sessions {
+        if let Some(s) = per_instance.first() {
+            onnx::check_against_model(&config, s).map_err(|e| format!("version {v}: {e}"))?;
+        }
     }
     let config = Arc::new(config);
+    let batch_config = BatchConfig::from_model_config(&config);
     let mut loaded = BTreeMap::new();
-    for (v, session) in sessions {
-        let backend = Box::new(OnnxBackend::new(session, &config));
-        let instance = InstanceHandle::spawn(format!("{}_{v}", dir.name), backend)
-            .map_err(|e| format!("cannot start the instance thread: {e}"))?;
+    for (v, per_instance) in sessions {
+        let mut instances = Vec::with_capacity(per_instance.len());
+        for (p, session) in placements.iter().zip(per_instance) {
+            let backend = Box::new(OnnxBackend::new(session, &config));
+            let label = format!("{}_v{v}", p.name);
+            tracing::debug!(instance = %label, device = ?p.device, "instance starting");
+            instances.push(InstanceHandle::spawn(label, (&dir.name, v), batch_config.clone(), backend).await?);
+        }
         loaded.insert(
             v,
             Arc::new(LoadedVersion {
                 config: config.clone(),
                 version: v,
                 version_label: v.to_string(),
-                instance,
+                instances,
+                rotation: AtomicUsize::new(0),
                 stats: ModelStats::new(&dir.name, v),
             }),
         );

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use mesh_node::cli::{Args, ControlMode};
 use mesh_node::dispatch::{ModelState, NodeDispatch};
-use mesh_node::{loader, metrics, ort_env, repository, server};
+use mesh_node::{loader, metrics, ort_env, placement, repository, server};
 
 fn init_logging(args: &Args) {
     let level = match (args.log_verbose, args.log_info, args.log_warning) {
@@ -22,10 +22,7 @@ fn init_logging(args: &Args) {
     };
     let filter = format!("warn,mesh={level},mesh_node={level}");
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MESH_LOG")
-                .unwrap_or_else(|_| filter.into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MESH_LOG").unwrap_or_else(|_| filter.into()))
         .with_target(false)
         .init();
 }
@@ -33,10 +30,7 @@ fn init_logging(args: &Args) {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(&args);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!("cannot start the async runtime: {e}");
@@ -55,7 +49,7 @@ fn main() -> ExitCode {
 }
 
 /// Loads the models the control mode asks for; failures are recorded with their reason.
-fn load_models(env: &ort::environment::Environment, args: &Args, dispatch: &NodeDispatch) -> usize {
+async fn load_models(env: &ort::environment::Environment, args: &Args, gpus: &[i32], dispatch: &NodeDispatch) -> usize {
     let (dirs, errors) = repository::scan(&args.model_repository);
     let mut failed = 0;
     for (name, reason) in errors {
@@ -68,7 +62,7 @@ fn load_models(env: &ort::environment::Environment, args: &Args, dispatch: &Node
         ControlMode::None | ControlMode::Poll => true,
     };
     for dir in dirs.into_iter().filter(|d| wanted(&d.name)) {
-        match loader::load_model(env, &dir) {
+        match loader::load_model(env, &dir, gpus).await {
             Ok(versions) => {
                 let shown: Vec<_> = versions.keys().map(|v| v.to_string()).collect();
                 tracing::info!(model = %dir.name, versions = %shown.join(","), "model ready");
@@ -89,18 +83,21 @@ async fn run(args: Args) -> Result<(), String> {
     let prometheus = metrics::install()?;
     let env = ort_env::init(args.backend_setting("onnxruntime", "library"))?;
     if args.model_control_mode == ControlMode::Poll {
-        tracing::warn!("--model-control-mode=poll: repository changes are not watched yet; models are loaded once at start");
+        tracing::warn!(
+            "--model-control-mode=poll: repository changes are not watched yet; models are loaded once at start"
+        );
     }
     let dispatch = Arc::new(NodeDispatch::new(args.strict_readiness));
     let env = Arc::new(env);
-    let failed = {
-        let (env, dispatch, args_ref) = (env.clone(), dispatch.clone(), &args);
-        tokio::task::block_in_place(|| load_models(&env, args_ref, &dispatch))
-    };
+    let discovery = placement::discover_gpus();
+    tracing::info!("{}", discovery.note);
+    let gpus: Vec<i32> = placement::restrict(&discovery.gpus, args.gpus.as_deref())?
+        .iter()
+        .map(|g| g.index)
+        .collect();
+    let failed = load_models(&env, &args, &gpus, &dispatch).await;
     if failed > 0 && args.exit_on_error {
-        return Err(format!(
-            "{failed} model(s) failed to load and --exit-on-error is true"
-        ));
+        return Err(format!("{failed} model(s) failed to load and --exit-on-error is true"));
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -114,14 +111,10 @@ async fn run(args: Args) -> Result<(), String> {
     }
     if args.allow_grpc {
         let addr = SocketAddr::new(args.grpc_address, args.grpc_port);
-        servers
-            .push(server::grpc(addr, dispatch.clone(), args.http_max_input_size, &stop_rx).await?);
+        servers.push(server::grpc(addr, dispatch.clone(), args.http_max_input_size, &stop_rx).await?);
     }
     if args.allow_metrics {
-        let addr = SocketAddr::new(
-            args.metrics_address.unwrap_or(args.http_address),
-            args.metrics_port,
-        );
+        let addr = SocketAddr::new(args.metrics_address.unwrap_or(args.http_address), args.metrics_port);
         servers.push(server::metrics(addr, prometheus, &stop_rx).await?);
         metrics::spawn_cpu_sampler();
     }
@@ -132,15 +125,9 @@ async fn run(args: Args) -> Result<(), String> {
         "shutting down: no new requests, finishing in-flight ones"
     );
     let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(
-        Duration::from_secs(args.exit_timeout_secs),
-        futures_join(servers),
-    )
-    .await;
+    let drained = tokio::time::timeout(Duration::from_secs(args.exit_timeout_secs), futures_join(servers)).await;
     if drained.is_err() {
-        tracing::warn!(
-            "in-flight requests did not finish within --exit-timeout-secs; exiting anyway"
-        );
+        tracing::warn!("in-flight requests did not finish within --exit-timeout-secs; exiting anyway");
     }
     dispatch.clear();
     tracing::info!("stopped");
@@ -155,10 +142,8 @@ async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
 
 async fn wait_for_signal() -> Result<(), String> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term =
-        signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
-    let mut int =
-        signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch SIGINT: {e}"))?;
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch SIGINT: {e}"))?;
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),

@@ -58,15 +58,13 @@ fn describe() {
         "nv_inference_pending_request_count",
         "Instantaneous number of pending requests awaiting execution"
     );
+    c!(
+        "mesh_instance_executions_total",
+        "Executions (batches) run by each model instance"
+    );
     metrics::describe_gauge!("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]");
-    metrics::describe_gauge!(
-        "nv_cpu_memory_total_bytes",
-        "CPU total memory (RAM), in bytes"
-    );
-    metrics::describe_gauge!(
-        "nv_cpu_memory_used_bytes",
-        "CPU used memory (RAM), in bytes"
-    );
+    metrics::describe_gauge!("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes");
+    metrics::describe_gauge!("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes");
 }
 
 /// Metric handles of one model version, made once at load so the hot path only adds.
@@ -92,11 +90,7 @@ impl ModelMetrics {
             failure: REASONS.map(|r| {
                 counter!(
                     "nv_inference_request_failure",
-                    &[
-                        ("model", m.clone()),
-                        ("version", v.clone()),
-                        ("reason", r.to_string())
-                    ]
+                    &[("model", m.clone()), ("version", v.clone()), ("reason", r.to_string())]
                 )
             }),
             inference_count: counter!("nv_inference_count", &l()),
@@ -110,17 +104,20 @@ impl ModelMetrics {
         }
     }
 
-    /// Records one successful request that ran as one execution of `batch` inferences.
+    /// Records one successful request of `rows` inferences; `counts_execution` for one request per batch.
     pub fn success(
         &self,
-        batch: u64,
+        rows: u64,
         total: Duration,
         queue: Duration,
         t: &crate::backend::Timings,
+        counts_execution: bool,
     ) {
         self.success.increment(1);
-        self.inference_count.increment(batch);
-        self.exec_count.increment(1);
+        self.inference_count.increment(rows);
+        if counts_execution {
+            self.exec_count.increment(1);
+        }
         self.request_us.increment(total.as_micros() as u64);
         self.queue_us.increment(queue.as_micros() as u64);
         self.input_us.increment(t.input.as_micros() as u64);
@@ -147,8 +144,7 @@ pub fn spawn_cpu_sampler() {
             if let (Some((busy0, total0)), Some((busy1, total1))) = (last, now) {
                 let dt = total1.saturating_sub(total0);
                 if dt > 0 {
-                    gauge!("nv_cpu_utilization")
-                        .set(busy1.saturating_sub(busy0) as f64 / dt as f64);
+                    gauge!("nv_cpu_utilization").set(busy1.saturating_sub(busy0) as f64 / dt as f64);
                 }
             }
             last = now;

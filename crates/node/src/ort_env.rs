@@ -26,10 +26,7 @@ pub fn candidates(configured: Option<String>) -> Vec<PathBuf> {
             continue;
         };
         for e in entries.flatten() {
-            let p = e
-                .path()
-                .join("site-packages/onnxruntime/capi")
-                .join(WHEEL_LIBRARY);
+            let p = e.path().join("site-packages/onnxruntime/capi").join(WHEEL_LIBRARY);
             if p.is_file() {
                 out.push(p);
             }
@@ -53,8 +50,7 @@ pub fn init(configured: Option<String>) -> Result<ort::environment::Environment,
             path.display()
         ));
     }
-    let builder = ort::init_from(path)
-        .map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", path.display()))?;
+    let builder = ort::init_from(path).map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", path.display()))?;
     let env = builder
         .with_name("mesh-node")
         .build()

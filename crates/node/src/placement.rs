@@ -74,8 +74,7 @@ fn query_driver() -> Result<Vec<GpuInfo>, String> {
             let dev = device::get(index).map_err(|e| format!("cuDeviceGet({index}): {e}"))?;
             let name = device::get_name(dev).map_err(|e| format!("cuDeviceGetName: {e}"))?;
             // SAFETY: `dev` was returned by `device::get`.
-            let mem =
-                unsafe { device::total_mem(dev) }.map_err(|e| format!("cuDeviceTotalMem: {e}"))?;
+            let mem = unsafe { device::total_mem(dev) }.map_err(|e| format!("cuDeviceTotalMem: {e}"))?;
             Ok(GpuInfo {
                 index,
                 name,
@@ -108,20 +107,13 @@ pub fn restrict(found: &[GpuInfo], allowed: Option<&[i32]>) -> Result<Vec<GpuInf
     let Some(allowed) = allowed else {
         return Ok(found.to_vec());
     };
-    if let Some(bad) = allowed
-        .iter()
-        .find(|i| !found.iter().any(|g| g.index == **i))
-    {
+    if let Some(bad) = allowed.iter().find(|i| !found.iter().any(|g| g.index == **i)) {
         return Err(format!(
             "--gpus lists GPU {bad}, which this node does not have (found: {:?})",
             found.iter().map(|g| g.index).collect::<Vec<_>>()
         ));
     }
-    Ok(found
-        .iter()
-        .filter(|g| allowed.contains(&g.index))
-        .cloned()
-        .collect())
+    Ok(found.iter().filter(|g| allowed.contains(&g.index)).cloned().collect())
 }
 
 /// One instance to start: which group it came from and where it runs.
@@ -136,10 +128,7 @@ pub struct InstancePlacement {
 }
 
 /// Expands a model's `instance_group` into concrete instances on this node's `gpus` (Triton rules).
-pub fn place_instances(
-    config: &ModelConfig,
-    gpus: &[i32],
-) -> Result<Vec<InstancePlacement>, String> {
+pub fn place_instances(config: &ModelConfig, gpus: &[i32]) -> Result<Vec<InstancePlacement>, String> {
     let implicit = [ModelInstanceGroup {
         kind: Kind::Auto as i32,
         count: 1,
@@ -164,10 +153,7 @@ pub fn place_instances(
         let kind = Kind::try_from(group.kind)
             .map_err(|_| format!("instance group '{gname}' has unknown kind {}", group.kind))?;
         if group.count < 0 {
-            return Err(format!(
-                "instance group '{gname}' has negative count {}",
-                group.count
-            ));
+            return Err(format!("instance group '{gname}' has negative count {}", group.count));
         }
         let count = group.count.max(1) as usize;
         let listed = &group.gpus;
@@ -202,9 +188,7 @@ pub fn place_instances(
         } else {
             vec![Device::Cpu]
         };
-        let total = count
-            .checked_mul(devices.len())
-            .and_then(|n| n.checked_add(out.len()));
+        let total = count.checked_mul(devices.len()).and_then(|n| n.checked_add(out.len()));
         if total.is_none_or(|n| n > MAX_INSTANCES_PER_MODEL) {
             return Err(format!(
                 "model '{}' asks for more than {MAX_INSTANCES_PER_MODEL} instances (group '{gname}': count {count} x {} device(s))",
@@ -255,10 +239,7 @@ mod tests {
     /// Placements rendered as "name:device" words, for compact assertions.
     fn ok(groups: Vec<ModelInstanceGroup>, gpus: &[i32]) -> String {
         let placed = place_instances(&config(groups), gpus).unwrap();
-        let words: Vec<String> = placed
-            .iter()
-            .map(|p| format!("{}:{:?}", p.name, p.device))
-            .collect();
+        let words: Vec<String> = placed.iter().map(|p| format!("{}:{:?}", p.name, p.device)).collect();
         words.join(" ")
     }
 
@@ -281,10 +262,7 @@ mod tests {
         // SAFETY: same dlopen probe as discover_gpus.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             assert!(d.gpus.is_empty());
-            assert_eq!(
-                d.note,
-                "no CUDA driver found (libcuda not present): running CPU-only"
-            );
+            assert_eq!(d.note, "no CUDA driver found (libcuda not present): running CPU-only");
         }
     }
 
@@ -299,10 +277,7 @@ mod tests {
     fn restrict_keeps_listed_and_rejects_missing() {
         let found = [gpu(0), gpu(1), gpu(2)];
         assert_eq!(restrict(&found, None).unwrap(), found.to_vec());
-        assert_eq!(
-            restrict(&found, Some(&[2, 0])).unwrap(),
-            vec![gpu(0), gpu(2)]
-        );
+        assert_eq!(restrict(&found, Some(&[2, 0])).unwrap(), vec![gpu(0), gpu(2)]);
         assert!(restrict(&found, Some(&[])).unwrap().is_empty());
         let e = restrict(&found, Some(&[1, 7])).unwrap_err();
         assert_eq!(
@@ -322,10 +297,7 @@ mod tests {
     fn gpu_kind_places_count_on_each_gpu() {
         let all = "m_0_0:Gpu(0) m_0_1:Gpu(0) m_0_2:Gpu(1) m_0_3:Gpu(1)";
         assert_eq!(ok(vec![group("", Kind::Gpu, 2, &[])], &[0, 1]), all);
-        assert_eq!(
-            ok(vec![group("g", Kind::Gpu, 0, &[1])], &[0, 1]),
-            "g_0:Gpu(1)"
-        );
+        assert_eq!(ok(vec![group("g", Kind::Gpu, 0, &[1])], &[0, 1]), "g_0:Gpu(1)");
         let e = err(vec![group("g", Kind::Gpu, 1, &[0, 3])], &[0, 1]);
         assert_eq!(
             e,
@@ -340,10 +312,7 @@ mod tests {
 
     #[test]
     fn cpu_kind_counts_and_rejects_gpus() {
-        assert_eq!(
-            ok(vec![group("c", Kind::Cpu, 3, &[])], &[0]),
-            "c_0:Cpu c_1:Cpu c_2:Cpu"
-        );
+        assert_eq!(ok(vec![group("c", Kind::Cpu, 3, &[])], &[0]), "c_0:Cpu c_1:Cpu c_2:Cpu");
         let e = err(vec![group("c", Kind::Cpu, 1, &[0])], &[0]);
         assert_eq!(e, "instance group 'c' has kind KIND_CPU but lists GPUs [0]");
     }
@@ -354,16 +323,9 @@ mod tests {
             ok(vec![group("a", Kind::Auto, 1, &[])], &[0, 1]),
             "a_0:Gpu(0) a_1:Gpu(1)"
         );
-        assert_eq!(
-            ok(vec![group("a", Kind::Auto, 1, &[1])], &[0, 1]),
-            "a_0:Gpu(1)"
-        );
-        assert_eq!(
-            ok(vec![group("a", Kind::Auto, 2, &[])], &[]),
-            "a_0:Cpu a_1:Cpu"
-        );
-        assert!(err(vec![group("a", Kind::Auto, 1, &[0])], &[])
-            .contains("KIND_AUTO but this node has no GPUs"));
+        assert_eq!(ok(vec![group("a", Kind::Auto, 1, &[1])], &[0, 1]), "a_0:Gpu(1)");
+        assert_eq!(ok(vec![group("a", Kind::Auto, 2, &[])], &[]), "a_0:Cpu a_1:Cpu");
+        assert!(err(vec![group("a", Kind::Auto, 1, &[0])], &[]).contains("KIND_AUTO but this node has no GPUs"));
         assert!(err(vec![group("a", Kind::Auto, 1, &[5])], &[0]).contains("GPU 5"));
     }
 
@@ -374,13 +336,8 @@ mod tests {
             .iter()
             .map(|p| (p.name.as_str(), p.device, p.model_managed))
             .collect();
-        assert_eq!(
-            got,
-            [("x_0", Device::Cpu, true), ("x_1", Device::Cpu, true)]
-        );
-        assert!(
-            err(vec![group("x", Kind::Model, 1, &[0])], &[0]).contains("KIND_MODEL but lists GPUs")
-        );
+        assert_eq!(got, [("x_0", Device::Cpu, true), ("x_1", Device::Cpu, true)]);
+        assert!(err(vec![group("x", Kind::Model, 1, &[0])], &[0]).contains("KIND_MODEL but lists GPUs"));
         let other = place_instances(&config(vec![group("c", Kind::Cpu, 1, &[])]), &[]).unwrap();
         assert!(!other[0].model_managed);
     }
@@ -395,10 +352,7 @@ mod tests {
         let placed = place_instances(&config(groups), &[0]).unwrap();
         let got: Vec<(&str, usize)> = placed.iter().map(|p| (p.name.as_str(), p.group)).collect();
         assert_eq!(got, [("m_0_0", 0), ("m_1_0", 1), ("fast_0", 2)]);
-        let dup = vec![
-            group("m_1", Kind::Cpu, 1, &[]),
-            group("", Kind::Cpu, 1, &[]),
-        ];
+        let dup = vec![group("m_1", Kind::Cpu, 1, &[]), group("", Kind::Cpu, 1, &[])];
         assert_eq!(err(dup, &[]), "instance group name 'm_1' is used twice");
     }
 
@@ -417,10 +371,7 @@ mod tests {
         assert_eq!(placed.len(), MAX_INSTANCES_PER_MODEL);
         assert!(err(vec![group("g", Kind::Cpu, 65, &[])], &[]).contains("more than 64 instances"));
         assert!(err(vec![group("g", Kind::Gpu, i32::MAX, &[])], &[0, 1]).contains("more than 64"));
-        let split = vec![
-            group("a", Kind::Cpu, 40, &[]),
-            group("b", Kind::Gpu, 13, &[0, 1]),
-        ];
+        let split = vec![group("a", Kind::Cpu, 40, &[]), group("b", Kind::Gpu, 13, &[0, 1])];
         assert!(err(split, &[0, 1]).contains("group 'b': count 13 x 2 device(s)"));
     }
 }

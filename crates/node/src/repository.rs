@@ -17,8 +17,7 @@ pub struct ModelDir {
 /// Checks that every repository is a readable directory; a bad path is a start-up error, not a model error.
 pub fn check_repositories(repos: &[PathBuf]) -> Result<(), String> {
     for repo in repos {
-        std::fs::read_dir(repo)
-            .map_err(|e| format!("cannot read model repository {}: {e}", repo.display()))?;
+        std::fs::read_dir(repo).map_err(|e| format!("cannot read model repository {}: {e}", repo.display()))?;
     }
     Ok(())
 }
@@ -45,20 +44,13 @@ pub fn scan(repos: &[PathBuf]) -> (Vec<ModelDir>, Vec<(String, String)>) {
             let shown: Vec<_> = paths.iter().map(|p| p.display().to_string()).collect();
             errors.push((
                 name,
-                format!(
-                    "model name is found in more than one repository: {}",
-                    shown.join(", ")
-                ),
+                format!("model name is found in more than one repository: {}", shown.join(", ")),
             ));
             continue;
         }
         let path = paths.into_iter().next().expect("one path");
         let versions = version_dirs(&path);
-        models.push(ModelDir {
-            name,
-            path,
-            versions,
-        });
+        models.push(ModelDir { name, path, versions });
     }
     (models, errors)
 }
@@ -84,10 +76,7 @@ pub fn version_dirs(model: &Path) -> Vec<i64> {
 
 /// The versions a config's version_policy selects from those present (default: latest 1).
 pub fn select_versions(config: &ModelConfig, available: &[i64]) -> Result<Vec<i64>, String> {
-    let policy = config
-        .version_policy
-        .as_ref()
-        .and_then(|p| p.policy_choice.as_ref());
+    let policy = config.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref());
     let chosen: Vec<i64> = match policy {
         None => available.iter().rev().take(1).rev().copied().collect(),
         Some(PolicyChoice::Latest(l)) => {
@@ -133,10 +122,7 @@ mod tests {
     use mesh::config::parse_pbtxt;
 
     fn pick(policy: &str, avail: &[i64]) -> Result<Vec<i64>, String> {
-        select_versions(
-            &parse_pbtxt(&format!("name: \"m\" {policy}")).unwrap(),
-            avail,
-        )
+        select_versions(&parse_pbtxt(&format!("name: \"m\" {policy}")).unwrap(), avail)
     }
 
     #[test]
@@ -150,26 +136,15 @@ mod tests {
             pick("version_policy: { latest { num_versions: 9 } }", &[1, 3]).unwrap(),
             vec![1, 3]
         );
+        assert_eq!(pick("version_policy: { all { } }", &[1, 2, 3]).unwrap(), vec![1, 2, 3]);
         assert_eq!(
-            pick("version_policy: { all { } }", &[1, 2, 3]).unwrap(),
-            vec![1, 2, 3]
-        );
-        assert_eq!(
-            pick(
-                "version_policy: { specific { versions: [3, 1] } }",
-                &[1, 2, 3]
-            )
-            .unwrap(),
+            pick("version_policy: { specific { versions: [3, 1] } }", &[1, 2, 3]).unwrap(),
             vec![1, 3]
         );
-        assert!(
-            pick("version_policy: { specific { versions: [4] } }", &[1, 2, 3])
-                .unwrap_err()
-                .contains("version 4")
-        );
-        assert!(pick("", &[])
+        assert!(pick("version_policy: { specific { versions: [4] } }", &[1, 2, 3])
             .unwrap_err()
-            .contains("no version directories"));
+            .contains("version 4"));
+        assert!(pick("", &[]).unwrap_err().contains("no version directories"));
     }
 
     #[test]

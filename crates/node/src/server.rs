@@ -41,10 +41,7 @@ pub async fn http(
     let app = mesh::http::router(dispatch, options);
     let signal = shutdown_signal(stop);
     Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(signal)
-            .await
-        {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(signal).await {
             tracing::error!("HTTP server failed: {e}");
         }
     }))
@@ -86,10 +83,7 @@ pub async fn metrics(
             let h = handle.clone();
             async move {
                 (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4",
-                    )],
+                    [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
                     h.render(),
                 )
             }
@@ -97,10 +91,7 @@ pub async fn metrics(
     );
     let signal = shutdown_signal(stop);
     Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(signal)
-            .await
-        {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(signal).await {
             tracing::error!("metrics server failed: {e}");
         }
     }))

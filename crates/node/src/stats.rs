@@ -78,17 +78,18 @@ impl ModelStats {
         }
     }
 
-    /// Records a request that succeeded as one execution of `batch` inferences.
-    pub fn success(&self, batch: u64, total: Duration, queue: Duration, t: &Timings) {
+    /// Records a request of `rows` inferences that succeeded; `execution` is the size of the batch it
+    /// ran in, given by exactly one request per execution so executions are counted once.
+    pub fn success(&self, rows: u64, total: Duration, queue: Duration, t: &Timings, execution: Option<u64>) {
         self.success.add(total);
         self.queue.add(queue);
         self.compute_input.add(t.input);
         self.compute_infer.add(t.infer);
         self.compute_output.add(t.output);
-        self.inference_count.fetch_add(batch, Relaxed);
-        self.execution_count.fetch_add(1, Relaxed);
+        self.inference_count.fetch_add(rows, Relaxed);
         self.last_inference_ms.store(now_ms(), Relaxed);
-        {
+        if let Some(batch) = execution {
+            self.execution_count.fetch_add(1, Relaxed);
             let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
             let b = batches.entry(batch).or_default();
             b.count += 1;
@@ -96,7 +97,7 @@ impl ModelStats {
             b.infer_ns += t.infer.as_nanos() as u64;
             b.output_ns += t.output.as_nanos() as u64;
         }
-        self.metrics.success(batch, total, queue, t);
+        self.metrics.success(rows, total, queue, t, execution.is_some());
     }
 
     /// Records a failed request under Triton's failure reason.
@@ -153,23 +154,25 @@ mod tests {
             infer: Duration::from_micros(10),
             output: Duration::from_micros(2),
         };
-        s.success(4, Duration::from_micros(50), Duration::from_micros(5), &t);
-        s.success(4, Duration::from_micros(50), Duration::ZERO, &t);
-        s.success(1, Duration::from_micros(20), Duration::ZERO, &t);
+        s.success(4, Duration::from_micros(50), Duration::from_micros(5), &t, Some(4));
+        s.success(4, Duration::from_micros(50), Duration::ZERO, &t, Some(4));
+        s.success(1, Duration::from_micros(20), Duration::ZERO, &t, Some(1));
+        // two requests that shared one execution of 3 rows: only the first counts the execution
+        s.success(2, Duration::from_micros(20), Duration::ZERO, &t, Some(3));
+        s.success(1, Duration::from_micros(20), Duration::ZERO, &t, None);
         s.failure("OTHER", Duration::from_micros(3));
         let snap = s.snapshot();
         assert_eq!((snap.name.as_str(), snap.version.as_str()), ("m", "1"));
-        assert_eq!(snap.inference_count, 9);
-        assert_eq!(snap.execution_count, 3);
+        assert_eq!(snap.inference_count, 12);
+        assert_eq!(snap.execution_count, 4);
         let st = snap.inference_stats.unwrap();
-        assert_eq!(st.success.unwrap().count, 3);
-        assert_eq!(st.success.unwrap().ns, 120_000);
+        assert_eq!(st.success.unwrap().count, 5);
+        assert_eq!(st.success.unwrap().ns, 160_000);
         assert_eq!(st.fail.unwrap().count, 1);
-        assert_eq!(st.compute_infer.unwrap().ns, 30_000);
-        assert_eq!(snap.batch_stats.len(), 2);
-        assert_eq!(snap.batch_stats[0].batch_size, 1);
-        assert_eq!(snap.batch_stats[1].batch_size, 4);
-        assert_eq!(snap.batch_stats[1].compute_infer.unwrap().count, 2);
+        assert_eq!(st.compute_infer.unwrap().ns, 50_000);
+        let sizes: Vec<u64> = snap.batch_stats.iter().map(|b| b.batch_size).collect();
+        assert_eq!(sizes, vec![1, 3, 4]);
+        assert_eq!(snap.batch_stats[2].compute_infer.unwrap().count, 2);
         assert!(snap.last_inference > 0);
     }
 }

@@ -13,12 +13,9 @@ pub use validate::validate_config;
 
 fn descriptor(full_name: &str) -> MessageDescriptor {
     static POOL: OnceLock<DescriptorPool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        DescriptorPool::decode(crate::proto::DESCRIPTOR_SET)
-            .expect("descriptor set built by build.rs")
-    })
-    .get_message_by_name(full_name)
-    .expect("message is in the descriptor set")
+    POOL.get_or_init(|| DescriptorPool::decode(crate::proto::DESCRIPTOR_SET).expect("descriptor set built by build.rs"))
+        .get_message_by_name(full_name)
+        .expect("message is in the descriptor set")
 }
 
 fn model_config_descriptor() -> MessageDescriptor {
@@ -47,9 +44,8 @@ pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
 pub fn config_from_json(text: &str) -> Result<ModelConfig, String> {
     let mut de = serde_json::Deserializer::from_str(text);
     let options = prost_reflect::DeserializeOptions::new().deny_unknown_fields(true);
-    let dynamic =
-        DynamicMessage::deserialize_with_options(model_config_descriptor(), &mut de, &options)
-            .map_err(|e| format!("invalid config JSON: {e}"))?;
+    let dynamic = DynamicMessage::deserialize_with_options(model_config_descriptor(), &mut de, &options)
+        .map_err(|e| format!("invalid config JSON: {e}"))?;
     dynamic
         .transcode_to::<ModelConfig>()
         .map_err(|e| format!("invalid config JSON: {e}"))

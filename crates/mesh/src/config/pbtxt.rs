@@ -16,15 +16,16 @@ pub fn parse_pbtxt_with_fields(text: &str) -> Result<(ModelConfig, Vec<String>),
         inserted,
         top_level,
     } = add_list_colons(text);
-    let dynamic = DynamicMessage::parse_text_format(model_config_descriptor(), &normalized)
-        .map_err(|e| match span_start(&format!("{e:?}")) {
+    let dynamic = DynamicMessage::parse_text_format(model_config_descriptor(), &normalized).map_err(|e| {
+        match span_start(&format!("{e:?}")) {
             Some(pos) => {
                 let orig = pos - inserted.iter().filter(|&&at| at < pos).count();
                 let (line, col) = line_col(text, orig);
                 format!("config.pbtxt line {line} column {col}: {e}")
             }
             None => format!("config.pbtxt: {e}"),
-        })?;
+        }
+    })?;
     let config = dynamic
         .transcode_to::<ModelConfig>()
         .map_err(|e| format!("config.pbtxt: {e}"))?;
@@ -73,8 +74,7 @@ fn add_list_colons(text: &str) -> Lexed {
             }
             c if c.is_ascii_alphabetic() || c == b'_' => {
                 let start = i;
-                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'.')
-                {
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'.') {
                     i += 1;
                 }
                 out.push_str(&text[start..i]);
@@ -124,20 +124,14 @@ fn add_list_colons(text: &str) -> Lexed {
 /// Finds the first `span: A..B` in an error's Debug text (the Display form has no position).
 fn span_start(debug: &str) -> Option<usize> {
     let at = debug.find("span: ")? + "span: ".len();
-    let digits: String = debug[at..]
-        .chars()
-        .take_while(|c| c.is_ascii_digit())
-        .collect();
+    let digits: String = debug[at..].chars().take_while(|c| c.is_ascii_digit()).collect();
     digits.parse().ok()
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let col = before
-        .rfind('\n')
-        .map_or(before.len(), |n| before.len() - n - 1)
-        + 1;
+    let col = before.rfind('\n').map_or(before.len(), |n| before.len() - n - 1) + 1;
     (line, col)
 }
 
@@ -193,10 +187,7 @@ response_cache { enable: true }
         assert_eq!(c.input[0].reshape.as_ref().unwrap().shape, vec![4, 4]);
         assert_eq!(c.input[1].name, "IN[1]");
         assert!(c.input[1].optional);
-        assert_eq!(
-            c.output[0].data_type,
-            crate::proto::DataType::TypeInt64 as i32
-        );
+        assert_eq!(c.output[0].data_type, crate::proto::DataType::TypeInt64 as i32);
         assert_eq!(c.instance_group[0].count, 2);
         assert_eq!(c.instance_group[0].kind, Kind::Cpu as i32);
         assert_eq!(c.instance_group[1].gpus, vec![0, 1]);
@@ -204,9 +195,7 @@ response_cache { enable: true }
             PolicyChoice::Specific(s) => assert_eq!(s.versions, vec![1, 3]),
             other => panic!("wrong policy {other:?}"),
         }
-        let Some(crate::proto::model_config::SchedulingChoice::DynamicBatching(db)) =
-            c.scheduling_choice
-        else {
+        let Some(crate::proto::model_config::SchedulingChoice::DynamicBatching(db)) = c.scheduling_choice else {
             panic!("no dynamic batching")
         };
         assert_eq!(db.preferred_batch_size, vec![4, 8]);
@@ -219,10 +208,8 @@ response_cache { enable: true }
 
     #[test]
     fn reports_top_level_fields() {
-        let (_, f) = parse_pbtxt_with_fields(
-            "name: \"m\" # max_batch_size\ninput [ { name: \"max_batch_size\" } ]",
-        )
-        .unwrap();
+        let (_, f) =
+            parse_pbtxt_with_fields("name: \"m\" # max_batch_size\ninput [ { name: \"max_batch_size\" } ]").unwrap();
         assert_eq!(f, vec!["name", "input"]);
         let (_, f) = parse_pbtxt_with_fields("max_batch_size: 0").unwrap();
         assert_eq!(f, vec!["max_batch_size"]);

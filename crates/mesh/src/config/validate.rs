@@ -15,10 +15,7 @@ pub fn validate_config(c: &ModelConfig) -> Result<(), String> {
         return Err("model config has no name".into());
     }
     if c.max_batch_size < 0 {
-        return Err(format!(
-            "max_batch_size must be >= 0, got {}",
-            c.max_batch_size
-        ));
+        return Err(format!("max_batch_size must be >= 0, got {}", c.max_batch_size));
     }
     let mut seen = HashSet::new();
     for i in &c.input {
@@ -54,20 +51,12 @@ pub fn validate_config(c: &ModelConfig) -> Result<(), String> {
             ));
         }
     }
-    if let Some(PolicyChoice::Latest(l)) = c
-        .version_policy
-        .as_ref()
-        .and_then(|p| p.policy_choice.as_ref())
-    {
+    if let Some(PolicyChoice::Latest(l)) = c.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref()) {
         if l.num_versions == 0 {
             return Err("version_policy latest { num_versions } must be at least 1".into());
         }
     }
-    if let Some(PolicyChoice::Specific(s)) = c
-        .version_policy
-        .as_ref()
-        .and_then(|p| p.policy_choice.as_ref())
-    {
+    if let Some(PolicyChoice::Specific(s)) = c.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref()) {
         if let Some(v) = s.versions.iter().find(|&&v| v < 1) {
             return Err(format!(
                 "version_policy specific lists version {v}; versions start at 1"
@@ -77,13 +66,7 @@ pub fn validate_config(c: &ModelConfig) -> Result<(), String> {
     Ok(())
 }
 
-fn check_tensor(
-    kind: &str,
-    name: &str,
-    data_type: i32,
-    dims: &[i64],
-    reshape: Option<&[i64]>,
-) -> Result<(), String> {
+fn check_tensor(kind: &str, name: &str, data_type: i32, dims: &[i64], reshape: Option<&[i64]>) -> Result<(), String> {
     if name.is_empty() {
         return Err(format!("an {kind} has no name"));
     }
@@ -109,7 +92,9 @@ fn check_tensor(
 
 fn check_dims(kind: &str, name: &str, what: &str, dims: &[i64]) -> Result<(), String> {
     if let Some(d) = dims.iter().find(|&&d| d == 0 || d < -1) {
-        return Err(format!("{kind} '{name}' {what} {dims:?} has invalid dimension {d} (use -1 for a variable size)"));
+        return Err(format!(
+            "{kind} '{name}' {what} {dims:?} has invalid dimension {d} (use -1 for a variable size)"
+        ));
     }
     Ok(())
 }
@@ -117,10 +102,7 @@ fn check_dims(kind: &str, name: &str, what: &str, dims: &[i64]) -> Result<(), St
 /// Number of variable dims and the product of the fixed ones (saturating, as it only feeds a comparison).
 fn split_dims(dims: &[i64]) -> (usize, i64) {
     let var = dims.iter().filter(|&&d| d == -1).count();
-    let fixed = dims
-        .iter()
-        .filter(|&&d| d > 0)
-        .fold(1i64, |a, &d| a.saturating_mul(d));
+    let fixed = dims.iter().filter(|&&d| d > 0).fold(1i64, |a, &d| a.saturating_mul(d));
     (var, fixed)
 }
 

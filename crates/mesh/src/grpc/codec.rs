@@ -5,9 +5,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::proto::{
-    self, infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor,
-};
+use crate::proto::{self, infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor};
 use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
 use crate::tensor::{NamedTensor, Tensor};
 
@@ -61,13 +59,8 @@ pub fn decode_request(msg: proto::ModelInferRequest) -> Result<InferRequest> {
     let mut inputs = Vec::with_capacity(msg.inputs.len());
     for input in msg.inputs {
         let name = input.name;
-        let dtype = DataType::from_wire(&input.datatype)
-            .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
-        if input
-            .parameters
-            .keys()
-            .any(|k| k.starts_with("shared_memory"))
-        {
+        let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        if input.parameters.keys().any(|k| k.starts_with("shared_memory")) {
             return Err(Error::unsupported(format!(
                 "input '{name}': shared memory is not supported"
             )));
@@ -82,8 +75,8 @@ pub fn decode_request(msg: proto::ModelInferRequest) -> Result<InferRequest> {
             (None, Some(c)) => typed_contents(&name, dtype, c)?,
             (None, None) => return Err(Error::invalid(format!("input '{name}' has no data"))),
         };
-        let tensor = Tensor::new(dtype, input.shape, data)
-            .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        let tensor =
+            Tensor::new(dtype, input.shape, data).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
         inputs.push(NamedTensor { name, tensor });
     }
     let outputs = msg
@@ -112,13 +105,11 @@ pub fn decode_request(msg: proto::ModelInferRequest) -> Result<InferRequest> {
 /// Typed `contents` to wire bytes, with range checks for narrow integer types.
 fn typed_contents(name: &str, dtype: DataType, c: proto::InferTensorContents) -> Result<Bytes> {
     let mut b = BytesMut::new();
-    let narrow = |what: &str| {
-        Error::invalid(format!(
-            "input '{name}': a value in {what} is out of range for {dtype}"
-        ))
-    };
+    let narrow = |what: &str| Error::invalid(format!("input '{name}': a value in {what} is out of range for {dtype}"));
     let wrong = || {
-        Error::invalid(format!("input '{name}': {dtype} data must be sent in raw_input_contents or its own contents field"))
+        Error::invalid(format!(
+            "input '{name}': {dtype} data must be sent in raw_input_contents or its own contents field"
+        ))
     };
     match dtype {
         DataType::Bool => c.bool_contents.iter().for_each(|&v| b.put_u8(v as u8)),
@@ -188,12 +179,7 @@ mod tests {
     use super::*;
     use crate::proto::model_infer_request::InferInputTensor;
 
-    fn input(
-        name: &str,
-        dt: &str,
-        shape: Vec<i64>,
-        contents: Option<proto::InferTensorContents>,
-    ) -> InferInputTensor {
+    fn input(name: &str, dt: &str, shape: Vec<i64>, contents: Option<proto::InferTensorContents>) -> InferInputTensor {
         InferInputTensor {
             name: name.into(),
             datatype: dt.into(),
@@ -207,14 +193,8 @@ mod tests {
     fn raw_inputs_by_position() {
         let msg = proto::ModelInferRequest {
             model_name: "m".into(),
-            inputs: vec![
-                input("a", "INT8", vec![2], None),
-                input("b", "BYTES", vec![1], None),
-            ],
-            raw_input_contents: vec![
-                Bytes::from_static(&[1, 2]),
-                Bytes::from_static(&[1, 0, 0, 0, 0]),
-            ],
+            inputs: vec![input("a", "INT8", vec![2], None), input("b", "BYTES", vec![1], None)],
+            raw_input_contents: vec![Bytes::from_static(&[1, 2]), Bytes::from_static(&[1, 0, 0, 0, 0])],
             ..Default::default()
         };
         let r = decode_request(msg).unwrap();
@@ -267,10 +247,7 @@ mod tests {
             .contains("needs 8 bytes, got 4"));
 
         let msg = proto::ModelInferRequest {
-            inputs: vec![
-                input("a", "FP32", vec![1], None),
-                input("b", "FP32", vec![1], None),
-            ],
+            inputs: vec![input("a", "FP32", vec![1], None), input("b", "FP32", vec![1], None)],
             raw_input_contents: vec![Bytes::from_static(&[0; 4])],
             ..Default::default()
         };
@@ -283,10 +260,7 @@ mod tests {
             inputs: vec![input("a", "FP16", vec![1], Some(Default::default()))],
             ..Default::default()
         };
-        assert!(decode_request(msg)
-            .unwrap_err()
-            .message
-            .contains("raw_input_contents"));
+        assert!(decode_request(msg).unwrap_err().message.contains("raw_input_contents"));
     }
 
     #[test]

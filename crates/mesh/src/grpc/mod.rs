@@ -72,12 +72,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         Ok(Response::new(proto::ServerMetadataResponse {
             name: crate::SERVER_NAME.into(),
             version: crate::SERVER_VERSION.into(),
-            extensions: self
-                .dispatch
-                .extensions()
-                .into_iter()
-                .map(String::from)
-                .collect(),
+            extensions: self.dispatch.extensions().into_iter().map(String::from).collect(),
         }))
     }
 
@@ -130,9 +125,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         let r = r.into_inner();
         let view = self.dispatch.model(&r.name, &r.version)?;
         let config: ModelConfig = (*view.config).clone();
-        Ok(Response::new(proto::ModelConfigResponse {
-            config: Some(config),
-        }))
+        Ok(Response::new(proto::ModelConfigResponse { config: Some(config) }))
     }
 
     async fn model_statistics(
@@ -140,9 +133,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         r: Request<proto::ModelStatisticsRequest>,
     ) -> Result<Response<proto::ModelStatisticsResponse>, Status> {
         let r = r.into_inner();
-        Ok(Response::new(
-            self.dispatch.model_statistics(&r.name, &r.version)?,
-        ))
+        Ok(Response::new(self.dispatch.model_statistics(&r.name, &r.version)?))
     }
 
     async fn repository_index(
@@ -177,9 +168,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         &self,
         r: Request<proto::RepositoryModelUnloadRequest>,
     ) -> Result<Response<proto::RepositoryModelUnloadResponse>, Status> {
-        self.dispatch
-            .unload_model(&r.into_inner().model_name)
-            .await?;
+        self.dispatch.unload_model(&r.into_inner().model_name).await?;
         Ok(Response::new(proto::RepositoryModelUnloadResponse {}))
     }
 

@@ -70,11 +70,7 @@ fn params_from_json(map: Option<HashMap<String, serde_json::Value>>) -> Result<P
                 (Some(i), _, _) => Param::Int(i),
                 (None, Some(u), _) => Param::Uint(u),
                 (_, _, Some(f)) => Param::Double(f),
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "parameter '{k}' has an unusable number"
-                    )))
-                }
+                _ => return Err(Error::invalid(format!("parameter '{k}' has an unusable number"))),
             },
             other => {
                 return Err(Error::invalid(format!(
@@ -135,8 +131,8 @@ pub fn decode_request(
     }
     let json = std::str::from_utf8(&body[..json_len])
         .map_err(|e| Error::invalid(format!("request JSON is not valid UTF-8: {e}")))?;
-    let parsed: JsonRequest = serde_json::from_str(json)
-        .map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))?;
+    let parsed: JsonRequest =
+        serde_json::from_str(json).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))?;
     let mut binary = body.slice(json_len..);
 
     let mut parameters = params_from_json(parsed.parameters)?;
@@ -144,8 +140,7 @@ pub fn decode_request(
     let mut inputs = Vec::with_capacity(parsed.inputs.len());
     for input in parsed.inputs {
         let name = input.name;
-        let dtype = DataType::from_wire(&input.datatype)
-            .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
         let mut params = params_from_json(input.parameters)?;
         reject_unsupported(&params, &format!("input '{name}'"))?;
         let bin_size = match params.iter().position(|(k, _)| k == "binary_data_size") {
@@ -174,8 +169,8 @@ pub fn decode_request(
             }
             (None, Some(raw)) => json_data::parse_data(&name, dtype, raw)?.freeze(),
         };
-        let tensor = Tensor::new(dtype, input.shape, data)
-            .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+        let tensor =
+            Tensor::new(dtype, input.shape, data).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
         inputs.push(NamedTensor { name, tensor });
     }
     if !binary.is_empty() {
@@ -234,10 +229,7 @@ struct BinaryParam {
 }
 
 /// Encodes a response; returns the body and, when binary data follows the JSON, the JSON length.
-pub fn encode_response(
-    resp: &InferResponse,
-    format: &OutputFormat,
-) -> Result<(Bytes, Option<usize>)> {
+pub fn encode_response(resp: &InferResponse, format: &OutputFormat) -> Result<(Bytes, Option<usize>)> {
     let mut outputs = Vec::with_capacity(resp.outputs.len());
     let mut binary_parts = Vec::new();
     for o in &resp.outputs {
@@ -314,11 +306,7 @@ mod tests {
         let (body, hl) = with_binary(json, &bin);
         let base = body.as_ptr() as usize;
         let (r, _) = decode_request("m", "", body, hl).unwrap();
-        assert_eq!(
-            r.inputs[0].tensor.data.as_ptr() as usize,
-            base + json.len(),
-            "no copy"
-        );
+        assert_eq!(r.inputs[0].tensor.data.as_ptr() as usize, base + json.len(), "no copy");
         let elems: Vec<&[u8]> = r.inputs[1].tensor.bytes_elements().collect();
         assert_eq!(elems, vec![&b""[..], &[0xff][..]]);
     }
@@ -326,37 +314,25 @@ mod tests {
     #[test]
     fn malformed_bodies_get_named_errors() {
         let cases: Vec<((Bytes, Option<usize>), &str)> = vec![
-            (
-                (Bytes::from("{not json"), None),
-                "failed to parse the request JSON",
-            ),
-            (
-                (Bytes::from(r#"{"inputs":[]} "#), Some(100)),
-                "larger than the body",
-            ),
+            ((Bytes::from("{not json"), None), "failed to parse the request JSON"),
+            ((Bytes::from(r#"{"inputs":[]} "#), Some(100)), "larger than the body"),
             (
                 (
-                    Bytes::from(
-                        r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP99","data":[1]}]}"#,
-                    ),
+                    Bytes::from(r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP99","data":[1]}]}"#),
                     None,
                 ),
                 "unknown datatype 'FP99'",
             ),
             (
                 (
-                    Bytes::from(
-                        r#"{"inputs":[{"name":"a","shape":[3],"datatype":"FP32","data":[1]}]}"#,
-                    ),
+                    Bytes::from(r#"{"inputs":[{"name":"a","shape":[3],"datatype":"FP32","data":[1]}]}"#),
                     None,
                 ),
                 "needs 12 bytes, got 4",
             ),
             (
                 (
-                    Bytes::from(
-                        r#"{"inputs":[{"name":"a","shape":[-1],"datatype":"FP32","data":[1]}]}"#,
-                    ),
+                    Bytes::from(r#"{"inputs":[{"name":"a","shape":[-1],"datatype":"FP32","data":[1]}]}"#),
                     None,
                 ),
                 "negative",

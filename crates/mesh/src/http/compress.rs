@@ -42,12 +42,7 @@ pub fn decode(content_encoding: Option<&HeaderValue>, body: Bytes, limit: usize)
     reader
         .take(limit as u64 + 1)
         .read_to_end(&mut out)
-        .map_err(|e| {
-            Error::invalid(format!(
-                "failed to decompress the {} request body: {e}",
-                enc.name()
-            ))
-        })?;
+        .map_err(|e| Error::invalid(format!("failed to decompress the {} request body: {e}", enc.name())))?;
     if out.len() > limit {
         return Err(super::too_large(limit));
     }

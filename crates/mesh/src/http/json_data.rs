@@ -9,11 +9,7 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// Parses a JSON `data` value for an input of `dtype` into wire-layout bytes.
-pub fn parse_data(
-    input: &str,
-    dtype: DataType,
-    raw: &serde_json::value::RawValue,
-) -> Result<BytesMut> {
+pub fn parse_data(input: &str, dtype: DataType, raw: &serde_json::value::RawValue) -> Result<BytesMut> {
     if dtype == DataType::Bf16 {
         return Err(Error::invalid(format!(
             "input '{input}': BF16 data cannot be sent as JSON; use the binary tensor extension"
@@ -62,10 +58,7 @@ macro_rules! put_int {
         if ok {
             Ok(())
         } else {
-            Err(<$E>::custom(format!(
-                "{v} is out of range for {}",
-                $self.dtype
-            )))
+            Err(<$E>::custom(format!("{v} is out of range for {}", $self.dtype)))
         }
     }};
 }
@@ -101,8 +94,7 @@ impl<'de> Visitor<'de> for &mut Sink {
         if self.dtype != DataType::Bytes {
             return Err(E::custom(format!("string value in {} data", self.dtype)));
         }
-        let len =
-            u32::try_from(v.len()).map_err(|_| E::custom("string element longer than 4 GiB"))?;
+        let len = u32::try_from(v.len()).map_err(|_| E::custom("string element longer than 4 GiB"))?;
         self.out.put_u32_le(len);
         self.out.put_slice(v.as_bytes());
         Ok(())
@@ -177,14 +169,8 @@ mod tests {
 
     #[test]
     fn flat_and_nested_arrays() {
-        assert_eq!(
-            parse(DataType::Int16, "[1, -2]").unwrap(),
-            vec![1, 0, 0xfe, 0xff]
-        );
-        assert_eq!(
-            parse(DataType::Uint8, "[[1,2],[3,4]]").unwrap(),
-            vec![1, 2, 3, 4]
-        );
+        assert_eq!(parse(DataType::Int16, "[1, -2]").unwrap(), vec![1, 0, 0xfe, 0xff]);
+        assert_eq!(parse(DataType::Uint8, "[[1,2],[3,4]]").unwrap(), vec![1, 2, 3, 4]);
         assert_eq!(parse(DataType::Bool, "[true,false]").unwrap(), vec![1, 0]);
         assert_eq!(
             parse(DataType::Fp32, "[1, 2.5]").unwrap(),
@@ -220,10 +206,7 @@ mod tests {
         assert!(parse(DataType::Bytes, "[1]").is_err());
         assert!(parse(DataType::Fp32, "[null]").is_err());
         assert!(parse(DataType::Fp32, "{\"a\":1}").is_err());
-        assert!(parse(DataType::Bf16, "[1]")
-            .unwrap_err()
-            .message
-            .contains("binary"));
+        assert!(parse(DataType::Bf16, "[1]").unwrap_err().message.contains("binary"));
         let deep = format!("{}1{}", "[".repeat(100), "]".repeat(100));
         assert!(parse(DataType::Int8, &deep).is_err());
     }
@@ -233,10 +216,7 @@ mod tests {
         let t = Tensor::from_values(vec![2], &[-1i64, 7]);
         assert_eq!(to_json_array("y", &t).unwrap(), serde_json::json!([-1, 7]));
         let b = Tensor::from_bytes_elements(vec![1], [[0xffu8]]);
-        assert!(to_json_array("y", &b)
-            .unwrap_err()
-            .message
-            .contains("non-UTF-8"));
+        assert!(to_json_array("y", &b).unwrap_err().message.contains("non-UTF-8"));
         let h = Tensor::from_values(vec![1], &[half::bf16::from_f32(2.0)]);
         assert_eq!(to_json_array("y", &h).unwrap(), serde_json::json!([2.0]));
     }

@@ -50,31 +50,16 @@ pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions) -> Router {
         .route("/v2/health/live", get(|| async { StatusCode::OK }))
         .route("/v2/health/ready", get(server_ready::<D>))
         .route("/v2/models/{model}", get(model_metadata::<D>))
-        .route(
-            "/v2/models/{model}/versions/{version}",
-            get(model_metadata_v::<D>),
-        )
+        .route("/v2/models/{model}/versions/{version}", get(model_metadata_v::<D>))
         .route("/v2/models/{model}/ready", get(model_ready::<D>))
-        .route(
-            "/v2/models/{model}/versions/{version}/ready",
-            get(model_ready_v::<D>),
-        )
+        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready_v::<D>))
         .route("/v2/models/{model}/config", get(model_config::<D>))
-        .route(
-            "/v2/models/{model}/versions/{version}/config",
-            get(model_config_v::<D>),
-        )
+        .route("/v2/models/{model}/versions/{version}/config", get(model_config_v::<D>))
         .route("/v2/models/{model}/infer", post(infer::<D>))
-        .route(
-            "/v2/models/{model}/versions/{version}/infer",
-            post(infer_v::<D>),
-        )
+        .route("/v2/models/{model}/versions/{version}/infer", post(infer_v::<D>))
         .route("/v2/models/stats", get(all_stats::<D>))
         .route("/v2/models/{model}/stats", get(model_stats::<D>))
-        .route(
-            "/v2/models/{model}/versions/{version}/stats",
-            get(model_stats_v::<D>),
-        )
+        .route("/v2/models/{model}/versions/{version}/stats", get(model_stats_v::<D>))
         .route("/v2/repository/index", post(repository_index::<D>))
         .route("/v2/repository/models/{model}/load", post(load::<D>))
         .route("/v2/repository/models/{model}/unload", post(unload::<D>))
@@ -94,11 +79,7 @@ type St<D> = State<Arc<AppState<D>>>;
 
 /// Renders an error as Triton does: `{"error": "..."}` with the mapped status.
 pub fn error_response(e: &Error) -> Response {
-    (
-        e.http_status(),
-        Json(serde_json::json!({ "error": e.message })),
-    )
-        .into_response()
+    (e.http_status(), Json(serde_json::json!({ "error": e.message }))).into_response()
 }
 
 async fn server_metadata<D: Dispatch>(State(s): St<D>) -> Response {
@@ -128,10 +109,7 @@ fn metadata<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> Respons
 async fn model_metadata<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
     metadata(&s, &m, "")
 }
-async fn model_metadata_v<D: Dispatch>(
-    State(s): St<D>,
-    Path((m, v)): Path<(String, String)>,
-) -> Response {
+async fn model_metadata_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String, String)>) -> Response {
     metadata(&s, &m, &v)
 }
 
@@ -144,10 +122,7 @@ fn ready<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> StatusCode
 async fn model_ready<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> StatusCode {
     ready(&s, &m, "")
 }
-async fn model_ready_v<D: Dispatch>(
-    State(s): St<D>,
-    Path((m, v)): Path<(String, String)>,
-) -> StatusCode {
+async fn model_ready_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String, String)>) -> StatusCode {
     ready(&s, &m, &v)
 }
 
@@ -160,10 +135,7 @@ fn config<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> Response 
 async fn model_config<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
     config(&s, &m, "")
 }
-async fn model_config_v<D: Dispatch>(
-    State(s): St<D>,
-    Path((m, v)): Path<(String, String)>,
-) -> Response {
+async fn model_config_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String, String)>) -> Response {
     config(&s, &m, &v)
 }
 
@@ -179,10 +151,7 @@ async fn all_stats<D: Dispatch>(State(s): St<D>) -> Response {
 async fn model_stats<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
     stats(&s, &m, "")
 }
-async fn model_stats_v<D: Dispatch>(
-    State(s): St<D>,
-    Path((m, v)): Path<(String, String)>,
-) -> Response {
+async fn model_stats_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String, String)>) -> Response {
     stats(&s, &m, &v)
 }
 
@@ -214,8 +183,7 @@ fn parse_optional_json(body: &[u8]) -> Result<serde_json::Value, Error> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(serde_json::json!({}));
     }
-    serde_json::from_slice(body)
-        .map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))
+    serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))
 }
 
 async fn load<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
@@ -231,12 +199,7 @@ async fn unload<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response
     }
 }
 
-async fn infer<D: Dispatch>(
-    State(s): St<D>,
-    Path(m): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn infer<D: Dispatch>(State(s): St<D>, Path(m): Path<String>, headers: HeaderMap, body: Body) -> Response {
     run_infer(&s, m, String::new(), headers, body).await
 }
 async fn infer_v<D: Dispatch>(
@@ -277,9 +240,7 @@ async fn try_infer<D: Dispatch>(
             v.to_str()
                 .ok()
                 .and_then(|v| v.trim().parse::<usize>().ok())
-                .ok_or_else(|| {
-                    Error::invalid("Inference-Header-Content-Length must be a non-negative integer")
-                })?,
+                .ok_or_else(|| Error::invalid("Inference-Header-Content-Length must be a non-negative integer"))?,
         ),
     };
     let (request, format) = codec::decode_request(model, version, body, header_len)?;
@@ -311,9 +272,7 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, Error> {
     match limited.collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large(limit)),
-        Err(e) => Err(Error::invalid(format!(
-            "failed to read the request body: {e}"
-        ))),
+        Err(e) => Err(Error::invalid(format!("failed to read the request body: {e}"))),
     }
 }
 

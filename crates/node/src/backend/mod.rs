@@ -17,9 +17,5 @@ pub struct Timings {
 /// One loaded model session; `execute` runs on the instance's own thread.
 pub trait Backend: Send {
     /// Runs the inputs and returns the outputs named in `outputs` (all config outputs when empty).
-    fn execute(
-        &mut self,
-        inputs: &[NamedTensor],
-        outputs: &[String],
-    ) -> Result<(Vec<NamedTensor>, Timings)>;
+    fn execute(&mut self, inputs: &[NamedTensor], outputs: &[String]) -> Result<(Vec<NamedTensor>, Timings)>;
 }

@@ -43,17 +43,12 @@ pub struct OnnxBackend {
 fn thread_param(config: &ModelConfig, key: &str) -> Result<Option<usize>, String> {
     match config.parameters.get(key) {
         None => Ok(None),
-        Some(p) => p
-            .string_value
-            .trim()
-            .parse::<usize>()
-            .map(Some)
-            .map_err(|_| {
-                format!(
-                    "parameter '{key}' must be a non-negative integer, got '{}'",
-                    p.string_value
-                )
-            }),
+        Some(p) => p.string_value.trim().parse::<usize>().map(Some).map_err(|_| {
+            format!(
+                "parameter '{key}' must be a non-negative integer, got '{}'",
+                p.string_value
+            )
+        }),
     }
 }
 
@@ -70,20 +65,13 @@ pub fn open_session(
         .with_optimization_level(GraphOptimizationLevel::All)
         .map_err(|e| fail(ort::Error::from(e)))?;
     if let Some(n) = thread_param(config, PARAM_INTRA_OP_THREADS)? {
-        builder = builder
-            .with_intra_threads(n)
-            .map_err(|e| fail(ort::Error::from(e)))?;
+        builder = builder.with_intra_threads(n).map_err(|e| fail(ort::Error::from(e)))?;
     }
     if let Some(n) = thread_param(config, PARAM_INTER_OP_THREADS)? {
-        builder = builder
-            .with_inter_threads(n)
-            .map_err(|e| fail(ort::Error::from(e)))?;
+        builder = builder.with_inter_threads(n).map_err(|e| fail(ort::Error::from(e)))?;
     }
     if let Device::Gpu(id) = device {
-        let cuda = ort::ep::CUDA::default()
-            .with_device_id(id)
-            .build()
-            .error_on_failure();
+        let cuda = ort::ep::CUDA::default().with_device_id(id).build().error_on_failure();
         builder = builder.with_execution_providers([cuda]).map_err(|e| {
             format!("KIND_GPU instance on GPU {id} needs ONNX Runtime's CUDA execution provider, which failed: {e}")
         })?;
@@ -93,11 +81,7 @@ pub fn open_session(
 
 /// Fills what the config omits from the model's own metadata, as Triton's auto-complete does.
 /// `sets_max_batch_size` says whether the config file named `max_batch_size` at all.
-pub fn auto_complete(
-    config: &mut ModelConfig,
-    session: &Session,
-    sets_max_batch_size: bool,
-) -> Result<(), String> {
+pub fn auto_complete(config: &mut ModelConfig, session: &Session, sets_max_batch_size: bool) -> Result<(), String> {
     let ins: Vec<_> = session
         .inputs()
         .iter()
@@ -129,21 +113,21 @@ pub fn auto_complete(
             shape.to_vec()
         };
         if dims.is_empty() {
-            return Err(format!("cannot auto-complete '{name}': the model gives it no non-batch dimensions; list it in config.pbtxt"));
+            return Err(format!(
+                "cannot auto-complete '{name}': the model gives it no non-batch dimensions; list it in config.pbtxt"
+            ));
         }
         Ok(dims)
     };
-    let ty = |name: &str,
-              t: &Option<(ort::value::TensorElementType, Vec<i64>)>|
-     -> Result<(DataType, Vec<i64>), String> {
-        let (et, shape) = t
-            .clone()
-            .ok_or_else(|| format!("model tensor '{name}' is not a tensor"))?;
-        let d = ort_values::mesh_type(et).ok_or_else(|| {
-            format!("model tensor '{name}' has type {et:?}, which Triton cannot serve")
-        })?;
-        Ok((d, shape))
-    };
+    let ty =
+        |name: &str, t: &Option<(ort::value::TensorElementType, Vec<i64>)>| -> Result<(DataType, Vec<i64>), String> {
+            let (et, shape) = t
+                .clone()
+                .ok_or_else(|| format!("model tensor '{name}' is not a tensor"))?;
+            let d = ort_values::mesh_type(et)
+                .ok_or_else(|| format!("model tensor '{name}' has type {et:?}, which Triton cannot serve"))?;
+            Ok((d, shape))
+        };
     if config.input.is_empty() {
         for (name, t) in &ins {
             let (d, shape) = ty(name, t)?;
@@ -206,35 +190,20 @@ pub fn check_against_model(config: &ModelConfig, session: &Session) -> Result<()
             expect.push(-1);
         }
         expect.extend_from_slice(inner);
-        let fits = expect.len() == shape.len()
-            && expect
-                .iter()
-                .zip(&shape)
-                .all(|(&c, &m)| c == -1 || m == -1 || c == m);
+        let fits =
+            expect.len() == shape.len() && expect.iter().zip(&shape).all(|(&c, &m)| c == -1 || m == -1 || c == m);
         if !fits {
-            return Err(format!("{kind} '{name}' has dims {expect:?} in config (batch included) but the model's shape is {shape:?}"));
+            return Err(format!(
+                "{kind} '{name}' has dims {expect:?} in config (batch included) but the model's shape is {shape:?}"
+            ));
         }
         Ok(())
     };
     for i in &config.input {
-        check(
-            "input",
-            &i.name,
-            i.data_type,
-            &i.dims,
-            &i.reshape,
-            session.inputs(),
-        )?;
+        check("input", &i.name, i.data_type, &i.dims, &i.reshape, session.inputs())?;
     }
     for o in &config.output {
-        check(
-            "output",
-            &o.name,
-            o.data_type,
-            &o.dims,
-            &o.reshape,
-            session.outputs(),
-        )?;
+        check("output", &o.name, o.data_type, &o.dims, &o.reshape, session.outputs())?;
     }
     for outlet in session.inputs() {
         if !config.input.iter().any(|i| i.name == outlet.name()) {
@@ -282,11 +251,7 @@ fn resolve_shape(batch: Option<i64>, target: &[i64], count: usize) -> Vec<i64> {
 }
 
 impl Backend for OnnxBackend {
-    fn execute(
-        &mut self,
-        inputs: &[NamedTensor],
-        outputs: &[String],
-    ) -> Result<(Vec<NamedTensor>, Timings)> {
+    fn execute(&mut self, inputs: &[NamedTensor], outputs: &[String]) -> Result<(Vec<NamedTensor>, Timings)> {
         let t0 = Instant::now();
         let batch = if self.batched {
             inputs.first().and_then(|i| i.tensor.shape.first().copied())
@@ -321,9 +286,9 @@ impl Backend for OnnxBackend {
         };
         let mut out = Vec::with_capacity(wanted.len());
         for spec in wanted {
-            let value = result.remove(spec.name.as_str()).ok_or_else(|| {
-                Error::internal(format!("the model did not produce output '{}'", spec.name))
-            })?;
+            let value = result
+                .remove(spec.name.as_str())
+                .ok_or_else(|| Error::internal(format!("the model did not produce output '{}'", spec.name)))?;
             let mut tensor = ort_values::from_output(&spec.name, value, None)?;
             if spec.reshape.is_some() {
                 let b = if self.batched {

@@ -5,9 +5,7 @@ use bytes::Bytes;
 use mesh::{DataType, Error, Result, Tensor};
 use ort::memory::Allocator;
 use ort::session::SessionInputValue;
-use ort::value::{
-    DynTensor, DynTensorValueType, DynValue, TensorElementType, TensorRef, ValueType,
-};
+use ort::value::{DynTensor, DynTensorValueType, DynValue, TensorElementType, TensorRef, ValueType};
 use ort::AsPointer;
 
 /// The ONNX element type for a mesh data type.
@@ -42,9 +40,7 @@ fn ort_err(what: &str) -> impl Fn(ort::Error) -> Error + '_ {
 /// Reinterprets little-endian bytes as `T` when aligned; None when a copy is needed.
 fn aligned<T: Copy>(data: &[u8]) -> Option<&[T]> {
     let size = std::mem::size_of::<T>();
-    if !(data.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
-        || !data.len().is_multiple_of(size)
-    {
+    if !(data.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) || !data.len().is_multiple_of(size) {
         return None;
     }
     // SAFETY: alignment and length were checked above, and T is only ever a plain numeric type
@@ -58,18 +54,14 @@ pub fn to_input<'a>(name: &str, t: &'a Tensor, shape: Vec<i64>) -> Result<Sessio
     macro_rules! numeric {
         ($ty:ty) => {{
             match aligned::<$ty>(&t.data) {
-                Some(view) => TensorRef::from_array_view((shape, view))
-                    .map_err(&err)?
-                    .into(),
+                Some(view) => TensorRef::from_array_view((shape, view)).map_err(&err)?.into(),
                 None => {
                     let owned: Vec<$ty> = t
                         .data
                         .chunks_exact(std::mem::size_of::<$ty>())
                         .map(|c| <$ty>::from_le_bytes(c.try_into().expect("chunk size")))
                         .collect();
-                    ort::value::Tensor::from_array((shape, owned))
-                        .map_err(&err)?
-                        .into()
+                    ort::value::Tensor::from_array((shape, owned)).map_err(&err)?.into()
                 }
             }
         }};
@@ -87,22 +79,13 @@ pub fn to_input<'a>(name: &str, t: &'a Tensor, shape: Vec<i64>) -> Result<Sessio
         DataType::Fp64 => numeric!(f64),
         DataType::Bool => {
             let bools: Vec<bool> = t.data.iter().map(|&b| b != 0).collect();
-            ort::value::Tensor::from_array((shape, bools))
-                .map_err(&err)?
-                .into()
+            ort::value::Tensor::from_array((shape, bools)).map_err(&err)?.into()
         }
         DataType::Fp16 | DataType::Bf16 => {
-            let mut v =
-                DynTensor::new(&Allocator::default(), ort_type(t.dtype), shape).map_err(&err)?;
+            let mut v = DynTensor::new(&Allocator::default(), ort_type(t.dtype), shape).map_err(&err)?;
             // SAFETY: the tensor was just allocated with exactly this many bytes (2 per element,
             // and Tensor::check guaranteed the byte length matches the shape).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    t.data.as_ptr(),
-                    v.data_ptr_mut().cast::<u8>(),
-                    t.data.len(),
-                )
-            };
+            unsafe { std::ptr::copy_nonoverlapping(t.data.as_ptr(), v.data_ptr_mut().cast::<u8>(), t.data.len()) };
             v.into()
         }
         DataType::Bytes => string_tensor(t, shape).map_err(&err)?.into(),
@@ -117,8 +100,7 @@ fn string_tensor(t: &Tensor, shape: Vec<i64>) -> ort::Result<DynTensor> {
         let mut buf: *mut std::ffi::c_char = std::ptr::null_mut();
         // SAFETY: `v` is a string tensor with at least i+1 elements; ORT resizes element i to
         // e.len() bytes and returns a writable buffer of that size.
-        let status =
-            unsafe { (api.GetResizedStringTensorElementBuffer)(v.ptr_mut(), i, e.len(), &mut buf) };
+        let status = unsafe { (api.GetResizedStringTensorElementBuffer)(v.ptr_mut(), i, e.len(), &mut buf) };
         unsafe { ort::Error::result_from_status(status) }?;
         if !e.is_empty() {
             // SAFETY: buf points to e.len() writable bytes (see above).
@@ -129,11 +111,7 @@ fn string_tensor(t: &Tensor, shape: Vec<i64>) -> ort::Result<DynTensor> {
 }
 
 /// Copies an output value into a mesh tensor with the given shape.
-pub fn from_output(
-    name: &str,
-    value: DynValue,
-    shape_override: Option<Vec<i64>>,
-) -> Result<Tensor> {
+pub fn from_output(name: &str, value: DynValue, shape_override: Option<Vec<i64>>) -> Result<Tensor> {
     let err = ort_err(name);
     let (ty, shape) = match value.dtype() {
         ValueType::Tensor { ty, shape, .. } => (*ty, shape.to_vec()),
@@ -157,9 +135,7 @@ pub fn from_output(
             Bytes::new()
         } else {
             // SAFETY: ORT owns a contiguous CPU buffer of exactly n bytes for this tensor.
-            Bytes::copy_from_slice(unsafe {
-                std::slice::from_raw_parts(tensor.data_ptr().cast::<u8>(), n)
-            })
+            Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(tensor.data_ptr().cast::<u8>(), n) })
         }
     };
     Ok(Tensor {
@@ -178,9 +154,7 @@ fn read_strings(t: &DynTensor) -> ort::Result<Bytes> {
     };
     let mut total = 0usize;
     // SAFETY: t is a valid string tensor; ORT writes its total byte length.
-    unsafe {
-        ort::Error::result_from_status((api.GetStringTensorDataLength)(t.ptr(), &mut total))
-    }?;
+    unsafe { ort::Error::result_from_status((api.GetStringTensorDataLength)(t.ptr(), &mut total)) }?;
     let mut content = vec![0u8; total];
     let mut offsets = vec![0usize; count];
     // SAFETY: buffers are sized as ORT reported (total bytes, one offset per element).
@@ -206,10 +180,7 @@ fn read_strings(t: &DynTensor) -> ort::Result<Bytes> {
 /// Shape of an outlet with dynamic dims as -1.
 pub fn outlet_shape(t: &ValueType) -> Option<(TensorElementType, Vec<i64>)> {
     match t {
-        ValueType::Tensor { ty, shape, .. } => Some((
-            *ty,
-            shape.iter().map(|&d| if d < 0 { -1 } else { d }).collect(),
-        )),
+        ValueType::Tensor { ty, shape, .. } => Some((*ty, shape.iter().map(|&d| if d < 0 { -1 } else { d }).collect())),
         _ => None,
     }
 }

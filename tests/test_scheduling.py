@@ -1,0 +1,223 @@
+"""Scheduling through tritonclient: dynamic batching, queue limits and timeouts, priorities, instance groups.
+
+Each test writes its own config.pbtxt around a generated ONNX model and starts a private server,
+so statistics and metrics count only what the test sent. Waits use generous margins (hundreds of ms)
+and the assertions are on behaviour (which batch, which error, which order), never on durations.
+"""
+import re
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = [pytest.mark.server]
+
+ADD_SUB_IO = """
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+"""
+IDENTITY_IO = """
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+
+def make_repo(tmp_path, models_dir, source: str, name: str, body: str):
+    """A repository with one model `name`: the ONNX file of `source` (simple/ or dtypes/) and `body` as config."""
+    repo = tmp_path / f"repo_{name}"
+    (repo / name / "1").mkdir(parents=True)
+    src = next(p for p in (models_dir / "simple" / source, models_dir / "dtypes" / source) if p.exists())
+    shutil.copy(src / "1" / "model.onnx", repo / name / "1" / "model.onnx")
+    (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "onnxruntime"\n{body}\n')
+    return repo
+
+
+def add_sub_inputs(value: float, rows: int = 1):
+    a = np.full((rows, 16), value, np.float32)
+    b = np.ones((rows, 16), np.float32)
+    ins = [httpclient.InferInput("INPUT0", [rows, 16], "FP32"), httpclient.InferInput("INPUT1", [rows, 16], "FP32")]
+    ins[0].set_data_from_numpy(a)
+    ins[1].set_data_from_numpy(b)
+    return ins
+
+
+def run_threads(fns):
+    results = [None] * len(fns)
+
+    def wrap(i, f):
+        try:
+            results[i] = ("ok", f())
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            results[i] = ("err", e)
+
+    threads = [threading.Thread(target=wrap, args=(i, f)) for i, f in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def test_dynamic_batching_merges_concurrent_requests_and_splits_outputs(fresh_server, models_dir, tmp_path):
+    repo = make_repo(tmp_path, models_dir, "add_sub", "batched",
+                     "max_batch_size: 8\n" + ADD_SUB_IO + "dynamic_batching { max_queue_delay_microseconds: 100000 }")
+    srv = fresh_server([repo])
+
+    def one(i):
+        c = httpclient.InferenceServerClient(srv.http_url)
+        try:
+            return c.infer("batched", add_sub_inputs(float(i))).as_numpy("OUTPUT0")
+        finally:
+            c.close()
+
+    results = run_threads([lambda i=i: one(i) for i in range(12)])
+    for i, (kind, value) in enumerate(results):
+        assert kind == "ok", value
+        np.testing.assert_array_equal(value, np.full((1, 16), i + 1.0, np.float32))
+    c = httpclient.InferenceServerClient(srv.http_url)
+    st = c.get_inference_statistics("batched")["model_stats"][0]
+    c.close()
+    assert st["inference_count"] == 12
+    assert st["execution_count"] < 12, st
+    assert max(b["batch_size"] for b in st["batch_stats"]) > 1, st["batch_stats"]
+    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in st["batch_stats"]) == 12
+
+
+def test_max_queue_size_rejects_at_once_with_unavailable(fresh_server, models_dir, tmp_path):
+    repo = make_repo(tmp_path, models_dir, "add_sub", "bounded",
+                     "max_batch_size: 8\n" + ADD_SUB_IO +
+                     "dynamic_batching { max_queue_delay_microseconds: 1500000 "
+                     "default_queue_policy { max_queue_size: 1 } }")
+    srv = fresh_server([repo])
+    first = {}
+
+    def hold():
+        c = httpclient.InferenceServerClient(srv.http_url)
+        try:
+            first["out"] = c.infer("bounded", add_sub_inputs(1.0)).as_numpy("OUTPUT0")
+        finally:
+            c.close()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    time.sleep(0.4)  # the first request now waits in the queue for its 1.5 s delay
+    r = srv.post("/v2/models/bounded/infer", (
+        '{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"FP32","data":[%s]},'
+        '{"name":"INPUT1","shape":[1,16],"datatype":"FP32","data":[%s]}]}' % (",".join(["1"] * 16), ",".join(["1"] * 16))
+    ).encode())
+    assert r.status == 503, r
+    assert "queue full" in r.error_message()
+    g = grpcclient.InferenceServerClient(srv.grpc_url)
+    gi = [grpcclient.InferInput("INPUT0", [1, 16], "FP32"), grpcclient.InferInput("INPUT1", [1, 16], "FP32")]
+    for i in gi:
+        i.set_data_from_numpy(np.ones((1, 16), np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        g.infer("bounded", gi)
+    assert "UNAVAILABLE" in str(e.value.status())
+    g.close()
+    t.join(timeout=30)
+    np.testing.assert_array_equal(first["out"], np.full((1, 16), 2.0, np.float32))
+
+
+def test_queue_timeouts_reject_and_per_request_override(fresh_server, models_dir, tmp_path):
+    repo = make_repo(tmp_path, models_dir, "add_sub", "timed",
+                     "max_batch_size: 8\n" + ADD_SUB_IO +
+                     "dynamic_batching { max_queue_delay_microseconds: 5000000 "
+                     "default_queue_policy { default_timeout_microseconds: 150000 allow_timeout_override: true } }")
+    srv = fresh_server([repo])
+    c = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("timed", add_sub_inputs(1.0))
+        assert "timed out" in str(e.value)
+        # a request may ask for its own (here also short) timeout, which this policy honours
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("timed", add_sub_inputs(1.0), timeout=50_000)
+        assert "timed out" in str(e.value)
+        st = c.get_inference_statistics("timed")["model_stats"][0]
+        assert st["inference_stats"]["fail"]["count"] == 2
+        assert st["execution_count"] == 0
+    finally:
+        c.close()
+
+
+def test_priorities_reorder_the_queue(fresh_server, models_dir, tmp_path):
+    # max_batch_size 3: low-a (1 row) and low-b (1 row) wait for the delay; high (2 rows, priority 1)
+    # then forms a full batch with low-a, ahead of low-b. Without priorities low-a and low-b would
+    # have run first and high after them.
+    repo = make_repo(tmp_path, models_dir, "identity_fp32", "prio",
+                     "max_batch_size: 3\n" + IDENTITY_IO +
+                     "dynamic_batching { max_queue_delay_microseconds: 600000 priority_levels: 2 "
+                     "default_priority_level: 2 }")
+    srv = fresh_server([repo])
+    done = []
+    lock = threading.Lock()
+
+    def send(tag, rows, priority, delay):
+        time.sleep(delay)
+        c = httpclient.InferenceServerClient(srv.http_url)
+        try:
+            x = np.full((rows, 4), float(rows), np.float32)
+            i = httpclient.InferInput("INPUT0", [rows, 4], "FP32")
+            i.set_data_from_numpy(x)
+            out = c.infer("prio", [i], priority=priority).as_numpy("OUTPUT0")
+            np.testing.assert_array_equal(out, x)
+            with lock:
+                done.append(tag)
+        finally:
+            c.close()
+
+    results = run_threads([lambda: send("low-a", 1, 2, 0.0), lambda: send("low-b", 1, 2, 0.15),
+                           lambda: send("high", 2, 1, 0.3)])
+    assert all(k == "ok" for k, _ in results), results
+    assert done.index("high") < done.index("low-b"), done
+    c = httpclient.InferenceServerClient(srv.http_url)
+    sizes = {b["batch_size"] for b in c.get_inference_statistics("prio")["model_stats"][0]["batch_stats"]}
+    c.close()
+    assert sizes == {3, 1}, sizes
+
+
+def test_two_instances_share_the_load(fresh_server, models_dir, tmp_path):
+    repo = make_repo(tmp_path, models_dir, "add_sub", "pair",
+                     "max_batch_size: 8\n" + ADD_SUB_IO + "instance_group [ { count: 2 kind: KIND_CPU } ]")
+    srv = fresh_server([repo])
+
+    def burst():
+        c = httpclient.InferenceServerClient(srv.http_url)
+        try:
+            for k in range(10):
+                out = c.infer("pair", add_sub_inputs(float(k))).as_numpy("OUTPUT0")
+                np.testing.assert_array_equal(out, np.full((1, 16), k + 1.0, np.float32))
+        finally:
+            c.close()
+
+    assert all(k == "ok" for k, _ in run_threads([burst] * 4))
+    per_instance = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'mesh_instance_executions_total\{[^}]*instance="([^"]+)"[^}]*\} (\S+)', srv.metrics())
+        if 'model="pair"' in m.group(0)}
+    assert len(per_instance) == 2, per_instance
+    assert all(v > 0 for v in per_instance.values()), per_instance
+    assert sum(per_instance.values()) == 40
+
+
+def test_kind_gpu_without_gpus_is_a_clear_load_error(fresh_server, models_dir, tmp_path):
+    repo = make_repo(tmp_path, models_dir, "add_sub", "gpu_only",
+                     "max_batch_size: 8\n" + ADD_SUB_IO + "instance_group [ { kind: KIND_GPU } ]")
+    shutil.copytree(models_dir / "simple" / "add_sub", repo / "add_sub")
+    srv = fresh_server([repo], wait_models=["add_sub"])
+    rows = srv.settle(["gpu_only"])
+    row = next(r for r in rows if r["name"] == "gpu_only")
+    assert row["state"] == "UNAVAILABLE"
+    assert "KIND_GPU" in row["reason"] and "no GPUs" in row["reason"], row
+
+
+def test_gpus_flag_naming_a_missing_gpu_stops_start_up(fresh_server, models_dir, tmp_path):
+    from mesh_util import ServerStartError
+    with pytest.raises(ServerStartError) as e:
+        fresh_server([models_dir / "simple"], ["--gpus", "0"], wait_models=["add_sub"])
+    assert "exited with" in str(e.value)
