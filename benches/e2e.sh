@@ -18,7 +18,11 @@ mkdir -p benches/results
 OUT=benches/results/e2e-$(hostname).md
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
-cp -r "$MODEL_DIR" "$WORK/mlp"
+mkdir -p "$WORK/mlp/1" && cp "$MODEL_DIR/1/model.onnx" "$WORK/mlp/1/"
+# Latency is measured unbatched: dynamic batching would add its queue delay at concurrency 1.
+printf 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 32\n%s\n' \
+  'input [ { name: "x" data_type: TYPE_FP32 dims: [ 64 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]' \
+  > "$WORK/mlp/config.pbtxt"
 mkdir -p "$WORK/empty"
 cargo build -q --release -p mesh-node --benches
 

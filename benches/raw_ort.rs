@@ -1,6 +1,6 @@
 //! The ceiling for end-to-end numbers: in-process ONNX Runtime on the same model, no server in between.
 //!
-//! Run: `cargo bench -p mesh-node --bench raw_ort -- [MODEL_DIR] [ITERATIONS]`
+//! Run: `cargo bench -p mesh-node --bench raw_ort -- [MODEL_DIR] [ITERATIONS] [BATCH]`
 //! (default model dir: target/models/simple/mlp). It prints latency percentiles for
 //! (a) plain `Session::run` with a borrowed input, and (b) the mesh's own ONNX backend path.
 use std::path::PathBuf;
@@ -16,16 +16,18 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-fn report(label: &str, mut samples: Vec<Duration>) {
+fn report(label: &str, batch: i64, mut samples: Vec<Duration>) {
     samples.sort_unstable();
     let total: Duration = samples.iter().sum();
     let mean = total / samples.len() as u32;
+    let runs = samples.len() as f64 / total.as_secs_f64();
     println!(
-        "| {label} | {:.1} | {:.1} | {:.1} | {:.0} |",
+        "| {label} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} |",
         percentile(&samples, 0.5).as_secs_f64() * 1e6,
         percentile(&samples, 0.99).as_secs_f64() * 1e6,
         mean.as_secs_f64() * 1e6,
-        samples.len() as f64 / total.as_secs_f64()
+        runs,
+        runs * batch as f64
     );
 }
 
@@ -37,6 +39,7 @@ fn main() {
             .unwrap_or_else(|| "target/models/simple/mlp".into()),
     );
     let iters: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let batch: i64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
     let env = mesh_node::ort_env::init(None).expect("ONNX Runtime library");
     let text = std::fs::read_to_string(dir.join("config.pbtxt")).expect("config.pbtxt");
     let config = parse_pbtxt(&text).expect("valid config");
@@ -47,17 +50,17 @@ fn main() {
         Some(DataType::Fp32),
         "bench expects an FP32 input"
     );
-    let mut shape = vec![1i64];
+    let mut shape = vec![batch];
     shape.extend(&input.dims);
     let n: i64 = shape.iter().product();
     let values: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.25).collect();
     println!(
-        "model {} ({} iterations, batch 1, input {:?})\n",
+        "model {} ({} iterations, batch {batch}, input {:?})\n",
         dir.display(),
         iters,
         shape
     );
-    println!("| path | p50 µs | p99 µs | mean µs | runs/s |\n|---|---|---|---|---|");
+    println!("| path | p50 µs | p99 µs | mean µs | runs/s | rows/s |\n|---|---|---|---|---|---|");
 
     let mut session = onnx::open_session(&env, &config, &file, Device::Cpu).expect("session");
     let out_name = config.output[0].name.clone();
@@ -77,7 +80,7 @@ fn main() {
             t.elapsed()
         })
         .collect();
-    report("raw ort Session::run", samples);
+    report("raw ort Session::run", batch, samples);
 
     let session = onnx::open_session(&env, &config, &file, Device::Cpu).expect("session");
     let mut backend = OnnxBackend::new(session, &config);
@@ -96,5 +99,5 @@ fn main() {
             t.elapsed()
         })
         .collect();
-    report("mesh OnnxBackend::execute", samples);
+    report("mesh OnnxBackend::execute", batch, samples);
 }

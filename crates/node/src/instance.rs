@@ -294,7 +294,8 @@ pub struct InstanceHandle {
     actor: ActorRef<InstanceMsg>,
     backend: Shared,
     policy: Arc<InlinePolicy>,
-    /// No dynamic batching: an idle instance may run a short request directly.
+    /// No dynamic batching, or batching with no queue delay: an idle instance with nothing
+    /// outstanding may run a short request directly, which is exactly what its batcher would do.
     fast_path: bool,
     outstanding: AtomicUsize,
     executions: Counter,
@@ -311,7 +312,7 @@ impl InstanceHandle {
     ) -> Result<Self, String> {
         let backend: Shared = Arc::new(Mutex::new(backend));
         let policy = Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT));
-        let fast_path = !config.dynamic;
+        let fast_path = !config.dynamic || config.max_queue_delay.is_zero();
         let executions = metrics::counter!(
             "mesh_instance_executions_total",
             &[
@@ -349,9 +350,9 @@ impl InstanceHandle {
 
     /// Runs a request on this instance and waits for its result.
     pub async fn execute(&self, sub: Submission) -> Result<Executed> {
-        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        let alone = self.outstanding.fetch_add(1, Ordering::Relaxed) == 0;
         let _guard = Outstanding(&self.outstanding);
-        if self.fast_path && self.policy.allows_inline() {
+        if self.fast_path && alone && self.policy.allows_inline() {
             if let Ok(mut b) = self.backend.try_lock() {
                 let t = Instant::now();
                 let run = std::panic::catch_unwind(AssertUnwindSafe(|| b.execute(&sub.inputs, &sub.outputs)));
