@@ -29,6 +29,15 @@ pub struct IndexEntry {
     pub reason: String,
 }
 
+/// What a repository `load` request may carry besides the model name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadOptions {
+    /// A config in JSON that replaces the repository's config.pbtxt.
+    pub config: Option<String>,
+    /// `file:<relative path>` overrides: model files given as bytes (a config is then required).
+    pub files: Vec<(String, bytes::Bytes)>,
+}
+
 /// Runs inference and answers questions about models; frontends are generic over it.
 #[async_trait]
 pub trait Dispatch: Send + Sync + 'static {
@@ -45,14 +54,16 @@ pub trait Dispatch: Send + Sync + 'static {
     fn repository_index(&self) -> Vec<IndexEntry>;
 
     /// Loads or reloads a model (the repository extension).
-    async fn load_model(&self, name: &str) -> Result<()> {
+    async fn load_model(&self, name: &str, options: LoadOptions) -> Result<()> {
+        let _ = options;
         Err(Error::unsupported(format!(
             "cannot load '{name}': explicit model control is not enabled on this server"
         )))
     }
 
-    /// Unloads a model (the repository extension).
-    async fn unload_model(&self, name: &str) -> Result<()> {
+    /// Unloads a model (the repository extension); `unload_dependents` also unloads models that use it.
+    async fn unload_model(&self, name: &str, unload_dependents: bool) -> Result<()> {
+        let _ = unload_dependents;
         Err(Error::unsupported(format!(
             "cannot unload '{name}': explicit model control is not enabled on this server"
         )))

@@ -22,7 +22,7 @@ pub mod proto {
     pub const DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
 }
 
-pub use dispatch::{Dispatch, IndexEntry, ModelView};
+pub use dispatch::{Dispatch, IndexEntry, LoadOptions, ModelView};
 pub use dtype::DataType;
 pub use error::{Code, Error, Result};
 pub use request::{InferRequest, InferResponse, Param, Params, RequestedOutput};

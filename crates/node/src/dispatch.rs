@@ -1,12 +1,15 @@
 //! The node's Dispatch: finds the model version, checks the request, runs it on the instance, records metrics.
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use async_trait::async_trait;
 use mesh::proto::ModelStatisticsResponse;
 use mesh::validate::check_request;
-use mesh::{Dispatch, Error, IndexEntry, InferRequest, InferResponse, ModelView, Result};
+use mesh::{Dispatch, Error, IndexEntry, InferRequest, InferResponse, LoadOptions, ModelView, Result};
+
+use crate::cli::ControlMode;
 
 use crate::instance::{self, Submission};
 use crate::loader::LoadedVersion;
@@ -42,20 +45,50 @@ fn scheduling_params(request: &InferRequest) -> Result<(u32, Option<std::time::D
 pub enum ModelState {
     Ready(BTreeMap<i64, Arc<LoadedVersion>>),
     Failed(String),
+    Unloaded,
+}
+
+/// What the node needs to (re)load models after start-up.
+pub struct Repositories {
+    pub env: Arc<ort::environment::Environment>,
+    pub roots: Vec<PathBuf>,
+    pub gpus: Vec<i32>,
+    pub mode: ControlMode,
 }
 
 /// Serves the models loaded on this node.
 pub struct NodeDispatch {
     models: RwLock<BTreeMap<String, ModelState>>,
     strict_readiness: bool,
+    pub(crate) repos: Repositories,
+    /// Serializes loads and unloads, so concurrent repository calls cannot interleave.
+    pub(crate) load_lock: tokio::sync::Mutex<()>,
+    /// Fingerprints of model directories as last loaded, for poll mode.
+    pub(crate) fingerprints: Mutex<HashMap<String, u64>>,
 }
 
 impl NodeDispatch {
-    pub fn new(strict_readiness: bool) -> Self {
+    pub fn new(strict_readiness: bool, repos: Repositories) -> Self {
         NodeDispatch {
             models: RwLock::new(BTreeMap::new()),
             strict_readiness,
+            repos,
+            load_lock: tokio::sync::Mutex::new(()),
+            fingerprints: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The ready versions of a model, if it has any.
+    pub(crate) fn ready_versions(&self, name: &str) -> Option<BTreeMap<i64, Arc<LoadedVersion>>> {
+        match self.models.read().expect("models lock").get(name) {
+            Some(ModelState::Ready(v)) => Some(v.clone()),
+            _ => None,
+        }
+    }
+
+    /// Names of every model this node has a state for.
+    pub(crate) fn known_models(&self) -> Vec<String> {
+        self.models.read().expect("models lock").keys().cloned().collect()
     }
 
     pub fn set_model(&self, name: String, state: ModelState) {
@@ -74,6 +107,7 @@ impl NodeDispatch {
             Some(ModelState::Failed(reason)) => {
                 return Err(Error::unavailable(format!("model '{name}' is not ready: {reason}")))
             }
+            Some(ModelState::Unloaded) => return Err(Error::unavailable(format!("model '{name}' is unloaded"))),
             Some(ModelState::Ready(v)) => v,
         };
         let chosen = if version.is_empty() {
@@ -152,7 +186,7 @@ impl Dispatch for NodeDispatch {
                 .read()
                 .expect("models lock")
                 .values()
-                .all(|m| matches!(m, ModelState::Ready(_)))
+                .all(|m| !matches!(m, ModelState::Failed(_)))
     }
 
     fn model(&self, name: &str, version: &str) -> Result<ModelView> {
@@ -169,7 +203,7 @@ impl Dispatch for NodeDispatch {
         let models = self.models.read().expect("models lock");
         let ready = |state: &ModelState| match state {
             ModelState::Ready(v) => v.values().cloned().collect::<Vec<_>>(),
-            ModelState::Failed(_) => Vec::new(),
+            ModelState::Failed(_) | ModelState::Unloaded => Vec::new(),
         };
         let chosen: Vec<Arc<LoadedVersion>> = if name.is_empty() {
             models.values().flat_map(ready).collect()
@@ -187,9 +221,43 @@ impl Dispatch for NodeDispatch {
         })
     }
 
+    async fn load_model(&self, name: &str, options: LoadOptions) -> Result<()> {
+        self.check_explicit("load", name)?;
+        self.load(name, options).await
+    }
+
+    async fn unload_model(&self, name: &str, _unload_dependents: bool) -> Result<()> {
+        self.check_explicit("unload", name)?;
+        self.unload(name).await
+    }
+
+    fn extensions(&self) -> Vec<&'static str> {
+        let mut e = vec![
+            "binary_tensor_data",
+            "model_configuration",
+            "parameters",
+            "statistics",
+            "schedule_policy",
+        ];
+        if self.repos.mode == ControlMode::Explicit {
+            e.push("model_repository");
+        }
+        e
+    }
+
     fn repository_index(&self) -> Vec<IndexEntry> {
+        let (dirs, _) = crate::repository::scan(&self.repos.roots);
         let models = self.models.read().expect("models lock");
-        let mut out = Vec::new();
+        let mut out: Vec<IndexEntry> = dirs
+            .iter()
+            .filter(|d| !models.contains_key(&d.name))
+            .map(|d| IndexEntry {
+                name: d.name.clone(),
+                version: String::new(),
+                state: String::new(),
+                reason: String::new(),
+            })
+            .collect();
         for (name, state) in models.iter() {
             match state {
                 ModelState::Ready(versions) => out.extend(versions.keys().map(|v| IndexEntry {
@@ -204,8 +272,15 @@ impl Dispatch for NodeDispatch {
                     state: "UNAVAILABLE".into(),
                     reason: reason.clone(),
                 }),
+                ModelState::Unloaded => out.push(IndexEntry {
+                    name: name.clone(),
+                    version: String::new(),
+                    state: "UNAVAILABLE".into(),
+                    reason: "unloaded".into(),
+                }),
             }
         }
+        out.sort_by(|a, b| a.name.cmp(&b.name).then(a.version.cmp(&b.version)));
         out
     }
 }

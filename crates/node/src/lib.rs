@@ -6,6 +6,7 @@ pub mod cli;
 pub mod dispatch;
 pub mod instance;
 pub mod loader;
+pub mod manager;
 pub mod metrics;
 pub mod ort_env;
 pub mod placement;

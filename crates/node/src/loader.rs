@@ -61,8 +61,22 @@ pub async fn load_model(
     env: &ort::environment::Environment,
     dir: &ModelDir,
     gpus: &[i32],
+    override_config: Option<ModelConfig>,
 ) -> Result<BTreeMap<i64, Arc<LoadedVersion>>, String> {
-    let (mut config, sets_mbs) = read_config(dir)?;
+    let (mut config, sets_mbs) = match override_config {
+        Some(mut c) => {
+            if c.name.is_empty() {
+                c.name = dir.name.clone();
+            } else if c.name != dir.name {
+                return Err(format!(
+                    "the config override names the model '{}', but it is loaded as '{}'",
+                    c.name, dir.name
+                ));
+            }
+            (c, true)
+        }
+        None => read_config(dir)?,
+    };
     check_backend(&config)?;
     validate_config(&config)?;
     let versions = repository::select_versions(&config, &dir.versions)?;

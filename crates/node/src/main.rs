@@ -9,8 +9,8 @@ use clap::Parser;
 use tokio::sync::watch;
 
 use mesh_node::cli::{Args, ControlMode};
-use mesh_node::dispatch::{ModelState, NodeDispatch};
-use mesh_node::{loader, metrics, ort_env, placement, repository, server};
+use mesh_node::dispatch::{NodeDispatch, Repositories};
+use mesh_node::{metrics, ort_env, placement, repository, server};
 
 fn init_logging(args: &Args) {
     let level = match (args.log_verbose, args.log_info, args.log_warning) {
@@ -48,54 +48,29 @@ fn main() -> ExitCode {
     code
 }
 
-/// Loads the models the control mode asks for; failures are recorded with their reason.
-async fn load_models(env: &ort::environment::Environment, args: &Args, gpus: &[i32], dispatch: &NodeDispatch) -> usize {
-    let (dirs, errors) = repository::scan(&args.model_repository);
-    let mut failed = 0;
-    for (name, reason) in errors {
-        tracing::error!(model = %name, "{reason}");
-        dispatch.set_model(name, ModelState::Failed(reason));
-        failed += 1;
-    }
-    let wanted = |name: &str| match args.model_control_mode {
-        ControlMode::Explicit => args.load_model.iter().any(|m| m == "*" || m == name),
-        ControlMode::None | ControlMode::Poll => true,
-    };
-    for dir in dirs.into_iter().filter(|d| wanted(&d.name)) {
-        match loader::load_model(env, &dir, gpus).await {
-            Ok(versions) => {
-                let shown: Vec<_> = versions.keys().map(|v| v.to_string()).collect();
-                tracing::info!(model = %dir.name, versions = %shown.join(","), "model ready");
-                dispatch.set_model(dir.name, ModelState::Ready(versions));
-            }
-            Err(reason) => {
-                tracing::error!(model = %dir.name, "failed to load: {reason}");
-                dispatch.set_model(dir.name, ModelState::Failed(reason));
-                failed += 1;
-            }
-        }
-    }
-    failed
-}
-
 async fn run(args: Args) -> Result<(), String> {
     repository::check_repositories(&args.model_repository)?;
     let prometheus = metrics::install()?;
     let env = ort_env::init(args.backend_setting("onnxruntime", "library"))?;
-    if args.model_control_mode == ControlMode::Poll {
-        tracing::warn!(
-            "--model-control-mode=poll: repository changes are not watched yet; models are loaded once at start"
-        );
-    }
-    let dispatch = Arc::new(NodeDispatch::new(args.strict_readiness));
-    let env = Arc::new(env);
     let discovery = placement::discover_gpus();
     tracing::info!("{}", discovery.note);
     let gpus: Vec<i32> = placement::restrict(&discovery.gpus, args.gpus.as_deref())?
         .iter()
         .map(|g| g.index)
         .collect();
-    let failed = load_models(&env, &args, &gpus, &dispatch).await;
+    let repos = Repositories {
+        env: Arc::new(env),
+        roots: args.model_repository.clone(),
+        gpus,
+        mode: args.model_control_mode,
+    };
+    let dispatch = Arc::new(NodeDispatch::new(args.strict_readiness, repos));
+    let failed = dispatch.load_at_start(&args.load_model).await;
+    if args.model_control_mode == ControlMode::Poll {
+        dispatch
+            .clone()
+            .spawn_poller(Duration::from_secs(args.repository_poll_secs));
+    }
     if failed > 0 && args.exit_on_error {
         return Err(format!("{failed} model(s) failed to load and --exit-on-error is true"));
     }

@@ -74,6 +74,35 @@ pub fn version_dirs(model: &Path) -> Vec<i64> {
     v
 }
 
+/// A hash of file names, sizes and modification times under a model directory (two levels of
+/// version folders), so poll mode can tell that something changed. Bounded to 10 000 entries.
+pub fn fingerprint(model: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut stack = vec![(model.to_path_buf(), 0)];
+    let mut seen = 0;
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let mut entries: Vec<_> = entries.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            seen += 1;
+            if seen > 10_000 {
+                return h.finish();
+            }
+            e.file_name().hash(&mut h);
+            if let Ok(m) = e.metadata() {
+                m.len().hash(&mut h);
+                m.modified().ok().hash(&mut h);
+                if m.is_dir() && depth < 2 {
+                    stack.push((e.path(), depth + 1));
+                }
+            }
+        }
+    }
+    h.finish()
+}
+
 /// The versions a config's version_policy selects from those present (default: latest 1).
 pub fn select_versions(config: &ModelConfig, available: &[i64]) -> Result<Vec<i64>, String> {
     let policy = config.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref());

@@ -150,6 +150,26 @@ fn typed_contents(name: &str, dtype: DataType, c: proto::InferTensorContents) ->
     Ok(b.freeze())
 }
 
+/// The load options of a gRPC RepositoryModelLoad: `config` as a string, `file:<path>` as bytes.
+pub fn load_options(params: HashMap<String, proto::ModelRepositoryParameter>) -> Result<crate::LoadOptions> {
+    use proto::model_repository_parameter::ParameterChoice as P;
+    let mut options = crate::LoadOptions::default();
+    for (key, value) in params {
+        match (key.as_str(), value.parameter_choice) {
+            ("config", Some(P::StringParam(s))) => options.config = Some(s),
+            (k, Some(P::BytesParam(b))) if k.starts_with("file:") => {
+                options.files.push((k["file:".len()..].to_string(), Bytes::from(b)))
+            }
+            (k, _) => {
+                return Err(Error::invalid(format!(
+                    "unsupported load parameter '{k}' (or wrong type)"
+                )))
+            }
+        }
+    }
+    Ok(options)
+}
+
 /// Builds the reply with every output in `raw_output_contents`, as tritonclient expects.
 pub fn encode_response(resp: InferResponse) -> proto::ModelInferResponse {
     let mut outputs = Vec::with_capacity(resp.outputs.len());

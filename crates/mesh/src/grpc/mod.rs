@@ -160,7 +160,9 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         &self,
         r: Request<proto::RepositoryModelLoadRequest>,
     ) -> Result<Response<proto::RepositoryModelLoadResponse>, Status> {
-        self.dispatch.load_model(&r.into_inner().model_name).await?;
+        let r = r.into_inner();
+        let options = codec::load_options(r.parameters)?;
+        self.dispatch.load_model(&r.model_name, options).await?;
         Ok(Response::new(proto::RepositoryModelLoadResponse {}))
     }
 
@@ -168,7 +170,14 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         &self,
         r: Request<proto::RepositoryModelUnloadRequest>,
     ) -> Result<Response<proto::RepositoryModelUnloadResponse>, Status> {
-        self.dispatch.unload_model(&r.into_inner().model_name).await?;
+        let r = r.into_inner();
+        let dependents = matches!(
+            r.parameters
+                .get("unload_dependents")
+                .and_then(|p| p.parameter_choice.as_ref()),
+            Some(proto::model_repository_parameter::ParameterChoice::BoolParam(true))
+        );
+        self.dispatch.unload_model(&r.model_name, dependents).await?;
         Ok(Response::new(proto::RepositoryModelUnloadResponse {}))
     }
 

@@ -186,14 +186,63 @@ fn parse_optional_json(body: &[u8]) -> Result<serde_json::Value, Error> {
     serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))
 }
 
-async fn load<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
-    match s.dispatch.load_model(&m).await {
+/// Reads `{"parameters": {...}}` from a repository request body (which may be empty).
+fn repository_parameters(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, Error> {
+    let v = parse_optional_json(body)?;
+    match v.get("parameters") {
+        None => Ok(Default::default()),
+        Some(serde_json::Value::Object(m)) => Ok(m.clone()),
+        Some(other) => Err(Error::invalid(format!("'parameters' must be an object, got {other}"))),
+    }
+}
+
+/// The load options of an HTTP load body: `config` as a JSON string, `file:<path>` as base64.
+pub fn load_options(body: &[u8]) -> Result<crate::LoadOptions, Error> {
+    use base64::Engine;
+    let mut options = crate::LoadOptions::default();
+    for (key, value) in repository_parameters(body)? {
+        if key == "config" {
+            let text = match value {
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Object(_) => value.to_string(),
+                other => {
+                    return Err(Error::invalid(format!(
+                        "parameter 'config' must be a JSON string, got {other}"
+                    )))
+                }
+            };
+            options.config = Some(text);
+        } else if let Some(path) = key.strip_prefix("file:") {
+            let text = value
+                .as_str()
+                .ok_or_else(|| Error::invalid(format!("parameter '{key}' must be base64 text")))?;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map_err(|e| Error::invalid(format!("parameter '{key}' is not valid base64: {e}")))?;
+            options.files.push((path.to_string(), Bytes::from(bytes)));
+        } else {
+            return Err(Error::invalid(format!("unknown load parameter '{key}'")));
+        }
+    }
+    Ok(options)
+}
+
+async fn load<D: Dispatch>(State(s): St<D>, Path(m): Path<String>, body: Bytes) -> Response {
+    let options = match load_options(&body) {
+        Ok(o) => o,
+        Err(e) => return error_response(&e),
+    };
+    match s.dispatch.load_model(&m, options).await {
         Ok(()) => StatusCode::OK.into_response(),
         Err(e) => error_response(&e),
     }
 }
-async fn unload<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
-    match s.dispatch.unload_model(&m).await {
+async fn unload<D: Dispatch>(State(s): St<D>, Path(m): Path<String>, body: Bytes) -> Response {
+    let dependents = match repository_parameters(&body) {
+        Ok(p) => p.get("unload_dependents").and_then(|v| v.as_bool()).unwrap_or(false),
+        Err(e) => return error_response(&e),
+    };
+    match s.dispatch.unload_model(&m, dependents).await {
         Ok(()) => StatusCode::OK.into_response(),
         Err(e) => error_response(&e),
     }

@@ -1,0 +1,210 @@
+"""Model control through tritonclient: explicit load/unload (HTTP and gRPC), config and file overrides,
+reloads under traffic, and poll mode picking up new models and versions."""
+import json
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = [pytest.mark.server]
+
+
+def add_sub_infer(client, rows=1, model="add_sub"):
+    ins = [httpclient.InferInput("INPUT0", [rows, 16], "FP32"), httpclient.InferInput("INPUT1", [rows, 16], "FP32")]
+    for i in ins:
+        i.set_data_from_numpy(np.ones((rows, 16), np.float32))
+    out = client.infer(model, ins).as_numpy("OUTPUT0")
+    np.testing.assert_array_equal(out, np.full((rows, 16), 2.0, np.float32))
+
+
+def wait_for(pred, what, timeout=20.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def explicit_server(fresh_server, models_dir, tmp_path):
+    repo = tmp_path / "repo"
+    for m in ("add_sub", "mlp", "auto_batched"):
+        shutil.copytree(models_dir / "simple" / m, repo / m)
+    shutil.copytree(models_dir / "broken" / "bad_field", repo / "bad_field")
+    return fresh_server([repo], ["--model-control-mode", "explicit", "--load-model", "add_sub"],
+                        wait_models=["add_sub"])
+
+
+def test_explicit_load_and_unload_over_http_and_grpc(explicit_server):
+    srv = explicit_server
+    http = httpclient.InferenceServerClient(srv.http_url)
+    grpc = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        index = {r["name"]: r for r in http.get_model_repository_index()}
+        assert set(index) == {"add_sub", "mlp", "auto_batched", "bad_field"}
+        assert index["add_sub"]["state"] == "READY"
+        assert index["mlp"].get("state", "") == ""
+        assert not http.is_model_ready("mlp")
+        assert "model_repository" in http.get_server_metadata()["extensions"]
+
+        http.load_model("mlp")
+        assert http.is_model_ready("mlp")
+        grpc.load_model("auto_batched")
+        assert grpc.is_model_ready("auto_batched")
+
+        http.unload_model("mlp")
+        assert not http.is_model_ready("mlp")
+        row = next(r for r in http.get_model_repository_index() if r["name"] == "mlp")
+        assert row["state"] == "UNAVAILABLE" and row["reason"] == "unloaded"
+        grpc.unload_model("auto_batched")
+        assert not grpc.is_model_ready("auto_batched")
+        add_sub_infer(http)  # the others keep serving
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_load_errors_name_the_problem(explicit_server):
+    http = httpclient.InferenceServerClient(explicit_server.http_url)
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            http.load_model("bad_field")
+        assert "foo_bar" in str(e.value)
+        with pytest.raises(InferenceServerException) as e:
+            http.load_model("no_such_model")
+        assert "no_such_model" in str(e.value)
+        with pytest.raises(InferenceServerException) as e:
+            http.load_model("add_sub", config='{"name": "add_sub", "bogus_field": 1}')
+        assert "bogus_field" in str(e.value)
+        add_sub_infer(http)  # a failed reload keeps the serving version
+    finally:
+        http.close()
+
+
+def test_config_override_replaces_config_pbtxt(explicit_server):
+    http = httpclient.InferenceServerClient(explicit_server.http_url)
+    try:
+        cfg = http.get_model_config("add_sub")
+        cfg["max_batch_size"] = 2
+        http.load_model("add_sub", config=json.dumps(cfg))
+        assert http.get_model_config("add_sub")["max_batch_size"] == 2
+        add_sub_infer(http, rows=2)
+        with pytest.raises(InferenceServerException) as e:
+            add_sub_infer(http, rows=3)
+        assert "batch size 3" in str(e.value)
+    finally:
+        http.close()
+
+
+def test_file_override_serves_a_model_the_repository_lacks(explicit_server, models_dir):
+    http = httpclient.InferenceServerClient(explicit_server.http_url)
+    grpc = grpcclient.InferenceServerClient(explicit_server.grpc_url)
+    try:
+        onnx = (models_dir / "simple" / "add_sub" / "1" / "model.onnx").read_bytes()
+        cfg = http.get_model_config("add_sub")
+        cfg["name"] = "uploaded"
+        http.load_model("uploaded", config=json.dumps(cfg), files={"file:1/model.onnx": onnx})
+        add_sub_infer(http, model="uploaded")
+        cfg["name"] = "uploaded_grpc"
+        grpc.load_model("uploaded_grpc", config=json.dumps(cfg), files={"file:1/model.onnx": onnx})
+        add_sub_infer(http, model="uploaded_grpc")
+        with pytest.raises(InferenceServerException) as e:
+            http.load_model("evil", config=json.dumps(cfg | {"name": "evil"}), files={"file:../../x": b"x"})
+        assert "inside the model" in str(e.value)
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_reload_under_traffic_fails_no_request(explicit_server):
+    srv = explicit_server
+    stop = threading.Event()
+    errors, count = [], [0]
+
+    def traffic():
+        c = httpclient.InferenceServerClient(srv.http_url)
+        try:
+            while not stop.is_set():
+                try:
+                    add_sub_infer(c)
+                    count[0] += 1
+                except Exception as e:  # noqa: BLE001 - collected for the assertion
+                    errors.append(e)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=traffic) for _ in range(3)]
+    for t in threads:
+        t.start()
+    http = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        for _ in range(5):
+            http.load_model("add_sub")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        http.close()
+    assert not errors, errors[:3]
+    assert count[0] > 0
+
+
+def test_concurrent_loads_and_unloads_stay_consistent(explicit_server):
+    srv = explicit_server
+
+    def churn(name):
+        c = httpclient.InferenceServerClient(srv.http_url)
+        try:
+            for _ in range(3):
+                c.load_model(name)
+                c.unload_model(name)
+            c.load_model(name)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=churn, args=(m,)) for m in ("mlp", "auto_batched", "mlp", "auto_batched")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    http = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        assert http.is_model_ready("mlp") and http.is_model_ready("auto_batched")
+        add_sub_infer(http)
+    finally:
+        http.close()
+
+
+def test_load_is_refused_outside_explicit_mode(fresh_server, add_sub_repo):
+    srv = fresh_server([add_sub_repo])
+    r = srv.post("/v2/repository/models/add_sub/load", b"{}")
+    assert r.status != 200 and "explicit" in r.error_message()
+
+
+def test_poll_mode_picks_up_new_models_and_versions(fresh_server, models_dir, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(models_dir / "simple" / "add_sub", repo / "add_sub")
+    v = repo / "versioned_latest"
+    v.mkdir()
+    shutil.copy(models_dir / "simple" / "versioned_latest" / "config.pbtxt", v / "config.pbtxt")
+    shutil.copytree(models_dir / "simple" / "versioned_latest" / "1", v / "1")
+    srv = fresh_server([repo], ["--model-control-mode", "poll", "--repository-poll-secs", "1"],
+                       wait_models=["add_sub", "versioned_latest"])
+    http = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        assert http.get_model_metadata("versioned_latest")["versions"] == ["1"]
+        shutil.copytree(models_dir / "simple" / "mlp", repo / "mlp")
+        shutil.copytree(models_dir / "simple" / "versioned_latest" / "2", v / "2")
+        wait_for(lambda: http.is_model_ready("mlp"), "poll mode to load the new model")
+        wait_for(lambda: http.get_model_metadata("versioned_latest")["versions"] == ["2"], "poll mode to serve version 2")
+        shutil.rmtree(repo / "mlp")
+        wait_for(lambda: not http.is_model_ready("mlp"), "poll mode to unload the removed model")
+        add_sub_infer(http)
+    finally:
+        http.close()
