@@ -221,3 +221,61 @@ def test_gpus_flag_naming_a_missing_gpu_stops_start_up(fresh_server, models_dir,
     with pytest.raises(ServerStartError) as e:
         fresh_server([models_dir / "simple"], ["--gpus", "0"], wait_models=["add_sub"])
     assert "exited with" in str(e.value)
+
+
+def test_model_warmup_runs_before_ready_and_bad_samples_fail_the_load(fresh_server, models_dir, tmp_path):
+    warm = ('model_warmup [ { name: "zeros" batch_size: 2 count: 3 '
+            'inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] zero_data: true } } '
+            'inputs { key: "INPUT1" value: { data_type: TYPE_FP32 dims: [ 16 ] random_data: true } } }, '
+            '{ name: "from_file" batch_size: 1 '
+            'inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] input_data_file: "ones.bin" } } '
+            'inputs { key: "INPUT1" value: { data_type: TYPE_FP32 dims: [ 16 ] input_data_file: "ones.bin" } } } ]')
+    repo = make_repo(tmp_path, models_dir, "add_sub", "warm", "max_batch_size: 8\n" + ADD_SUB_IO + warm)
+    (repo / "warm" / "warmup").mkdir()
+    (repo / "warm" / "warmup" / "ones.bin").write_bytes(np.ones(16, np.float32).tobytes())
+    bad = make_repo(tmp_path, models_dir, "add_sub", "cold", "max_batch_size: 8\n" + ADD_SUB_IO +
+                    warm.replace("ones.bin", "missing.bin"))
+    shutil.move(str(bad / "cold"), str(repo / "cold"))
+    srv = fresh_server([repo], wait_models=["warm"])
+    executions = [float(m.group(1)) for m in re.finditer(
+        r'mesh_instance_executions_total\{[^}]*model="warm"[^}]*\} (\S+)', srv.metrics())]
+    assert executions == [4.0], executions  # 3 x "zeros" + 1 x "from_file", before any client request
+    c = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        assert c.get_inference_statistics("warm")["model_stats"][0]["inference_count"] == 0
+        out = c.infer("warm", add_sub_inputs(2.0)).as_numpy("OUTPUT0")
+        np.testing.assert_array_equal(out, np.full((1, 16), 3.0, np.float32))
+    finally:
+        c.close()
+    row = next(r for r in srv.settle(["cold"]) if r["name"] == "cold")
+    assert row["state"] == "UNAVAILABLE" and "warmup 'from_file'" in row["reason"] and "missing.bin" in row["reason"]
+
+
+def test_client_disconnect_removes_its_request_from_the_queue(fresh_server, models_dir, tmp_path):
+    import socket
+    repo = make_repo(tmp_path, models_dir, "add_sub", "cancel",
+                     "max_batch_size: 8\n" + ADD_SUB_IO +
+                     "dynamic_batching { max_queue_delay_microseconds: 1500000 "
+                     "default_queue_policy { max_queue_size: 1 } }")
+    srv = fresh_server([repo])
+    ones = ",".join(["1"] * 16)
+    body = ('{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"FP32","data":[%s]},'
+            '{"name":"INPUT1","shape":[1,16],"datatype":"FP32","data":[%s]}]}' % (ones, ones)).encode()
+    head = (f"POST /v2/models/cancel/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    s = socket.create_connection(("127.0.0.1", srv.http_port))
+    s.sendall(head + body)
+    time.sleep(0.3)  # the request now sits in the (size 1) queue
+    s.close()        # ...and its client goes away
+    time.sleep(0.3)
+    r = srv.post("/v2/models/cancel/infer", body)  # would be "queue full" had the first stayed queued
+    assert r.status == 200, r
+    metrics = srv.metrics()
+    canceled = re.search(r'nv_inference_request_failure\{[^}]*model="cancel"[^}]*reason="CANCELED"[^}]*\} (\S+)', metrics)
+    assert canceled and float(canceled.group(1)) == 1.0, metrics
+    pending = re.search(r'nv_inference_pending_request_count\{[^}]*model="cancel"[^}]*\} (\S+)', metrics)
+    assert pending and float(pending.group(1)) == 0.0, metrics
+    c = httpclient.InferenceServerClient(srv.http_url)
+    st = c.get_inference_statistics("cancel")["model_stats"][0]
+    c.close()
+    assert st["execution_count"] == 1 and st["inference_stats"]["fail"]["count"] == 1

@@ -14,6 +14,29 @@ use crate::cli::ControlMode;
 use crate::instance::{self, Submission};
 use crate::loader::LoadedVersion;
 
+/// Counts a request as pending while it runs; if its future is dropped first (the client went
+/// away), records it as a CANCELED failure so the gauge and statistics stay true.
+struct InFlight<'a> {
+    model: &'a LoadedVersion,
+    start: Instant,
+    finished: bool,
+}
+
+impl InFlight<'_> {
+    fn begin(model: &LoadedVersion) {
+        model.stats.metrics.pending.increment(1.0);
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.model.stats.metrics.pending.decrement(1.0);
+        if !self.finished {
+            self.model.stats.failure("CANCELED", self.start.elapsed());
+        }
+    }
+}
+
 /// Reads Triton's `priority` and `timeout` (µs) request parameters.
 fn scheduling_params(request: &InferRequest) -> Result<(u32, Option<std::time::Duration>)> {
     let mut priority = 0;
@@ -155,9 +178,15 @@ impl Dispatch for NodeDispatch {
         };
         let instance = instance::pick(&model.instances, &model.rotation)
             .ok_or_else(|| Error::unavailable(format!("model '{}' has no instances", request.model_name)))?;
-        model.stats.metrics.pending.increment(1.0);
+        InFlight::begin(&model);
+        let mut guard = InFlight {
+            model: &model,
+            start,
+            finished: false,
+        };
         let result = instance.execute(submission).await;
-        model.stats.metrics.pending.decrement(1.0);
+        guard.finished = true;
+        drop(guard);
         match result {
             Ok(done) => {
                 let execution = done.counts_execution.then_some(done.batch_rows as u64);

@@ -147,7 +147,10 @@ fn run_batch(label: &str, backend: &Shared, policy: &InlinePolicy, executions: &
 
 /// Messages of the instance actor.
 enum InstanceMsg {
-    Submit(Box<(Job, u64)>),
+    /// A job with its id and shape key.
+    Submit(Box<(Job, u64, u64)>),
+    /// The caller went away: drop the job if it is still queued.
+    Cancel(u64),
     Wake,
     Done,
 }
@@ -166,7 +169,6 @@ struct InstanceState {
     label: String,
     batcher: Batcher<u64>,
     jobs: HashMap<u64, Job>,
-    next_id: u64,
     busy: bool,
     exec: Option<mpsc::Sender<Vec<Job>>>,
     wake_at: Option<Instant>,
@@ -230,7 +232,6 @@ impl Actor for InstanceActor {
             label: args.label,
             batcher: Batcher::new(args.config),
             jobs: HashMap::new(),
-            next_id: 0,
             busy: false,
             exec: Some(tx),
             wake_at: None,
@@ -245,9 +246,7 @@ impl Actor for InstanceActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             InstanceMsg::Submit(boxed) => {
-                let (job, shape_key) = *boxed;
-                let id = state.next_id;
-                state.next_id += 1;
+                let (job, id, shape_key) = *boxed;
                 let req = BatchRequest {
                     id,
                     batch_size: job.sub.rows,
@@ -268,6 +267,12 @@ impl Actor for InstanceActor {
                         };
                         let _ = job.reply.send(Err(e));
                     }
+                }
+            }
+            InstanceMsg::Cancel(id) => {
+                if state.batcher.cancel(&id) {
+                    state.jobs.remove(&id);
+                    tracing::debug!(instance = %state.label, "cancelled request removed from the queue");
                 }
             }
             InstanceMsg::Wake => state.wake_at = None,
@@ -299,6 +304,7 @@ pub struct InstanceHandle {
     fast_path: bool,
     outstanding: AtomicUsize,
     executions: Counter,
+    next_id: AtomicU64,
     pub label: String,
 }
 
@@ -339,6 +345,7 @@ impl InstanceHandle {
             fast_path,
             outstanding,
             executions,
+            next_id: AtomicU64::new(0),
             label,
         })
     }
@@ -374,6 +381,7 @@ impl InstanceHandle {
             }
         }
         let shape_key = batch_io::shape_key(&sub.inputs);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
         let job = Job {
             sub,
@@ -381,10 +389,31 @@ impl InstanceHandle {
             reply,
         };
         self.actor
-            .cast(InstanceMsg::Submit(Box::new((job, shape_key))))
+            .cast(InstanceMsg::Submit(Box::new((job, id, shape_key))))
             .map_err(|_| Error::unavailable(format!("instance {} has stopped", self.label)))?;
-        rx.await
-            .map_err(|_| Error::unavailable(format!("instance {} stopped before answering", self.label)))?
+        let mut cancel = CancelOnDrop {
+            actor: &self.actor,
+            id,
+            armed: true,
+        };
+        let result = rx.await;
+        cancel.armed = false;
+        result.map_err(|_| Error::unavailable(format!("instance {} stopped before answering", self.label)))?
+    }
+}
+
+/// Tells the actor to drop a queued job when the caller's future is dropped (client disconnect or cancel).
+struct CancelOnDrop<'a> {
+    actor: &'a ActorRef<InstanceMsg>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.actor.cast(InstanceMsg::Cancel(self.id));
+        }
     }
 }
 

@@ -13,3 +13,4 @@ pub mod placement;
 pub mod repository;
 pub mod server;
 pub mod stats;
+pub mod warmup;

@@ -115,6 +115,9 @@ pub async fn load_model(
             tracing::debug!(instance = %label, device = ?p.device, "instance starting");
             instances.push(InstanceHandle::spawn(label, (&dir.name, v), batch_config.clone(), backend).await?);
         }
+        crate::warmup::run(&config, &dir.path, &instances)
+            .await
+            .map_err(|e| format!("version {v}: {e}"))?;
         loaded.insert(
             v,
             Arc::new(LoadedVersion {
