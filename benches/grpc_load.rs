@@ -54,6 +54,19 @@ where
     (all, start.elapsed())
 }
 
+/// Times ServerLive: the same transport with no model work, the floor under every ModelInfer number.
+async fn measure_live(client: &GrpcInferenceServiceClient<Channel>, concurrency: usize, seconds: f64) {
+    let client = client.clone();
+    let (lat, wall) = run(concurrency, seconds, move || {
+        let mut c = client.clone();
+        async move {
+            c.server_live(ServerLiveRequest {}).await.expect("live");
+        }
+    })
+    .await;
+    summarize("ServerLive (transport floor)", lat, wall);
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
@@ -69,14 +82,7 @@ async fn main() {
     let mut client = GrpcInferenceServiceClient::new(channel);
     if model == "-" {
         println!("| {addr} c={concurrency} | req/s | p50 µs | p99 µs |\n|---|---|---|---|");
-        let (lat, wall) = run(concurrency, seconds, move || {
-            let mut c = client.clone();
-            async move {
-                c.server_live(ServerLiveRequest {}).await.expect("live");
-            }
-        })
-        .await;
-        summarize("ServerLive (transport floor)", lat, wall);
+        measure_live(&client, concurrency, seconds).await;
         return;
     }
     let meta = client
@@ -103,15 +109,7 @@ async fn main() {
         ..Default::default()
     };
     println!("| {addr} {model} c={concurrency} | req/s | p50 µs | p99 µs |\n|---|---|---|---|");
-    let c = client.clone();
-    let (lat, wall) = run(concurrency, seconds, move || {
-        let mut c = c.clone();
-        async move {
-            c.server_live(ServerLiveRequest {}).await.expect("live");
-        }
-    })
-    .await;
-    summarize("ServerLive (transport floor)", lat, wall);
+    measure_live(&client, concurrency, seconds).await;
     let (lat, wall) = run(concurrency, seconds, move || {
         let mut c = client.clone();
         let r = request.clone();

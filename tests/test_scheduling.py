@@ -46,6 +46,13 @@ def add_sub_inputs(value: float, rows: int = 1):
     return ins
 
 
+def add_sub_json_body() -> bytes:
+    """A one-row add_sub request in plain JSON, for raw HTTP clients."""
+    ones = ",".join(["1"] * 16)
+    return ('{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"FP32","data":[%s]},'
+            '{"name":"INPUT1","shape":[1,16],"datatype":"FP32","data":[%s]}]}' % (ones, ones)).encode()
+
+
 def run_threads(fns):
     results = [None] * len(fns)
 
@@ -106,10 +113,7 @@ def test_max_queue_size_rejects_at_once_with_unavailable(fresh_server, models_di
     t = threading.Thread(target=hold)
     t.start()
     time.sleep(0.4)  # the first request now waits in the queue for its 1.5 s delay
-    r = srv.post("/v2/models/bounded/infer", (
-        '{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"FP32","data":[%s]},'
-        '{"name":"INPUT1","shape":[1,16],"datatype":"FP32","data":[%s]}]}' % (",".join(["1"] * 16), ",".join(["1"] * 16))
-    ).encode())
+    r = srv.post("/v2/models/bounded/infer", add_sub_json_body())
     assert r.status == 503, r
     assert "queue full" in r.error_message()
     g = grpcclient.InferenceServerClient(srv.grpc_url)
@@ -258,9 +262,7 @@ def test_client_disconnect_removes_its_request_from_the_queue(fresh_server, mode
                      "dynamic_batching { max_queue_delay_microseconds: 1500000 "
                      "default_queue_policy { max_queue_size: 1 } }")
     srv = fresh_server([repo])
-    ones = ",".join(["1"] * 16)
-    body = ('{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"FP32","data":[%s]},'
-            '{"name":"INPUT1","shape":[1,16],"datatype":"FP32","data":[%s]}]}' % (ones, ones)).encode()
+    body = add_sub_json_body()
     head = (f"POST /v2/models/cancel/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     s = socket.create_connection(("127.0.0.1", srv.http_port))

@@ -31,15 +31,21 @@ fn read_config(dir: &ModelDir) -> Result<(ModelConfig, bool), String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (ModelConfig::default(), Vec::new()),
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
+    adopt_name(&mut config, &dir.name, "config.pbtxt")?;
+    Ok((config, fields.iter().any(|f| f == "max_batch_size")))
+}
+
+/// Gives a nameless config the model's name; a different name is an error, as Triton requires.
+fn adopt_name(config: &mut ModelConfig, name: &str, source: &str) -> Result<(), String> {
     if config.name.is_empty() {
-        config.name = dir.name.clone();
-    } else if config.name != dir.name {
+        config.name = name.to_string();
+    } else if config.name != name {
         return Err(format!(
-            "config.pbtxt names the model '{}', but its directory is '{}'; they must match",
-            config.name, dir.name
+            "{source} names the model '{}', but it is loaded as '{name}'; they must match",
+            config.name
         ));
     }
-    Ok((config, fields.iter().any(|f| f == "max_batch_size")))
+    Ok(())
 }
 
 fn check_backend(config: &ModelConfig) -> Result<(), String> {
@@ -65,14 +71,7 @@ pub async fn load_model(
 ) -> Result<BTreeMap<i64, Arc<LoadedVersion>>, String> {
     let (mut config, sets_mbs) = match override_config {
         Some(mut c) => {
-            if c.name.is_empty() {
-                c.name = dir.name.clone();
-            } else if c.name != dir.name {
-                return Err(format!(
-                    "the config override names the model '{}', but it is loaded as '{}'",
-                    c.name, dir.name
-                ));
-            }
+            adopt_name(&mut c, &dir.name, "the config override")?;
             (c, true)
         }
         None => read_config(dir)?,
