@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo test --workspace
-MESH_REQUIRE_SERVER=1 .venv/bin/python -m pytest -q tests "$@"
+# A debug build with the test-only fault-injection feature, for the supervision tests.
+cargo build -p mesh-node --features fault-injection
+MESH_REQUIRE_SERVER=1 MESH_FAULT_BIN=target/debug/mesh-node .venv/bin/python -m pytest -q tests "$@"

@@ -220,11 +220,12 @@ impl Dispatch for NodeDispatch {
 
     fn model(&self, name: &str, version: &str) -> Result<ModelView> {
         let (m, ready_versions) = self.resolve(name, version)?;
+        let ready = m.instances.iter().any(|i| i.is_ready());
         Ok(ModelView {
             config: m.config.clone(),
             version: m.version,
             ready_versions,
-            ready: true,
+            ready,
         })
     }
 

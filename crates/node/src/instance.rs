@@ -14,6 +14,11 @@ use tokio::sync::oneshot;
 use crate::backend::{Backend, Timings};
 use crate::batch_io;
 use crate::batching::{BatchConfig, BatchRequest, Batcher, RejectReason, TIMED_OUT_MESSAGE};
+use crate::supervision::{self, BackendFactory, Backoff, Health};
+
+/// Restart delays of a failed instance: 100 ms, doubling up to 10 s.
+static RESTART_BACKOFF: std::sync::LazyLock<Backoff> =
+    std::sync::LazyLock::new(|| Backoff::new(Duration::from_millis(100), Duration::from_secs(10)));
 
 /// A finished execution as one request sees it.
 pub struct Executed {
@@ -82,7 +87,15 @@ impl InlinePolicy {
 type Shared = Arc<Mutex<Box<dyn Backend>>>;
 
 /// Runs one batch on the backend and answers every request in it.
-fn run_batch(label: &str, backend: &Shared, policy: &InlinePolicy, executions: &Counter, jobs: Vec<Job>) {
+/// Returns true when the backend panicked, which makes the instance restart.
+fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) -> bool {
+    let Executor {
+        backend,
+        policy,
+        executions,
+        health,
+    } = exec;
+    let mut panicked = false;
     let started = Instant::now();
     let rows: Vec<usize> = jobs.iter().map(|j| j.sub.rows).collect();
     let total: usize = rows.iter().sum();
@@ -110,8 +123,10 @@ fn run_batch(label: &str, backend: &Shared, policy: &InlinePolicy, executions: &
         executions.increment(1);
         let (outputs, timings) = run.unwrap_or_else(|_| {
             tracing::error!(instance = %label, "backend panicked while executing a batch");
-            Err(Error::internal(format!(
-                "instance {label} failed while executing the request"
+            panicked = true;
+            health.mark_failed();
+            Err(Error::unavailable(format!(
+                "instance {label} failed while executing the request; it is restarting"
             )))
         })?;
         let parts = if jobs.len() == 1 {
@@ -143,10 +158,28 @@ fn run_batch(label: &str, backend: &Shared, policy: &InlinePolicy, executions: &
             }
         }
     }
+    panicked
+}
+
+/// What the executor thread owns to run batches.
+struct Executor {
+    backend: Shared,
+    policy: Arc<InlinePolicy>,
+    executions: Counter,
+    health: Arc<Health>,
+}
+
+/// Work for the executor thread.
+enum ExecMsg {
+    Batch(Vec<Job>),
+    /// The backend failed outside a batch (on the inline path): rebuild it.
+    Restart,
 }
 
 /// Messages of the instance actor.
 enum InstanceMsg {
+    /// The inline path saw the backend fail.
+    Failed,
     /// A job with its id and shape key.
     Submit(Box<(Job, u64, u64)>),
     /// The caller went away: drop the job if it is still queued.
@@ -159,6 +192,8 @@ struct InstanceActor;
 
 struct InstanceArgs {
     label: String,
+    health: Arc<Health>,
+    factory: BackendFactory,
     executions: Counter,
     config: BatchConfig,
     backend: Shared,
@@ -167,16 +202,28 @@ struct InstanceArgs {
 
 struct InstanceState {
     label: String,
+    health: Arc<Health>,
     batcher: Batcher<u64>,
     jobs: HashMap<u64, Job>,
     busy: bool,
-    exec: Option<mpsc::Sender<Vec<Job>>>,
+    exec: Option<mpsc::Sender<ExecMsg>>,
     wake_at: Option<Instant>,
 }
 
 impl InstanceState {
     /// Feeds the clock to the batcher and carries out what it decides.
     fn drive(&mut self, myself: &ActorRef<InstanceMsg>) {
+        if !self.health.is_ready() {
+            // A restarting instance answers at once instead of letting requests hang.
+            for (id, job) in self.jobs.drain() {
+                self.batcher.cancel(&id);
+                let _ = job.reply.send(Err(Error::unavailable(format!(
+                    "instance {} is restarting",
+                    self.label
+                ))));
+            }
+            return;
+        }
         let now = Instant::now();
         let decision = self.batcher.poll(now, !self.busy);
         for id in decision.rejected {
@@ -193,7 +240,7 @@ impl InstanceState {
                 .collect();
             if !jobs.is_empty() {
                 match &self.exec {
-                    Some(tx) if tx.send(jobs).is_ok() => self.busy = true,
+                    Some(tx) if tx.send(ExecMsg::Batch(jobs)).is_ok() => self.busy = true,
                     _ => tracing::error!(instance = %self.label, "executor thread is gone"),
                 }
             } else if !self.batcher.is_empty() {
@@ -219,17 +266,33 @@ impl Actor for InstanceActor {
         myself: ActorRef<InstanceMsg>,
         args: InstanceArgs,
     ) -> Result<InstanceState, ActorProcessingErr> {
-        let (tx, rx) = mpsc::channel::<Vec<Job>>();
-        let (label, backend, policy, executions) = (args.label.clone(), args.backend, args.policy, args.executions);
+        let (tx, rx) = mpsc::channel::<ExecMsg>();
+        let label = args.label.clone();
+        let factory = args.factory;
+        let exec = Executor {
+            backend: args.backend,
+            policy: args.policy,
+            executions: args.executions,
+            health: args.health.clone(),
+        };
         let me = myself.clone();
         std::thread::Builder::new().name(args.label.clone()).spawn(move || {
-            while let Ok(jobs) = rx.recv() {
-                run_batch(&label, &backend, &policy, &executions, jobs);
+            while let Ok(msg) = rx.recv() {
+                let failed = match msg {
+                    ExecMsg::Batch(jobs) => run_batch(&label, &exec, jobs),
+                    ExecMsg::Restart => true,
+                };
+                if failed {
+                    let _ = me.cast(InstanceMsg::Done);
+                    let fresh = supervision::restart(&label, &factory, &exec.health, RESTART_BACKOFF.clone());
+                    *exec.backend.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+                }
                 let _ = me.cast(InstanceMsg::Done);
             }
         })?;
         Ok(InstanceState {
             label: args.label,
+            health: args.health,
             batcher: Batcher::new(args.config),
             jobs: HashMap::new(),
             busy: false,
@@ -275,6 +338,11 @@ impl Actor for InstanceActor {
                     tracing::debug!(instance = %state.label, "cancelled request removed from the queue");
                 }
             }
+            InstanceMsg::Failed => {
+                if let Some(tx) = &state.exec {
+                    let _ = tx.send(ExecMsg::Restart);
+                }
+            }
             InstanceMsg::Wake => state.wake_at = None,
             InstanceMsg::Done => state.busy = false,
         }
@@ -305,6 +373,7 @@ pub struct InstanceHandle {
     outstanding: AtomicUsize,
     executions: Counter,
     next_id: AtomicU64,
+    health: Arc<Health>,
     pub label: String,
 }
 
@@ -314,9 +383,15 @@ impl InstanceHandle {
         label: String,
         labels: (&str, i64),
         config: BatchConfig,
-        backend: Box<dyn Backend>,
+        factory: BackendFactory,
     ) -> Result<Self, String> {
-        let backend: Shared = Arc::new(Mutex::new(backend));
+        let backend: Shared = Arc::new(Mutex::new(factory()?));
+        let metric_labels = [
+            ("model", labels.0.to_string()),
+            ("version", labels.1.to_string()),
+            ("instance", label.clone()),
+        ];
+        let health = Arc::new(Health::new(&metric_labels));
         let policy = Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT));
         let fast_path = !config.dynamic || config.max_queue_delay.is_zero();
         let executions = metrics::counter!(
@@ -329,6 +404,8 @@ impl InstanceHandle {
         );
         let args = InstanceArgs {
             label: label.clone(),
+            health: health.clone(),
+            factory,
             executions: executions.clone(),
             config,
             backend: backend.clone(),
@@ -346,8 +423,14 @@ impl InstanceHandle {
             outstanding,
             executions,
             next_id: AtomicU64::new(0),
+            health,
             label,
         })
+    }
+
+    /// Whether the instance can take work (false while it restarts).
+    pub fn is_ready(&self) -> bool {
+        self.health.is_ready()
     }
 
     /// Requests queued or running on this instance, for least-outstanding-work routing.
@@ -359,15 +442,18 @@ impl InstanceHandle {
     pub async fn execute(&self, sub: Submission) -> Result<Executed> {
         let alone = self.outstanding.fetch_add(1, Ordering::Relaxed) == 0;
         let _guard = Outstanding(&self.outstanding);
-        if self.fast_path && alone && self.policy.allows_inline() {
+        if self.fast_path && alone && self.health.is_ready() && self.policy.allows_inline() {
             if let Ok(mut b) = self.backend.try_lock() {
                 let t = Instant::now();
                 let run = std::panic::catch_unwind(AssertUnwindSafe(|| b.execute(&sub.inputs, &sub.outputs)));
                 self.policy.record(t.elapsed());
                 self.executions.increment(1);
                 let (outputs, timings) = run.unwrap_or_else(|_| {
-                    Err(Error::internal(format!(
-                        "instance {} failed while executing the request",
+                    tracing::error!(instance = %self.label, "backend panicked while executing a request");
+                    self.health.mark_failed();
+                    let _ = self.actor.cast(InstanceMsg::Failed);
+                    Err(Error::unavailable(format!(
+                        "instance {} failed while executing the request; it is restarting",
                         self.label
                     )))
                 })?;
@@ -431,13 +517,13 @@ impl Drop for InstanceHandle {
     }
 }
 
-/// Picks the instance with the least outstanding work, rotating among ties so idle instances share load.
+/// Picks a ready instance with the least outstanding work, rotating among ties so idle instances share load.
 pub fn pick<'a>(instances: &'a [InstanceHandle], rotation: &AtomicUsize) -> Option<&'a InstanceHandle> {
     let n = instances.len();
     let start = rotation.fetch_add(1, Ordering::Relaxed);
     (0..n)
         .map(|i| &instances[(start + i) % n])
-        .min_by_key(|inst| inst.outstanding())
+        .min_by_key(|inst| (!inst.is_ready(), inst.outstanding()))
 }
 
 #[cfg(test)]

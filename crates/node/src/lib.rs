@@ -13,4 +13,5 @@ pub mod placement;
 pub mod repository;
 pub mod server;
 pub mod stats;
+pub mod supervision;
 pub mod warmup;

@@ -1,7 +1,7 @@
 //! Loads one model directory: config (parsed or auto-completed), version policy, sessions, instances.
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use mesh::config::{parse_pbtxt_with_fields, validate_config, ModelConfig};
 
@@ -11,6 +11,7 @@ use crate::instance::InstanceHandle;
 use crate::placement;
 use crate::repository::{self, ModelDir};
 use crate::stats::ModelStats;
+use crate::supervision::BackendFactory;
 
 /// A loaded, servable model version.
 pub struct LoadedVersion {
@@ -64,7 +65,7 @@ fn check_backend(config: &ModelConfig) -> Result<(), String> {
 
 /// Loads every version the policy selects, one session per placed instance; any failure fails the model with a reason.
 pub async fn load_model(
-    env: &ort::environment::Environment,
+    env: &Arc<ort::environment::Environment>,
     dir: &ModelDir,
     gpus: &[i32],
     override_config: Option<ModelConfig>,
@@ -107,12 +108,22 @@ pub async fn load_model(
     let batch_config = BatchConfig::from_model_config(&config);
     let mut loaded = BTreeMap::new();
     for (v, per_instance) in sessions {
+        let file = dir.path.join(v.to_string()).join(repository::model_file_name(&config));
         let mut instances = Vec::with_capacity(per_instance.len());
         for (p, session) in placements.iter().zip(per_instance) {
-            let backend = Box::new(OnnxBackend::new(session, &config));
+            // The first session was opened above; restarts open a new one from the same file.
+            let first = Mutex::new(Some(session));
+            let (env, cfg, file, device) = (env.clone(), config.clone(), file.clone(), p.device);
+            let factory: BackendFactory = Arc::new(move || {
+                let session = match first.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    Some(s) => s,
+                    None => onnx::open_session(&env, &cfg, &file, device)?,
+                };
+                Ok(Box::new(OnnxBackend::new(session, &cfg)) as Box<dyn crate::backend::Backend>)
+            });
             let label = format!("{}_v{v}", p.name);
             tracing::debug!(instance = %label, device = ?p.device, "instance starting");
-            instances.push(InstanceHandle::spawn(label, (&dir.name, v), batch_config.clone(), backend).await?);
+            instances.push(InstanceHandle::spawn(label, (&dir.name, v), batch_config.clone(), factory).await?);
         }
         crate::warmup::run(&config, &dir.path, &instances)
             .await

@@ -38,7 +38,14 @@ pub struct OnnxBackend {
     inputs: Vec<IoSpec>,
     outputs: Vec<IoSpec>,
     batched: bool,
+    /// Test-only (cargo feature `fault-injection`): panic on a batch of this many rows, from the
+    /// model parameter `mesh_fault_panic_on_batch`, so supervision can be shown on a real failure.
+    #[cfg(feature = "fault-injection")]
+    panic_on_rows: Option<i64>,
 }
+
+/// The model parameter the `fault-injection` feature reads.
+pub const PARAM_FAULT_PANIC_ON_BATCH: &str = "mesh_fault_panic_on_batch";
 
 fn thread_param(config: &ModelConfig, key: &str) -> Result<Option<usize>, String> {
     match config.parameters.get(key) {
@@ -236,6 +243,11 @@ impl OnnxBackend {
                 .map(|o| spec(&o.name, &o.dims, &o.reshape))
                 .collect(),
             batched: config.max_batch_size > 0,
+            #[cfg(feature = "fault-injection")]
+            panic_on_rows: config
+                .parameters
+                .get(PARAM_FAULT_PANIC_ON_BATCH)
+                .and_then(|p| p.string_value.parse().ok()),
         }
     }
 }
@@ -258,6 +270,10 @@ impl Backend for OnnxBackend {
         } else {
             None
         };
+        #[cfg(feature = "fault-injection")]
+        if self.panic_on_rows.is_some() && self.panic_on_rows == batch {
+            panic!("fault injection: a batch of {batch:?} rows");
+        }
         let mut values: InputList = Vec::with_capacity(inputs.len());
         for input in inputs {
             let spec = self.inputs.iter().find(|s| s.name == input.name);
