@@ -87,15 +87,7 @@ impl InlinePolicy {
 type Shared = Arc<Mutex<Box<dyn Backend>>>;
 
 /// Runs one batch on the backend and answers every request in it.
-/// Returns true when the backend panicked, which makes the instance restart.
-fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) -> bool {
-    let Executor {
-        backend,
-        policy,
-        executions,
-        health,
-    } = exec;
-    let mut panicked = false;
+fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
     let started = Instant::now();
     let rows: Vec<usize> = jobs.iter().map(|j| j.sub.rows).collect();
     let total: usize = rows.iter().sum();
@@ -116,19 +108,8 @@ fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) -> bool {
             merged = batch_io::merge(&inputs)?;
             &merged[..]
         };
-        let mut b = backend.lock().unwrap_or_else(|p| p.into_inner());
-        let t = Instant::now();
-        let run = std::panic::catch_unwind(AssertUnwindSafe(|| b.execute(batch_inputs, &wanted)));
-        policy.record(t.elapsed());
-        executions.increment(1);
-        let (outputs, timings) = run.unwrap_or_else(|_| {
-            tracing::error!(instance = %label, "backend panicked while executing a batch");
-            panicked = true;
-            health.mark_failed();
-            Err(Error::unavailable(format!(
-                "instance {label} failed while executing the request; it is restarting"
-            )))
-        })?;
+        let mut b = exec.backend.lock().unwrap_or_else(|p| p.into_inner());
+        let (outputs, timings) = exec.run(label, &mut **b, batch_inputs, &wanted)?;
         let parts = if jobs.len() == 1 {
             vec![outputs]
         } else {
@@ -158,15 +139,38 @@ fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) -> bool {
             }
         }
     }
-    panicked
 }
 
-/// What the executor thread owns to run batches.
+/// An instance's backend and what every execution updates; shared by the executor thread and the inline path.
 struct Executor {
     backend: Shared,
     policy: Arc<InlinePolicy>,
     executions: Counter,
     health: Arc<Health>,
+}
+
+impl Executor {
+    /// Runs the backend once; a panic marks the instance failed (routing skips it, the executor
+    /// rebuilds it) before the caller is answered UNAVAILABLE.
+    fn run(
+        &self,
+        label: &str,
+        backend: &mut dyn Backend,
+        inputs: &[NamedTensor],
+        outputs: &[String],
+    ) -> Result<(Vec<NamedTensor>, Timings)> {
+        let t = Instant::now();
+        let run = std::panic::catch_unwind(AssertUnwindSafe(|| backend.execute(inputs, outputs)));
+        self.policy.record(t.elapsed());
+        self.executions.increment(1);
+        run.unwrap_or_else(|_| {
+            tracing::error!(instance = %label, "backend panicked while executing");
+            self.health.mark_failed();
+            Err(Error::unavailable(format!(
+                "instance {label} failed while executing the request; it is restarting"
+            )))
+        })
+    }
 }
 
 /// Work for the executor thread.
@@ -192,12 +196,9 @@ struct InstanceActor;
 
 struct InstanceArgs {
     label: String,
-    health: Arc<Health>,
+    exec: Arc<Executor>,
     factory: BackendFactory,
-    executions: Counter,
     config: BatchConfig,
-    backend: Shared,
-    policy: Arc<InlinePolicy>,
 }
 
 struct InstanceState {
@@ -269,20 +270,15 @@ impl Actor for InstanceActor {
         let (tx, rx) = mpsc::channel::<ExecMsg>();
         let label = args.label.clone();
         let factory = args.factory;
-        let exec = Executor {
-            backend: args.backend,
-            policy: args.policy,
-            executions: args.executions,
-            health: args.health.clone(),
-        };
+        let exec = args.exec.clone();
         let me = myself.clone();
         std::thread::Builder::new().name(args.label.clone()).spawn(move || {
             while let Ok(msg) = rx.recv() {
-                let failed = match msg {
-                    ExecMsg::Batch(jobs) => run_batch(&label, &exec, jobs),
-                    ExecMsg::Restart => true,
-                };
-                if failed {
+                if let ExecMsg::Batch(jobs) = msg {
+                    run_batch(&label, &exec, jobs);
+                }
+                // A panic (here or on the inline path, which sends Restart) left the instance not ready.
+                if !exec.health.is_ready() {
                     let _ = me.cast(InstanceMsg::Done);
                     let fresh = supervision::restart(&label, &factory, &exec.health, RESTART_BACKOFF.clone());
                     *exec.backend.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
@@ -292,7 +288,7 @@ impl Actor for InstanceActor {
         })?;
         Ok(InstanceState {
             label: args.label,
-            health: args.health,
+            health: args.exec.health.clone(),
             batcher: Batcher::new(args.config),
             jobs: HashMap::new(),
             busy: false,
@@ -362,18 +358,24 @@ impl Actor for InstanceActor {
     }
 }
 
+/// When the inline fast path may be taken (see `InstanceHandle::inline`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Inline {
+    WhenIdle,
+    WhenAlone,
+    Never,
+}
+
 /// Handle to a running instance; dropping it stops the actor, and the executor thread after its batch.
 pub struct InstanceHandle {
     actor: ActorRef<InstanceMsg>,
-    backend: Shared,
-    policy: Arc<InlinePolicy>,
-    /// No dynamic batching, or batching with no queue delay: an idle instance with nothing
-    /// outstanding may run a short request directly, which is exactly what its batcher would do.
-    fast_path: bool,
+    exec: Arc<Executor>,
+    /// When a short request may run directly on an idle instance: always without dynamic batching
+    /// (its batcher would run each request alone), and with zero-delay batching only when nothing
+    /// else is outstanding (else the batcher could have merged it).
+    inline: Inline,
     outstanding: AtomicUsize,
-    executions: Counter,
     next_id: AtomicU64,
-    health: Arc<Health>,
     pub label: String,
 }
 
@@ -385,31 +387,27 @@ impl InstanceHandle {
         config: BatchConfig,
         factory: BackendFactory,
     ) -> Result<Self, String> {
-        let backend: Shared = Arc::new(Mutex::new(factory()?));
         let metric_labels = [
             ("model", labels.0.to_string()),
             ("version", labels.1.to_string()),
             ("instance", label.clone()),
         ];
-        let health = Arc::new(Health::new(&metric_labels));
-        let policy = Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT));
-        let fast_path = !config.dynamic || config.max_queue_delay.is_zero();
-        let executions = metrics::counter!(
-            "mesh_instance_executions_total",
-            &[
-                ("model", labels.0.to_string()),
-                ("version", labels.1.to_string()),
-                ("instance", label.clone())
-            ]
-        );
+        let exec = Arc::new(Executor {
+            backend: Arc::new(Mutex::new(factory()?)),
+            policy: Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT)),
+            executions: metrics::counter!("mesh_instance_executions_total", &metric_labels),
+            health: Arc::new(Health::new(&metric_labels)),
+        });
+        let inline = match (config.dynamic, config.max_queue_delay.is_zero()) {
+            (false, _) => Inline::WhenIdle,
+            (true, true) => Inline::WhenAlone,
+            (true, false) => Inline::Never,
+        };
         let args = InstanceArgs {
             label: label.clone(),
-            health: health.clone(),
+            exec: exec.clone(),
             factory,
-            executions: executions.clone(),
             config,
-            backend: backend.clone(),
-            policy: policy.clone(),
         };
         let (actor, _) = Actor::spawn(None, InstanceActor, args)
             .await
@@ -417,20 +415,17 @@ impl InstanceHandle {
         let outstanding = AtomicUsize::new(0);
         Ok(InstanceHandle {
             actor,
-            backend,
-            policy,
-            fast_path,
+            exec,
+            inline,
             outstanding,
-            executions,
             next_id: AtomicU64::new(0),
-            health,
             label,
         })
     }
 
     /// Whether the instance can take work (false while it restarts).
     pub fn is_ready(&self) -> bool {
-        self.health.is_ready()
+        self.exec.health.is_ready()
     }
 
     /// Requests queued or running on this instance, for least-outstanding-work routing.
@@ -442,21 +437,19 @@ impl InstanceHandle {
     pub async fn execute(&self, sub: Submission) -> Result<Executed> {
         let alone = self.outstanding.fetch_add(1, Ordering::Relaxed) == 0;
         let _guard = Outstanding(&self.outstanding);
-        if self.fast_path && alone && self.health.is_ready() && self.policy.allows_inline() {
-            if let Ok(mut b) = self.backend.try_lock() {
-                let t = Instant::now();
-                let run = std::panic::catch_unwind(AssertUnwindSafe(|| b.execute(&sub.inputs, &sub.outputs)));
-                self.policy.record(t.elapsed());
-                self.executions.increment(1);
-                let (outputs, timings) = run.unwrap_or_else(|_| {
-                    tracing::error!(instance = %self.label, "backend panicked while executing a request");
-                    self.health.mark_failed();
+        let may_inline = match self.inline {
+            Inline::WhenIdle => true,
+            Inline::WhenAlone => alone,
+            Inline::Never => false,
+        };
+        if may_inline && self.exec.health.is_ready() && self.exec.policy.allows_inline() {
+            if let Ok(mut b) = self.exec.backend.try_lock() {
+                let result = self.exec.run(&self.label, &mut **b, &sub.inputs, &sub.outputs);
+                drop(b);
+                if !self.exec.health.is_ready() {
                     let _ = self.actor.cast(InstanceMsg::Failed);
-                    Err(Error::unavailable(format!(
-                        "instance {} failed while executing the request; it is restarting",
-                        self.label
-                    )))
-                })?;
+                }
+                let (outputs, timings) = result?;
                 return Ok(Executed {
                     outputs,
                     timings,
