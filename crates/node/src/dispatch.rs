@@ -123,7 +123,14 @@ impl NodeDispatch {
         self.models.write().expect("models lock").clear();
     }
 
-    fn resolve(&self, name: &str, version: &str) -> Result<(Arc<LoadedVersion>, Vec<i64>)> {
+    /// Finds a ready model version (empty `version`: the highest) and hands it, with all ready
+    /// versions, to `f` under one read lock.
+    fn lookup<R>(
+        &self,
+        name: &str,
+        version: &str,
+        f: impl FnOnce(&Arc<LoadedVersion>, &BTreeMap<i64, Arc<LoadedVersion>>) -> R,
+    ) -> Result<R> {
         let models = self.models.read().expect("models lock");
         let versions = match models.get(name) {
             None => return Err(Error::not_found(format!("unknown model: '{name}' is not found"))),
@@ -141,10 +148,14 @@ impl NodeDispatch {
                 .map_err(|_| Error::invalid(format!("model version '{version}' is not a number")))?;
             versions.get(&v)
         };
-        let chosen = chosen
-            .ok_or_else(|| Error::not_found(format!("version {version} of model '{name}' is not available")))?
-            .clone();
-        Ok((chosen, versions.keys().copied().collect()))
+        let chosen =
+            chosen.ok_or_else(|| Error::not_found(format!("version {version} of model '{name}' is not available")))?;
+        Ok(f(chosen, versions))
+    }
+
+    /// The model version a request names; the hot path needs nothing else.
+    fn resolve(&self, name: &str, version: &str) -> Result<Arc<LoadedVersion>> {
+        self.lookup(name, version, |m, _| m.clone())
     }
 }
 
@@ -152,7 +163,7 @@ impl NodeDispatch {
 impl Dispatch for NodeDispatch {
     async fn infer(&self, mut request: InferRequest) -> Result<InferResponse> {
         let start = Instant::now();
-        let (model, _) = self.resolve(&request.model_name, &request.model_version)?;
+        let model = self.resolve(&request.model_name, &request.model_version)?;
         if let Err(e) = check_request(&model.config, &request) {
             model.stats.failure(e.metric_reason(), start.elapsed());
             return Err(e);
@@ -219,7 +230,7 @@ impl Dispatch for NodeDispatch {
     }
 
     fn model(&self, name: &str, version: &str) -> Result<ModelView> {
-        let (m, ready_versions) = self.resolve(name, version)?;
+        let (m, ready_versions) = self.lookup(name, version, |m, all| (m.clone(), all.keys().copied().collect()))?;
         let ready = m.instances.iter().any(|i| i.is_ready());
         Ok(ModelView {
             config: m.config.clone(),
@@ -244,7 +255,7 @@ impl Dispatch for NodeDispatch {
             ready(state)
         } else {
             drop(models);
-            vec![self.resolve(name, version)?.0]
+            vec![self.resolve(name, version)?]
         };
         Ok(ModelStatisticsResponse {
             model_stats: chosen.iter().map(|m| m.stats.snapshot()).collect(),
