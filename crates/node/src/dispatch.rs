@@ -1,7 +1,6 @@
 //! The node's Dispatch: finds the model version, checks the request, runs it on the instance, records metrics.
-use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -9,10 +8,13 @@ use mesh::proto::ModelStatisticsResponse;
 use mesh::validate::check_request;
 use mesh::{Dispatch, Error, IndexEntry, InferRequest, InferResponse, LoadOptions, ModelView, Result};
 
-use crate::cli::ControlMode;
+use ractor::ActorRef;
 
-use crate::instance::{self, Submission};
-use crate::loader::LoadedVersion;
+use crate::cli::ControlMode;
+use crate::instance::Submission;
+use crate::manager::ManagerMsg;
+use crate::model::LoadedVersion;
+use crate::table::ModelTable;
 
 /// Counts a request as pending while it runs; if its future is dropped first (the client went
 /// away), records it as a CANCELED failure so the gauge and statistics stay true.
@@ -64,13 +66,6 @@ fn scheduling_params(request: &InferRequest) -> Result<(u32, Option<std::time::D
     Ok((priority, timeout))
 }
 
-/// A model as the repository manager knows it.
-pub enum ModelState {
-    Ready(BTreeMap<i64, Arc<LoadedVersion>>),
-    Failed(String),
-    Unloaded,
-}
-
 /// What the node needs to (re)load models after start-up.
 pub struct Repositories {
     pub env: Arc<ort::environment::Environment>,
@@ -79,83 +74,55 @@ pub struct Repositories {
     pub mode: ControlMode,
 }
 
-/// Serves the models loaded on this node.
+/// The current RepositoryManager, replaced when the NodeSupervisor restarts it.
+pub type ManagerLink = RwLock<Option<ActorRef<ManagerMsg>>>;
+
+/// Serves the models loaded on this node: reads the model table on each request and hands
+/// repository changes to the RepositoryManager actor.
 pub struct NodeDispatch {
-    models: RwLock<BTreeMap<String, ModelState>>,
+    pub(crate) table: Arc<ModelTable>,
     strict_readiness: bool,
-    pub(crate) repos: Repositories,
-    /// Serializes loads and unloads, so concurrent repository calls cannot interleave.
-    pub(crate) load_lock: tokio::sync::Mutex<()>,
-    /// Fingerprints of model directories as last loaded, for poll mode.
-    pub(crate) fingerprints: Mutex<HashMap<String, u64>>,
+    mode: ControlMode,
+    roots: Vec<PathBuf>,
+    pub(crate) manager: Arc<ManagerLink>,
 }
 
 impl NodeDispatch {
-    pub fn new(strict_readiness: bool, repos: Repositories) -> Self {
+    pub fn new(
+        strict_readiness: bool,
+        repos: &Repositories,
+        table: Arc<ModelTable>,
+        manager: Arc<ManagerLink>,
+    ) -> Self {
         NodeDispatch {
-            models: RwLock::new(BTreeMap::new()),
+            table,
             strict_readiness,
-            repos,
-            load_lock: tokio::sync::Mutex::new(()),
-            fingerprints: Mutex::new(HashMap::new()),
+            mode: repos.mode,
+            roots: repos.roots.clone(),
+            manager,
         }
     }
 
-    /// The ready versions of a model, if it has any.
-    pub(crate) fn ready_versions(&self, name: &str) -> Option<BTreeMap<i64, Arc<LoadedVersion>>> {
-        match self.models.read().expect("models lock").get(name) {
-            Some(ModelState::Ready(v)) => Some(v.clone()),
-            _ => None,
+    /// Refuses repository load/unload unless the node runs in explicit mode, as tritonserver does.
+    fn check_explicit(&self, what: &str, name: &str) -> Result<()> {
+        if self.mode == ControlMode::Explicit {
+            return Ok(());
         }
+        Err(Error::unsupported(format!(
+            "cannot {what} '{name}': explicit model load / unload needs --model-control-mode=explicit"
+        )))
     }
 
-    /// Names of every model this node has a state for.
-    pub(crate) fn known_models(&self) -> Vec<String> {
-        self.models.read().expect("models lock").keys().cloned().collect()
-    }
-
-    pub fn set_model(&self, name: String, state: ModelState) {
-        self.models.write().expect("models lock").insert(name, state);
-    }
-
-    /// Drops every model, which stops their instance threads once in-flight work ends.
-    pub fn clear(&self) {
-        self.models.write().expect("models lock").clear();
-    }
-
-    /// Finds a ready model version (empty `version`: the highest) and hands it, with all ready
-    /// versions, to `f` under one read lock.
-    fn lookup<R>(
+    /// Hands a request to the RepositoryManager and waits for its answer.
+    async fn ask_manager<T: Send + 'static>(
         &self,
-        name: &str,
-        version: &str,
-        f: impl FnOnce(&Arc<LoadedVersion>, &BTreeMap<i64, Arc<LoadedVersion>>) -> R,
-    ) -> Result<R> {
-        let models = self.models.read().expect("models lock");
-        let versions = match models.get(name) {
-            None => return Err(Error::not_found(format!("unknown model: '{name}' is not found"))),
-            Some(ModelState::Failed(reason)) => {
-                return Err(Error::unavailable(format!("model '{name}' is not ready: {reason}")))
-            }
-            Some(ModelState::Unloaded) => return Err(Error::unavailable(format!("model '{name}' is unloaded"))),
-            Some(ModelState::Ready(v)) => v,
-        };
-        let chosen = if version.is_empty() {
-            versions.values().next_back()
-        } else {
-            let v: i64 = version
-                .parse()
-                .map_err(|_| Error::invalid(format!("model version '{version}' is not a number")))?;
-            versions.get(&v)
-        };
-        let chosen =
-            chosen.ok_or_else(|| Error::not_found(format!("version {version} of model '{name}' is not available")))?;
-        Ok(f(chosen, versions))
-    }
-
-    /// The model version a request names; the hot path needs nothing else.
-    fn resolve(&self, name: &str, version: &str) -> Result<Arc<LoadedVersion>> {
-        self.lookup(name, version, |m, _| m.clone())
+        msg: impl FnOnce(ractor::RpcReplyPort<Result<T>>) -> ManagerMsg,
+    ) -> Result<T> {
+        let manager = self.manager.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let manager = manager.ok_or_else(|| Error::unavailable("the repository manager is restarting; try again"))?;
+        crate::model::ask(&manager, "repository manager", msg)
+            .await
+            .map_err(Error::unavailable)?
     }
 }
 
@@ -163,7 +130,7 @@ impl NodeDispatch {
 impl Dispatch for NodeDispatch {
     async fn infer(&self, mut request: InferRequest) -> Result<InferResponse> {
         let start = Instant::now();
-        let model = self.resolve(&request.model_name, &request.model_version)?;
+        let model = self.table.resolve(&request.model_name, &request.model_version)?;
         if let Err(e) = check_request(&model.config, &request) {
             model.stats.failure(e.metric_reason(), start.elapsed());
             return Err(e);
@@ -187,7 +154,8 @@ impl Dispatch for NodeDispatch {
             priority,
             timeout,
         };
-        let instance = instance::pick(&model.instances, &model.rotation)
+        let instance = model
+            .pick()
             .ok_or_else(|| Error::unavailable(format!("model '{}' has no instances", request.model_name)))?;
         InFlight::begin(&model);
         let mut guard = InFlight {
@@ -220,18 +188,14 @@ impl Dispatch for NodeDispatch {
     }
 
     fn ready(&self) -> bool {
-        !self.strict_readiness
-            || self
-                .models
-                .read()
-                .expect("models lock")
-                .values()
-                .all(|m| !matches!(m, ModelState::Failed(_)))
+        !self.strict_readiness || !self.table.any_failed()
     }
 
     fn model(&self, name: &str, version: &str) -> Result<ModelView> {
-        let (m, ready_versions) = self.lookup(name, version, |m, all| (m.clone(), all.keys().copied().collect()))?;
-        let ready = m.instances.iter().any(|i| i.is_ready());
+        let (m, ready_versions) = self
+            .table
+            .lookup(name, version, |m, all| (m.snapshot(), all.keys().copied().collect()))?;
+        let ready = m.is_ready();
         Ok(ModelView {
             config: m.config.clone(),
             version: m.version,
@@ -241,21 +205,10 @@ impl Dispatch for NodeDispatch {
     }
 
     fn model_statistics(&self, name: &str, version: &str) -> Result<ModelStatisticsResponse> {
-        let models = self.models.read().expect("models lock");
-        let ready = |state: &ModelState| match state {
-            ModelState::Ready(v) => v.values().cloned().collect::<Vec<_>>(),
-            ModelState::Failed(_) | ModelState::Unloaded => Vec::new(),
-        };
-        let chosen: Vec<Arc<LoadedVersion>> = if name.is_empty() {
-            models.values().flat_map(ready).collect()
-        } else if version.is_empty() {
-            let state = models
-                .get(name)
-                .ok_or_else(|| Error::not_found(format!("unknown model: '{name}' is not found")))?;
-            ready(state)
+        let chosen: Vec<Arc<LoadedVersion>> = if name.is_empty() || version.is_empty() {
+            self.table.ready_snapshots(name)?
         } else {
-            drop(models);
-            vec![self.resolve(name, version)?]
+            vec![self.table.resolve(name, version)?]
         };
         Ok(ModelStatisticsResponse {
             model_stats: chosen.iter().map(|m| m.stats.snapshot()).collect(),
@@ -264,12 +217,14 @@ impl Dispatch for NodeDispatch {
 
     async fn load_model(&self, name: &str, options: LoadOptions) -> Result<()> {
         self.check_explicit("load", name)?;
-        self.load(name, options).await
+        let name = name.to_string();
+        self.ask_manager(|reply| ManagerMsg::Load(name, options, reply)).await
     }
 
     async fn unload_model(&self, name: &str, _unload_dependents: bool) -> Result<()> {
         self.check_explicit("unload", name)?;
-        self.unload(name).await
+        let name = name.to_string();
+        self.ask_manager(|reply| ManagerMsg::Unload(name, reply)).await
     }
 
     fn extensions(&self) -> Vec<&'static str> {
@@ -280,48 +235,13 @@ impl Dispatch for NodeDispatch {
             "statistics",
             "schedule_policy",
         ];
-        if self.repos.mode == ControlMode::Explicit {
+        if self.mode == ControlMode::Explicit {
             e.push("model_repository");
         }
         e
     }
 
     fn repository_index(&self) -> Vec<IndexEntry> {
-        let (dirs, _) = crate::repository::scan(&self.repos.roots);
-        let models = self.models.read().expect("models lock");
-        let mut out: Vec<IndexEntry> = dirs
-            .iter()
-            .filter(|d| !models.contains_key(&d.name))
-            .map(|d| IndexEntry {
-                name: d.name.clone(),
-                version: String::new(),
-                state: String::new(),
-                reason: String::new(),
-            })
-            .collect();
-        for (name, state) in models.iter() {
-            match state {
-                ModelState::Ready(versions) => out.extend(versions.keys().map(|v| IndexEntry {
-                    name: name.clone(),
-                    version: v.to_string(),
-                    state: "READY".into(),
-                    reason: String::new(),
-                })),
-                ModelState::Failed(reason) => out.push(IndexEntry {
-                    name: name.clone(),
-                    version: String::new(),
-                    state: "UNAVAILABLE".into(),
-                    reason: reason.clone(),
-                }),
-                ModelState::Unloaded => out.push(IndexEntry {
-                    name: name.clone(),
-                    version: String::new(),
-                    state: "UNAVAILABLE".into(),
-                    reason: "unloaded".into(),
-                }),
-            }
-        }
-        out.sort_by(|a, b| a.name.cmp(&b.name).then(a.version.cmp(&b.version)));
-        out
+        self.table.index(&self.roots)
     }
 }

@@ -1,5 +1,6 @@
 //! One model instance: a ractor actor that owns the instance's batcher, and an executor thread that owns
 //! its backend session. Short executions of unbatched models run inline when the instance is idle.
+//! A failed backend is reported to the model's supervisor, which rebuilds it and `install`s it.
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -8,17 +9,16 @@ use std::time::{Duration, Instant};
 
 use mesh::{Error, NamedTensor, Result};
 use metrics::Counter;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 
 use crate::backend::{Backend, Timings};
 use crate::batch_io;
 use crate::batching::{BatchConfig, BatchRequest, Batcher, RejectReason, TIMED_OUT_MESSAGE};
-use crate::supervision::{self, BackendFactory, Backoff, Health};
+use crate::supervision::{BackendFactory, Health};
 
-/// Restart delays of a failed instance: 100 ms, doubling up to 10 s.
-static RESTART_BACKOFF: std::sync::LazyLock<Backoff> =
-    std::sync::LazyLock::new(|| Backoff::new(Duration::from_millis(100), Duration::from_secs(10)));
+/// Tells the instance's supervisor that its backend failed (called once per failure).
+pub type FailureNotice = Arc<dyn Fn() + Send + Sync>;
 
 /// A finished execution as one request sees it.
 pub struct Executed {
@@ -147,6 +147,7 @@ struct Executor {
     policy: Arc<InlinePolicy>,
     executions: Counter,
     health: Arc<Health>,
+    on_failure: FailureNotice,
 }
 
 impl Executor {
@@ -165,7 +166,9 @@ impl Executor {
         self.executions.increment(1);
         run.unwrap_or_else(|_| {
             tracing::error!(instance = %label, "backend panicked while executing");
-            self.health.mark_failed();
+            if self.health.mark_failed() {
+                (self.on_failure)();
+            }
             Err(Error::unavailable(format!(
                 "instance {label} failed while executing the request; it is restarting"
             )))
@@ -173,17 +176,8 @@ impl Executor {
     }
 }
 
-/// Work for the executor thread.
-enum ExecMsg {
-    Batch(Vec<Job>),
-    /// The backend failed outside a batch (on the inline path): rebuild it.
-    Restart,
-}
-
 /// Messages of the instance actor.
 enum InstanceMsg {
-    /// The inline path saw the backend fail.
-    Failed,
     /// A job with its id and shape key.
     Submit(Box<(Job, u64, u64)>),
     /// The caller went away: drop the job if it is still queued.
@@ -197,7 +191,6 @@ struct InstanceActor;
 struct InstanceArgs {
     label: String,
     exec: Arc<Executor>,
-    factory: BackendFactory,
     config: BatchConfig,
 }
 
@@ -207,7 +200,7 @@ struct InstanceState {
     batcher: Batcher<u64>,
     jobs: HashMap<u64, Job>,
     busy: bool,
-    exec: Option<mpsc::Sender<ExecMsg>>,
+    exec: Option<mpsc::Sender<Vec<Job>>>,
     wake_at: Option<Instant>,
 }
 
@@ -241,7 +234,7 @@ impl InstanceState {
                 .collect();
             if !jobs.is_empty() {
                 match &self.exec {
-                    Some(tx) if tx.send(ExecMsg::Batch(jobs)).is_ok() => self.busy = true,
+                    Some(tx) if tx.send(jobs).is_ok() => self.busy = true,
                     _ => tracing::error!(instance = %self.label, "executor thread is gone"),
                 }
             } else if !self.batcher.is_empty() {
@@ -267,22 +260,13 @@ impl Actor for InstanceActor {
         myself: ActorRef<InstanceMsg>,
         args: InstanceArgs,
     ) -> Result<InstanceState, ActorProcessingErr> {
-        let (tx, rx) = mpsc::channel::<ExecMsg>();
+        let (tx, rx) = mpsc::channel::<Vec<Job>>();
         let label = args.label.clone();
-        let factory = args.factory;
         let exec = args.exec.clone();
         let me = myself.clone();
         std::thread::Builder::new().name(args.label.clone()).spawn(move || {
-            while let Ok(msg) = rx.recv() {
-                if let ExecMsg::Batch(jobs) = msg {
-                    run_batch(&label, &exec, jobs);
-                }
-                // A panic (here or on the inline path, which sends Restart) left the instance not ready.
-                if !exec.health.is_ready() {
-                    let _ = me.cast(InstanceMsg::Done);
-                    let fresh = supervision::restart(&label, &factory, &exec.health, RESTART_BACKOFF.clone());
-                    *exec.backend.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
-                }
+            while let Ok(jobs) = rx.recv() {
+                run_batch(&label, &exec, jobs);
                 let _ = me.cast(InstanceMsg::Done);
             }
         })?;
@@ -334,11 +318,6 @@ impl Actor for InstanceActor {
                     tracing::debug!(instance = %state.label, "cancelled request removed from the queue");
                 }
             }
-            InstanceMsg::Failed => {
-                if let Some(tx) = &state.exec {
-                    let _ = tx.send(ExecMsg::Restart);
-                }
-            }
             InstanceMsg::Wake => state.wake_at = None,
             InstanceMsg::Done => state.busy = false,
         }
@@ -377,26 +356,44 @@ pub struct InstanceHandle {
     outstanding: AtomicUsize,
     next_id: AtomicU64,
     pub label: String,
+    /// Rebuilds this instance's backend (same file, config and device).
+    pub factory: BackendFactory,
+}
+
+/// Everything needed to start one instance.
+pub struct InstanceSpec {
+    /// `<instance name>_v<version>`, as logs and metrics show it.
+    pub label: String,
+    pub model: String,
+    pub version: i64,
+    pub batch: BatchConfig,
+    pub factory: BackendFactory,
+    pub on_failure: FailureNotice,
 }
 
 impl InstanceHandle {
-    /// Starts the instance actor and its executor thread; `labels` are (model, version) for its metrics.
-    pub async fn spawn(
-        label: String,
-        labels: (&str, i64),
-        config: BatchConfig,
-        factory: BackendFactory,
-    ) -> Result<Self, String> {
+    /// Starts the instance actor (linked to `supervisor`, if given) and its executor thread.
+    pub async fn spawn(spec: InstanceSpec, supervisor: Option<ActorCell>) -> Result<Self, String> {
+        let InstanceSpec {
+            label,
+            model,
+            version,
+            batch: config,
+            factory,
+            on_failure,
+        } = spec;
         let metric_labels = [
-            ("model", labels.0.to_string()),
-            ("version", labels.1.to_string()),
+            ("model", model),
+            ("version", version.to_string()),
             ("instance", label.clone()),
         ];
+        let backend = crate::supervision::build(&factory)?;
         let exec = Arc::new(Executor {
-            backend: Arc::new(Mutex::new(factory()?)),
+            backend: Arc::new(Mutex::new(backend)),
             policy: Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT)),
             executions: metrics::counter!("mesh_instance_executions_total", &metric_labels),
             health: Arc::new(Health::new(&metric_labels)),
+            on_failure,
         });
         let inline = match (config.dynamic, config.max_queue_delay.is_zero()) {
             (false, _) => Inline::WhenIdle,
@@ -406,12 +403,13 @@ impl InstanceHandle {
         let args = InstanceArgs {
             label: label.clone(),
             exec: exec.clone(),
-            factory,
             config,
         };
-        let (actor, _) = Actor::spawn(None, InstanceActor, args)
-            .await
-            .map_err(|e| format!("cannot start instance {label}: {e}"))?;
+        let spawned = match supervisor {
+            Some(sup) => Actor::spawn_linked(None, InstanceActor, args, sup).await,
+            None => Actor::spawn(None, InstanceActor, args).await,
+        };
+        let (actor, _) = spawned.map_err(|e| format!("cannot start instance {label}: {e}"))?;
         let outstanding = AtomicUsize::new(0);
         Ok(InstanceHandle {
             actor,
@@ -420,7 +418,26 @@ impl InstanceHandle {
             outstanding,
             next_id: AtomicU64::new(0),
             label,
+            factory,
         })
+    }
+
+    /// Puts a rebuilt backend in place and routes to the instance again.
+    pub fn install(&self, backend: Box<dyn Backend>) {
+        *self.exec.backend.lock().unwrap_or_else(|p| p.into_inner()) = backend;
+        self.exec.health.mark_restarted();
+        let _ = self.actor.cast(InstanceMsg::Wake);
+    }
+
+    /// The instance actor's id, to match supervision events.
+    pub fn actor_id(&self) -> ActorId {
+        self.actor.get_id()
+    }
+
+    /// Detaches the instance actor from its supervisor, so stopping the supervisor leaves it to
+    /// finish the work it holds.
+    pub fn detach_from(&self, supervisor: &ActorCell) {
+        self.actor.get_cell().unlink(supervisor.clone());
     }
 
     /// Whether the instance can take work (false while it restarts).
@@ -447,7 +464,8 @@ impl InstanceHandle {
                 let result = self.exec.run(&self.label, &mut **b, &sub.inputs, &sub.outputs);
                 drop(b);
                 if !self.exec.health.is_ready() {
-                    let _ = self.actor.cast(InstanceMsg::Failed);
+                    // Anything queued meanwhile is answered by the actor instead of waiting.
+                    let _ = self.actor.cast(InstanceMsg::Wake);
                 }
                 let (outputs, timings) = result?;
                 return Ok(Executed {
@@ -511,11 +529,11 @@ impl Drop for InstanceHandle {
 }
 
 /// Picks a ready instance with the least outstanding work, rotating among ties so idle instances share load.
-pub fn pick<'a>(instances: &'a [InstanceHandle], rotation: &AtomicUsize) -> Option<&'a InstanceHandle> {
+pub fn pick<'a>(instances: &'a [Arc<InstanceHandle>], rotation: &AtomicUsize) -> Option<&'a InstanceHandle> {
     let n = instances.len();
     let start = rotation.fetch_add(1, Ordering::Relaxed);
     (0..n)
-        .map(|i| &instances[(start + i) % n])
+        .map(|i| &*instances[(start + i) % n])
         .min_by_key(|inst| (!inst.is_ready(), inst.outstanding()))
 }
 

@@ -8,8 +8,9 @@ use std::time::Duration;
 use clap::Parser;
 use tokio::sync::watch;
 
-use mesh_node::cli::{Args, ControlMode};
-use mesh_node::dispatch::{NodeDispatch, Repositories};
+use mesh_node::cli::Args;
+use mesh_node::dispatch::Repositories;
+use mesh_node::node::Node;
 use mesh_node::{metrics, ort_env, placement, repository, server};
 
 fn init_logging(args: &Args) {
@@ -64,13 +65,9 @@ async fn run(args: Args) -> Result<(), String> {
         gpus,
         mode: args.model_control_mode,
     };
-    let dispatch = Arc::new(NodeDispatch::new(args.strict_readiness, repos));
-    let failed = dispatch.load_at_start(&args.load_model).await;
-    if args.model_control_mode == ControlMode::Poll {
-        dispatch
-            .clone()
-            .spawn_poller(Duration::from_secs(args.repository_poll_secs));
-    }
+    let node = Node::start(repos, args.strict_readiness, args.repository_poll_secs).await?;
+    let dispatch = node.dispatch.clone();
+    let failed = node.load_at_start(&args.load_model).await;
     if failed > 0 && args.exit_on_error {
         return Err(format!("{failed} model(s) failed to load and --exit-on-error is true"));
     }
@@ -104,7 +101,8 @@ async fn run(args: Args) -> Result<(), String> {
     if drained.is_err() {
         tracing::warn!("in-flight requests did not finish within --exit-timeout-secs; exiting anyway");
     }
-    dispatch.clear();
+    drop(dispatch);
+    node.stop().await;
     tracing::info!("stopped");
     Ok(())
 }

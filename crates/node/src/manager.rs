@@ -1,83 +1,48 @@
-//! Model management: loading at start, explicit load/unload with config and file overrides, and poll mode.
-use std::path::{Component, Path, PathBuf};
+//! RepositoryManager: the actor that loads, reloads (in place when only the instances change) and
+//! unloads models, one change at a time, and polls the repositories in poll mode.
 use std::sync::Arc;
 use std::time::Duration;
 
-use mesh::config::{config_from_json, ModelConfig};
+use mesh::config::{config_from_json, validate_config, ModelConfig};
 use mesh::{Error, LoadOptions, Result};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::cli::ControlMode;
-use crate::dispatch::{ModelState, NodeDispatch};
+use crate::dispatch::Repositories;
 use crate::loader;
-use crate::repository::{self, ModelDir};
+use crate::model::ModelHandle;
+use crate::overrides::write_override_dir;
+use crate::placement;
+use crate::repository;
+use crate::table::{ModelEntry, ModelState, ModelTable, Source};
 
-/// At most this many `file:` overrides in one load request.
-const MAX_OVERRIDE_FILES: usize = 64;
-
-/// A temporary model directory built from `file:` overrides, removed when dropped.
-struct OverrideDir(PathBuf);
-
-impl Drop for OverrideDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+pub enum ManagerMsg {
+    Load(String, LoadOptions, RpcReplyPort<Result<()>>),
+    Unload(String, RpcReplyPort<Result<()>>),
+    /// Loads what the control mode asks for at start-up; answers how many models failed.
+    LoadAtStart(Vec<String>, RpcReplyPort<usize>),
+    Poll,
+    /// The manager was restarted (its ModelActors died with it): reload what was serving.
+    Recover,
 }
 
-/// Checks that an override path stays inside the model directory (no `..`, no absolute paths).
-fn safe_relative(path: &str) -> Result<PathBuf> {
-    let p = Path::new(path);
-    let ok = !path.is_empty() && p.components().all(|c| matches!(c, Component::Normal(_)));
-    if !ok {
-        return Err(Error::invalid(format!(
-            "file override path '{path}' must be relative and stay inside the model"
-        )));
-    }
-    Ok(p.to_path_buf())
+pub struct ManagerArgs {
+    pub repos: Arc<Repositories>,
+    pub table: Arc<ModelTable>,
+    /// Poll mode's period.
+    pub poll_every: Option<Duration>,
 }
 
-/// Writes `file:` overrides into a fresh directory laid out like a model directory.
-fn write_override_dir(name: &str, files: &[(String, bytes::Bytes)]) -> Result<(OverrideDir, ModelDir)> {
-    if files.len() > MAX_OVERRIDE_FILES {
-        return Err(Error::invalid(format!(
-            "at most {MAX_OVERRIDE_FILES} file overrides per load"
-        )));
-    }
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let root = std::env::temp_dir().join(format!("mesh-node-{}-override-{n}", std::process::id()));
-    let guard = OverrideDir(root.clone());
-    let model_dir = root.join(name);
-    for (path, bytes) in files {
-        let target = model_dir.join(safe_relative(path)?);
-        let io = |e: std::io::Error| Error::internal(format!("cannot write file override '{path}': {e}"));
-        std::fs::create_dir_all(target.parent().unwrap_or(&model_dir)).map_err(io)?;
-        std::fs::write(&target, bytes).map_err(io)?;
-    }
-    let versions = repository::version_dirs(&model_dir);
-    Ok((
-        guard,
-        ModelDir {
-            name: name.to_string(),
-            path: model_dir,
-            versions,
-        },
-    ))
+pub struct RepositoryManager;
+
+pub struct Manager {
+    repos: Arc<Repositories>,
+    table: Arc<ModelTable>,
 }
 
-impl NodeDispatch {
-    /// Refuses repository load/unload unless the node runs in explicit mode, as tritonserver does.
-    pub(crate) fn check_explicit(&self, what: &str, name: &str) -> Result<()> {
-        if self.repos.mode == ControlMode::Explicit {
-            return Ok(());
-        }
-        Err(Error::unsupported(format!(
-            "cannot {what} '{name}': explicit model load / unload needs --model-control-mode=explicit"
-        )))
-    }
-
+impl Manager {
     /// Loads (or reloads) one model; new versions replace old ones only once they are ready.
-    pub async fn load(&self, name: &str, options: LoadOptions) -> Result<()> {
-        let _serial = self.load_lock.lock().await;
+    async fn load(&self, me: &ActorCell, name: &str, options: LoadOptions) -> Result<()> {
         let override_config: Option<ModelConfig> = match &options.config {
             Some(text) => Some(config_from_json(text).map_err(Error::invalid)?),
             None => None,
@@ -98,54 +63,123 @@ impl NodeDispatch {
             (Some(g), d)
         };
         let fingerprint = repository::fingerprint(&dir.path);
-        match loader::load_model(&self.repos.env, &dir, &self.repos.gpus, override_config).await {
-            Ok(versions) => {
-                let shown: Vec<_> = versions.keys().map(|v| v.to_string()).collect();
+        // File overrides may change anything, so they always load afresh.
+        let content = options
+            .files
+            .is_empty()
+            .then(|| repository::content_fingerprint(&dir.path));
+        let written = loader::written_config(&dir, override_config);
+        if let Ok((written, _)) = &written {
+            if let Some(done) = self.change_in_place(name, written, content, fingerprint).await {
+                return done;
+            }
+        }
+        let loaded = match written {
+            Ok(written) => loader::load_model(&self.repos.env, &dir, &self.repos.gpus, written, me).await,
+            Err(e) => Err(e),
+        };
+        match loaded {
+            Ok(loaded) => {
+                let shown: Vec<_> = loaded.versions.keys().map(|v| v.to_string()).collect();
                 tracing::info!(model = %name, versions = %shown.join(","), "model ready");
-                self.set_model(name.to_string(), ModelState::Ready(versions));
-                self.fingerprints
-                    .lock()
-                    .expect("fingerprints")
-                    .insert(name.to_string(), fingerprint);
+                let entry = ModelEntry {
+                    state: ModelState::Ready(loaded.versions),
+                    fingerprint: Some(fingerprint),
+                    source: Some(Source {
+                        written: loaded.written,
+                        config: loaded.config,
+                        content,
+                    }),
+                };
+                self.table.set(name, entry);
                 Ok(())
             }
             Err(reason) => {
                 tracing::error!(model = %name, "failed to load: {reason}");
-                if self.ready_versions(name).is_none() {
-                    self.set_model(name.to_string(), ModelState::Failed(reason.clone()));
-                } else {
+                if self.table.is_ready(name) {
                     tracing::warn!(model = %name, "keeping the versions already serving");
+                } else {
+                    self.table.set(name, ModelEntry::failed(reason.clone()));
                 }
                 Err(Error::invalid(format!("failed to load '{name}': {reason}")))
             }
         }
     }
 
+    /// When only `instance_group` changed and the model files did not, changes the instances of
+    /// every serving version in place: no session reload, statistics kept. None: a full load is needed.
+    async fn change_in_place(
+        &self,
+        name: &str,
+        written: &ModelConfig,
+        content: Option<u64>,
+        fingerprint: u64,
+    ) -> Option<Result<()>> {
+        let (handles, serving): (Vec<Arc<ModelHandle>>, Arc<ModelConfig>) = {
+            let models = self.table.read();
+            let entry = models.get(name)?;
+            let (ModelState::Ready(versions), Some(source)) = (&entry.state, &entry.source) else {
+                return None;
+            };
+            if content.is_none()
+                || source.content != content
+                || !loader::only_instances_differ(&source.written, written)
+            {
+                return None;
+            }
+            (versions.values().cloned().collect(), source.config.clone())
+        };
+        let mut next = (*serving).clone();
+        next.instance_group = written.instance_group.clone();
+        let resized = async {
+            validate_config(&next)?;
+            let placements = placement::place_instances(&next, &self.repos.gpus)?;
+            let next = Arc::new(next);
+            for h in &handles {
+                h.resize(next.clone(), placements.clone()).await?;
+            }
+            Ok::<_, String>(next)
+        }
+        .await;
+        Some(match resized {
+            Ok(next) => {
+                self.table.set_config(name, next, written.clone(), fingerprint);
+                Ok(())
+            }
+            Err(reason) => {
+                tracing::error!(model = %name, "failed to change instances: {reason}");
+                Err(Error::invalid(format!("failed to load '{name}': {reason}")))
+            }
+        })
+    }
+
     /// Unloads a model: new requests are refused at once, in-flight ones finish on the old instances.
-    pub async fn unload(&self, name: &str) -> Result<()> {
-        let _serial = self.load_lock.lock().await;
-        if !self.known_models().iter().any(|m| m == name) {
+    fn unload(&self, name: &str) -> Result<()> {
+        if !self.table.names().iter().any(|m| m == name) {
             return Err(Error::not_found(format!("failed to unload '{name}': it is not loaded")));
         }
-        self.set_model(name.to_string(), ModelState::Unloaded);
-        self.fingerprints.lock().expect("fingerprints").remove(name);
+        let entry = ModelEntry {
+            state: ModelState::Unloaded,
+            fingerprint: None,
+            source: None,
+        };
+        self.table.set(name, entry);
         tracing::info!(model = %name, "model unloaded");
         Ok(())
     }
 
-    /// Loads what the control mode asks for at start-up; returns how many models failed.
-    pub async fn load_at_start(&self, explicit: &[String]) -> usize {
+    async fn load_at_start(&self, me: &ActorCell, explicit: &[String]) -> usize {
         let (dirs, errors) = repository::scan(&self.repos.roots);
         let mut failed = 0;
         for (name, reason) in errors {
             tracing::error!(model = %name, "{reason}");
-            self.set_model(name, ModelState::Failed(reason));
+            self.table.set(&name, ModelEntry::failed(reason));
             failed += 1;
         }
         for dir in dirs {
             let wanted =
                 self.repos.mode != ControlMode::Explicit || explicit.iter().any(|m| m == "*" || *m == dir.name);
-            if wanted && self.load(&dir.name, LoadOptions::default()).await.is_err() {
+            if wanted && self.load(me, &dir.name, LoadOptions::default()).await.is_err() {
                 failed += 1;
             }
         }
@@ -153,60 +187,99 @@ impl NodeDispatch {
     }
 
     /// Poll mode: reloads models whose directory changed, loads new ones, unloads removed ones.
-    pub async fn poll_once(&self) {
+    async fn poll(&self, me: &ActorCell) {
         let (dirs, _) = repository::scan(&self.repos.roots);
         for dir in &dirs {
-            let known = self.fingerprints.lock().expect("fingerprints").get(&dir.name).copied();
+            let known = self.table.read().get(&dir.name).and_then(|e| e.fingerprint);
             let now = repository::fingerprint(&dir.path);
             if known != Some(now) {
                 tracing::info!(model = %dir.name, "repository change seen; loading");
-                let _ = self.load(&dir.name, LoadOptions::default()).await;
-                self.fingerprints
-                    .lock()
-                    .expect("fingerprints")
-                    .insert(dir.name.clone(), now);
+                let _ = self.load(me, &dir.name, LoadOptions::default()).await;
+                // Also after a failure, so the same content is not retried on every poll.
+                self.table.set_fingerprint(&dir.name, now);
             }
         }
-        for name in self.known_models() {
-            if !dirs.iter().any(|d| d.name == name) && self.ready_versions(&name).is_some() {
-                let _ = self.unload(&name).await;
+        for name in self.table.names() {
+            if !dirs.iter().any(|d| d.name == name) && self.table.is_ready(&name) {
+                let _ = self.unload(&name);
             }
         }
     }
 
-    /// Runs `poll_once` every `every` until the process ends.
-    pub fn spawn_poller(self: Arc<Self>, every: Duration) {
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                self.poll_once().await;
-            }
-        });
+    /// Reloads every model that was serving from the repository (after a manager restart).
+    async fn recover(&self, me: &ActorCell) {
+        let serving: Vec<String> = self
+            .table
+            .names()
+            .into_iter()
+            .filter(|n| self.table.is_ready(n))
+            .collect();
+        for name in serving {
+            tracing::warn!(model = %name, "reloading after a repository manager restart");
+            let _ = self.load(me, &name, LoadOptions::default()).await;
+        }
+    }
+
+    /// The model whose version is supervised by the actor `id`.
+    fn model_of(&self, id: ractor::ActorId) -> Option<String> {
+        self.table.read().iter().find_map(|(name, e)| match &e.state {
+            ModelState::Ready(v) => v.values().any(|h| h.actor_id() == id).then(|| name.clone()),
+            _ => None,
+        })
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl Actor for RepositoryManager {
+    type Msg = ManagerMsg;
+    type State = Manager;
+    type Arguments = ManagerArgs;
 
-    #[test]
-    fn override_paths_must_stay_inside_the_model() {
-        assert!(safe_relative("1/model.onnx").is_ok());
-        for bad in ["../x", "/etc/passwd", "1/../../x", "", "./a"] {
-            assert!(safe_relative(bad).is_err(), "{bad}");
+    async fn pre_start(&self, myself: ActorRef<ManagerMsg>, args: ManagerArgs) -> Result<Manager, ActorProcessingErr> {
+        if let Some(every) = args.poll_every {
+            myself.send_interval(every.max(Duration::from_millis(100)), || ManagerMsg::Poll);
         }
+        Ok(Manager {
+            repos: args.repos,
+            table: args.table,
+        })
     }
 
-    #[test]
-    fn override_dir_is_laid_out_and_removed() {
-        let files = vec![("1/model.onnx".to_string(), bytes::Bytes::from_static(b"x"))];
-        let (guard, dir) = write_override_dir("m", &files).unwrap();
-        assert_eq!(dir.versions, vec![1]);
-        assert!(dir.path.join("1/model.onnx").is_file());
-        let root = guard.0.clone();
-        drop(guard);
-        assert!(!root.exists());
+    async fn handle(
+        &self,
+        myself: ActorRef<ManagerMsg>,
+        msg: ManagerMsg,
+        state: &mut Manager,
+    ) -> Result<(), ActorProcessingErr> {
+        let me = myself.get_cell();
+        match msg {
+            ManagerMsg::Load(name, options, reply) => {
+                let _ = reply.send(state.load(&me, &name, options).await);
+            }
+            ManagerMsg::Unload(name, reply) => {
+                let _ = reply.send(state.unload(&name));
+            }
+            ManagerMsg::LoadAtStart(explicit, reply) => {
+                let _ = reply.send(state.load_at_start(&me, &explicit).await);
+            }
+            ManagerMsg::Poll => state.poll(&me).await,
+            ManagerMsg::Recover => state.recover(&me).await,
+        }
+        Ok(())
+    }
+
+    /// A ModelActor that died took its instances with it: load the model again.
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<ManagerMsg>,
+        event: SupervisionEvent,
+        state: &mut Manager,
+    ) -> Result<(), ActorProcessingErr> {
+        if let SupervisionEvent::ActorFailed(cell, err) = event {
+            if let Some(name) = state.model_of(cell.get_id()) {
+                tracing::error!(model = %name, "model supervisor failed: {err}; reloading the model");
+                let _ = state.load(&myself.get_cell(), &name, LoadOptions::default()).await;
+            }
+        }
+        Ok(())
     }
 }

@@ -77,6 +77,15 @@ pub fn version_dirs(model: &Path) -> Vec<i64> {
 /// A hash of file names, sizes and modification times under a model directory (two levels of
 /// version folders), so poll mode can tell that something changed. Bounded to 10 000 entries.
 pub fn fingerprint(model: &Path) -> u64 {
+    hash_tree(model, false)
+}
+
+/// Like `fingerprint`, but blind to the top-level config.pbtxt: it changes only with the model files.
+pub fn content_fingerprint(model: &Path) -> u64 {
+    hash_tree(model, true)
+}
+
+fn hash_tree(model: &Path, skip_config: bool) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let mut stack = vec![(model.to_path_buf(), 0)];
@@ -86,6 +95,9 @@ pub fn fingerprint(model: &Path) -> u64 {
         let mut entries: Vec<_> = entries.flatten().collect();
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
+            if skip_config && depth == 0 && e.file_name() == "config.pbtxt" {
+                continue;
+            }
             seen += 1;
             if seen > 10_000 {
                 return h.finish();

@@ -80,7 +80,11 @@ pub fn warmup_inputs(config: &ModelConfig, sample: &ModelWarmup, model_dir: &Pat
 }
 
 /// Runs every warmup sample `count` times (at least once) on every instance.
-pub async fn run(config: &ModelConfig, model_dir: &Path, instances: &[InstanceHandle]) -> Result<(), String> {
+pub async fn run(
+    config: &ModelConfig,
+    model_dir: &Path,
+    instances: &[std::sync::Arc<InstanceHandle>],
+) -> Result<(), String> {
     for sample in &config.model_warmup {
         let inputs = warmup_inputs(config, sample, model_dir)?;
         let rows = if config.max_batch_size > 0 {

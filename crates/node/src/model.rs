@@ -1,0 +1,371 @@
+//! ModelActor: supervises one loaded model version's instances (restarts with backoff, respawns,
+//! in-place instance changes) and publishes the routing snapshot that requests read without a hop.
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use mesh::config::ModelConfig;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::oneshot;
+
+use crate::backend::onnx::Device;
+use crate::backend::Backend;
+use crate::batching::BatchConfig;
+use crate::instance::{self, FailureNotice, InstanceHandle, InstanceSpec};
+use crate::loader::VersionSource;
+use crate::placement::InstancePlacement;
+use crate::stats::ModelStats;
+use crate::supervision::{self, BackendFactory, RestartPolicy};
+
+/// A servable model version as requests see it: replaced whole when its instances change.
+pub struct LoadedVersion {
+    pub config: Arc<ModelConfig>,
+    pub version: i64,
+    pub version_label: String,
+    pub instances: Vec<Arc<InstanceHandle>>,
+    /// Rotates the starting point of instance selection so ties spread.
+    pub rotation: AtomicUsize,
+    pub stats: Arc<ModelStats>,
+}
+
+impl LoadedVersion {
+    /// The ready instance with the least outstanding work.
+    pub fn pick(&self) -> Option<&InstanceHandle> {
+        instance::pick(&self.instances, &self.rotation)
+    }
+
+    /// Whether any instance can take work.
+    pub fn is_ready(&self) -> bool {
+        self.instances.iter().any(|i| i.is_ready())
+    }
+}
+
+/// Where a ModelActor publishes its current snapshot.
+type Slot = RwLock<Arc<LoadedVersion>>;
+
+/// The node's reference to a running ModelActor; dropping it stops the actor (its instances
+/// finish what they hold).
+pub struct ModelHandle {
+    slot: Arc<Slot>,
+    actor: ActorRef<ModelMsg>,
+}
+
+impl ModelHandle {
+    /// The current snapshot (one uncontended read lock).
+    pub fn snapshot(&self) -> Arc<LoadedVersion> {
+        self.slot.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Changes the instances in place: keeps those whose name and device stay, starts (and warms
+    /// up) new ones, and lets removed ones finish their work.
+    pub async fn resize(&self, config: Arc<ModelConfig>, placements: Vec<InstancePlacement>) -> Result<(), String> {
+        ask(&self.actor, "model supervisor", |reply| {
+            ModelMsg::Resize(config, placements, reply)
+        })
+        .await?
+    }
+
+    pub fn actor_id(&self) -> ractor::ActorId {
+        self.actor.get_id()
+    }
+}
+
+/// Sends `actor` a request and waits for the answer, without a timeout (loads can take long).
+pub async fn ask<M: ractor::Message, T: Send + 'static>(
+    actor: &ActorRef<M>,
+    who: &str,
+    msg: impl FnOnce(RpcReplyPort<T>) -> M,
+) -> Result<T, String> {
+    let gone = || format!("the {who} stopped before answering");
+    actor.call(msg, None).await.map_err(|_| gone())?.success_or_else(gone)
+}
+
+impl Drop for ModelHandle {
+    fn drop(&mut self) {
+        self.actor.stop(None);
+    }
+}
+
+pub enum ModelMsg {
+    /// An instance's backend failed; rebuild it after the policy's delay.
+    InstanceFailed(String),
+    Rebuild(String),
+    Rebuilt(String, Result<Box<dyn Backend>, String>),
+    Resize(
+        Arc<ModelConfig>,
+        Vec<InstancePlacement>,
+        RpcReplyPort<Result<(), String>>,
+    ),
+}
+
+/// What a ModelActor starts from: the first instances' sessions are already open.
+pub struct ModelArgs {
+    pub source: VersionSource,
+    pub config: Arc<ModelConfig>,
+    pub placements: Vec<(InstancePlacement, Option<ort::session::Session>)>,
+    ready: oneshot::Sender<Arc<Slot>>,
+}
+
+pub struct ModelActor;
+
+pub struct Supervised {
+    source: VersionSource,
+    slot: Arc<Slot>,
+    devices: HashMap<String, Device>,
+    policies: HashMap<String, RestartPolicy>,
+}
+
+/// Starts a ModelActor under `supervisor`; it answers once every instance runs and warmup passed.
+pub async fn start(
+    source: VersionSource,
+    config: Arc<ModelConfig>,
+    placements: Vec<(InstancePlacement, Option<ort::session::Session>)>,
+    supervisor: ActorCell,
+) -> Result<Arc<ModelHandle>, String> {
+    let (ready, slot) = oneshot::channel();
+    let name = format!("{} v{}", source.model, source.version);
+    let args = ModelArgs {
+        source,
+        config,
+        placements,
+        ready,
+    };
+    let (actor, _) = Actor::spawn_linked(None, ModelActor, args, supervisor)
+        .await
+        .map_err(|e| match e {
+            ractor::SpawnErr::StartupFailed(inner) => inner.to_string(),
+            other => format!("cannot start the supervisor of {name}: {other}"),
+        })?;
+    let slot = slot
+        .await
+        .map_err(|_| format!("the supervisor of {name} stopped while starting"))?;
+    Ok(Arc::new(ModelHandle { slot, actor }))
+}
+
+fn label(source: &VersionSource, p: &InstancePlacement) -> String {
+    format!("{}_v{}", p.name, source.version)
+}
+
+/// Tells this ModelActor when an instance's backend fails.
+fn failure_notice(me: &ActorRef<ModelMsg>, label: &str) -> FailureNotice {
+    let (me, label) = (me.clone(), label.to_string());
+    Arc::new(move || {
+        let _ = me.cast(ModelMsg::InstanceFailed(label.clone()));
+    })
+}
+
+/// Starts one instance linked to the ModelActor.
+async fn spawn_instance(
+    me: &ActorRef<ModelMsg>,
+    source: &VersionSource,
+    config: &Arc<ModelConfig>,
+    label: String,
+    factory: BackendFactory,
+) -> Result<Arc<InstanceHandle>, String> {
+    let spec = InstanceSpec {
+        on_failure: failure_notice(me, &label),
+        label,
+        model: source.model.clone(),
+        version: source.version,
+        batch: BatchConfig::from_model_config(config),
+        factory,
+    };
+    tracing::debug!(instance = %spec.label, "instance starting");
+    Ok(Arc::new(InstanceHandle::spawn(spec, Some(me.get_cell())).await?))
+}
+
+impl Supervised {
+    fn current(&self) -> Arc<LoadedVersion> {
+        self.slot.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn publish(&self, config: Arc<ModelConfig>, instances: Vec<Arc<InstanceHandle>>) {
+        let old = self.current();
+        let next = Arc::new(LoadedVersion {
+            config,
+            version: old.version,
+            version_label: old.version_label.clone(),
+            instances,
+            rotation: AtomicUsize::new(0),
+            stats: old.stats.clone(),
+        });
+        *self.slot.write().unwrap_or_else(|p| p.into_inner()) = next;
+    }
+
+    /// Carries out an in-place instance change; the old snapshot stays if anything fails.
+    async fn resize(
+        &mut self,
+        me: &ActorRef<ModelMsg>,
+        config: Arc<ModelConfig>,
+        placements: Vec<InstancePlacement>,
+    ) -> Result<(), String> {
+        let current = self.current();
+        let mut instances = Vec::with_capacity(placements.len());
+        let mut fresh = Vec::new();
+        let mut devices = HashMap::new();
+        for p in &placements {
+            let label = label(&self.source, p);
+            let kept = current
+                .instances
+                .iter()
+                .find(|i| i.label == label && self.devices.get(&label) == Some(&p.device));
+            let inst = match kept {
+                Some(i) => i.clone(),
+                None => {
+                    let factory = self.source.factory(&config, p.device, None);
+                    let i = spawn_instance(me, &self.source, &config, label.clone(), factory).await?;
+                    fresh.push(i.clone());
+                    i
+                }
+            };
+            devices.insert(label, p.device);
+            instances.push(inst);
+        }
+        crate::warmup::run(&config, &self.source.dir, &fresh).await?;
+        let (added, removed) = (fresh.len(), current.instances.len() + fresh.len() - instances.len());
+        tracing::info!(
+            model = %self.source.model, version = self.source.version, instances = instances.len(), added, removed,
+            "instances changed in place"
+        );
+        self.policies.retain(|l, _| devices.contains_key(l));
+        self.devices = devices;
+        self.publish(config, instances);
+        Ok(())
+    }
+}
+
+impl Actor for ModelActor {
+    type Msg = ModelMsg;
+    type State = Supervised;
+    type Arguments = ModelArgs;
+
+    async fn pre_start(&self, myself: ActorRef<ModelMsg>, args: ModelArgs) -> Result<Supervised, ActorProcessingErr> {
+        let ModelArgs {
+            source,
+            config,
+            placements,
+            ready,
+        } = args;
+        let mut instances = Vec::with_capacity(placements.len());
+        let mut devices = HashMap::new();
+        for (p, session) in placements {
+            let label = label(&source, &p);
+            let factory = source.factory(&config, p.device, session);
+            instances.push(spawn_instance(&myself, &source, &config, label.clone(), factory).await?);
+            devices.insert(label, p.device);
+        }
+        let v = source.version;
+        crate::warmup::run(&config, &source.dir, &instances)
+            .await
+            .map_err(|e| format!("version {v}: {e}"))?;
+        let slot = Arc::new(RwLock::new(Arc::new(LoadedVersion {
+            config,
+            version: v,
+            version_label: v.to_string(),
+            instances,
+            rotation: AtomicUsize::new(0),
+            stats: Arc::new(ModelStats::new(&source.model, v)),
+        })));
+        let _ = ready.send(slot.clone());
+        Ok(Supervised {
+            source,
+            slot,
+            devices,
+            policies: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ModelMsg>,
+        msg: ModelMsg,
+        state: &mut Supervised,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = Instant::now();
+        match msg {
+            ModelMsg::InstanceFailed(label) => {
+                let delay = state
+                    .policies
+                    .entry(label.clone())
+                    .or_insert_with(RestartPolicy::standard)
+                    .on_failure(now);
+                tracing::warn!(instance = %label, delay_ms = delay.as_millis() as u64, "instance failed; restarting");
+                myself.send_after(delay, move || ModelMsg::Rebuild(label));
+            }
+            ModelMsg::Rebuild(label) => {
+                let current = state.current();
+                let Some(inst) = current.instances.iter().find(|i| i.label == label) else {
+                    return Ok(());
+                };
+                let factory = inst.factory.clone();
+                let me = myself.clone();
+                tokio::task::spawn_blocking(move || {
+                    let built = supervision::build(&factory);
+                    let _ = me.cast(ModelMsg::Rebuilt(label, built));
+                });
+            }
+            ModelMsg::Rebuilt(label, built) => {
+                let current = state.current();
+                let Some(inst) = current.instances.iter().find(|i| i.label == label) else {
+                    return Ok(());
+                };
+                match built {
+                    Ok(backend) => {
+                        inst.install(backend);
+                        if let Some(p) = state.policies.get_mut(&label) {
+                            p.on_restarted(now);
+                        }
+                        tracing::info!(instance = %label, "instance restarted");
+                    }
+                    Err(e) => {
+                        tracing::error!(instance = %label, "restart failed: {e}");
+                        let _ = myself.cast(ModelMsg::InstanceFailed(label));
+                    }
+                }
+            }
+            ModelMsg::Resize(config, placements, reply) => {
+                let result = state.resize(&myself, config, placements).await;
+                let _ = reply.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    /// An instance actor that died (a bug in its own code, not the backend's) is started again.
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<ModelMsg>,
+        event: SupervisionEvent,
+        state: &mut Supervised,
+    ) -> Result<(), ActorProcessingErr> {
+        let SupervisionEvent::ActorFailed(cell, err) = event else {
+            return Ok(());
+        };
+        let current = state.current();
+        let Some(pos) = current.instances.iter().position(|i| i.actor_id() == cell.get_id()) else {
+            return Ok(());
+        };
+        let dead = &current.instances[pos];
+        tracing::error!(instance = %dead.label, "instance actor failed: {err}; starting it again");
+        let (label, factory) = (dead.label.clone(), dead.factory.clone());
+        let config = current.config.clone();
+        match spawn_instance(&myself, &state.source, &config, label.clone(), factory).await {
+            Ok(fresh) => {
+                let mut instances = current.instances.clone();
+                instances[pos] = fresh;
+                state.publish(config, instances);
+            }
+            Err(e) => tracing::error!(instance = %label, "cannot start the instance again: {e}"),
+        }
+        Ok(())
+    }
+
+    async fn post_stop(&self, myself: ActorRef<ModelMsg>, state: &mut Supervised) -> Result<(), ActorProcessingErr> {
+        // Instances outlive their supervisor until the last request holding them is answered.
+        for i in &state.current().instances {
+            i.detach_from(&myself.get_cell());
+        }
+        Ok(())
+    }
+}

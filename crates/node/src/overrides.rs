@@ -1,0 +1,83 @@
+//! `file:` overrides of a repository load: written to a temporary model directory that is removed afterwards.
+use std::path::{Component, Path, PathBuf};
+
+use mesh::{Error, Result};
+
+use crate::repository::{self, ModelDir};
+
+/// At most this many `file:` overrides in one load request.
+const MAX_OVERRIDE_FILES: usize = 64;
+
+/// A temporary model directory built from `file:` overrides, removed when dropped.
+pub struct OverrideDir(PathBuf);
+
+impl Drop for OverrideDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Checks that an override path stays inside the model directory (no `..`, no absolute paths).
+fn safe_relative(path: &str) -> Result<PathBuf> {
+    let p = Path::new(path);
+    let ok = !path.is_empty() && p.components().all(|c| matches!(c, Component::Normal(_)));
+    if !ok {
+        return Err(Error::invalid(format!(
+            "file override path '{path}' must be relative and stay inside the model"
+        )));
+    }
+    Ok(p.to_path_buf())
+}
+
+/// Writes `file:` overrides into a fresh directory laid out like a model directory.
+pub fn write_override_dir(name: &str, files: &[(String, bytes::Bytes)]) -> Result<(OverrideDir, ModelDir)> {
+    if files.len() > MAX_OVERRIDE_FILES {
+        return Err(Error::invalid(format!(
+            "at most {MAX_OVERRIDE_FILES} file overrides per load"
+        )));
+    }
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let root = std::env::temp_dir().join(format!("mesh-node-{}-override-{n}", std::process::id()));
+    let guard = OverrideDir(root.clone());
+    let model_dir = root.join(name);
+    for (path, bytes) in files {
+        let target = model_dir.join(safe_relative(path)?);
+        let io = |e: std::io::Error| Error::internal(format!("cannot write file override '{path}': {e}"));
+        std::fs::create_dir_all(target.parent().unwrap_or(&model_dir)).map_err(io)?;
+        std::fs::write(&target, bytes).map_err(io)?;
+    }
+    let versions = repository::version_dirs(&model_dir);
+    Ok((
+        guard,
+        ModelDir {
+            name: name.to_string(),
+            path: model_dir,
+            versions,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn override_paths_must_stay_inside_the_model() {
+        assert!(safe_relative("1/model.onnx").is_ok());
+        for bad in ["../x", "/etc/passwd", "1/../../x", "", "./a"] {
+            assert!(safe_relative(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn override_dir_is_laid_out_and_removed() {
+        let files = vec![("1/model.onnx".to_string(), bytes::Bytes::from_static(b"x"))];
+        let (guard, dir) = write_override_dir("m", &files).unwrap();
+        assert_eq!(dir.versions, vec![1]);
+        assert!(dir.path.join("1/model.onnx").is_file());
+        let root = guard.0.clone();
+        drop(guard);
+        assert!(!root.exists());
+    }
+}
