@@ -1,6 +1,7 @@
 """Model control through tritonclient: explicit load/unload (HTTP and gRPC), config and file overrides,
 reloads under traffic, and poll mode picking up new models and versions."""
 import json
+import re
 import shutil
 import threading
 import time
@@ -205,6 +206,76 @@ def test_poll_mode_picks_up_new_models_and_versions(fresh_server, models_dir, tm
         wait_for(lambda: http.get_model_metadata("versioned_latest")["versions"] == ["2"], "poll mode to serve version 2")
         shutil.rmtree(repo / "mlp")
         wait_for(lambda: not http.is_model_ready("mlp"), "poll mode to unload the removed model")
+        add_sub_infer(http)
+    finally:
+        http.close()
+
+
+def inference_count(client, model="add_sub"):
+    return int(client.get_inference_statistics(model)["model_stats"][0]["inference_count"])
+
+
+def executions_by_instance(srv, model="add_sub"):
+    found = re.finditer(r'mesh_instance_executions_total\{([^}]*)\} (\S+)', srv.metrics())
+    out = {}
+    for m in found:
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if labels.get("model") == model:
+            out[labels["instance"]] = float(m.group(2))
+    return out
+
+
+def test_instance_count_change_applies_in_place(explicit_server):
+    """Only instance_group changed: instances are added or removed without reloading the model,
+    so its statistics carry on; any other change is a full reload with fresh statistics."""
+    srv = explicit_server
+    http = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        for _ in range(3):
+            add_sub_infer(http)
+        cfg = http.get_model_config("add_sub")
+        cfg["instance_group"] = [{"count": 3, "kind": "KIND_CPU"}]
+        http.load_model("add_sub", config=json.dumps(cfg))
+        assert http.get_model_config("add_sub")["instance_group"][0]["count"] == 3
+        assert inference_count(http) == 3, "growing the instance count must not reload the model"
+        assert "instances changed in place" in srv.log_tail(50)
+        for _ in range(6):
+            add_sub_infer(http)
+        grown = executions_by_instance(srv)
+        assert {"add_sub_0_0_v1", "add_sub_0_1_v1", "add_sub_0_2_v1"} <= set(grown), grown
+        assert grown["add_sub_0_2_v1"] > 0, f"the new instance takes work: {grown}"
+
+        cfg["instance_group"] = [{"count": 1, "kind": "KIND_CPU"}]
+        http.load_model("add_sub", config=json.dumps(cfg))
+        assert inference_count(http) == 9
+        for _ in range(4):
+            add_sub_infer(http)
+        shrunk = executions_by_instance(srv)
+        assert shrunk["add_sub_0_1_v1"] == grown["add_sub_0_1_v1"], "a removed instance takes no work"
+        assert shrunk["add_sub_0_2_v1"] == grown["add_sub_0_2_v1"], "a removed instance takes no work"
+        assert shrunk["add_sub_0_0_v1"] == grown["add_sub_0_0_v1"] + 4
+
+        cfg["max_batch_size"] = 4
+        http.load_model("add_sub", config=json.dumps(cfg))
+        assert inference_count(http) == 0, "a change beyond instance_group reloads the model"
+    finally:
+        http.close()
+
+
+def test_poll_mode_applies_an_instance_count_edit_in_place(fresh_server, models_dir, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(models_dir / "simple" / "add_sub", repo / "add_sub")
+    srv = fresh_server([repo], ["--model-control-mode", "poll", "--repository-poll-secs", "1"],
+                       wait_models=["add_sub"])
+    http = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        add_sub_infer(http)
+        add_sub_infer(http)
+        config = repo / "add_sub" / "config.pbtxt"
+        config.write_text(config.read_text() + "\ninstance_group [ { count: 2 kind: KIND_CPU } ]\n")
+        wait_for(lambda: (http.get_model_config("add_sub").get("instance_group") or [{}])[0].get("count") == 2,
+                 "poll mode to apply the new instance count")
+        assert inference_count(http) == 2, "the edit must apply in place, keeping statistics"
         add_sub_infer(http)
     finally:
         http.close()

@@ -28,8 +28,13 @@ def fault_server(server_env, models_dir, tmp_path, request):
     repo = make_repo(tmp_path, models_dir, "add_sub", "fragile",
                      "max_batch_size: 8\n" + ADD_SUB_IO + "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
                      'parameters { key: "mesh_fault_panic_on_batch" value: { string_value: "3" } }')
+    # "brittle": its instance actor (not the backend) panics on a 5-row request; dynamic batching
+    # with a delay keeps every request on the actor's path.
+    brittle = make_repo(tmp_path, models_dir, "add_sub", "brittle",
+                        "max_batch_size: 8\n" + ADD_SUB_IO + "dynamic_batching { max_queue_delay_microseconds: 100 }\n"
+                        'parameters { key: "mesh_fault_panic_actor_on_rows" value: { string_value: "5" } }')
     factory = conftest._Factory(binary, server_env, request.node.name)
-    yield factory([repo])
+    yield factory([repo, brittle])
     factory.close()
 
 
@@ -65,5 +70,28 @@ def test_failed_instance_is_restarted_and_siblings_keep_serving(fault_server):
             np.testing.assert_array_equal(out, np.full((2, 16), k + 1.0, np.float32))
         executions = metric_values(srv.metrics(), "mesh_instance_executions_total", "fragile")
         assert len(executions) == 2 and all(v > 0 for v in executions), executions
+    finally:
+        c.close()
+
+
+def test_a_dead_instance_actor_is_started_again(fault_server):
+    srv = fault_server
+    c = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        out = c.infer("brittle", add_sub_inputs(1.0)).as_numpy("OUTPUT0")
+        np.testing.assert_array_equal(out, np.full((1, 16), 2.0, np.float32))
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("brittle", add_sub_inputs(1.0, rows=5))
+        assert "stopped" in str(e.value)
+        end = time.time() + 20
+        while "starting it again" not in srv.log_tail(100):
+            if time.time() > end:
+                pytest.fail(f"the instance actor was not restarted:\n{srv.log_tail()}")
+            time.sleep(0.1)
+        for k in range(4):  # the new actor serves, batching as before
+            out = c.infer("brittle", add_sub_inputs(float(k), rows=2)).as_numpy("OUTPUT0")
+            np.testing.assert_array_equal(out, np.full((2, 16), k + 1.0, np.float32))
+        assert c.is_model_ready("brittle")
+        assert "instance actor failed" in srv.log_tail(100)
     finally:
         c.close()

@@ -192,6 +192,8 @@ struct InstanceArgs {
     label: String,
     exec: Arc<Executor>,
     config: BatchConfig,
+    #[cfg(feature = "fault-injection")]
+    panic_on_rows: Option<usize>,
 }
 
 struct InstanceState {
@@ -202,6 +204,8 @@ struct InstanceState {
     busy: bool,
     exec: Option<mpsc::Sender<Vec<Job>>>,
     wake_at: Option<Instant>,
+    #[cfg(feature = "fault-injection")]
+    panic_on_rows: Option<usize>,
 }
 
 impl InstanceState {
@@ -278,6 +282,8 @@ impl Actor for InstanceActor {
             busy: false,
             exec: Some(tx),
             wake_at: None,
+            #[cfg(feature = "fault-injection")]
+            panic_on_rows: args.panic_on_rows,
         })
     }
 
@@ -290,6 +296,10 @@ impl Actor for InstanceActor {
         match msg {
             InstanceMsg::Submit(boxed) => {
                 let (job, id, shape_key) = *boxed;
+                #[cfg(feature = "fault-injection")]
+                if state.panic_on_rows == Some(job.sub.rows) {
+                    panic!("fault injection: instance actor got a request of {} rows", job.sub.rows);
+                }
                 let req = BatchRequest {
                     id,
                     batch_size: job.sub.rows,
@@ -369,6 +379,10 @@ pub struct InstanceSpec {
     pub batch: BatchConfig,
     pub factory: BackendFactory,
     pub on_failure: FailureNotice,
+    /// Test-only (`fault-injection`): the actor itself panics on a request of this many rows
+    /// (model parameter `mesh_fault_panic_actor_on_rows`), to show instance actors are restarted.
+    #[cfg(feature = "fault-injection")]
+    pub panic_actor_on_rows: Option<usize>,
 }
 
 impl InstanceHandle {
@@ -381,6 +395,8 @@ impl InstanceHandle {
             batch: config,
             factory,
             on_failure,
+            #[cfg(feature = "fault-injection")]
+            panic_actor_on_rows,
         } = spec;
         let metric_labels = [
             ("model", model),
@@ -404,6 +420,8 @@ impl InstanceHandle {
             label: label.clone(),
             exec: exec.clone(),
             config,
+            #[cfg(feature = "fault-injection")]
+            panic_on_rows: panic_actor_on_rows,
         };
         let spawned = match supervisor {
             Some(sup) => Actor::spawn_linked(None, InstanceActor, args, sup).await,

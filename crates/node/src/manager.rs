@@ -121,10 +121,10 @@ impl Manager {
             let (ModelState::Ready(versions), Some(source)) = (&entry.state, &entry.source) else {
                 return None;
             };
-            if content.is_none()
-                || source.content != content
-                || !loader::only_instances_differ(&source.written, written)
-            {
+            // The new config may be an edit of config.pbtxt or of the served config (what clients fetch).
+            let instances_only = loader::only_instances_differ(&source.written, written)
+                || loader::only_instances_differ(&source.config, written);
+            if content.is_none() || source.content != content || !instances_only {
                 return None;
             }
             (versions.values().cloned().collect(), source.config.clone())

@@ -170,6 +170,11 @@ async fn spawn_instance(
         version: source.version,
         batch: BatchConfig::from_model_config(config),
         factory,
+        #[cfg(feature = "fault-injection")]
+        panic_actor_on_rows: config
+            .parameters
+            .get("mesh_fault_panic_actor_on_rows")
+            .and_then(|p| p.string_value.parse().ok()),
     };
     tracing::debug!(instance = %spec.label, "instance starting");
     Ok(Arc::new(InstanceHandle::spawn(spec, Some(me.get_cell())).await?))
