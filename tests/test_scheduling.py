@@ -281,3 +281,55 @@ def test_client_disconnect_removes_its_request_from_the_queue(fresh_server, mode
     st = c.get_inference_statistics("cancel")["model_stats"][0]
     c.close()
     assert st["execution_count"] == 1 and st["inference_stats"]["fail"]["count"] == 1
+
+
+def test_inflight_byte_budget_refuses_at_once_and_frees_on_answer(fresh_server, models_dir, tmp_path):
+    """Under overload memory stays bounded: past --max-inflight-bytes a request is refused with
+    UNAVAILABLE at once, while the admitted ones are served and then free their bytes."""
+    repo = make_repo(tmp_path, models_dir, "add_sub", "held",
+                     "max_batch_size: 64\n" + ADD_SUB_IO + "dynamic_batching { max_queue_delay_microseconds: 1500000 }")
+    srv = fresh_server([repo], ["--max-inflight-bytes", "1000"])
+    outs, errors = [], []
+
+    def hold():  # 2 inputs x 16 FP32 = 128 bytes each; seven fit in 1000
+        c = httpclient.InferenceServerClient(srv.http_url)
+        try:
+            outs.append(c.infer("held", add_sub_inputs(1.0)).as_numpy("OUTPUT0"))
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+        finally:
+            c.close()
+
+    holders = [threading.Thread(target=hold) for _ in range(7)]
+    for t in holders:
+        t.start()
+    time.sleep(0.5)  # the seven now wait in the queue for their 1.5 s delay
+    r = srv.post("/v2/models/held/infer", add_sub_json_body())
+    assert r.status == 503, r
+    assert "--max-inflight-bytes 1000" in r.error_message()
+    g = grpcclient.InferenceServerClient(srv.grpc_url)
+    gi = [grpcclient.InferInput("INPUT0", [1, 16], "FP32"), grpcclient.InferInput("INPUT1", [1, 16], "FP32")]
+    for i in gi:
+        i.set_data_from_numpy(np.ones((1, 16), np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        g.infer("held", gi)
+    assert "UNAVAILABLE" in str(e.value.status())
+    for t in holders:
+        t.join(timeout=30)
+    assert not errors and len(outs) == 7, errors[:3]
+    for out in outs:
+        np.testing.assert_array_equal(out, np.full((1, 16), 2.0, np.float32))
+    # the answered requests gave their bytes back
+    c = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        np.testing.assert_array_equal(c.infer("held", add_sub_inputs(2.0)).as_numpy("OUTPUT0"),
+                                      np.full((1, 16), 3.0, np.float32))
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("held", add_sub_inputs(1.0, rows=8))  # 1024 bytes: never fits
+        assert "larger than the in-flight budget" in str(e.value)
+    finally:
+        c.close()
+        g.close()
+    failures = re.findall(r'nv_inference_request_failure\{[^}]*model="held"[^}]*reason="REJECTED"[^}]*\} (\S+)',
+                          srv.metrics())
+    assert [float(v) for v in failures] == [3.0], failures

@@ -52,6 +52,11 @@ pub struct Args {
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub http_max_input_size: usize,
 
+    /// Bytes of request tensors the node holds at once (queued or running); past it, requests are
+    /// refused at once with UNAVAILABLE, so memory stays bounded under overload. A mesh extension.
+    #[arg(long, default_value_t = 2 << 30)]
+    pub max_inflight_bytes: usize,
+
     /// none: load everything at start; explicit and poll arrive with the repository extension.
     #[arg(long, value_enum, default_value = "none")]
     pub model_control_mode: ControlMode,

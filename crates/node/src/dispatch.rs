@@ -10,6 +10,7 @@ use mesh::{Dispatch, Error, IndexEntry, InferRequest, InferResponse, LoadOptions
 
 use ractor::ActorRef;
 
+use crate::budget::InflightBudget;
 use crate::cli::ControlMode;
 use crate::instance::Submission;
 use crate::manager::ManagerMsg;
@@ -85,21 +86,26 @@ pub struct NodeDispatch {
     mode: ControlMode,
     roots: Vec<PathBuf>,
     pub(crate) manager: Arc<ManagerLink>,
+    budget: InflightBudget,
+}
+
+/// How the node serves, beyond where its models are.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub strict_readiness: bool,
+    pub poll_secs: u64,
+    pub max_inflight_bytes: usize,
 }
 
 impl NodeDispatch {
-    pub fn new(
-        strict_readiness: bool,
-        repos: &Repositories,
-        table: Arc<ModelTable>,
-        manager: Arc<ManagerLink>,
-    ) -> Self {
+    pub fn new(options: &NodeOptions, repos: &Repositories, table: Arc<ModelTable>, manager: Arc<ManagerLink>) -> Self {
         NodeDispatch {
             table,
-            strict_readiness,
+            strict_readiness: options.strict_readiness,
             mode: repos.mode,
             roots: repos.roots.clone(),
             manager,
+            budget: InflightBudget::new(options.max_inflight_bytes),
         }
     }
 
@@ -147,6 +153,14 @@ impl Dispatch for NodeDispatch {
             1
         };
         let (priority, timeout) = scheduling_params(&request)?;
+        let bytes = request.inputs.iter().map(|i| i.tensor.data.len()).sum();
+        let _admitted = match self.budget.admit(bytes) {
+            Ok(permit) => permit,
+            Err(e) => {
+                model.stats.failure(e.metric_reason(), start.elapsed());
+                return Err(e);
+            }
+        };
         let submission = Submission {
             inputs: std::mem::take(&mut request.inputs),
             outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),

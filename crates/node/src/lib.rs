@@ -2,6 +2,7 @@
 pub mod backend;
 pub mod batch_io;
 pub mod batching;
+pub mod budget;
 pub mod cli;
 pub mod dispatch;
 pub mod instance;

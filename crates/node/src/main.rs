@@ -9,7 +9,7 @@ use clap::Parser;
 use tokio::sync::watch;
 
 use mesh_node::cli::Args;
-use mesh_node::dispatch::Repositories;
+use mesh_node::dispatch::{NodeOptions, Repositories};
 use mesh_node::node::Node;
 use mesh_node::{metrics, ort_env, placement, repository, server};
 
@@ -65,7 +65,12 @@ async fn run(args: Args) -> Result<(), String> {
         gpus,
         mode: args.model_control_mode,
     };
-    let node = Node::start(repos, args.strict_readiness, args.repository_poll_secs).await?;
+    let options = NodeOptions {
+        strict_readiness: args.strict_readiness,
+        poll_secs: args.repository_poll_secs,
+        max_inflight_bytes: args.max_inflight_bytes,
+    };
+    let node = Node::start(repos, options).await?;
     let dispatch = node.dispatch.clone();
     let failed = node.load_at_start(&args.load_model).await;
     if failed > 0 && args.exit_on_error {

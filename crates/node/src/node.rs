@@ -5,7 +5,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use crate::cli::ControlMode;
-use crate::dispatch::{ManagerLink, NodeDispatch, Repositories};
+use crate::dispatch::{ManagerLink, NodeDispatch, NodeOptions, Repositories};
 use crate::manager::{ManagerArgs, ManagerMsg, RepositoryManager};
 use crate::table::ModelTable;
 
@@ -75,17 +75,12 @@ impl Actor for NodeSupervisor {
 
 impl Node {
     /// Starts the actor tree: NodeSupervisor → RepositoryManager → ModelActor → InstanceActor.
-    pub async fn start(repos: Repositories, strict_readiness: bool, poll_secs: u64) -> Result<Node, String> {
+    pub async fn start(repos: Repositories, options: NodeOptions) -> Result<Node, String> {
         let table = Arc::new(ModelTable::default());
         let manager = Arc::new(ManagerLink::default());
-        let dispatch = Arc::new(NodeDispatch::new(
-            strict_readiness,
-            &repos,
-            table.clone(),
-            manager.clone(),
-        ));
+        let dispatch = Arc::new(NodeDispatch::new(&options, &repos, table.clone(), manager.clone()));
         let args = SupervisorArgs {
-            poll_every: (repos.mode == ControlMode::Poll).then(|| Duration::from_secs(poll_secs)),
+            poll_every: (repos.mode == ControlMode::Poll).then(|| Duration::from_secs(options.poll_secs)),
             repos: Arc::new(repos),
             table,
             manager: manager.clone(),
