@@ -56,13 +56,17 @@ pub async fn grpc(
 ) -> Result<JoinHandle<()>, String> {
     let listener = bind("gRPC", addr).await?;
     tracing::info!(%addr, "gRPC service started");
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // The builder's tcp_nodelay only applies to listeners tonic binds itself; without it, Nagle
+    // holds back a response written while an earlier one is unacknowledged (40 ms stalls).
+    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |tcp| {
+        tcp.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    });
     let service = GrpcFrontend::server(dispatch, max_message);
     let signal = shutdown_signal(stop);
     Ok(tokio::spawn(async move {
-        let server = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .add_service(service);
+        let server = tonic::transport::Server::builder().add_service(service);
         if let Err(e) = server.serve_with_incoming_shutdown(incoming, signal).await {
             tracing::error!("gRPC server failed: {e}");
         }
