@@ -176,6 +176,44 @@ impl Executor {
     }
 }
 
+/// Work for the executor thread.
+enum ExecMsg {
+    Batch(Vec<Job>),
+    /// Wake the actor at this instant: the thread's timed wait is precise to tens of µs, where
+    /// tokio's timer rounds up to whole milliseconds (a 100 µs queue delay would cost 1-2 ms).
+    WakeAt(Instant),
+}
+
+/// Batching deadlines closer than this use the executor thread's precise wait.
+const PRECISE_WAKE_BELOW: Duration = Duration::from_millis(5);
+
+/// The executor thread: runs batches, and wakes the actor at precise deadlines while idle.
+fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<ExecMsg>, me: &ActorRef<InstanceMsg>) {
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let msg = match deadline {
+            None => rx.recv().ok(),
+            Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(m) => Some(m),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    deadline = None;
+                    let _ = me.cast(InstanceMsg::Wake);
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => None,
+            },
+        };
+        match msg {
+            None => return,
+            Some(ExecMsg::Batch(jobs)) => {
+                run_batch(label, exec, jobs);
+                let _ = me.cast(InstanceMsg::Done);
+            }
+            Some(ExecMsg::WakeAt(at)) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
+        }
+    }
+}
+
 /// Messages of the instance actor.
 enum InstanceMsg {
     /// A job with its id and shape key.
@@ -202,7 +240,7 @@ struct InstanceState {
     batcher: Batcher<u64>,
     jobs: HashMap<u64, Job>,
     busy: bool,
-    exec: Option<mpsc::Sender<Vec<Job>>>,
+    exec: Option<mpsc::Sender<ExecMsg>>,
     wake_at: Option<Instant>,
     #[cfg(feature = "fault-injection")]
     panic_on_rows: Option<usize>,
@@ -238,7 +276,7 @@ impl InstanceState {
                 .collect();
             if !jobs.is_empty() {
                 match &self.exec {
-                    Some(tx) if tx.send(jobs).is_ok() => self.busy = true,
+                    Some(tx) if tx.send(ExecMsg::Batch(jobs)).is_ok() => self.busy = true,
                     _ => tracing::error!(instance = %self.label, "executor thread is gone"),
                 }
             } else if !self.batcher.is_empty() {
@@ -248,7 +286,15 @@ impl InstanceState {
         if let Some(at) = decision.wake_at {
             if self.wake_at.is_none_or(|w| at < w || w <= now) {
                 self.wake_at = Some(at);
-                myself.send_after(at.saturating_duration_since(now), || InstanceMsg::Wake);
+                let wait = at.saturating_duration_since(now);
+                let precise = wait < PRECISE_WAKE_BELOW
+                    && self
+                        .exec
+                        .as_ref()
+                        .is_some_and(|tx| tx.send(ExecMsg::WakeAt(at)).is_ok());
+                if !precise {
+                    myself.send_after(wait, || InstanceMsg::Wake);
+                }
             }
         }
     }
@@ -264,16 +310,13 @@ impl Actor for InstanceActor {
         myself: ActorRef<InstanceMsg>,
         args: InstanceArgs,
     ) -> Result<InstanceState, ActorProcessingErr> {
-        let (tx, rx) = mpsc::channel::<Vec<Job>>();
+        let (tx, rx) = mpsc::channel::<ExecMsg>();
         let label = args.label.clone();
         let exec = args.exec.clone();
         let me = myself.clone();
-        std::thread::Builder::new().name(args.label.clone()).spawn(move || {
-            while let Ok(jobs) = rx.recv() {
-                run_batch(&label, &exec, jobs);
-                let _ = me.cast(InstanceMsg::Done);
-            }
-        })?;
+        std::thread::Builder::new()
+            .name(args.label.clone())
+            .spawn(move || executor_loop(&label, &exec, &rx, &me))?;
         Ok(InstanceState {
             label: args.label,
             health: args.exec.health.clone(),
