@@ -93,6 +93,18 @@ pub struct Args {
 }
 
 impl Args {
+    /// Every `--backend-config <backend>,<key>=<value>` for one backend, in order.
+    pub fn backend_settings(&self, backend: &str) -> Vec<(String, String)> {
+        self.backend_config
+            .iter()
+            .filter_map(|s| {
+                let (b, kv) = s.split_once(',')?;
+                let (k, v) = kv.split_once('=')?;
+                (b == backend).then(|| (k.to_string(), v.to_string()))
+            })
+            .collect()
+    }
+
     /// The value of `--backend-config <backend>,<key>=<value>`, if given.
     pub fn backend_setting(&self, backend: &str, key: &str) -> Option<String> {
         self.backend_config.iter().find_map(|s| {

@@ -73,6 +73,7 @@ pub struct Repositories {
     pub roots: Vec<PathBuf>,
     pub gpus: Vec<i32>,
     pub mode: ControlMode,
+    pub python: Arc<crate::backend::python::PythonContext>,
 }
 
 /// The current RepositoryManager, replaced when the NodeSupervisor restarts it.
@@ -167,6 +168,8 @@ impl Dispatch for NodeDispatch {
             rows,
             priority,
             timeout,
+            id: request.id.clone(),
+            parameters: std::mem::take(&mut request.parameters),
         };
         let instance = model
             .pick()

@@ -2,220 +2,23 @@
 //! its backend session. Short executions of unbatched models run inline when the instance is idle.
 //! A failed backend is reported to the model's supervisor, which rebuilds it and `install`s it.
 use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mesh::{Error, NamedTensor, Result};
-use metrics::Counter;
+use mesh::{Error, Result};
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 
-use crate::backend::{Backend, Timings};
+use crate::backend::Backend;
 use crate::batch_io;
 use crate::batching::{BatchConfig, BatchRequest, Batcher, RejectReason, TIMED_OUT_MESSAGE};
+use crate::executor::{executor_loop, ExecMsg, Executor, Job, PRECISE_WAKE_BELOW};
+pub use crate::executor::{Executed, FailureNotice, InlinePolicy, Submission};
 use crate::supervision::{BackendFactory, Health};
 
-/// Tells the instance's supervisor that its backend failed (called once per failure).
-pub type FailureNotice = Arc<dyn Fn() + Send + Sync>;
-
-/// A finished execution as one request sees it.
-pub struct Executed {
-    pub outputs: Vec<NamedTensor>,
-    pub timings: Timings,
-    pub queued: Duration,
-    /// Rows of the whole execution this request was part of.
-    pub batch_rows: usize,
-    /// True for exactly one request per execution, so executions are counted once.
-    pub counts_execution: bool,
-}
-
-/// What a caller hands an instance.
-pub struct Submission {
-    pub inputs: Vec<NamedTensor>,
-    /// Requested outputs; empty means all.
-    pub outputs: Vec<String>,
-    pub rows: usize,
-    pub priority: u32,
-    pub timeout: Option<Duration>,
-}
-
-struct Job {
-    sub: Submission,
-    enqueued: Instant,
-    reply: oneshot::Sender<Result<Executed>>,
-}
-
-/// Decides whether an execution may run on the caller's (async) thread: only when recent
-/// executions were short, so a slow model never stalls the network runtime. Sans-IO.
-#[derive(Debug)]
-pub struct InlinePolicy {
-    /// Moving average of execution time in ns; u64::MAX until measured.
-    average_ns: AtomicU64,
-    limit_ns: u64,
-}
-
-impl InlinePolicy {
-    /// Executions averaging under this run inline; a thread hand-off costs tens of µs on small VMs.
-    pub const DEFAULT_LIMIT: Duration = Duration::from_micros(200);
-
-    pub fn new(limit: Duration) -> Self {
-        InlinePolicy {
-            average_ns: AtomicU64::new(u64::MAX),
-            limit_ns: limit.as_nanos() as u64,
-        }
-    }
-
-    pub fn allows_inline(&self) -> bool {
-        self.average_ns.load(Ordering::Relaxed) < self.limit_ns
-    }
-
-    /// Folds one measured execution time into the average (weight 1/8; the first sets it).
-    pub fn record(&self, took: Duration) {
-        let took = took.as_nanos().min(u64::MAX as u128 / 2) as u64;
-        let old = self.average_ns.load(Ordering::Relaxed);
-        let new = if old == u64::MAX {
-            took
-        } else {
-            old - old / 8 + took / 8
-        };
-        self.average_ns.store(new, Ordering::Relaxed);
-    }
-}
-
-type Shared = Arc<Mutex<Box<dyn Backend>>>;
-
-/// Runs one batch on the backend and answers every request in it.
-fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
-    let started = Instant::now();
-    let rows: Vec<usize> = jobs.iter().map(|j| j.sub.rows).collect();
-    let total: usize = rows.iter().sum();
-    let wanted: Vec<String> = if jobs.iter().any(|j| j.sub.outputs.is_empty()) {
-        Vec::new()
-    } else {
-        let mut all: Vec<String> = jobs.iter().flat_map(|j| j.sub.outputs.iter().cloned()).collect();
-        all.sort_unstable();
-        all.dedup();
-        all
-    };
-    let result = (|| -> Result<(Vec<Vec<NamedTensor>>, Timings)> {
-        let inputs: Vec<&[NamedTensor]> = jobs.iter().map(|j| &j.sub.inputs[..]).collect();
-        let merged;
-        let batch_inputs = if jobs.len() == 1 {
-            &jobs[0].sub.inputs[..]
-        } else {
-            merged = batch_io::merge(&inputs)?;
-            &merged[..]
-        };
-        let mut b = exec.backend.lock().unwrap_or_else(|p| p.into_inner());
-        let (outputs, timings) = exec.run(label, &mut **b, batch_inputs, &wanted)?;
-        let parts = if jobs.len() == 1 {
-            vec![outputs]
-        } else {
-            batch_io::split(outputs, &rows)?
-        };
-        Ok((parts, timings))
-    })();
-    match result {
-        Ok((parts, timings)) => {
-            for (i, (job, mut outs)) in jobs.into_iter().zip(parts).enumerate() {
-                if !job.sub.outputs.is_empty() {
-                    outs.retain(|o| job.sub.outputs.contains(&o.name));
-                }
-                let queued = started.saturating_duration_since(job.enqueued);
-                let _ = job.reply.send(Ok(Executed {
-                    outputs: outs,
-                    timings,
-                    queued,
-                    batch_rows: total,
-                    counts_execution: i == 0,
-                }));
-            }
-        }
-        Err(e) => {
-            for job in jobs {
-                let _ = job.reply.send(Err(e.clone()));
-            }
-        }
-    }
-}
-
-/// An instance's backend and what every execution updates; shared by the executor thread and the inline path.
-struct Executor {
-    backend: Shared,
-    policy: Arc<InlinePolicy>,
-    executions: Counter,
-    health: Arc<Health>,
-    on_failure: FailureNotice,
-}
-
-impl Executor {
-    /// Runs the backend once; a panic marks the instance failed (routing skips it, the executor
-    /// rebuilds it) before the caller is answered UNAVAILABLE.
-    fn run(
-        &self,
-        label: &str,
-        backend: &mut dyn Backend,
-        inputs: &[NamedTensor],
-        outputs: &[String],
-    ) -> Result<(Vec<NamedTensor>, Timings)> {
-        let t = Instant::now();
-        let run = std::panic::catch_unwind(AssertUnwindSafe(|| backend.execute(inputs, outputs)));
-        self.policy.record(t.elapsed());
-        self.executions.increment(1);
-        run.unwrap_or_else(|_| {
-            tracing::error!(instance = %label, "backend panicked while executing");
-            if self.health.mark_failed() {
-                (self.on_failure)();
-            }
-            Err(Error::unavailable(format!(
-                "instance {label} failed while executing the request; it is restarting"
-            )))
-        })
-    }
-}
-
-/// Work for the executor thread.
-enum ExecMsg {
-    Batch(Vec<Job>),
-    /// Wake the actor at this instant: the thread's timed wait is precise to tens of µs, where
-    /// tokio's timer rounds up to whole milliseconds (a 100 µs queue delay would cost 1-2 ms).
-    WakeAt(Instant),
-}
-
-/// Batching deadlines closer than this use the executor thread's precise wait.
-const PRECISE_WAKE_BELOW: Duration = Duration::from_millis(5);
-
-/// The executor thread: runs batches, and wakes the actor at precise deadlines while idle.
-fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<ExecMsg>, me: &ActorRef<InstanceMsg>) {
-    let mut deadline: Option<Instant> = None;
-    loop {
-        let msg = match deadline {
-            None => rx.recv().ok(),
-            Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
-                Ok(m) => Some(m),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    deadline = None;
-                    let _ = me.cast(InstanceMsg::Wake);
-                    continue;
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => None,
-            },
-        };
-        match msg {
-            None => return,
-            Some(ExecMsg::Batch(jobs)) => {
-                run_batch(label, exec, jobs);
-                let _ = me.cast(InstanceMsg::Done);
-            }
-            Some(ExecMsg::WakeAt(at)) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
-        }
-    }
-}
-
 /// Messages of the instance actor.
-enum InstanceMsg {
+pub(crate) enum InstanceMsg {
     /// A job with its id and shape key.
     Submit(Box<(Job, u64, u64)>),
     /// The caller went away: drop the job if it is still queued.
@@ -522,7 +325,7 @@ impl InstanceHandle {
         };
         if may_inline && self.exec.health.is_ready() && self.exec.policy.allows_inline() {
             if let Ok(mut b) = self.exec.backend.try_lock() {
-                let result = self.exec.run(&self.label, &mut **b, &sub.inputs, &sub.outputs);
+                let result = self.exec.run_one(&self.label, &mut **b, &sub);
                 drop(b);
                 if !self.exec.health.is_ready() {
                     // Anything queued meanwhile is answered by the actor instead of waiting.
@@ -596,32 +399,4 @@ pub fn pick<'a>(instances: &'a [Arc<InstanceHandle>], rotation: &AtomicUsize) ->
     (0..n)
         .map(|i| &*instances[(start + i) % n])
         .min_by_key(|inst| (!inst.is_ready(), inst.outstanding()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn inline_only_after_short_measurements() {
-        let p = InlinePolicy::new(Duration::from_micros(200));
-        assert!(!p.allows_inline(), "unknown cost must not run inline");
-        p.record(Duration::from_micros(20));
-        assert!(p.allows_inline());
-        for _ in 0..40 {
-            p.record(Duration::from_millis(50));
-        }
-        assert!(!p.allows_inline(), "a model that became slow moves to its thread");
-        for _ in 0..200 {
-            p.record(Duration::from_micros(10));
-        }
-        assert!(p.allows_inline());
-    }
-
-    #[test]
-    fn first_slow_measurement_keeps_it_off_the_runtime() {
-        let p = InlinePolicy::new(Duration::from_micros(200));
-        p.record(Duration::from_millis(80));
-        assert!(!p.allows_inline());
-    }
 }

@@ -5,6 +5,7 @@ pub mod batching;
 pub mod budget;
 pub mod cli;
 pub mod dispatch;
+pub mod executor;
 pub mod instance;
 pub mod loader;
 pub mod manager;

@@ -8,15 +8,26 @@ use ort::session::Session;
 use ractor::ActorCell;
 
 use crate::backend::onnx::{self, Device, OnnxBackend};
+use crate::backend::python::{self, InstanceInfo, PythonBackend, PythonContext};
+use crate::dispatch::Repositories;
 use crate::model::ModelHandle;
 use crate::placement;
 use crate::repository::{self, ModelDir};
 use crate::supervision::BackendFactory;
 
+/// Which backend serves a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Onnx,
+    Python,
+}
+
 /// What every instance of one model version is built from.
 #[derive(Clone)]
 pub struct VersionSource {
+    pub kind: BackendKind,
     pub env: Arc<ort::environment::Environment>,
+    pub python: Arc<PythonContext>,
     pub model: String,
     pub version: i64,
     /// The model directory (warmup files live under it).
@@ -25,8 +36,31 @@ pub struct VersionSource {
 }
 
 impl VersionSource {
-    /// A factory for one instance; `first` is a session already opened, used by the first build.
-    pub fn factory(&self, config: &Arc<ModelConfig>, device: Device, first: Option<Session>) -> BackendFactory {
+    /// A factory for one instance; `first` is an ONNX session already opened, used by the first build.
+    pub fn factory(
+        &self,
+        config: &Arc<ModelConfig>,
+        label: &str,
+        device: Device,
+        first: Option<Session>,
+    ) -> BackendFactory {
+        if self.kind == BackendKind::Python {
+            let (source, cfg, label) = (self.clone(), config.clone(), label.to_string());
+            return Arc::new(move || {
+                let info = InstanceInfo {
+                    name: &label,
+                    gpu: match device {
+                        Device::Gpu(i) => Some(i),
+                        Device::Cpu => None,
+                    },
+                    version: source.version,
+                    model_dir: &source.dir,
+                    file: &source.file,
+                };
+                let backend = PythonBackend::start(source.python.clone(), &cfg, &info)?;
+                Ok(Box::new(backend) as Box<dyn crate::backend::Backend>)
+            });
+        }
         let first = Mutex::new(first);
         let (env, cfg, file) = (self.env.clone(), config.clone(), self.file.clone());
         Arc::new(move || {
@@ -72,11 +106,11 @@ fn adopt_name(config: &mut ModelConfig, name: &str, source: &str) -> Result<(), 
     Ok(())
 }
 
-fn check_backend(config: &ModelConfig) -> Result<(), String> {
+fn backend_kind(config: &ModelConfig) -> Result<BackendKind, String> {
     match (config.platform.as_str(), config.backend.as_str()) {
-        ("" | "onnxruntime_onnx", "" | "onnxruntime") => Ok(()),
+        ("" | "onnxruntime_onnx", "" | "onnxruntime") => Ok(BackendKind::Onnx),
+        ("", "python") => Ok(BackendKind::Python),
         ("ensemble", _) => Err("ensemble models are not supported by this build yet".into()),
-        (_, "python") => Err("the python backend is not supported by this build yet".into()),
         ("pytorch_libtorch", _) | (_, "pytorch") => {
             Err("the pytorch backend is not supported by this build yet".into())
         }
@@ -101,25 +135,74 @@ pub fn written_config(dir: &ModelDir, override_config: Option<ModelConfig>) -> R
 /// Loads every version the policy selects, each under its own ModelActor linked to `supervisor`;
 /// any failure fails the model with a reason.
 pub async fn load_model(
-    env: &Arc<ort::environment::Environment>,
+    repos: &Repositories,
     dir: &ModelDir,
-    gpus: &[i32],
     (written, sets_mbs): (ModelConfig, bool),
     supervisor: &ActorCell,
 ) -> Result<LoadedModel, String> {
-    let mut config = written.clone();
-    check_backend(&config)?;
-    validate_config(&config)?;
-    let versions = repository::select_versions(&config, &dir.versions)?;
-    let placements = placement::place_instances(&config, gpus)?;
-    let mut sessions = Vec::with_capacity(versions.len());
+    let kind = backend_kind(&written)?;
+    validate_config(&written)?;
+    let versions = repository::select_versions(&written, &dir.versions)?;
+    let placements = placement::place_instances(&written, &repos.gpus)?;
+    let mut files = Vec::with_capacity(versions.len());
     for &v in &versions {
-        let file = dir.path.join(v.to_string()).join(repository::model_file_name(&config));
+        let file = dir.path.join(v.to_string()).join(repository::model_file_name(&written));
         if !file.is_file() {
             return Err(format!("version {v} has no model file {}", file.display()));
         }
+        files.push((v, file));
+    }
+    let (config, prepared) = match kind {
+        BackendKind::Onnx => open_onnx(&repos.env, written.clone(), sets_mbs, &placements, files)?,
+        BackendKind::Python => {
+            let first = files.first().map(|(_, f)| f.clone()).unwrap_or_default();
+            let config =
+                tokio::task::block_in_place(|| python::auto_complete(&repos.python, &written, &dir.path, &first))?;
+            validate_config(&config)?;
+            let prepared = files
+                .into_iter()
+                .map(|(v, f)| (v, f, placements.iter().map(|p| (p.clone(), None)).collect()))
+                .collect();
+            (config, prepared)
+        }
+    };
+    let config = Arc::new(config);
+    let mut loaded = BTreeMap::new();
+    for (v, file, per_instance) in prepared {
+        let source = VersionSource {
+            kind,
+            env: repos.env.clone(),
+            python: repos.python.clone(),
+            model: dir.name.clone(),
+            version: v,
+            dir: dir.path.clone(),
+            file,
+        };
+        let handle = crate::model::start(source, config.clone(), per_instance, supervisor.clone()).await?;
+        loaded.insert(v, handle);
+    }
+    Ok(LoadedModel {
+        versions: loaded,
+        written,
+        config,
+    })
+}
+
+/// Each version's files with the instances to start: placement and, for ONNX, the session already open.
+type Prepared = Vec<(i64, PathBuf, Vec<(placement::InstancePlacement, Option<Session>)>)>;
+
+/// Opens one ONNX session per instance, auto-completes the config from the first and checks it against all versions.
+fn open_onnx(
+    env: &Arc<ort::environment::Environment>,
+    mut config: ModelConfig,
+    sets_mbs: bool,
+    placements: &[placement::InstancePlacement],
+    files: Vec<(i64, PathBuf)>,
+) -> Result<(ModelConfig, Prepared), String> {
+    let mut sessions = Vec::with_capacity(files.len());
+    for (v, file) in files {
         let mut per_instance = Vec::with_capacity(placements.len());
-        for p in &placements {
+        for p in placements {
             let session = tokio::task::block_in_place(|| onnx::open_session(env, &config, &file, p.device))
                 .map_err(|e| format!("version {v}, instance {}: {e}", p.name))?;
             per_instance.push((p.clone(), Some(session)));
@@ -139,24 +222,7 @@ pub async fn load_model(
             onnx::check_against_model(&config, s).map_err(|e| format!("version {v}: {e}"))?;
         }
     }
-    let config = Arc::new(config);
-    let mut loaded = BTreeMap::new();
-    for (v, file, per_instance) in sessions {
-        let source = VersionSource {
-            env: env.clone(),
-            model: dir.name.clone(),
-            version: v,
-            dir: dir.path.clone(),
-            file,
-        };
-        let handle = crate::model::start(source, config.clone(), per_instance, supervisor.clone()).await?;
-        loaded.insert(v, handle);
-    }
-    Ok(LoadedModel {
-        versions: loaded,
-        written,
-        config,
-    })
+    Ok((config, sessions))
 }
 
 /// Whether `next` differs from `current` only in `instance_group`, so the instances can change in place.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 use tokio::sync::watch;
 
+use mesh_node::backend::python::{PythonContext, PythonSettings};
 use mesh_node::cli::Args;
 use mesh_node::dispatch::{NodeOptions, Repositories};
 use mesh_node::node::Node;
@@ -64,6 +65,11 @@ async fn run(args: Args) -> Result<(), String> {
         roots: args.model_repository.clone(),
         gpus,
         mode: args.model_control_mode,
+        python: Arc::new(PythonContext {
+            settings: PythonSettings::from_backend_config(&args.backend_settings("python"))?,
+            dispatch: Default::default(),
+            runtime: tokio::runtime::Handle::current(),
+        }),
     };
     let options = NodeOptions {
         strict_readiness: args.strict_readiness,

@@ -75,7 +75,7 @@ impl Manager {
             }
         }
         let loaded = match written {
-            Ok(written) => loader::load_model(&self.repos.env, &dir, &self.repos.gpus, written, me).await,
+            Ok(written) => loader::load_model(&self.repos, &dir, written, me).await,
             Err(e) => Err(e),
         };
         match loaded {

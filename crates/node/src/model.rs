@@ -218,7 +218,7 @@ impl Supervised {
             let inst = match kept {
                 Some(i) => i.clone(),
                 None => {
-                    let factory = self.source.factory(&config, p.device, None);
+                    let factory = self.source.factory(&config, &label, p.device, None);
                     let i = spawn_instance(me, &self.source, &config, label.clone(), factory).await?;
                     fresh.push(i.clone());
                     i
@@ -256,7 +256,7 @@ impl Actor for ModelActor {
         let mut devices = HashMap::new();
         for (p, session) in placements {
             let label = label(&source, &p);
-            let factory = source.factory(&config, p.device, session);
+            let factory = source.factory(&config, &label, p.device, session);
             instances.push(spawn_instance(&myself, &source, &config, label.clone(), factory).await?);
             devices.insert(label, p.device);
         }

@@ -79,6 +79,8 @@ impl Node {
         let table = Arc::new(ModelTable::default());
         let manager = Arc::new(ManagerLink::default());
         let dispatch = Arc::new(NodeDispatch::new(&options, &repos, table.clone(), manager.clone()));
+        let seam: Arc<dyn mesh::Dispatch> = dispatch.clone();
+        let _ = repos.python.dispatch.set(Arc::downgrade(&seam));
         let args = SupervisorArgs {
             poll_every: (repos.mode == ControlMode::Poll).then(|| Duration::from_secs(options.poll_secs)),
             repos: Arc::new(repos),
@@ -111,5 +113,6 @@ impl Node {
     pub async fn stop(self) {
         let _ = self.supervisor.stop_and_wait(None, Some(Duration::from_secs(5))).await;
         self.dispatch.table.clear();
+        crate::backend::python::stub::remove_runtime_dir();
     }
 }

@@ -100,6 +100,8 @@ pub async fn run(
                     rows,
                     priority: 0,
                     timeout: None,
+                    id: format!("warmup:{}", sample.name),
+                    parameters: Vec::new(),
                 };
                 instance
                     .execute(sub)

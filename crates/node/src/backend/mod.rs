@@ -1,10 +1,11 @@
 //! Backends run a model version's computation; the instance seam owns one and feeds it requests.
 pub mod onnx;
 mod ort_values;
+pub mod python;
 
 use std::time::Duration;
 
-use mesh::{NamedTensor, Result};
+use mesh::{Error, NamedTensor, Params, Result};
 
 /// Time spent in each phase of one execution, for statistics and metrics.
 #[derive(Debug, Default, Clone, Copy)]
@@ -14,8 +15,36 @@ pub struct Timings {
     pub output: Duration,
 }
 
+/// One request of a batch, for backends that take requests one by one (Python's `execute(requests)`).
+pub struct RequestView<'a> {
+    pub inputs: &'a [NamedTensor],
+    /// Requested outputs; empty means all.
+    pub outputs: &'a [String],
+    pub id: &'a str,
+    pub parameters: &'a Params,
+}
+
+/// The outputs (or the error) of each request of a batch, in order.
+pub type PerRequest = Vec<Result<Vec<NamedTensor>>>;
+
 /// One loaded model session; `execute` runs on the instance's own thread.
 pub trait Backend: Send {
     /// Runs the inputs and returns the outputs named in `outputs` (all config outputs when empty).
     fn execute(&mut self, inputs: &[NamedTensor], outputs: &[String]) -> Result<(Vec<NamedTensor>, Timings)>;
+
+    /// True for backends that see a batch as separate requests instead of merged tensors.
+    fn takes_requests(&self) -> bool {
+        false
+    }
+
+    /// Runs a batch as separate requests (only called when `takes_requests`).
+    fn execute_requests(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
+        let _ = requests;
+        Err(Error::internal("this backend takes merged batches"))
+    }
+
+    /// False once the backend cannot serve again (its process died or hung): the instance is rebuilt.
+    fn healthy(&mut self) -> bool {
+        true
+    }
 }

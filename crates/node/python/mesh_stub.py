@@ -1,0 +1,314 @@
+"""The mesh's Python stub: runs one instance of a Triton Python model (`TritonPythonModel` in model.py)
+in its own process for mesh-node. Control messages travel over a Unix socket; tensor bytes travel
+through a shared-memory file both sides map. Written for the mesh.
+
+Frame: u32 header length, u32 blob length (little-endian), a JSON header, then the blob (tensor
+bytes that did not fit in shared memory). The shared memory is split in two halves: mesh-node
+writes the first (execute inputs, BLS results), this stub writes the second (outputs, BLS inputs);
+each side starts its half afresh with every execute, which mesh-node sends one at a time."""
+import asyncio
+import importlib.util
+import inspect
+import itertools
+import json
+import mmap
+import os
+import queue
+import socket
+import struct
+import sys
+import threading
+import traceback
+
+import numpy as np
+
+ALIGN = 64
+_NP = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+       "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
+       "FP32": np.float32, "FP64": np.float64}
+
+
+def serialize_bytes(array):
+    """A BYTES tensor as Triton serializes it: each element a u32 little-endian length, then its bytes."""
+    parts = []
+    for item in array.reshape(-1):
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, (bytes, bytearray, memoryview)):
+            item = str(item).encode("utf-8")
+        parts.append(struct.pack("<I", len(item)))
+        parts.append(bytes(item))
+    return b"".join(parts)
+
+
+def deserialize_bytes(buf, shape):
+    count = int(np.prod(shape)) if shape else 1
+    out = np.empty(count, dtype=np.object_)
+    view = memoryview(buf)
+    pos = 0
+    for i in range(count):
+        (n,) = struct.unpack_from("<I", view, pos)
+        pos += 4
+        out[i] = bytes(view[pos:pos + n])
+        pos += n
+    return out.reshape(shape)
+
+
+class Host:
+    """The stub's side of the link: frames, shared memory, BLS calls, and the model's lifecycle."""
+
+    def __init__(self, sock, shm_path, shm_size):
+        self.sock = sock
+        self.reader = sock.makefile("rb", buffering=1 << 16)
+        self.write_lock = threading.Lock()
+        fd = os.open(shm_path, os.O_RDWR)
+        self.shm = mmap.mmap(fd, shm_size)
+        os.close(fd)
+        self.half = shm_size // 2
+        self.size = shm_size
+        self.next_free = self.half
+        self.alloc_lock = threading.Lock()
+        self.calls = itertools.count(1)
+        self.pending = {}
+        self.pending_lock = threading.Lock()
+        self.inbox = queue.Queue()
+        self.loop = asyncio.new_event_loop()
+        self.model = None
+        self.model_name = ""
+
+    # ---- frames ----
+    def send(self, header, blobs=()):
+        head = json.dumps(header).encode()
+        blob = b"".join(blobs)
+        with self.write_lock:
+            self.sock.sendall(struct.pack("<II", len(head), len(blob)) + head + blob)
+
+    def recv(self):
+        prefix = self.reader.read(8)
+        if len(prefix) < 8:
+            return None, b""
+        hlen, blen = struct.unpack("<II", prefix)
+        header = json.loads(self.reader.read(hlen))
+        blob = self.reader.read(blen) if blen else b""
+        return header, blob
+
+    def read_loop(self):
+        """Reader thread: BLS results complete their calls; everything else goes to the main loop."""
+        while True:
+            header, blob = self.recv()
+            if header is None:
+                self.inbox.put(({"op": "eof"}, b""))
+                return
+            if header.get("op") == "bls_response":
+                with self.pending_lock:
+                    done = self.pending.pop(header["call_id"], None)
+                if done is not None:
+                    done(self.bls_result(header, blob))
+            else:
+                self.inbox.put((header, blob))
+
+    # ---- tensors ----
+    def alloc(self, n):
+        with self.alloc_lock:
+            start = (self.next_free + ALIGN - 1) // ALIGN * ALIGN
+            if start + n > self.size:
+                return None
+            self.next_free = start + n
+            return start
+
+    def encode(self, tensor, blobs, blob_len):
+        """Writes one pb_utils.Tensor to shared memory (or the frame blob if it does not fit)."""
+        array = tensor.as_numpy()
+        dtype = tensor.triton_dtype()
+        if dtype == "BYTES":
+            data = serialize_bytes(np.asarray(array, dtype=np.object_))
+            raw = np.frombuffer(data, dtype=np.uint8)
+        else:
+            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        desc = {"name": tensor.name(), "datatype": dtype, "shape": list(array.shape)}
+        off = self.alloc(raw.nbytes)
+        if off is not None:
+            np.frombuffer(self.shm, dtype=np.uint8, count=raw.nbytes, offset=off)[:] = raw
+            desc["shm"] = [off, raw.nbytes]
+        else:
+            desc["inline"] = [blob_len[0], raw.nbytes]
+            blobs.append(raw.tobytes())
+            blob_len[0] += raw.nbytes
+        return desc
+
+    def decode(self, desc, blob, copy):
+        """One tensor: a read-only view of shared memory (execute inputs), or a copy (BLS results)."""
+        import triton_python_backend_utils as pb_utils
+        dtype, shape = desc["datatype"], desc["shape"]
+        if "shm" in desc:
+            off, n = desc["shm"]
+            source = self.shm
+        else:
+            off, n = desc["inline"]
+            source = blob
+        if dtype == "BYTES":
+            array = deserialize_bytes(memoryview(source)[off:off + n], shape)
+            array.flags.writeable = copy  # execute() inputs are read-only, whatever their type
+        else:
+            np_type = _NP[dtype]
+            array = np.frombuffer(source, dtype=np_type, count=n // np.dtype(np_type).itemsize, offset=off)
+            array = array.reshape(shape)
+            if copy:
+                array = array.copy()
+            else:
+                array.flags.writeable = False
+        return pb_utils.Tensor(desc["name"], array, _dtype=dtype)
+
+    # ---- BLS ----
+    def bls_message(self, request):
+        blobs, blob_len = [], [0]
+        call_id = next(self.calls)
+        version = request.model_version
+        header = {
+            "op": "bls", "call_id": call_id, "model": request.model_name,
+            "version": "" if version is None or int(version) < 0 else str(version),
+            "id": request.request_id(), "outputs": list(request.requested_output_names()),
+            "parameters": request.parameters(), "timeout": int(request.timeout or 0),
+            "correlation_id": request.correlation_id(),
+            "inputs": [self.encode(t, blobs, blob_len) for t in request.inputs()],
+        }
+        return call_id, header, blobs
+
+    def bls_result(self, header, blob):
+        import triton_python_backend_utils as pb_utils
+        if header.get("error") is not None:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(header["error"]))
+        return pb_utils.InferenceResponse([self.decode(d, blob, copy=True) for d in header["outputs"]])
+
+    def bls(self, request):
+        call_id, header, blobs = self.bls_message(request)
+        done = threading.Event()
+        box = []
+
+        def finish(result):
+            box.append(result)
+            done.set()
+
+        with self.pending_lock:
+            self.pending[call_id] = finish
+        self.send(header, blobs)
+        done.wait()
+        return box[0]
+
+    async def bls_async(self, request):
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        call_id, header, blobs = self.bls_message(request)
+        with self.pending_lock:
+            self.pending[call_id] = lambda result: loop.call_soon_threadsafe(future.set_result, result)
+        self.send(header, blobs)
+        return await future
+
+    def log(self, level, message):
+        self.send({"op": "log", "level": level, "message": str(message)})
+
+    # ---- the model ----
+    def load_module(self, path):
+        directory = os.path.dirname(path)
+        for p in (directory, os.path.dirname(directory)):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+        spec = importlib.util.spec_from_file_location("model", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model"] = module
+        spec.loader.exec_module(module)
+        if not hasattr(module, "TritonPythonModel"):
+            raise RuntimeError(f"{path} defines no class TritonPythonModel")
+        return module.TritonPythonModel
+
+    def auto_complete(self, header):
+        import triton_python_backend_utils as pb_utils
+        cls = self.load_module(header["model_file"])
+        config = pb_utils.ModelConfig(header["config"])
+        if hasattr(cls, "auto_complete_config"):
+            config = cls.auto_complete_config(config) or config
+        return {"op": "ok", "config": config.as_dict()}
+
+    def initialize(self, header):
+        cls = self.load_module(header["model_file"])
+        self.model = cls()
+        self.model_name = header["args"].get("model_name", "")
+        if hasattr(self.model, "initialize"):
+            result = self.model.initialize(header["args"])
+            if inspect.iscoroutine(result):
+                self.loop.run_until_complete(result)
+        return {"op": "ok"}
+
+    def execute(self, header, blob):
+        import triton_python_backend_utils as pb_utils
+        self.next_free = self.half
+        requests = []
+        for r in header["requests"]:
+            req = pb_utils.InferenceRequest(
+                model_name=self.model_name, requested_output_names=r["outputs"],
+                inputs=[self.decode(d, blob, copy=False) for d in r["inputs"]], request_id=r["id"],
+                correlation_id=r.get("correlation_id", 0), flags=r.get("flags", 0), parameters=r["parameters"])
+            requests.append(req)
+        try:
+            result = self.model.execute(requests)
+            if inspect.iscoroutine(result):
+                result = self.loop.run_until_complete(result)
+        except Exception as e:  # noqa: BLE001 - the model's error fails its requests, not the stub
+            message = f"{type(e).__name__}: {e}"
+            return {"op": "responses", "responses": [{"error": message}] * len(requests)}, []
+        if not isinstance(result, (list, tuple)) or len(result) != len(requests):
+            got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
+            message = f"execute() must return a list of {len(requests)} InferenceResponse, got {got}"
+            return {"op": "responses", "responses": [{"error": message}] * len(requests)}, []
+        blobs, blob_len = [], [0]
+        responses = []
+        for response in result:
+            if not isinstance(response, pb_utils.InferenceResponse):
+                responses.append({"error": f"execute() returned {type(response).__name__}, not InferenceResponse"})
+            elif response.has_error():
+                responses.append({"error": response.error().message(), "code": response.error().code()})
+            else:
+                try:
+                    responses.append({"outputs": [self.encode(t, blobs, blob_len) for t in response.output_tensors()]})
+                except Exception as e:  # noqa: BLE001
+                    responses.append({"error": f"cannot send the outputs: {e}"})
+        return {"op": "responses", "responses": responses}, blobs
+
+    def serve(self):
+        threading.Thread(target=self.read_loop, daemon=True).start()
+        while True:
+            header, blob = self.inbox.get()
+            op = header.get("op")
+            if op == "eof":
+                return
+            blobs = []
+            try:
+                if op == "execute":
+                    reply, blobs = self.execute(header, blob)
+                elif op == "auto_complete":
+                    reply = self.auto_complete(header)
+                elif op == "initialize":
+                    reply = self.initialize(header)
+                elif op == "finalize":
+                    if self.model is not None and hasattr(self.model, "finalize"):
+                        self.model.finalize()
+                    self.send({"op": "ok"})
+                    return
+                else:
+                    reply = {"op": "error", "message": f"unknown op {op!r}"}
+            except Exception:  # noqa: BLE001 - reported to mesh-node with the traceback
+                reply = {"op": "error", "message": traceback.format_exc()}
+            self.send(reply, blobs)
+
+
+def main():
+    sock_path, shm_path, shm_size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(sock_path)
+    host = Host(sock, shm_path, shm_size)
+    sys.modules["mesh_stub_host"] = host
+    host.serve()
+
+
+if __name__ == "__main__":
+    main()

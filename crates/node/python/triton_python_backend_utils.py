@@ -1,0 +1,306 @@
+"""The mesh's own `triton_python_backend_utils`: the API Triton's Python models import as `pb_utils`,
+backed by the mesh stub (mesh_stub.py) instead of Triton's. Written for the mesh from the public API."""
+import json
+import sys
+import traceback
+
+import numpy as np
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+
+_DTYPES = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
+}
+
+
+def triton_string_to_numpy(triton_type):
+    """'TYPE_FP32' (config spelling) or 'FP32' (wire spelling) -> the numpy type."""
+    name = triton_type[5:] if triton_type.startswith("TYPE_") else triton_type
+    if name == "STRING":
+        name = "BYTES"
+    return _DTYPES.get(name)
+
+
+def numpy_to_triton_type(dtype):
+    dtype = np.dtype(dtype)
+    if dtype.kind in ("O", "S", "U"):
+        return "BYTES"
+    for name, t in _DTYPES.items():
+        if name != "BYTES" and np.dtype(t) == dtype:
+            return name
+    return None
+
+
+def get_input_config_by_name(model_config, name):
+    for i in model_config.get("input", []):
+        if i["name"] == name:
+            return i
+    return None
+
+
+def get_output_config_by_name(model_config, name):
+    for o in model_config.get("output", []):
+        if o["name"] == name:
+            return o
+    return None
+
+
+class TritonError:
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message, code=INTERNAL):
+        self._message = str(message)
+        self._code = code
+
+    def message(self):
+        return self._message
+
+    def code(self):
+        return self._code
+
+    def __repr__(self):
+        return f"TritonError({self._message!r})"
+
+
+class TritonModelException(Exception):
+    pass
+
+
+class Tensor:
+    """A named tensor. Inputs handed to execute() are read-only views of shared memory, valid while
+    execute() runs, as in Triton."""
+
+    def __init__(self, name, array, _dtype=None):
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array)
+        if array.dtype.kind in ("S", "U"):
+            array = array.astype(np.object_)
+        self._name = name
+        self._array = array
+        self._triton_dtype = _dtype or numpy_to_triton_type(array.dtype)
+        if self._triton_dtype is None:
+            raise TritonModelException(f"tensor '{name}' has unsupported numpy dtype {array.dtype}")
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+    def triton_dtype(self):
+        return self._triton_dtype
+
+    def shape(self):
+        return list(self._array.shape)
+
+    def is_cpu(self):
+        return True
+
+    def to_dlpack(self):
+        if self._array.dtype == np.object_:
+            raise TritonModelException("BYTES tensors cannot be exported through DLPack")
+        return self._array.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name, capsule):
+        if hasattr(capsule, "__dlpack__"):
+            array = np.from_dlpack(capsule)
+        else:
+            array = np.from_dlpack(_Capsule(capsule))
+        return Tensor(name, array)
+
+    def __repr__(self):
+        return f"Tensor({self._name!r}, {self._triton_dtype}, shape={list(self._array.shape)})"
+
+
+class _Capsule:
+    """Lets np.from_dlpack take a bare DLPack capsule (what torch.utils.dlpack.to_dlpack returns)."""
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __dlpack__(self, stream=None, **_):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU
+
+
+def get_input_tensor_by_name(request, name):
+    for t in request.inputs():
+        if t.name() == name:
+            return t
+    return None
+
+
+def get_output_tensor_by_name(response, name):
+    for t in response.output_tensors():
+        if t.name() == name:
+            return t
+    return None
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors=None, error=None, parameters=None):
+        self._outputs = list(output_tensors or [])
+        if error is not None and not isinstance(error, TritonError):
+            error = TritonError(str(error))
+        self._error = error
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+
+    def output_tensors(self):
+        return self._outputs
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+    def parameters(self):
+        return self._parameters
+
+
+class InferenceRequest:
+    """A request: the ones execute() receives, and the ones a model builds for BLS."""
+
+    def __init__(self, model_name="", requested_output_names=None, inputs=None, request_id="",
+                 correlation_id=0, model_version=-1, flags=0, timeout=0, preferred_memory=None,
+                 parameters=None, trace=None):
+        self.model_name = model_name
+        self._requested = list(requested_output_names or [])
+        self._inputs = list(inputs or [])
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self.model_version = model_version
+        self._flags = flags
+        self.timeout = timeout
+        if parameters is None:
+            parameters = {}
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+        self._sender = None
+        self._cancelled = None
+
+    def inputs(self):
+        return self._inputs
+
+    def requested_output_names(self):
+        return self._requested
+
+    def request_id(self):
+        return self._request_id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def flags(self):
+        return self._flags
+
+    def parameters(self):
+        return self._parameters
+
+    def get_response_sender(self):
+        if self._sender is None:
+            raise TritonModelException("get_response_sender() is only available in decoupled models")
+        return self._sender
+
+    def is_cancelled(self):
+        return bool(self._cancelled and self._cancelled())
+
+    def exec(self, decoupled=False):
+        if decoupled:
+            raise TritonModelException("decoupled BLS calls are not supported by the mesh yet")
+        return _host().bls(self)
+
+    async def async_exec(self, decoupled=False):
+        if decoupled:
+            raise TritonModelException("decoupled BLS calls are not supported by the mesh yet")
+        return await _host().bls_async(self)
+
+
+class Logger:
+    @staticmethod
+    def log(message, level=1):
+        _host().log(["", "info", "warn", "error", "verbose"][level] if 0 < level < 5 else "info", message)
+
+    @staticmethod
+    def log_info(message):
+        _host().log("info", message)
+
+    @staticmethod
+    def log_warn(message):
+        _host().log("warn", message)
+
+    @staticmethod
+    def log_error(message):
+        _host().log("error", message)
+
+    @staticmethod
+    def log_verbose(message):
+        _host().log("verbose", message)
+
+
+class ModelConfig:
+    """What auto_complete_config(auto_complete_model_config) receives and returns."""
+
+    def __init__(self, config):
+        self._config = config
+
+    def as_dict(self):
+        return self._config
+
+    def _add(self, key, spec):
+        if not isinstance(spec, dict) or "name" not in spec:
+            raise TritonModelException(f"{key} needs a dict with at least a 'name'")
+        entries = self._config.setdefault(key, [])
+        for e in entries:
+            if e.get("name") == spec["name"]:
+                for k, v in spec.items():
+                    if k in e and e[k] not in ([], "", 0, None) and e[k] != v and k != "name":
+                        raise TritonModelException(
+                            f"auto-complete: {key} '{spec['name']}' has {k}={e[k]!r} in config, not {v!r}")
+                    e.setdefault(k, v)
+                return
+        entries.append(dict(spec))
+
+    def add_input(self, input):  # noqa: A002 - Triton's parameter name
+        self._add("input", input)
+
+    def add_output(self, output):
+        self._add("output", output)
+
+    def set_max_batch_size(self, max_batch_size):
+        current = self._config.get("max_batch_size", 0)
+        if current not in (0, max_batch_size) and self._config.get("_mesh_sets_max_batch_size"):
+            raise TritonModelException(
+                f"auto-complete: max_batch_size is {current} in config, not {max_batch_size}")
+        self._config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self):
+        self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict):
+        self._config["model_transaction_policy"] = dict(transaction_policy_dict)
+
+
+def _host():
+    host = sys.modules.get("mesh_stub_host")
+    if host is None:
+        raise TritonModelException("triton_python_backend_utils needs the mesh stub to run")
+    return host
+
+
+def format_exception():
+    return "".join(traceback.format_exc())

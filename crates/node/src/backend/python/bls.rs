@@ -1,0 +1,147 @@
+//! BLS calls from a Python model: decoded from the stub's frame, run through the node's Dispatch (the
+//! same seam clients use, so a router can later send them to other nodes), answered on the socket.
+use std::sync::{Arc, Mutex};
+
+use mesh::{Error, InferRequest, NamedTensor, Param, Params, RequestedOutput, Result};
+use serde_json::{json, Value};
+
+use super::ipc::{decode_tensor, encode_tensor, write_frame, Shm};
+use super::stub::Stub;
+use super::PythonContext;
+
+/// Turns the stub's description of `pb_utils.InferenceRequest` into a request.
+fn request_from(frame: &Value, blob: &[u8], shm: &Shm) -> Result<InferRequest> {
+    let model_name = frame["model"].as_str().unwrap_or_default().to_string();
+    if model_name.is_empty() {
+        return Err(Error::invalid("BLS request names no model"));
+    }
+    let inputs = frame["inputs"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .map(|d| decode_tensor(shm, d, blob))
+                .collect::<Result<Vec<NamedTensor>>>()
+        })
+        .transpose()?
+        .unwrap_or_default();
+    let outputs = frame["outputs"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|n| n.as_str())
+                .map(|n| RequestedOutput { name: n.to_string() })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut parameters = Params::new();
+    if let Some(text) = frame["parameters"].as_str() {
+        let parsed: Value = serde_json::from_str(text)
+            .map_err(|e| Error::invalid(format!("BLS parameters are not a JSON object: {e}")))?;
+        for (k, v) in parsed.as_object().into_iter().flatten() {
+            let p = match v {
+                Value::Bool(b) => Param::Bool(*b),
+                Value::Number(n) if n.is_u64() => Param::Uint(n.as_u64().unwrap_or_default()),
+                Value::Number(n) if n.is_i64() => Param::Int(n.as_i64().unwrap_or_default()),
+                Value::Number(n) => Param::Double(n.as_f64().unwrap_or_default()),
+                Value::String(s) => Param::String(s.clone()),
+                other => {
+                    return Err(Error::invalid(format!(
+                        "BLS parameter '{k}' has unsupported value {other}"
+                    )))
+                }
+            };
+            parameters.push((k.clone(), p));
+        }
+    }
+    if let Some(t) = frame["timeout"].as_u64().filter(|&t| t > 0) {
+        parameters.push(("timeout".into(), Param::Uint(t)));
+    }
+    if let Some(c) = frame["correlation_id"].as_u64().filter(|&c| c > 0) {
+        parameters.push(("sequence_id".into(), Param::Uint(c)));
+    }
+    Ok(InferRequest {
+        model_name,
+        model_version: frame["version"].as_str().unwrap_or_default().to_string(),
+        id: frame["id"].as_str().unwrap_or_default().to_string(),
+        inputs,
+        outputs,
+        parameters,
+    })
+}
+
+fn reply(writer: &Mutex<std::os::unix::net::UnixStream>, header: &Value, blob: &[u8]) {
+    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(e) = write_frame(&mut *w, header, blob) {
+        tracing::warn!("cannot answer a BLS call: {e}");
+    }
+}
+
+/// Starts one BLS call: the inputs are copied out of shared memory now, the inference runs on the
+/// runtime, and its answer is written to the stub when it completes (calls may overlap).
+pub fn start(ctx: &Arc<PythonContext>, stub: &Stub, frame: Value, blob: &[u8]) {
+    let call_id = frame["call_id"].clone();
+    let writer = stub.writer.clone();
+    let request = match request_from(&frame, blob, &stub.shm) {
+        Ok(r) => r,
+        Err(e) => {
+            reply(
+                &writer,
+                &json!({"op": "bls_response", "call_id": call_id, "error": e.message}),
+                &[],
+            );
+            return;
+        }
+    };
+    let dispatch = ctx.dispatch.get().and_then(|w| w.upgrade());
+    let shm = stub.shm.clone();
+    ctx.runtime.spawn(async move {
+        let result = match dispatch {
+            Some(d) => d.infer(request).await,
+            None => Err(Error::unavailable(
+                "the node is not serving (starting or shutting down)",
+            )),
+        };
+        let mut blob = Vec::new();
+        let header = match result {
+            Ok(response) => {
+                let outputs: Vec<Value> = response
+                    .outputs
+                    .iter()
+                    .map(|t| encode_tensor(&shm, t, &mut blob))
+                    .collect();
+                json!({"op": "bls_response", "call_id": call_id, "outputs": outputs, "error": null})
+            }
+            Err(e) => json!({"op": "bls_response", "call_id": call_id, "error": e.message}),
+        };
+        reply(&writer, &header, &blob);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bls_frame_becomes_a_request_with_its_parameters() {
+        let path = std::env::temp_dir().join(format!("mesh-bls-test-{}", std::process::id()));
+        let shm = Shm::create(&path, 4096).unwrap();
+        let frame = json!({
+            "model": "m", "version": "2", "id": "r1", "outputs": ["y"], "inputs": [],
+            "parameters": "{\"k\": \"v\", \"n\": 3}", "timeout": 500, "correlation_id": 0,
+        });
+        let r = request_from(&frame, &[], &shm).unwrap();
+        assert_eq!(
+            (r.model_name.as_str(), r.model_version.as_str(), r.id.as_str()),
+            ("m", "2", "r1")
+        );
+        assert_eq!(r.outputs[0].name, "y");
+        assert!(r.parameters.contains(&("k".into(), Param::String("v".into()))));
+        assert!(r.parameters.contains(&("timeout".into(), Param::Uint(500))));
+        let bad = json!({"model": "m", "parameters": "[1]"});
+        assert!(
+            request_from(&bad, &[], &shm).is_ok(),
+            "a non-object is ignored, not a panic"
+        );
+        assert!(request_from(&json!({"model": ""}), &[], &shm).is_err());
+    }
+}

@@ -1,0 +1,364 @@
+//! The Python backend: Triton's `model.py` files (`TritonPythonModel`) run unmodified, one stub process
+//! per instance; tensors cross in shared memory and BLS calls go back through the node's Dispatch.
+mod bls;
+pub mod env;
+pub mod ipc;
+pub mod stub;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use mesh::config::{config_from_json, config_to_json, ModelConfig};
+use mesh::{Code, Dispatch, Error, NamedTensor, Params, Result};
+use serde_json::{json, Value};
+
+use super::{Backend, PerRequest, RequestView, Timings};
+use ipc::{decode_tensor, encode_tensor};
+use stub::Stub;
+
+/// How Python stubs are run, from `--backend-config python,<key>=<value>`.
+#[derive(Debug, Clone)]
+pub struct PythonSettings {
+    /// `interpreter=PATH`; default `python3` from PATH.
+    pub interpreter: Option<PathBuf>,
+    /// `shm-default-byte-size=N`: each stub's shared memory (sparse; tensors past it travel in the socket).
+    pub shm_bytes: usize,
+    /// `execute-timeout-seconds=N`: an execute running longer is declared hung and its stub restarted.
+    pub execute_timeout: Duration,
+}
+
+impl Default for PythonSettings {
+    fn default() -> Self {
+        PythonSettings {
+            interpreter: None,
+            shm_bytes: 64 << 20,
+            execute_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+impl PythonSettings {
+    /// Reads the `python` entries of `--backend-config`.
+    pub fn from_backend_config(entries: &[(String, String)]) -> std::result::Result<Self, String> {
+        let mut s = PythonSettings::default();
+        for (key, value) in entries {
+            let number = || {
+                value
+                    .parse::<u64>()
+                    .map_err(|_| format!("--backend-config python,{key} needs a number, got '{value}'"))
+            };
+            match key.as_str() {
+                "interpreter" => s.interpreter = Some(PathBuf::from(value)),
+                "shm-default-byte-size" => s.shm_bytes = (number()? as usize).clamp(1 << 12, 1 << 34),
+                "execute-timeout-seconds" => s.execute_timeout = Duration::from_secs(number()?.max(1)),
+                _ => tracing::warn!("ignoring unknown --backend-config python,{key}"),
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// What every Python instance of the node shares: settings, and the Dispatch BLS calls go through.
+pub struct PythonContext {
+    pub settings: PythonSettings,
+    /// Set once the node's Dispatch exists (it is built after the loader).
+    pub dispatch: OnceLock<Weak<dyn Dispatch>>,
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// Where one instance runs, for `initialize(args)`.
+pub struct InstanceInfo<'a> {
+    pub name: &'a str,
+    pub gpu: Option<i32>,
+    pub version: i64,
+    pub model_dir: &'a Path,
+    pub file: &'a Path,
+}
+
+/// The interpreter for a model: `EXECUTION_ENV_PATH`, then `--backend-config python,interpreter=`, then python3.
+fn interpreter(ctx: &PythonContext, config: &ModelConfig, model_dir: &Path) -> std::result::Result<PathBuf, String> {
+    if let Some(p) = config.parameters.get("EXECUTION_ENV_PATH") {
+        let dir = model_dir.to_string_lossy();
+        let path = PathBuf::from(p.string_value.replace("$$TRITON_MODEL_DIRECTORY", &dir));
+        return env::interpreter_in(&path);
+    }
+    Ok(ctx
+        .settings
+        .interpreter
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("python3")))
+}
+
+fn model_json(config: &ModelConfig) -> Value {
+    config_to_json(config)
+}
+
+/// Runs the model's `auto_complete_config` (if it has one) in a short-lived stub and returns the completed config.
+pub fn auto_complete(
+    ctx: &PythonContext,
+    config: &ModelConfig,
+    model_dir: &Path,
+    file: &Path,
+) -> std::result::Result<ModelConfig, String> {
+    let python = interpreter(ctx, config, model_dir)?;
+    let mut stub = Stub::start(&python, 1 << 16, &format!("{}_autocomplete", config.name), &[])?;
+    let header = json!({"op": "auto_complete", "model_file": file, "config": model_json(config)});
+    let reply = call(&mut stub, &header, Some(Instant::now() + Duration::from_secs(60)));
+    stub.stop(true, Duration::from_secs(2));
+    let reply = reply?;
+    let completed = serde_json::to_string(&reply["config"]).map_err(|e| e.to_string())?;
+    config_from_json(&completed).map_err(|e| format!("auto_complete_config returned an invalid config: {e}"))
+}
+
+/// Sends one control message and waits for its ok/error answer (no BLS happens during these).
+fn call(stub: &mut Stub, header: &Value, deadline: Option<Instant>) -> std::result::Result<Value, String> {
+    stub.send(header, &[])
+        .map_err(|e| format!("cannot reach the python stub: {e}"))?;
+    loop {
+        let (reply, _) = stub.recv(deadline).map_err(|e| {
+            let tail = stub.stderr_tail();
+            format!(
+                "the python stub stopped answering ({e}){}",
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!(":\n{tail}")
+                }
+            )
+        })?;
+        match reply["op"].as_str() {
+            Some("ok") => return Ok(reply),
+            Some("log") => log(&stub.label, &reply),
+            Some("error") => {
+                return Err(reply["message"]
+                    .as_str()
+                    .unwrap_or("unknown error")
+                    .trim_end()
+                    .to_string())
+            }
+            other => return Err(format!("unexpected answer from the python stub: {other:?}")),
+        }
+    }
+}
+
+fn log(label: &str, frame: &Value) {
+    let message = frame["message"].as_str().unwrap_or_default();
+    match frame["level"].as_str() {
+        Some("error") => tracing::error!(instance = %label, "{message}"),
+        Some("warn") => tracing::warn!(instance = %label, "{message}"),
+        Some("verbose") => tracing::debug!(instance = %label, "{message}"),
+        _ => tracing::info!(instance = %label, "{message}"),
+    }
+}
+
+/// One instance of a Python model: its stub process and the link to it.
+pub struct PythonBackend {
+    stub: Stub,
+    ctx: Arc<PythonContext>,
+    timeout: Duration,
+    /// Why the stub can no longer serve (it died or hung); the instance is then rebuilt.
+    dead: Option<String>,
+}
+
+impl PythonBackend {
+    /// Starts the stub and runs the model's `initialize(args)`; its exception is the load error.
+    pub fn start(
+        ctx: Arc<PythonContext>,
+        config: &ModelConfig,
+        info: &InstanceInfo<'_>,
+    ) -> std::result::Result<Self, String> {
+        let python = interpreter(&ctx, config, info.model_dir)?;
+        let mut stub = Stub::start(&python, ctx.settings.shm_bytes, info.name, &[])?;
+        let args = json!({
+            "model_config": model_json(config).to_string(),
+            "model_instance_kind": if info.gpu.is_some() { "GPU" } else { "CPU" },
+            "model_instance_name": info.name,
+            "model_instance_device_id": info.gpu.unwrap_or(0).to_string(),
+            "model_repository": info.model_dir,
+            "model_version": info.version.to_string(),
+            "model_name": config.name,
+        });
+        let header = json!({"op": "initialize", "model_file": info.file, "args": args});
+        call(&mut stub, &header, Some(Instant::now() + ctx.settings.execute_timeout))
+            .map_err(|e| format!("initialize() failed: {e}"))?;
+        let timeout = ctx.settings.execute_timeout;
+        Ok(PythonBackend {
+            stub,
+            ctx,
+            timeout,
+            dead: None,
+        })
+    }
+
+    /// Marks the stub dead (killing it if it hung) and says why.
+    fn fail(&mut self, why: String) -> Error {
+        tracing::error!(instance = %self.stub.label, "{why}");
+        self.stub.kill();
+        self.dead = Some(why.clone());
+        Error::unavailable(why)
+    }
+
+    /// Sends an execute and serves the stub's BLS calls and logs until its responses arrive.
+    fn exchange(&mut self, header: &Value, blob: &[u8]) -> Result<(Value, Vec<u8>)> {
+        if let Err(e) = self.stub.send(header, blob) {
+            return Err(self.fail(format!("python stub {} is gone: {e}", self.stub.label)));
+        }
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let (frame, blob) = match self.stub.recv(Some(deadline)) {
+                Ok(f) => f,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    let why = format!(
+                        "python stub {} did not finish execute() within {:?} (execute-timeout-seconds); restarting it",
+                        self.stub.label, self.timeout
+                    );
+                    return Err(self.fail(why));
+                }
+                Err(_) => {
+                    let status = self.stub.exited().unwrap_or_else(|| "connection lost".into());
+                    let tail = self.stub.stderr_tail();
+                    let why = format!(
+                        "python stub {} exited ({status}) during execute(); restarting it",
+                        self.stub.label
+                    );
+                    if !tail.is_empty() {
+                        tracing::error!(instance = %self.stub.label, "stub stderr:\n{tail}");
+                    }
+                    return Err(self.fail(why));
+                }
+            };
+            match frame["op"].as_str() {
+                Some("bls") => bls::start(&self.ctx, &self.stub, frame, &blob),
+                Some("log") => log(&self.stub.label, &frame),
+                Some("error") => {
+                    let message = frame["message"].as_str().unwrap_or("unknown error");
+                    return Err(Error::internal(format!("python stub error: {}", message.trim_end())));
+                }
+                _ => return Ok((frame, blob)),
+            }
+        }
+    }
+}
+
+/// Reads Triton's `TritonError` code a Python model set on an error response.
+fn error_from(response: &Value) -> Error {
+    let message = response["error"].as_str().unwrap_or("error").to_string();
+    let code = match response["code"].as_u64() {
+        Some(2) => Code::NotFound,
+        Some(3) => Code::InvalidArgument,
+        Some(4) => Code::Unavailable,
+        Some(5) => Code::Unsupported,
+        Some(7) => Code::Cancelled,
+        _ => Code::Internal,
+    };
+    Error::new(code, message)
+}
+
+/// Parameters as the JSON object `request.parameters()` returns.
+pub(crate) fn params_json(params: &Params) -> String {
+    use mesh::Param;
+    let map: serde_json::Map<String, Value> = params
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Param::Bool(b) => json!(b),
+                Param::Int(i) => json!(i),
+                Param::Uint(u) => json!(u),
+                Param::Double(d) => json!(d),
+                Param::String(s) => json!(s),
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    Value::Object(map).to_string()
+}
+
+impl Backend for PythonBackend {
+    fn execute(&mut self, inputs: &[NamedTensor], outputs: &[String]) -> Result<(Vec<NamedTensor>, Timings)> {
+        let params = Params::new();
+        let view = RequestView {
+            inputs,
+            outputs,
+            id: "",
+            parameters: &params,
+        };
+        let (mut results, timings) = self.execute_requests(&[view])?;
+        let out = results.pop().unwrap_or_else(|| Err(Error::internal("no response")))?;
+        Ok((out, timings))
+    }
+
+    fn takes_requests(&self) -> bool {
+        true
+    }
+
+    fn execute_requests(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
+        if let Some(why) = &self.dead {
+            return Err(Error::unavailable(why.clone()));
+        }
+        let t0 = Instant::now();
+        self.stub.shm.reset();
+        let mut blob = Vec::new();
+        let encoded: Vec<Value> = requests
+            .iter()
+            .map(|r| {
+                let correlation = r
+                    .parameters
+                    .iter()
+                    .find(|(k, _)| k == "sequence_id")
+                    .and_then(|(_, v)| v.as_u64());
+                json!({
+                    "id": r.id,
+                    "outputs": r.outputs,
+                    "parameters": params_json(r.parameters),
+                    "correlation_id": correlation.unwrap_or(0),
+                    "inputs": r.inputs.iter().map(|t| encode_tensor(&self.stub.shm, t, &mut blob)).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let header = json!({"op": "execute", "requests": encoded});
+        let t1 = Instant::now();
+        let (reply, reply_blob) = self.exchange(&header, &blob)?;
+        let t2 = Instant::now();
+        let responses = reply["responses"]
+            .as_array()
+            .filter(|r| r.len() == requests.len())
+            .ok_or_else(|| {
+                Error::internal(format!(
+                    "python stub answered {} responses for {} requests",
+                    reply["responses"].as_array().map_or(0, |r| r.len()),
+                    requests.len()
+                ))
+            })?;
+        let results = responses
+            .iter()
+            .map(|resp| {
+                if resp.get("error").is_some_and(|e| !e.is_null()) {
+                    return Err(error_from(resp));
+                }
+                let outputs = resp["outputs"].as_array().map(|v| v.as_slice()).unwrap_or_default();
+                outputs
+                    .iter()
+                    .map(|d| decode_tensor(&self.stub.shm, d, &reply_blob))
+                    .collect()
+            })
+            .collect();
+        let timings = Timings {
+            input: t1 - t0,
+            infer: t2 - t1,
+            output: t2.elapsed(),
+        };
+        Ok((results, timings))
+    }
+
+    fn healthy(&mut self) -> bool {
+        self.dead.is_none() && self.stub.exited().is_none()
+    }
+}
+
+impl Drop for PythonBackend {
+    fn drop(&mut self) {
+        let finalize = self.dead.is_none();
+        self.stub.stop(finalize, Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,215 @@
+//! One Python stub process: started on the chosen interpreter, connected over a Unix socket, its output
+//! forwarded to the log, and stopped (finalize, then kill) without leaving a zombie.
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::ipc::{read_frame, write_frame, Shm};
+
+const STUB_PY: &str = include_str!("../../../python/mesh_stub.py");
+const UTILS_PY: &str = include_str!("../../../python/triton_python_backend_utils.py");
+/// How long a new stub may take to import numpy and connect.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Lines of the stub's stderr kept for error messages.
+const TAIL_LINES: usize = 30;
+
+/// The directory holding this process's stub sources and sockets (written once).
+fn runtime_dir() -> Result<&'static Path, String> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("mesh-node-{}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(dir.join("mesh_stub.py"), STUB_PY)?;
+            std::fs::write(dir.join("triton_python_backend_utils.py"), UTILS_PY)?;
+            Ok(())
+        };
+        write()
+            .map(|_| dir.clone())
+            .map_err(|e| format!("cannot write the python stub to {}: {e}", dir.display()))
+    })
+    .as_ref()
+    .map(|p| p.as_path())
+    .map_err(|e| e.clone())
+}
+
+/// Removes the stub sources and sockets (at node shutdown).
+pub fn remove_runtime_dir() {
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("mesh-node-{}", std::process::id())));
+}
+
+pub struct Stub {
+    child: Child,
+    reader: BufReader<UnixStream>,
+    pub writer: Arc<Mutex<UnixStream>>,
+    pub shm: Arc<Shm>,
+    pub label: String,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+}
+
+/// Forwards a stub's output lines to the log; stderr lines are also kept for error messages.
+fn forward(stream: impl std::io::Read + Send + 'static, label: String, tail: Option<Arc<Mutex<VecDeque<String>>>>) {
+    let _ = std::thread::Builder::new().name(format!("{label}-log")).spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            match &tail {
+                Some(t) => {
+                    tracing::warn!(instance = %label, "{line}");
+                    let mut t = t.lock().unwrap_or_else(|p| p.into_inner());
+                    if t.len() == TAIL_LINES {
+                        t.pop_front();
+                    }
+                    t.push_back(line);
+                }
+                None => tracing::info!(instance = %label, "{line}"),
+            }
+        }
+    });
+}
+
+impl Stub {
+    /// Starts `interpreter mesh_stub.py` and waits for it to connect.
+    pub fn start(interpreter: &Path, shm_bytes: usize, label: &str, env: &[(String, String)]) -> Result<Stub, String> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = runtime_dir()?;
+        let sock_path = dir.join(format!("stub-{n}.sock"));
+        let listener =
+            UnixListener::bind(&sock_path).map_err(|e| format!("cannot bind {}: {e}", sock_path.display()))?;
+        let shm_dir = Path::new("/dev/shm");
+        let shm_dir = if shm_dir.is_dir() { shm_dir } else { dir };
+        let shm_path = shm_dir.join(format!("mesh-node-{}-stub-{n}", std::process::id()));
+        let shm = Shm::create(&shm_path, shm_bytes)
+            .map_err(|e| format!("cannot create shared memory {}: {e}", shm_path.display()))?;
+        let mut child = Command::new(interpreter)
+            .arg(dir.join("mesh_stub.py"))
+            .arg(&sock_path)
+            .arg(&shm_path)
+            .arg(shm_bytes.to_string())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the python interpreter '{}': {e}", interpreter.display()))?;
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        if let Some(out) = child.stdout.take() {
+            forward(out, label.to_string(), None);
+        }
+        if let Some(err) = child.stderr.take() {
+            forward(err, label.to_string(), Some(tail.clone()));
+        }
+        let stream = accept(&listener, &mut child, &tail);
+        let _ = std::fs::remove_file(&sock_path);
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
+        let writer = stream
+            .try_clone()
+            .map_err(|e| format!("cannot clone the stub socket: {e}"))?;
+        Ok(Stub {
+            child,
+            reader: BufReader::with_capacity(1 << 16, stream),
+            writer: Arc::new(Mutex::new(writer)),
+            shm: Arc::new(shm),
+            label: label.to_string(),
+            stderr_tail: tail,
+        })
+    }
+
+    /// The last lines the stub wrote to stderr (a traceback, usually).
+    pub fn stderr_tail(&self) -> String {
+        let t = self.stderr_tail.lock().unwrap_or_else(|p| p.into_inner());
+        t.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    pub fn send(&self, header: &Value, blob: &[u8]) -> std::io::Result<()> {
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        write_frame(&mut *w, header, blob)
+    }
+
+    /// Reads the next frame, waiting at most until `deadline`.
+    pub fn recv(&mut self, deadline: Option<Instant>) -> std::io::Result<(Value, Vec<u8>)> {
+        let timeout = deadline.map(|d| {
+            d.saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        });
+        self.reader.get_ref().set_read_timeout(timeout)?;
+        let frame = read_frame(&mut self.reader)?;
+        self.shm.unlink_once();
+        Ok(frame)
+    }
+
+    /// Whether the process still runs; Some(status text) once it has exited.
+    pub fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            Ok(None) => None,
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
+    /// Asks the stub to finalize (within `grace`), then kills and reaps it.
+    pub fn stop(&mut self, finalize: bool, grace: Duration) {
+        if finalize && self.exited().is_none() && self.send(&json!({"op": "finalize"}), &[]).is_ok() {
+            let _ = self.recv(Some(Instant::now() + grace));
+        }
+        let end = Instant::now() + grace;
+        while self.exited().is_none() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Stub {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits for the new stub to connect, failing early with its stderr if it exits first.
+fn accept(listener: &UnixListener, child: &mut Child, tail: &Mutex<VecDeque<String>>) -> Result<UnixStream, String> {
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let end = Instant::now() + CONNECT_TIMEOUT;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).map_err(|e| e.to_string())?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(format!("python stub did not connect: {e}")),
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            std::thread::sleep(Duration::from_millis(50)); // let the log threads read the last lines
+            let t = tail.lock().unwrap_or_else(|p| p.into_inner());
+            let said: Vec<_> = t.iter().cloned().collect();
+            return Err(format!(
+                "the python stub exited ({status}) before connecting:\n{}",
+                said.join("\n")
+            ));
+        }
+        if Instant::now() > end {
+            return Err(format!("the python stub did not connect within {CONNECT_TIMEOUT:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}

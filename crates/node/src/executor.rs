@@ -1,0 +1,307 @@
+//! What runs an instance's work: requests and their results, the guarded execution (a panic or a dead
+//! backend marks the instance failed), batches merged or per request, and the executor thread.
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mesh::{Error, NamedTensor, Params, Result};
+use metrics::Counter;
+use ractor::ActorRef;
+use tokio::sync::oneshot;
+
+use crate::backend::{Backend, PerRequest, RequestView, Timings};
+use crate::batch_io;
+use crate::instance::InstanceMsg;
+use crate::supervision::Health;
+
+/// Tells the instance's supervisor that its backend failed (called once per failure).
+pub type FailureNotice = Arc<dyn Fn() + Send + Sync>;
+
+/// A finished execution as one request sees it.
+pub struct Executed {
+    pub outputs: Vec<NamedTensor>,
+    pub timings: Timings,
+    pub queued: Duration,
+    /// Rows of the whole execution this request was part of.
+    pub batch_rows: usize,
+    /// True for exactly one request per execution, so executions are counted once.
+    pub counts_execution: bool,
+}
+
+/// What a caller hands an instance.
+pub struct Submission {
+    pub inputs: Vec<NamedTensor>,
+    /// Requested outputs; empty means all.
+    pub outputs: Vec<String>,
+    pub rows: usize,
+    pub priority: u32,
+    pub timeout: Option<Duration>,
+    /// The request id and parameters, for backends that see requests (Python).
+    pub id: String,
+    pub parameters: Params,
+}
+
+pub(crate) struct Job {
+    pub sub: Submission,
+    pub enqueued: Instant,
+    pub reply: oneshot::Sender<Result<Executed>>,
+}
+
+/// Decides whether an execution may run on the caller's (async) thread: only when recent
+/// executions were short, so a slow model never stalls the network runtime. Sans-IO.
+#[derive(Debug)]
+pub struct InlinePolicy {
+    /// Moving average of execution time in ns; u64::MAX until measured.
+    average_ns: AtomicU64,
+    limit_ns: u64,
+}
+
+impl InlinePolicy {
+    /// Executions averaging under this run inline; a thread hand-off costs tens of µs on small VMs.
+    pub const DEFAULT_LIMIT: Duration = Duration::from_micros(200);
+
+    pub fn new(limit: Duration) -> Self {
+        InlinePolicy {
+            average_ns: AtomicU64::new(u64::MAX),
+            limit_ns: limit.as_nanos() as u64,
+        }
+    }
+
+    pub fn allows_inline(&self) -> bool {
+        self.average_ns.load(Ordering::Relaxed) < self.limit_ns
+    }
+
+    /// Folds one measured execution time into the average (weight 1/8; the first sets it).
+    pub fn record(&self, took: Duration) {
+        let took = took.as_nanos().min(u64::MAX as u128 / 2) as u64;
+        let old = self.average_ns.load(Ordering::Relaxed);
+        let new = if old == u64::MAX {
+            took
+        } else {
+            old - old / 8 + took / 8
+        };
+        self.average_ns.store(new, Ordering::Relaxed);
+    }
+}
+
+pub(crate) type Shared = Arc<Mutex<Box<dyn Backend>>>;
+
+/// The requests of a batch as backends that take them one by one see them.
+fn views<'a>(subs: &[&'a Submission]) -> Vec<RequestView<'a>> {
+    subs.iter()
+        .map(|s| RequestView {
+            inputs: &s.inputs,
+            outputs: &s.outputs,
+            id: &s.id,
+            parameters: &s.parameters,
+        })
+        .collect()
+}
+
+/// Runs merged tensors for the whole batch and splits the outputs back per request.
+fn run_merged(label: &str, exec: &Executor, backend: &mut dyn Backend, jobs: &[Job]) -> Result<(PerRequest, Timings)> {
+    let rows: Vec<usize> = jobs.iter().map(|j| j.sub.rows).collect();
+    let wanted: Vec<String> = if jobs.iter().any(|j| j.sub.outputs.is_empty()) {
+        Vec::new()
+    } else {
+        let mut all: Vec<String> = jobs.iter().flat_map(|j| j.sub.outputs.iter().cloned()).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    };
+    let inputs: Vec<&[NamedTensor]> = jobs.iter().map(|j| &j.sub.inputs[..]).collect();
+    let merged;
+    let batch_inputs = if jobs.len() == 1 {
+        &jobs[0].sub.inputs[..]
+    } else {
+        merged = batch_io::merge(&inputs)?;
+        &merged[..]
+    };
+    let (outputs, timings) = exec.run(label, backend, batch_inputs, &wanted)?;
+    let parts = if jobs.len() == 1 {
+        vec![outputs]
+    } else {
+        batch_io::split(outputs, &rows)?
+    };
+    Ok((parts.into_iter().map(Ok).collect(), timings))
+}
+
+/// Runs one batch on the backend and answers every request in it.
+pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
+    let started = Instant::now();
+    let total: usize = jobs.iter().map(|j| j.sub.rows).sum();
+    let result = {
+        let mut b = exec.backend.lock().unwrap_or_else(|p| p.into_inner());
+        if b.takes_requests() {
+            let subs: Vec<&Submission> = jobs.iter().map(|j| &j.sub).collect();
+            exec.run_requests(label, &mut **b, &views(&subs))
+        } else {
+            run_merged(label, exec, &mut **b, &jobs)
+        }
+    };
+    match result {
+        Ok((parts, timings)) => {
+            for (i, (job, outs)) in jobs.into_iter().zip(parts).enumerate() {
+                let answer = outs.map(|mut outs| {
+                    if !job.sub.outputs.is_empty() {
+                        outs.retain(|o| job.sub.outputs.contains(&o.name));
+                    }
+                    Executed {
+                        outputs: outs,
+                        timings,
+                        queued: started.saturating_duration_since(job.enqueued),
+                        batch_rows: total,
+                        counts_execution: i == 0,
+                    }
+                });
+                let _ = job.reply.send(answer);
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// An instance's backend and what every execution updates; shared by the executor thread and the inline path.
+pub(crate) struct Executor {
+    pub backend: Shared,
+    pub policy: Arc<InlinePolicy>,
+    pub executions: Counter,
+    pub health: Arc<Health>,
+    pub on_failure: FailureNotice,
+}
+
+impl Executor {
+    /// Runs `f` on the backend once, guarded: a panic, or a backend that reports itself dead (a
+    /// Python stub that exited or hung), marks the instance failed (routing skips it and its
+    /// supervisor rebuilds it); a panic answers the callers UNAVAILABLE.
+    fn guarded<T>(
+        &self,
+        label: &str,
+        backend: &mut dyn Backend,
+        f: impl FnOnce(&mut dyn Backend) -> Result<T>,
+    ) -> Result<T> {
+        let t = Instant::now();
+        let run = std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut *backend)));
+        self.policy.record(t.elapsed());
+        self.executions.increment(1);
+        let healthy = run.is_ok() && backend.healthy();
+        if !healthy && self.health.mark_failed() {
+            (self.on_failure)();
+        }
+        run.unwrap_or_else(|_| {
+            tracing::error!(instance = %label, "backend panicked while executing");
+            Err(Error::unavailable(format!(
+                "instance {label} failed while executing the request; it is restarting"
+            )))
+        })
+    }
+
+    /// Runs merged inputs once.
+    pub(crate) fn run(
+        &self,
+        label: &str,
+        backend: &mut dyn Backend,
+        inputs: &[NamedTensor],
+        outputs: &[String],
+    ) -> Result<(Vec<NamedTensor>, Timings)> {
+        self.guarded(label, backend, |b| b.execute(inputs, outputs))
+    }
+
+    /// Runs a batch as separate requests once.
+    pub(crate) fn run_requests(
+        &self,
+        label: &str,
+        backend: &mut dyn Backend,
+        requests: &[RequestView<'_>],
+    ) -> Result<(PerRequest, Timings)> {
+        self.guarded(label, backend, |b| b.execute_requests(requests))
+    }
+
+    /// Runs one submission on the caller's thread (the inline path).
+    pub(crate) fn run_one(
+        &self,
+        label: &str,
+        backend: &mut dyn Backend,
+        sub: &Submission,
+    ) -> Result<(Vec<NamedTensor>, Timings)> {
+        if !backend.takes_requests() {
+            return self.run(label, backend, &sub.inputs, &sub.outputs);
+        }
+        let (mut results, timings) = self.run_requests(label, backend, &views(&[sub]))?;
+        let outputs = results
+            .pop()
+            .unwrap_or_else(|| Err(Error::internal("the backend gave no response")))?;
+        Ok((outputs, timings))
+    }
+}
+
+/// Work for the executor thread.
+pub(crate) enum ExecMsg {
+    Batch(Vec<Job>),
+    /// Wake the actor at this instant: the thread's timed wait is precise to tens of µs, where
+    /// tokio's timer rounds up to whole milliseconds (a 100 µs queue delay would cost 1-2 ms).
+    WakeAt(Instant),
+}
+
+/// Batching deadlines closer than this use the executor thread's precise wait.
+pub(crate) const PRECISE_WAKE_BELOW: Duration = Duration::from_millis(5);
+
+/// The executor thread: runs batches, and wakes the actor at precise deadlines while idle.
+pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<ExecMsg>, me: &ActorRef<InstanceMsg>) {
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let msg = match deadline {
+            None => rx.recv().ok(),
+            Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(m) => Some(m),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    deadline = None;
+                    let _ = me.cast(InstanceMsg::Wake);
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => None,
+            },
+        };
+        match msg {
+            None => return,
+            Some(ExecMsg::Batch(jobs)) => {
+                run_batch(label, exec, jobs);
+                let _ = me.cast(InstanceMsg::Done);
+            }
+            Some(ExecMsg::WakeAt(at)) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_only_after_short_measurements() {
+        let p = InlinePolicy::new(Duration::from_micros(200));
+        assert!(!p.allows_inline(), "unknown cost must not run inline");
+        p.record(Duration::from_micros(20));
+        assert!(p.allows_inline());
+        for _ in 0..40 {
+            p.record(Duration::from_millis(50));
+        }
+        assert!(!p.allows_inline(), "a model that became slow moves to its thread");
+        for _ in 0..200 {
+            p.record(Duration::from_micros(10));
+        }
+        assert!(p.allows_inline());
+    }
+
+    #[test]
+    fn first_slow_measurement_keeps_it_off_the_runtime() {
+        let p = InlinePolicy::new(Duration::from_micros(200));
+        p.record(Duration::from_millis(80));
+        assert!(!p.allows_inline());
+    }
+}

@@ -1,0 +1,222 @@
+"""The Python backend through tritonclient: Triton model.py files run unmodified in stub processes,
+BLS (sync, async, an autoregressive loop) goes back through the node, and failures stay contained."""
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = [pytest.mark.server]
+
+PY_MODELS = Path(__file__).parent / "python_models"
+SERVING = ["add_sub_py", "bls_twice", "bls_async", "py_errors", "auto_cfg", "strings_py", "seal_loop",
+           "add_sub", "seal_encoder", "seal_decoder"]
+
+
+def seal_models(repo: Path):
+    """A toy encoder (memory = pixels) and decoder (next = token + 1 while token < sum(memory), else 0)."""
+    import onnx
+    from onnx import TensorProto, helper
+    enc = helper.make_graph([helper.make_node("Identity", ["pixels"], ["memory"])], "enc",
+                            [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, [1, 8])],
+                            [helper.make_tensor_value_info("memory", TensorProto.FLOAT, [1, 8])])
+    one = helper.make_tensor("one", TensorProto.INT64, [1, 1], [1])
+    zero = helper.make_tensor("zero", TensorProto.INT64, [1, 1], [0])
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    dec = helper.make_graph([
+        helper.make_node("ReduceSum", ["memory", "axes"], ["total"], keepdims=1),
+        helper.make_node("Cast", ["total"], ["length"], to=TensorProto.INT64),
+        helper.make_node("Less", ["token", "length"], ["more"]),
+        helper.make_node("Add", ["token", "one"], ["plus"]),
+        helper.make_node("Where", ["more", "plus", "zero"], ["next_token"]),
+    ], "dec", [helper.make_tensor_value_info("memory", TensorProto.FLOAT, [1, 8]),
+               helper.make_tensor_value_info("token", TensorProto.INT64, [1, 1])],
+        [helper.make_tensor_value_info("next_token", TensorProto.INT64, [1, 1])], [one, zero, axes])
+    for name, graph in (("seal_encoder", enc), ("seal_decoder", dec)):
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        (repo / name / "1").mkdir(parents=True)
+        onnx.save(model, str(repo / name / "1" / "model.onnx"))
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "onnxruntime"\n')
+
+
+def python_repo(tmp: Path, models_dir: Path) -> Path:
+    repo = tmp / "pyrepo"
+    shutil.copytree(PY_MODELS, repo)
+    shutil.copytree(models_dir / "simple" / "add_sub", repo / "add_sub")
+    seal_models(repo)
+    return repo
+
+
+def python_args(timeout_secs=3):
+    return ["--backend-config", f"python,interpreter={sys.executable}",
+            "--backend-config", f"python,execute-timeout-seconds={timeout_secs}"]
+
+
+@pytest.fixture(scope="module")
+def py_server(server_factory, models_dir, tmp_path_factory):
+    repo = python_repo(tmp_path_factory.mktemp("python"), models_dir)
+    srv = server_factory([repo], python_args() + ["--strict-readiness", "false"], name="python",
+                         wait_models=SERVING)
+    srv.repo = repo
+    return srv
+
+
+@pytest.fixture
+def http(py_server):
+    c = httpclient.InferenceServerClient(py_server.http_url)
+    yield c
+    c.close()
+
+
+def fp32(name, array, mod=httpclient):
+    t = mod.InferInput(name, list(array.shape), "FP32")
+    t.set_data_from_numpy(array)
+    return t
+
+
+def test_triton_add_sub_example_runs_unchanged(http, py_server):
+    a = np.array([1, 2, 3, 4], np.float32)
+    b = np.array([10, 20, 30, 40], np.float32)
+    r = http.infer("add_sub_py", [fp32("INPUT0", a), fp32("INPUT1", b)])
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+    g = grpcclient.InferenceServerClient(py_server.grpc_url)
+    try:
+        r = g.infer("add_sub_py", [fp32("INPUT0", a, grpcclient), fp32("INPUT1", b, grpcclient)],
+                    outputs=[grpcclient.InferRequestedOutput("OUTPUT1")])
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+        assert r.as_numpy("OUTPUT0") is None, "only the requested output comes back"
+    finally:
+        g.close()
+
+
+def test_bls_calls_another_model_twice(http):
+    a = np.arange(32, dtype=np.float32).reshape(2, 16)
+    b = np.full((2, 16), 0.5, np.float32)
+    r = http.infer("bls_twice", [fp32("INPUT0", a), fp32("INPUT1", b)])
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + 2 * b)
+    stats = http.get_inference_statistics("add_sub")["model_stats"][0]
+    assert int(stats["inference_count"]) >= 4, "the BLS calls are counted by the model they reach"
+
+
+def test_async_bls_overlaps_and_reports_errors_per_call(http):
+    a = np.full((1, 16), 3.0, np.float32)
+    b = np.ones((1, 16), np.float32)
+    r = http.infer("bls_async", [fp32("INPUT0", a), fp32("INPUT1", b)])
+    np.testing.assert_array_equal(r.as_numpy("SUM"), a + b)
+    np.testing.assert_array_equal(r.as_numpy("DIFF"), a - b)
+    message = r.as_numpy("MISSING_ERROR")[0, 0].decode()
+    assert "no_such_model" in message and "not found" in message
+
+
+def test_autoregressive_loop_stops_at_the_end_token(http):
+    def run(total):
+        image = np.zeros((1, 8), np.float32)
+        image[0, 0] = total
+        r = http.infer("seal_loop", [fp32("IMAGE", image)])
+        return list(r.as_numpy("TOKENS")), int(r.as_numpy("STEPS")[0])
+
+    assert run(5) == ([2, 3, 4, 5], 5), "decoder runs until it emits the end token"
+    assert run(1) == ([], 1)
+    tokens, steps = run(40)
+    assert steps == 12 and tokens == list(range(2, 14)), "MAX_STEPS bounds the loop"
+    dec = http.get_inference_statistics("seal_decoder")["model_stats"][0]
+    enc = http.get_inference_statistics("seal_encoder")["model_stats"][0]
+    assert int(dec["inference_count"]) >= 18 and int(enc["inference_count"]) >= 3
+
+
+def test_bytes_ids_and_parameters_reach_the_model(http):
+    t = httpclient.InferInput("TEXT", [3], "BYTES")
+    t.set_data_from_numpy(np.array([b"abc", b"d\x00e", "zé".encode()], dtype=np.object_))
+    r = http.infer("strings_py", [t], request_id="req-7", parameters={"mode": "loud", "n": 3})
+    assert list(r.as_numpy("UPPER")) == [b"ABC", b"D\x00E", "Zé".encode()]
+    info = json.loads(r.as_numpy("INFO")[0])
+    assert info["id"] == "req-7"
+    assert info["parameters"] == {"mode": "loud", "n": 3}
+    assert info["writeable"] is False, "inputs are read-only views of shared memory"
+
+
+def test_auto_complete_config_fills_the_config(http):
+    cfg = http.get_model_config("auto_cfg")
+    assert [i["name"] for i in cfg["input"]] == ["IN", "BIAS"]
+    assert cfg["input"][1].get("optional") is True
+    assert cfg["max_batch_size"] == 8 and "dynamic_batching" in cfg
+    x = httpclient.InferInput("IN", [2, 3], "INT32")
+    x.set_data_from_numpy(np.array([[1, 2, 3], [4, 5, 6]], np.int32))
+    r = http.infer("auto_cfg", [x])
+    np.testing.assert_array_equal(r.as_numpy("OUT"), np.array([[10, 20, 30], [40, 50, 60]], np.int32))
+
+
+def test_initialize_exception_is_a_load_error_with_the_traceback(http):
+    row = next(r for r in http.get_model_repository_index() if r["name"] == "init_fails")
+    assert row["state"] == "UNAVAILABLE"
+    reason = row["reason"]
+    assert "cannot find the weights file" in reason and "Traceback" in reason and "helper" in reason
+    assert http.is_model_ready("add_sub_py"), "the other models keep serving"
+
+
+def x_input(v):
+    return [fp32("X", np.array([v], np.float32))]
+
+
+def test_errors_fail_only_their_request(http):
+    with pytest.raises(InferenceServerException) as e:
+        http.infer("py_errors", x_input(-1.0))
+    assert "negative input" in str(e.value) and e.value.status() == "400"
+    with pytest.raises(InferenceServerException) as e:
+        http.infer("py_errors", x_input(13.0))
+    assert "thirteen is unlucky" in str(e.value)
+    np.testing.assert_array_equal(http.infer("py_errors", x_input(2.0)).as_numpy("Y"), [4.0])
+
+
+def wait_ready_and_serving(http, what):
+    end = time.time() + 30
+    while time.time() < end:
+        try:
+            return http.infer("py_errors", x_input(1.0)).as_numpy("Y")
+        except InferenceServerException:
+            time.sleep(0.2)
+    pytest.fail(f"py_errors did not serve again after {what}")
+
+
+def test_a_dying_stub_fails_its_request_and_is_restarted(http, py_server):
+    with pytest.raises(InferenceServerException) as e:
+        http.infer("py_errors", x_input(99.0))
+    assert "exited" in str(e.value)
+    np.testing.assert_array_equal(wait_ready_and_serving(http, "os._exit"), [2.0])
+    assert "instance restarted" in py_server.log_tail(200)
+
+
+def test_a_hung_execute_hits_the_stub_timeout(http, py_server):
+    with pytest.raises(InferenceServerException) as e:
+        http.infer("py_errors", x_input(77.0))
+    assert "execute-timeout-seconds" in str(e.value)
+    np.testing.assert_array_equal(wait_ready_and_serving(http, "a hang"), [2.0])
+
+
+def test_unload_finalizes_and_leaves_no_process(fresh_server, models_dir, tmp_path):
+    import subprocess
+    repo = python_repo(tmp_path, models_dir)
+    srv = fresh_server([repo], python_args() + ["--model-control-mode", "explicit", "--load-model", "add_sub_py"],
+                       wait_models=["add_sub_py"])
+    c = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        def stubs():
+            out = subprocess.run(["pgrep", "-f", "-P", str(srv.proc.pid), "mesh_stub.py"], capture_output=True, text=True)
+            return [p for p in out.stdout.split() if p]
+        assert len(stubs()) == 1
+        c.unload_model("add_sub_py")
+        end = time.time() + 15
+        while stubs() and time.time() < end:
+            time.sleep(0.1)
+        assert not stubs(), "the stub must be stopped and reaped on unload"
+        assert (repo / "add_sub_py" / "finalized.txt").read_text().strip() == "add_sub_py_0_0_v1"
+    finally:
+        c.close()
