@@ -13,11 +13,11 @@ import itertools
 import json
 import mmap
 import os
-import queue
 import socket
 import struct
 import sys
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -54,15 +54,28 @@ def deserialize_bytes(buf, shape):
     return out.reshape(shape)
 
 
+def _utils():
+    """triton_python_backend_utils, imported once (it needs this module's host registered first)."""
+    global _UTILS
+    if _UTILS is None:
+        import triton_python_backend_utils
+        _UTILS = triton_python_backend_utils
+    return _UTILS
+
+
+_UTILS = None
+
+
 class Host:
     """The stub's side of the link: frames, shared memory, BLS calls, and the model's lifecycle."""
 
-    def __init__(self, sock, shm_path, shm_size):
+    def __init__(self, sock, shm_path, shm_size, spin_us=0):
         self.sock = sock
-        self.reader = sock.makefile("rb", buffering=1 << 16)
+        self.buf = bytearray()
         self.write_lock = threading.Lock()
         fd = os.open(shm_path, os.O_RDWR)
         self.shm = mmap.mmap(fd, shm_size)
+        self.shm_view = memoryview(self.shm)
         os.close(fd)
         self.half = shm_size // 2
         self.size = shm_size
@@ -71,8 +84,10 @@ class Host:
         self.calls = itertools.count(1)
         self.pending = {}
         self.pending_lock = threading.Lock()
-        self.inbox = queue.Queue()
+        self.read_lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
+        self.watching = False
+        self.spin = spin_us / 1e6
         self.model = None
         self.model_name = ""
 
@@ -83,29 +98,68 @@ class Host:
         with self.write_lock:
             self.sock.sendall(struct.pack("<II", len(head), len(blob)) + head + blob)
 
-    def recv(self):
-        prefix = self.reader.read(8)
-        if len(prefix) < 8:
-            return None, b""
-        hlen, blen = struct.unpack("<II", prefix)
-        header = json.loads(self.reader.read(hlen))
-        blob = self.reader.read(blen) if blen else b""
+    def buffered_frame(self):
+        """A complete frame already read, if there is one."""
+        if len(self.buf) < 8:
+            return None
+        hlen, blen = struct.unpack_from("<II", self.buf)
+        end = 8 + hlen + blen
+        if len(self.buf) < end:
+            return None
+        header = json.loads(self.buf[8:8 + hlen])
+        blob = bytes(self.buf[8 + hlen:end])
+        del self.buf[:end]
         return header, blob
 
-    def read_loop(self):
-        """Reader thread: BLS results complete their calls; everything else goes to the main loop."""
-        while True:
-            header, blob = self.recv()
-            if header is None:
-                self.inbox.put(({"op": "eof"}, b""))
+    def recv(self, spin=0.0):
+        """The next frame, read on the calling thread (no hand-off between threads: each costs a wake-up).
+        Polls for up to `spin` seconds first: on a VM a quick answer then costs no wake-up."""
+        with self.read_lock:
+            while True:
+                frame = self.buffered_frame()
+                if frame is not None:
+                    return frame
+                data = None
+                if spin > 0:
+                    end = time.perf_counter() + spin
+                    while True:
+                        try:
+                            data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+                            break
+                        except BlockingIOError:
+                            if time.perf_counter() > end:
+                                break
+                if data is None:
+                    data = self.sock.recv(1 << 20)
+                if not data:
+                    return None, b""
+                self.buf += data
+
+    def complete(self, header, blob):
+        """A BLS answer arrived: hand it to its call."""
+        with self.pending_lock:
+            done = self.pending.pop(header["call_id"], None)
+        if done is not None:
+            done(self.bls_result(header, blob))
+
+    def on_readable(self):
+        """asyncio reader callback while async BLS calls are pending: takes what arrived, without blocking."""
+        with self.read_lock:
+            try:
+                data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                data = None
+            if data == b"":
+                self.loop.remove_reader(self.sock.fileno())
+                self.watching = False
                 return
-            if header.get("op") == "bls_response":
-                with self.pending_lock:
-                    done = self.pending.pop(header["call_id"], None)
-                if done is not None:
-                    done(self.bls_result(header, blob))
-            else:
-                self.inbox.put((header, blob))
+            if data:
+                self.buf += data
+            frames = []
+            while (frame := self.buffered_frame()) is not None:
+                frames.append(frame)
+        for header, blob in frames:
+            self.complete(header, blob)
 
     # ---- tensors ----
     def alloc(self, n):
@@ -128,7 +182,7 @@ class Host:
         desc = {"name": tensor.name(), "datatype": dtype, "shape": list(array.shape)}
         off = self.alloc(raw.nbytes)
         if off is not None:
-            np.frombuffer(self.shm, dtype=np.uint8, count=raw.nbytes, offset=off)[:] = raw
+            self.shm_view[off:off + raw.nbytes] = raw
             desc["shm"] = [off, raw.nbytes]
         else:
             desc["inline"] = [blob_len[0], raw.nbytes]
@@ -138,7 +192,6 @@ class Host:
 
     def decode(self, desc, blob, copy):
         """One tensor: a read-only view of shared memory (execute inputs), or a copy (BLS results)."""
-        import triton_python_backend_utils as pb_utils
         dtype, shape = desc["datatype"], desc["shape"]
         if "shm" in desc:
             off, n = desc["shm"]
@@ -157,7 +210,7 @@ class Host:
                 array = array.copy()
             else:
                 array.flags.writeable = False
-        return pb_utils.Tensor(desc["name"], array, _dtype=dtype)
+        return _utils().Tensor(desc["name"], array, _dtype=dtype)
 
     # ---- BLS ----
     def bls_message(self, request):
@@ -182,17 +235,16 @@ class Host:
 
     def bls(self, request):
         call_id, header, blobs = self.bls_message(request)
-        done = threading.Event()
         box = []
-
-        def finish(result):
-            box.append(result)
-            done.set()
-
         with self.pending_lock:
-            self.pending[call_id] = finish
+            self.pending[call_id] = box.append
         self.send(header, blobs)
-        done.wait()
+        while not box:  # read our answer (and any async answers before it) on this thread
+            frame, blob = self.recv(self.spin)
+            if frame is None:
+                raise RuntimeError("mesh-node closed the link")
+            if frame.get("op") == "bls_response":
+                self.complete(frame, blob)
         return box[0]
 
     async def bls_async(self, request):
@@ -200,9 +252,19 @@ class Host:
         future = loop.create_future()
         call_id, header, blobs = self.bls_message(request)
         with self.pending_lock:
-            self.pending[call_id] = lambda result: loop.call_soon_threadsafe(future.set_result, result)
+            self.pending[call_id] = future.set_result
+        if not self.watching:
+            loop.add_reader(self.sock.fileno(), self.on_readable)
+            self.watching = True
         self.send(header, blobs)
-        return await future
+        try:
+            return await future
+        finally:
+            with self.pending_lock:
+                idle = not self.pending
+            if idle and self.watching:
+                loop.remove_reader(self.sock.fileno())
+                self.watching = False
 
     def log(self, level, message):
         self.send({"op": "log", "level": level, "message": str(message)})
@@ -275,12 +337,14 @@ class Host:
         return {"op": "responses", "responses": responses}, blobs
 
     def serve(self):
-        threading.Thread(target=self.read_loop, daemon=True).start()
         while True:
-            header, blob = self.inbox.get()
-            op = header.get("op")
-            if op == "eof":
+            header, blob = self.recv()
+            if header is None:
                 return
+            op = header.get("op")
+            if op == "bls_response":  # a late answer to a call nobody awaited
+                self.complete(header, blob)
+                continue
             blobs = []
             try:
                 if op == "execute":
@@ -303,9 +367,10 @@ class Host:
 
 def main():
     sock_path, shm_path, shm_size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    spin_us = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(sock_path)
-    host = Host(sock, shm_path, shm_size)
+    host = Host(sock, shm_path, shm_size, spin_us)
     sys.modules["mesh_stub_host"] = host
     host.serve()
 

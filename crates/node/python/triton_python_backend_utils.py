@@ -26,14 +26,14 @@ def triton_string_to_numpy(triton_type):
     return _DTYPES.get(name)
 
 
+_BY_NUMPY = {np.dtype(t): name for name, t in _DTYPES.items() if name != "BYTES"}
+
+
 def numpy_to_triton_type(dtype):
     dtype = np.dtype(dtype)
     if dtype.kind in ("O", "S", "U"):
         return "BYTES"
-    for name, t in _DTYPES.items():
-        if name != "BYTES" and np.dtype(t) == dtype:
-            return name
-    return None
+    return _BY_NUMPY.get(dtype)
 
 
 def get_input_config_by_name(model_config, name):

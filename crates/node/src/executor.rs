@@ -246,6 +246,9 @@ pub(crate) enum ExecMsg {
     /// Wake the actor at this instant: the thread's timed wait is precise to tens of µs, where
     /// tokio's timer rounds up to whole milliseconds (a 100 µs queue delay would cost 1-2 ms).
     WakeAt(Instant),
+    /// A request of a model without dynamic batching, sent straight here: its queue is this
+    /// channel (FIFO), so the actor hop would only add a wake-up.
+    Direct(Job),
 }
 
 /// Batching deadlines closer than this use the executor thread's precise wait.
@@ -274,6 +277,15 @@ pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<Ex
                 let _ = me.cast(InstanceMsg::Done);
             }
             Some(ExecMsg::WakeAt(at)) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
+            Some(ExecMsg::Direct(job)) => {
+                if !exec.health.is_ready() {
+                    let _ = job
+                        .reply
+                        .send(Err(Error::unavailable(format!("instance {label} is restarting"))));
+                } else if !job.reply.is_closed() {
+                    run_batch(label, exec, vec![job]);
+                }
+            }
         }
     }
 }

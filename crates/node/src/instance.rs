@@ -32,6 +32,8 @@ struct InstanceActor;
 struct InstanceArgs {
     label: String,
     exec: Arc<Executor>,
+    /// The executor thread's channel, made by the handle (which keeps a sender for the direct path).
+    channel: Mutex<Option<(mpsc::Sender<ExecMsg>, mpsc::Receiver<ExecMsg>)>>,
     config: BatchConfig,
     #[cfg(feature = "fault-injection")]
     panic_on_rows: Option<usize>,
@@ -113,7 +115,12 @@ impl Actor for InstanceActor {
         myself: ActorRef<InstanceMsg>,
         args: InstanceArgs,
     ) -> Result<InstanceState, ActorProcessingErr> {
-        let (tx, rx) = mpsc::channel::<ExecMsg>();
+        let (tx, rx) = args
+            .channel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or("instance started twice")?;
         let label = args.label.clone();
         let exec = args.exec.clone();
         let me = myself.clone();
@@ -211,6 +218,8 @@ pub struct InstanceHandle {
     inline: Inline,
     outstanding: AtomicUsize,
     next_id: AtomicU64,
+    /// For models without dynamic batching: the executor thread's channel, bypassing the actor.
+    direct: Option<mpsc::Sender<ExecMsg>>,
     pub label: String,
     /// Rebuilds this instance's backend (same file, config and device).
     pub factory: BackendFactory,
@@ -257,14 +266,20 @@ impl InstanceHandle {
             health: Arc::new(Health::new(&metric_labels)),
             on_failure,
         });
+        // Backends that block on another process (Python) never run on the async runtime: a BLS
+        // call they wait for may need its threads.
         let inline = match (config.dynamic, config.max_queue_delay.is_zero()) {
+            _ if exec.backend.lock().unwrap_or_else(|p| p.into_inner()).takes_requests() => Inline::Never,
             (false, _) => Inline::WhenIdle,
             (true, true) => Inline::WhenAlone,
             (true, false) => Inline::Never,
         };
+        let (tx, rx) = mpsc::channel::<ExecMsg>();
+        let direct = (!config.dynamic).then(|| tx.clone());
         let args = InstanceArgs {
             label: label.clone(),
             exec: exec.clone(),
+            channel: Mutex::new(Some((tx, rx))),
             config,
             #[cfg(feature = "fault-injection")]
             panic_on_rows: panic_actor_on_rows,
@@ -281,6 +296,7 @@ impl InstanceHandle {
             inline,
             outstanding,
             next_id: AtomicU64::new(0),
+            direct,
             label,
             factory,
         })
@@ -340,6 +356,19 @@ impl InstanceHandle {
                     counts_execution: true,
                 });
             }
+        }
+        if let Some(tx) = &self.direct {
+            let (reply, rx) = oneshot::channel();
+            let job = Job {
+                sub,
+                enqueued: Instant::now(),
+                reply,
+            };
+            tx.send(ExecMsg::Direct(job))
+                .map_err(|_| Error::unavailable(format!("instance {} has stopped", self.label)))?;
+            return rx
+                .await
+                .map_err(|_| Error::unavailable(format!("instance {} stopped before answering", self.label)))?;
         }
         let shape_key = batch_io::shape_key(&sub.inputs);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

@@ -26,6 +26,8 @@ pub struct PythonSettings {
     pub shm_bytes: usize,
     /// `execute-timeout-seconds=N`: an execute running longer is declared hung and its stub restarted.
     pub execute_timeout: Duration,
+    /// `spin-microseconds=N`: how long each side polls for the other's answer before sleeping.
+    pub spin: Duration,
 }
 
 impl Default for PythonSettings {
@@ -34,6 +36,7 @@ impl Default for PythonSettings {
             interpreter: None,
             shm_bytes: 64 << 20,
             execute_timeout: Duration::from_secs(300),
+            spin: Duration::from_micros(100),
         }
     }
 }
@@ -52,6 +55,7 @@ impl PythonSettings {
                 "interpreter" => s.interpreter = Some(PathBuf::from(value)),
                 "shm-default-byte-size" => s.shm_bytes = (number()? as usize).clamp(1 << 12, 1 << 34),
                 "execute-timeout-seconds" => s.execute_timeout = Duration::from_secs(number()?.max(1)),
+                "spin-microseconds" => s.spin = Duration::from_micros(number()?.min(10_000)),
                 _ => tracing::warn!("ignoring unknown --backend-config python,{key}"),
             }
         }
@@ -102,7 +106,8 @@ pub fn auto_complete(
     file: &Path,
 ) -> std::result::Result<ModelConfig, String> {
     let python = interpreter(ctx, config, model_dir)?;
-    let mut stub = Stub::start(&python, 1 << 16, &format!("{}_autocomplete", config.name), &[])?;
+    let label = format!("{}_autocomplete", config.name);
+    let mut stub = Stub::start(&python, 1 << 16, Duration::ZERO, &label, &[])?;
     let header = json!({"op": "auto_complete", "model_file": file, "config": model_json(config)});
     let reply = call(&mut stub, &header, Some(Instant::now() + Duration::from_secs(60)));
     stub.stop(true, Duration::from_secs(2));
@@ -169,7 +174,8 @@ impl PythonBackend {
         info: &InstanceInfo<'_>,
     ) -> std::result::Result<Self, String> {
         let python = interpreter(&ctx, config, info.model_dir)?;
-        let mut stub = Stub::start(&python, ctx.settings.shm_bytes, info.name, &[])?;
+        let settings = &ctx.settings;
+        let mut stub = Stub::start(&python, settings.shm_bytes, settings.spin, info.name, &[])?;
         let args = json!({
             "model_config": model_json(config).to_string(),
             "model_instance_kind": if info.gpu.is_some() { "GPU" } else { "CPU" },
@@ -206,7 +212,7 @@ impl PythonBackend {
         }
         let deadline = Instant::now() + self.timeout;
         loop {
-            let (frame, blob) = match self.stub.recv(Some(deadline)) {
+            let (frame, blob) = match self.stub.recv_spinning(Some(deadline), self.ctx.settings.spin) {
                 Ok(f) => f,
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                     let why = format!(

@@ -75,7 +75,13 @@ fn forward(stream: impl std::io::Read + Send + 'static, label: String, tail: Opt
 
 impl Stub {
     /// Starts `interpreter mesh_stub.py` and waits for it to connect.
-    pub fn start(interpreter: &Path, shm_bytes: usize, label: &str, env: &[(String, String)]) -> Result<Stub, String> {
+    pub fn start(
+        interpreter: &Path,
+        shm_bytes: usize,
+        spin: Duration,
+        label: &str,
+        env: &[(String, String)],
+    ) -> Result<Stub, String> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = runtime_dir()?;
@@ -92,6 +98,7 @@ impl Stub {
             .arg(&sock_path)
             .arg(&shm_path)
             .arg(shm_bytes.to_string())
+            .arg(spin.as_micros().to_string())
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -137,6 +144,27 @@ impl Stub {
     pub fn send(&self, header: &Value, blob: &[u8]) -> std::io::Result<()> {
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         write_frame(&mut *w, header, blob)
+    }
+
+    /// Reads the next frame, waiting at most until `deadline`; first polls for up to `spin`, which
+    /// on a VM saves the wake-up (a VM exit) when the answer comes quickly.
+    pub fn recv_spinning(&mut self, deadline: Option<Instant>, spin: Duration) -> std::io::Result<(Value, Vec<u8>)> {
+        if !spin.is_zero() && self.reader.buffer().is_empty() {
+            use std::io::BufRead;
+            self.reader.get_ref().set_nonblocking(true)?;
+            let end = Instant::now() + spin;
+            loop {
+                match self.reader.fill_buf() {
+                    Ok(_) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < end => {
+                        std::hint::spin_loop()
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.reader.get_ref().set_nonblocking(false)?;
+        }
+        self.recv(deadline)
     }
 
     /// Reads the next frame, waiting at most until `deadline`.

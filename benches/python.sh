@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Python backend benchmark (issue 4), in one run: the same model.py files served by mesh-node and by
+# real Triton 2.51's Python backend, driven by the same perf_analyzer over gRPC:
+#   add_sub  - Triton's python_backend add_sub example (FP32 [4] + [4]);
+#   bls_x2   - a BLS model that calls add_sub twice per request (Triton's build has no ONNX backend,
+#              so the called model is the Python add_sub on both servers).
+# Output: markdown on stdout and in benches/results/python-<host>.md. Needs scripts/setup.sh.
+# MESH_ARGS adds mesh-node flags (e.g. --backend-config python,spin-microseconds=0); SKIP_TRITON=1
+# measures the mesh alone (for tuning; the recorded numbers always come from a full run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-5}
+PEERS=${PEERS:-.peers}
+[ -x "$PEERS/bin/perf_analyzer" ] || bash ../shared/tools/peers.sh "$PEERS" >/dev/null
+BIN=target/release/mesh-node
+[ -x "$BIN" ] || { echo "run scripts/setup.sh first" >&2; exit 1; }
+WORK=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+mkdir -p benches/results "$WORK/repo/add_sub/1" "$WORK/repo/bls_x2/1"
+OUT=benches/results/python-$(hostname).md
+IO='input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+printf 'name: "add_sub"\nbackend: "python"\n%s\noutput [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\ninstance_group [ { kind: KIND_CPU } ]\n' \
+  "$IO" > "$WORK/repo/add_sub/config.pbtxt"
+printf 'name: "bls_x2"\nbackend: "python"\n%s\noutput [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\ninstance_group [ { kind: KIND_CPU } ]\n' \
+  "$IO" > "$WORK/repo/bls_x2/config.pbtxt"
+cat > "$WORK/repo/add_sub/1/model.py" <<'PY'
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]))
+        return out
+PY
+cat > "$WORK/repo/bls_x2/1/model.py" <<'PY'
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            a = pb_utils.get_input_tensor_by_name(r, "INPUT0")
+            b = pb_utils.get_input_tensor_by_name(r, "INPUT1")
+            first = pb_utils.InferenceRequest(model_name="add_sub", requested_output_names=["OUTPUT0"], inputs=[a, b]).exec()
+            s = pb_utils.get_output_tensor_by_name(first, "OUTPUT0")
+            second = pb_utils.InferenceRequest(model_name="add_sub", requested_output_names=["OUTPUT0"],
+                                               inputs=[pb_utils.Tensor("INPUT0", s.as_numpy()), b]).exec()
+            out.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(second, "OUTPUT0")]))
+        return out
+PY
+
+measure() {  # server-name port model concurrency
+  "$PEERS/bin/perf_analyzer" -m "$3" -u "localhost:$2" -i grpc --concurrency-range "$4" \
+    --measurement-interval $((SECS * 1000)) --stability-percentage 25 -f "$WORK/pa.csv" >/dev/null 2>&1 || true
+  .venv/bin/python - "$WORK/pa.csv" "$1" "$3" "$4" <<'PY'
+import csv, sys
+r = list(csv.DictReader(open(sys.argv[1])))[-1]
+print(f"| {sys.argv[3]} | {sys.argv[4]} | {sys.argv[2]} | {float(r['Inferences/Second']):.0f} | {r['p50 latency']} | {r['p99 latency']} |")
+PY
+}
+
+wait_live() {
+  for _ in $(seq 120); do curl -sf "localhost:$1/v2/health/ready" >/dev/null && return 0; sleep 0.5; done
+  echo "server on $1 did not become ready" >&2; return 1
+}
+
+{
+echo "# Python backend: mesh-node vs Triton 2.51, $(date -u +%F), $(nproc) vCPU $(lscpu | sed -n 's/Model name: *//p' | head -1)"
+echo
+echo "| model | concurrency | server | infer/s | p50 µs | p99 µs |"
+echo "|---|---|---|---|---|---|"
+"$BIN" --model-repository "$WORK/repo" --http-port 28300 --grpc-port 28301 --metrics-port 28302 \
+  --backend-config "python,interpreter=$PWD/.venv/bin/python" ${MESH_ARGS:-} >"$WORK/node.log" 2>&1 &
+NODE=$!
+wait_live 28300
+for m in add_sub bls_x2; do for c in 1 4; do measure mesh 28301 $m $c; done; done > "$WORK/mesh.md"
+kill $NODE; wait $NODE 2>/dev/null || true
+[ "${SKIP_TRITON:-}" = 1 ] && { cat "$WORK/mesh.md"; exit 0; }
+"$PEERS/bin/tritonserver" --model-repository "$WORK/repo" --http-port 28400 --grpc-port 28401 --metrics-port 28402 \
+  >"$WORK/triton.log" 2>&1 &
+TRITON=$!
+wait_live 28400
+for m in add_sub bls_x2; do for c in 1 4; do measure triton 28401 $m $c; done; done > "$WORK/triton.md"
+kill $TRITON; wait $TRITON 2>/dev/null || true
+paste -d'\n' "$WORK/mesh.md" "$WORK/triton.md"
+echo
+.venv/bin/python - "$WORK/mesh.md" "$WORK/triton.md" <<'PY'
+import sys
+rows = lambda p: [l.split("|")[1:-1] for l in open(p) if l.startswith("|")]
+print("| model | concurrency | mesh / Triton throughput | Triton p50 / mesh p50 |")
+print("|---|---|---|---|")
+for m, t in zip(rows(sys.argv[1]), rows(sys.argv[2])):
+    print(f"| {m[0].strip()} | {m[1].strip()} | {float(m[3]) / float(t[3]):.2f}x | {float(t[4]) / float(m[4]):.2f}x |")
+PY
+} | tee "$OUT"
