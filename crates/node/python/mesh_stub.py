@@ -235,6 +235,7 @@ class Host:
 
     def bls(self, request):
         call_id, header, blobs = self.bls_message(request)
+        header["sync"] = True
         box = []
         with self.pending_lock:
             self.pending[call_id] = box.append

@@ -1,5 +1,6 @@
 //! BLS calls from a Python model: decoded from the stub's frame, run through the node's Dispatch (the
 //! same seam clients use, so a router can later send them to other nodes), answered on the socket.
+use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 
 use mesh::{Error, InferRequest, NamedTensor, Param, Params, RequestedOutput, Result};
@@ -69,52 +70,57 @@ fn request_from(frame: &Value, blob: &[u8], shm: &Shm) -> Result<InferRequest> {
     })
 }
 
-fn reply(writer: &Mutex<std::os::unix::net::UnixStream>, header: &Value, blob: &[u8]) {
+fn reply(writer: &Mutex<UnixStream>, header: &Value, blob: &[u8]) {
     let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
     if let Err(e) = write_frame(&mut *w, header, blob) {
         tracing::warn!("cannot answer a BLS call: {e}");
     }
 }
 
-/// Starts one BLS call: the inputs are copied out of shared memory now, the inference runs on the
-/// runtime, and its answer is written to the stub when it completes (calls may overlap).
+/// Writes the answer of one call: outputs into the node's half of shared memory, or the error.
+fn answer(shm: &Shm, writer: &Mutex<UnixStream>, call_id: Value, result: Result<mesh::InferResponse>) {
+    let mut blob = Vec::new();
+    let header = match result {
+        Ok(response) => {
+            let outputs: Vec<Value> = response
+                .outputs
+                .iter()
+                .map(|t| encode_tensor(shm, t, &mut blob))
+                .collect();
+            json!({"op": "bls_response", "call_id": call_id, "outputs": outputs, "error": null})
+        }
+        Err(e) => json!({"op": "bls_response", "call_id": call_id, "error": e.message}),
+    };
+    reply(writer, &header, &blob);
+}
+
+/// Runs one BLS call through the node's Dispatch. The inputs are copied out of shared memory now.
+/// A blocking `exec()` runs right here on the instance's thread, which waits for it anyway: an ONNX
+/// model it calls then runs on this thread too, with no hand-off. `async_exec()` calls go to the
+/// runtime so they overlap.
 pub fn start(ctx: &Arc<PythonContext>, stub: &Stub, frame: Value, blob: &[u8]) {
     let call_id = frame["call_id"].clone();
     let writer = stub.writer.clone();
     let request = match request_from(&frame, blob, &stub.shm) {
         Ok(r) => r,
-        Err(e) => {
-            reply(
-                &writer,
-                &json!({"op": "bls_response", "call_id": call_id, "error": e.message}),
-                &[],
-            );
-            return;
-        }
+        Err(e) => return answer(&stub.shm, &writer, call_id, Err(e)),
     };
     let dispatch = ctx.dispatch.get().and_then(|w| w.upgrade());
     let shm = stub.shm.clone();
-    ctx.runtime.spawn(async move {
+    let call = async move {
         let result = match dispatch {
             Some(d) => d.infer(request).await,
             None => Err(Error::unavailable(
                 "the node is not serving (starting or shutting down)",
             )),
         };
-        let mut blob = Vec::new();
-        let header = match result {
-            Ok(response) => {
-                let outputs: Vec<Value> = response
-                    .outputs
-                    .iter()
-                    .map(|t| encode_tensor(&shm, t, &mut blob))
-                    .collect();
-                json!({"op": "bls_response", "call_id": call_id, "outputs": outputs, "error": null})
-            }
-            Err(e) => json!({"op": "bls_response", "call_id": call_id, "error": e.message}),
-        };
-        reply(&writer, &header, &blob);
-    });
+        answer(&shm, &writer, call_id, result);
+    };
+    if frame["sync"].as_bool() == Some(true) {
+        ctx.runtime.block_on(call);
+    } else {
+        ctx.runtime.spawn(call);
+    }
 }
 
 #[cfg(test)]
