@@ -201,22 +201,36 @@ def test_a_hung_execute_hits_the_stub_timeout(http, py_server):
     np.testing.assert_array_equal(wait_ready_and_serving(http, "a hang"), [2.0])
 
 
+def children(pid):
+    """(pid, state, cmdline) of each child process of `pid`, read from /proc."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                out.append((int(d.name), fields[0], (d / "cmdline").read_bytes()))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
 def test_unload_finalizes_and_leaves_no_process(fresh_server, models_dir, tmp_path):
-    import subprocess
     repo = python_repo(tmp_path, models_dir)
     srv = fresh_server([repo], python_args() + ["--model-control-mode", "explicit", "--load-model", "add_sub_py"],
                        wait_models=["add_sub_py"])
     c = httpclient.InferenceServerClient(srv.http_url)
     try:
         def stubs():
-            out = subprocess.run(["pgrep", "-f", "-P", str(srv.proc.pid), "mesh_stub.py"], capture_output=True, text=True)
-            return [p for p in out.stdout.split() if p]
+            return [p for p in children(srv.proc.pid) if b"mesh_stub.py" in p[2]]
         assert len(stubs()) == 1
         c.unload_model("add_sub_py")
         end = time.time() + 15
-        while stubs() and time.time() < end:
+        while (stubs() or children(srv.proc.pid)) and time.time() < end:
             time.sleep(0.1)
-        assert not stubs(), "the stub must be stopped and reaped on unload"
+        assert not stubs(), "the stub must be stopped on unload"
+        assert not [p for p in children(srv.proc.pid) if p[1] == "Z"], "and reaped: no zombie"
         assert (repo / "add_sub_py" / "finalized.txt").read_text().strip() == "add_sub_py_0_0_v1"
     finally:
         c.close()
