@@ -5,16 +5,8 @@
 # and a wider one (64→1024→1024→16) whose compute matters.
 # Output: markdown on stdout and in benches/results/batching-<host>.md. Needs scripts/setup.sh; ~2 minutes.
 # MESH_BENCH_PARAMS adds config lines to the served models, e.g. an intra_op_thread_count parameter.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-SECS=${1:-5}
-PEERS=${PEERS:-.peers}
-[ -x "$PEERS/bin/perf_analyzer" ] || bash ../shared/tools/peers.sh "$PEERS" >/dev/null
-BIN=target/release/mesh-node
-[ -f target/models/simple/mlp/1/model.onnx ] || { echo "run scripts/setup.sh first" >&2; exit 1; }
-WORK=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
-mkdir -p benches/results "$WORK/repo"
+source "$(dirname "$0")/common.sh"
+mkdir -p "$WORK/repo"
 OUT=benches/results/batching-$(hostname).md
 cargo build -q --release -p mesh-node --benches
 

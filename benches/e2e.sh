@@ -6,18 +6,10 @@
 #   - real Triton 2.51's ServerLive with the same client, to show the floor is the machine's, not ours.
 # Output: a markdown report on stdout and in benches/results/e2e-<host>.md.
 # Usage: benches/e2e.sh [SECONDS_PER_POINT]   (needs scripts/setup.sh to have run; ~3 minutes)
-set -euo pipefail
-cd "$(dirname "$0")/.."
-SECS=${1:-4}
-PEERS=${PEERS:-.peers}
-[ -x "$PEERS/bin/perf_analyzer" ] || bash ../shared/tools/peers.sh "$PEERS" >/dev/null
-BIN=target/release/mesh-node
+DEFAULT_SECS=4
+source "$(dirname "$0")/common.sh"
 MODEL_DIR=target/models/simple/mlp
-[ -x "$BIN" ] && [ -f "$MODEL_DIR/1/model.onnx" ] || { echo "run scripts/setup.sh first" >&2; exit 1; }
-mkdir -p benches/results
 OUT=benches/results/e2e-$(hostname).md
-WORK=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/mlp/1" && cp "$MODEL_DIR/1/model.onnx" "$WORK/mlp/1/"
 # Latency is measured unbatched: dynamic batching would add its queue delay at concurrency 1.
 printf 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 32\n%s\n' \

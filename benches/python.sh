@@ -7,16 +7,8 @@
 # Output: markdown on stdout and in benches/results/python-<host>.md. Needs scripts/setup.sh.
 # MESH_ARGS adds mesh-node flags (e.g. --backend-config python,spin-microseconds=0); SKIP_TRITON=1
 # measures the mesh alone (for tuning; the recorded numbers always come from a full run).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-SECS=${1:-5}
-PEERS=${PEERS:-.peers}
-[ -x "$PEERS/bin/perf_analyzer" ] || bash ../shared/tools/peers.sh "$PEERS" >/dev/null
-BIN=target/release/mesh-node
-[ -x "$BIN" ] || { echo "run scripts/setup.sh first" >&2; exit 1; }
-WORK=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
-mkdir -p benches/results "$WORK/repo/add_sub/1" "$WORK/repo/bls_x2/1"
+source "$(dirname "$0")/common.sh"
+mkdir -p "$WORK/repo/add_sub/1" "$WORK/repo/bls_x2/1"
 OUT=benches/results/python-$(hostname).md
 IO='input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]'
 printf 'name: "add_sub"\nbackend: "python"\n%s\noutput [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\ninstance_group [ { kind: KIND_CPU } ]\n' \

@@ -95,6 +95,23 @@ def test_dynamic_batching_merges_concurrent_requests_and_splits_outputs(fresh_se
     assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in st["batch_stats"]) == 12
 
 
+def assert_refused_over_http_and_grpc(srv, model, reason):
+    """One add_sub request over each protocol is refused at once: 503 naming `reason`, and UNAVAILABLE."""
+    r = srv.post(f"/v2/models/{model}/infer", add_sub_json_body())
+    assert r.status == 503, r
+    assert reason in r.error_message()
+    g = grpcclient.InferenceServerClient(srv.grpc_url)
+    gi = [grpcclient.InferInput("INPUT0", [1, 16], "FP32"), grpcclient.InferInput("INPUT1", [1, 16], "FP32")]
+    for i in gi:
+        i.set_data_from_numpy(np.ones((1, 16), np.float32))
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            g.infer(model, gi)
+        assert "UNAVAILABLE" in str(e.value.status())
+    finally:
+        g.close()
+
+
 def test_max_queue_size_rejects_at_once_with_unavailable(fresh_server, models_dir, tmp_path):
     repo = make_repo(tmp_path, models_dir, "add_sub", "bounded",
                      "max_batch_size: 8\n" + ADD_SUB_IO +
@@ -113,17 +130,7 @@ def test_max_queue_size_rejects_at_once_with_unavailable(fresh_server, models_di
     t = threading.Thread(target=hold)
     t.start()
     time.sleep(0.4)  # the first request now waits in the queue for its 1.5 s delay
-    r = srv.post("/v2/models/bounded/infer", add_sub_json_body())
-    assert r.status == 503, r
-    assert "queue full" in r.error_message()
-    g = grpcclient.InferenceServerClient(srv.grpc_url)
-    gi = [grpcclient.InferInput("INPUT0", [1, 16], "FP32"), grpcclient.InferInput("INPUT1", [1, 16], "FP32")]
-    for i in gi:
-        i.set_data_from_numpy(np.ones((1, 16), np.float32))
-    with pytest.raises(InferenceServerException) as e:
-        g.infer("bounded", gi)
-    assert "UNAVAILABLE" in str(e.value.status())
-    g.close()
+    assert_refused_over_http_and_grpc(srv, "bounded", "queue full")
     t.join(timeout=30)
     np.testing.assert_array_equal(first["out"], np.full((1, 16), 2.0, np.float32))
 
@@ -304,16 +311,7 @@ def test_inflight_byte_budget_refuses_at_once_and_frees_on_answer(fresh_server, 
     for t in holders:
         t.start()
     time.sleep(0.5)  # the seven now wait in the queue for their 1.5 s delay
-    r = srv.post("/v2/models/held/infer", add_sub_json_body())
-    assert r.status == 503, r
-    assert "--max-inflight-bytes 1000" in r.error_message()
-    g = grpcclient.InferenceServerClient(srv.grpc_url)
-    gi = [grpcclient.InferInput("INPUT0", [1, 16], "FP32"), grpcclient.InferInput("INPUT1", [1, 16], "FP32")]
-    for i in gi:
-        i.set_data_from_numpy(np.ones((1, 16), np.float32))
-    with pytest.raises(InferenceServerException) as e:
-        g.infer("held", gi)
-    assert "UNAVAILABLE" in str(e.value.status())
+    assert_refused_over_http_and_grpc(srv, "held", "--max-inflight-bytes 1000")
     for t in holders:
         t.join(timeout=30)
     assert not errors and len(outs) == 7, errors[:3]
@@ -329,7 +327,6 @@ def test_inflight_byte_budget_refuses_at_once_and_frees_on_answer(fresh_server, 
         assert "larger than the in-flight budget" in str(e.value)
     finally:
         c.close()
-        g.close()
     failures = re.findall(r'nv_inference_request_failure\{[^}]*model="held"[^}]*reason="REJECTED"[^}]*\} (\S+)',
                           srv.metrics())
     assert [float(v) for v in failures] == [3.0], failures
