@@ -84,7 +84,7 @@ def test_a_dead_instance_actor_is_started_again(fault_server):
             c.infer("brittle", add_sub_inputs(1.0, rows=5))
         assert "stopped" in str(e.value)
         end = time.time() + 20
-        while "starting it again" not in srv.log_tail(100):
+        while "instance actor started again" not in srv.log_tail(100):
             if time.time() > end:
                 pytest.fail(f"the instance actor was not restarted:\n{srv.log_tail()}")
             time.sleep(0.1)

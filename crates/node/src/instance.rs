@@ -309,6 +309,11 @@ impl InstanceHandle {
         let _ = self.actor.cast(InstanceMsg::Wake);
     }
 
+    /// Marks the instance not ready (its actor died), so routing prefers its siblings until it is replaced.
+    pub fn take_out_of_routing(&self) {
+        self.exec.health.mark_failed();
+    }
+
     /// The instance actor's id, to match supervision events.
     pub fn actor_id(&self) -> ActorId {
         self.actor.get_id()

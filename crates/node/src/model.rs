@@ -352,6 +352,7 @@ impl Actor for ModelActor {
             return Ok(());
         };
         let dead = &current.instances[pos];
+        dead.take_out_of_routing();
         tracing::error!(instance = %dead.label, "instance actor failed: {err}; starting it again");
         let (label, factory) = (dead.label.clone(), dead.factory.clone());
         let config = current.config.clone();
@@ -360,6 +361,7 @@ impl Actor for ModelActor {
                 let mut instances = current.instances.clone();
                 instances[pos] = fresh;
                 state.publish(config, instances);
+                tracing::info!(instance = %label, "instance actor started again");
             }
             Err(e) => tracing::error!(instance = %label, "cannot start the instance again: {e}"),
         }
