@@ -252,3 +252,33 @@ def test_bad_request(stub, grpc_client, case):
     b = np.full((1, 16), 0.5, np.float32)
     res = add_sub(grpc_client, a, b)
     np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), a + b)
+
+
+def test_model_stream_infer_answers_every_request_with_its_id(grpc_client):
+    """tritonclient's stream API: requests overlap, each answer carries its request's id, and an
+    error (an unknown model) arrives as that request's error while the stream keeps going."""
+    import queue
+    results = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        for k in range(6):
+            a = np.full((1, 16), float(k), np.float32)
+            inputs = [grpcclient.InferInput("INPUT0", [1, 16], "FP32"), grpcclient.InferInput("INPUT1", [1, 16], "FP32")]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(np.ones((1, 16), np.float32))
+            grpc_client.async_stream_infer("add_sub", inputs, request_id=f"r{k}")
+            if k == 2:
+                grpc_client.async_stream_infer("no_such_model", inputs, request_id="bad")
+    finally:
+        grpc_client.stop_stream()
+    got, errors = {}, []
+    while not results.empty():
+        result, error = results.get()
+        if error is not None:
+            errors.append(error)
+        else:
+            got[result.get_response().id] = result.as_numpy("OUTPUT0")
+    assert sorted(got) == [f"r{k}" for k in range(6)]
+    for k in range(6):
+        np.testing.assert_array_equal(got[f"r{k}"], np.full((1, 16), k + 1.0, np.float32))
+    assert len(errors) == 1 and "no_such_model" in str(errors[0])

@@ -32,6 +32,33 @@ fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
     )))
 }
 
+/// Answers of one ModelStreamInfer call waiting to be written, before its requests wait for the client.
+const STREAM_WINDOW: usize = 64;
+
+/// Runs one request of a stream and turns the outcome into a stream message.
+async fn stream_answer<D: Dispatch>(dispatch: &D, msg: proto::ModelInferRequest) -> proto::ModelStreamInferResponse {
+    let echo = proto::ModelInferResponse {
+        model_name: msg.model_name.clone(),
+        model_version: msg.model_version.clone(),
+        id: msg.id.clone(),
+        ..Default::default()
+    };
+    let result = match codec::decode_request(msg) {
+        Ok(request) => dispatch.infer(request).await.map_err(|e| e.message),
+        Err(e) => Err(e.message),
+    };
+    match result {
+        Ok(response) => proto::ModelStreamInferResponse {
+            error_message: String::new(),
+            infer_response: Some(codec::encode_response(response)),
+        },
+        Err(message) => proto::ModelStreamInferResponse {
+            error_message: message,
+            infer_response: Some(echo),
+        },
+    }
+}
+
 type StreamOf<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -111,11 +138,39 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
 
     type ModelStreamInferStream = StreamOf<proto::ModelStreamInferResponse>;
 
+    /// Each request of the stream runs as soon as it arrives (they overlap) and its answer, or its
+    /// error in `error_message`, is sent when ready, carrying the request's id. A client that
+    /// half-closes still gets every answer; one that cancels stops the requests still running.
     async fn model_stream_infer(
         &self,
-        _: Request<tonic::Streaming<proto::ModelInferRequest>>,
+        r: Request<tonic::Streaming<proto::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        unimplemented("ModelStreamInfer (decoupled models)")
+        let mut inbound = r.into_inner();
+        let dispatch = self.dispatch.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_WINDOW);
+        tokio::spawn(async move {
+            let mut running = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    next = inbound.message() => match next {
+                        Ok(Some(msg)) => {
+                            let (d, tx) = (dispatch.clone(), tx.clone());
+                            running.spawn(async move {
+                                let _ = tx.send(Ok(stream_answer(&*d, msg).await)).await;
+                            });
+                        }
+                        Ok(None) => break,
+                        Err(_) => {
+                            running.abort_all();
+                            break;
+                        }
+                    },
+                    Some(_) = running.join_next(), if !running.is_empty() => {}
+                }
+            }
+            while running.join_next().await.is_some() {}
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     async fn model_config(
