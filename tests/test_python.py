@@ -162,6 +162,11 @@ def test_initialize_exception_is_a_load_error_with_the_traceback(http):
     assert http.is_model_ready("add_sub_py"), "the other models keep serving"
 
 
+def test_decoupled_models_are_a_clear_load_error_for_now(http):
+    row = next(r for r in http.get_model_repository_index() if r["name"] == "decoupled_py")
+    assert row["state"] == "UNAVAILABLE" and "decoupled" in row["reason"] and "not served" in row["reason"]
+
+
 def x_input(v):
     return [fp32("X", np.array([v], np.float32))]
 

@@ -159,6 +159,12 @@ pub async fn load_model(
             let config =
                 tokio::task::block_in_place(|| python::auto_complete(&repos.python, &written, &dir.path, &first))?;
             validate_config(&config)?;
+            if config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
+                return Err(
+                    "decoupled models (model_transaction_policy { decoupled: true }) are not served by this build yet"
+                        .into(),
+                );
+            }
             let prepared = files
                 .into_iter()
                 .map(|(v, f)| (v, f, placements.iter().map(|p| (p.clone(), None)).collect()))
