@@ -239,3 +239,36 @@ def test_unload_finalizes_and_leaves_no_process(fresh_server, models_dir, tmp_pa
         assert (repo / "add_sub_py" / "finalized.txt").read_text().strip() == "add_sub_py_0_0_v1"
     finally:
         c.close()
+
+
+def test_execution_env_path_tarball_provides_the_interpreter(fresh_server, tmp_path):
+    """EXECUTION_ENV_PATH naming a packed environment ($$TRITON_MODEL_DIRECTORY/env.tar.gz) is
+    unpacked once and its bin/python3 runs the stub."""
+    import tarfile
+    model = tmp_path / "repo" / "env_probe"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(
+        'name: "env_probe"\nbackend: "python"\n'
+        'output [ { name: "MARK" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+        'parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n')
+    (model / "1" / "model.py").write_text(
+        "import os\nimport numpy as np\nimport triton_python_backend_utils as pb_utils\n\n\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        mark = os.environ.get('MESH_ENV_MARK', 'none').encode()\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('MARK', np.array([mark], dtype=np.object_))])\n"
+        "                for _ in requests]\n")
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    python3 = env / "bin" / "python3"
+    python3.write_text(f'#!/bin/sh\nMESH_ENV_MARK=packed exec "{sys.executable}" "$@"\n')
+    python3.chmod(0o755)
+    with tarfile.open(model / "env.tar.gz", "w:gz") as tar:
+        tar.add(env / "bin", arcname="bin")
+    srv = fresh_server([tmp_path / "repo"], ["--backend-config", "python,interpreter=/nonexistent/python3"],
+                       wait_models=["env_probe"])
+    c = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        assert c.infer("env_probe", []).as_numpy("MARK")[0] == b"packed"
+    finally:
+        c.close()
