@@ -258,14 +258,12 @@ def test_model_stream_infer_answers_every_request_with_its_id(grpc_client):
     """tritonclient's stream API: requests overlap, each answer carries its request's id, and an
     error (an unknown model) arrives as that request's error while the stream keeps going."""
     import queue
+    from test_scheduling import add_sub_inputs
     results = queue.Queue()
     grpc_client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
         for k in range(6):
-            a = np.full((1, 16), float(k), np.float32)
-            inputs = [grpcclient.InferInput("INPUT0", [1, 16], "FP32"), grpcclient.InferInput("INPUT1", [1, 16], "FP32")]
-            inputs[0].set_data_from_numpy(a)
-            inputs[1].set_data_from_numpy(np.ones((1, 16), np.float32))
+            inputs = add_sub_inputs(float(k), client=grpcclient)
             grpc_client.async_stream_infer("add_sub", inputs, request_id=f"r{k}")
             if k == 2:
                 grpc_client.async_stream_infer("no_such_model", inputs, request_id="bad")

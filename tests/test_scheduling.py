@@ -37,10 +37,11 @@ def make_repo(tmp_path, models_dir, source: str, name: str, body: str):
     return repo
 
 
-def add_sub_inputs(value: float, rows: int = 1):
+def add_sub_inputs(value: float, rows: int = 1, client=httpclient):
+    """INPUT0 = value, INPUT1 = 1, for tritonclient.http (default) or tritonclient.grpc."""
     a = np.full((rows, 16), value, np.float32)
     b = np.ones((rows, 16), np.float32)
-    ins = [httpclient.InferInput("INPUT0", [rows, 16], "FP32"), httpclient.InferInput("INPUT1", [rows, 16], "FP32")]
+    ins = [client.InferInput("INPUT0", [rows, 16], "FP32"), client.InferInput("INPUT1", [rows, 16], "FP32")]
     ins[0].set_data_from_numpy(a)
     ins[1].set_data_from_numpy(b)
     return ins
@@ -101,12 +102,9 @@ def assert_refused_over_http_and_grpc(srv, model, reason):
     assert r.status == 503, r
     assert reason in r.error_message()
     g = grpcclient.InferenceServerClient(srv.grpc_url)
-    gi = [grpcclient.InferInput("INPUT0", [1, 16], "FP32"), grpcclient.InferInput("INPUT1", [1, 16], "FP32")]
-    for i in gi:
-        i.set_data_from_numpy(np.ones((1, 16), np.float32))
     try:
         with pytest.raises(InferenceServerException) as e:
-            g.infer(model, gi)
+            g.infer(model, add_sub_inputs(1.0, client=grpcclient))
         assert "UNAVAILABLE" in str(e.value.status())
     finally:
         g.close()

@@ -266,10 +266,8 @@ impl InstanceHandle {
             health: Arc::new(Health::new(&metric_labels)),
             on_failure,
         });
-        // Backends that block on another process (Python) never run on the async runtime: a BLS
-        // call they wait for may need its threads.
         let inline = match (config.dynamic, config.max_queue_delay.is_zero()) {
-            _ if exec.backend.lock().unwrap_or_else(|p| p.into_inner()).takes_requests() => Inline::Never,
+            _ if !exec.backend.lock().unwrap_or_else(|p| p.into_inner()).may_run_inline() => Inline::Never,
             (false, _) => Inline::WhenIdle,
             (true, true) => Inline::WhenAlone,
             (true, false) => Inline::Never,

@@ -43,6 +43,12 @@ pub trait Backend: Send {
         Err(Error::internal("this backend takes merged batches"))
     }
 
+    /// False for backends that wait on another process (Python): a BLS call they wait for may need
+    /// the async runtime's threads, so they never run on one.
+    fn may_run_inline(&self) -> bool {
+        true
+    }
+
     /// False once the backend cannot serve again (its process died or hung): the instance is rebuilt.
     fn healthy(&mut self) -> bool {
         true

@@ -94,10 +94,6 @@ fn interpreter(ctx: &PythonContext, config: &ModelConfig, model_dir: &Path) -> s
         .unwrap_or_else(|| PathBuf::from("python3")))
 }
 
-fn model_json(config: &ModelConfig) -> Value {
-    config_to_json(config)
-}
-
 /// Runs the model's `auto_complete_config` (if it has one) in a short-lived stub and returns the completed config.
 pub fn auto_complete(
     ctx: &PythonContext,
@@ -108,7 +104,7 @@ pub fn auto_complete(
     let python = interpreter(ctx, config, model_dir)?;
     let label = format!("{}_autocomplete", config.name);
     let mut stub = Stub::start(&python, 1 << 16, Duration::ZERO, &label, &[])?;
-    let header = json!({"op": "auto_complete", "model_file": file, "config": model_json(config)});
+    let header = json!({"op": "auto_complete", "model_file": file, "config": config_to_json(config)});
     let reply = call(&mut stub, &header, Some(Instant::now() + Duration::from_secs(60)));
     stub.stop(true, Duration::from_secs(2));
     let reply = reply?;
@@ -177,7 +173,7 @@ impl PythonBackend {
         let settings = &ctx.settings;
         let mut stub = Stub::start(&python, settings.shm_bytes, settings.spin, info.name, &[])?;
         let args = json!({
-            "model_config": model_json(config).to_string(),
+            "model_config": config_to_json(config).to_string(),
             "model_instance_kind": if info.gpu.is_some() { "GPU" } else { "CPU" },
             "model_instance_name": info.name,
             "model_instance_device_id": info.gpu.unwrap_or(0).to_string(),
@@ -296,6 +292,10 @@ impl Backend for PythonBackend {
 
     fn takes_requests(&self) -> bool {
         true
+    }
+
+    fn may_run_inline(&self) -> bool {
+        false
     }
 
     fn execute_requests(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
