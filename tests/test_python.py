@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.server]
 
 PY_MODELS = Path(__file__).parent / "python_models"
 SERVING = ["add_sub_py", "bls_twice", "bls_async", "py_errors", "auto_cfg", "strings_py", "seal_loop",
-           "add_sub", "seal_encoder", "seal_decoder"]
+           "dlpack_py", "add_sub", "seal_encoder", "seal_decoder"]
 
 
 def seal_models(repo: Path):
@@ -162,9 +162,12 @@ def test_initialize_exception_is_a_load_error_with_the_traceback(http):
     assert http.is_model_ready("add_sub_py"), "the other models keep serving"
 
 
-def test_decoupled_models_are_a_clear_load_error_for_now(http):
-    row = next(r for r in http.get_model_repository_index() if r["name"] == "decoupled_py")
-    assert row["state"] == "UNAVAILABLE" and "decoupled" in row["reason"] and "not served" in row["reason"]
+def test_dlpack_round_trips(http):
+    x = np.array([1.5, -2.0, 3.25], np.float32)
+    r = http.infer("dlpack_py", [fp32("X", x)])
+    np.testing.assert_array_equal(r.as_numpy("SAME"), x)
+    np.testing.assert_array_equal(r.as_numpy("DOUBLED"), 2 * x)
+    assert r.as_numpy("SHARED")[0], "to_dlpack of an input shares its memory, no copy"
 
 
 def x_input(v):

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 use crate::proto::{ModelConfig, ModelStatisticsResponse};
-use crate::request::{InferRequest, InferResponse};
+use crate::request::{InferRequest, InferResponse, StreamItem, StreamSender};
 
 /// What a frontend needs to know about one served model version.
 #[derive(Debug, Clone)]
@@ -43,6 +43,16 @@ pub struct LoadOptions {
 pub trait Dispatch: Send + Sync + 'static {
     /// Runs one request on the model and version it names.
     async fn infer(&self, request: InferRequest) -> Result<InferResponse>;
+
+    /// Runs one request whose model may answer several times (a decoupled model), sending each
+    /// answer to `sink` as it is produced; returns once the request is finished. Others answer once.
+    async fn infer_stream(&self, request: InferRequest, sink: StreamSender) {
+        let response = self.infer(request).await;
+        let _ = sink.send(StreamItem {
+            response: Some(response),
+            last: true,
+        });
+    }
 
     /// Whether the server is ready for inference.
     fn ready(&self) -> bool;

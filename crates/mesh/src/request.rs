@@ -59,3 +59,15 @@ pub struct InferResponse {
     pub outputs: Vec<NamedTensor>,
     pub parameters: Params,
 }
+
+/// One message of a streamed answer: decoupled models send zero or more per request.
+#[derive(Debug)]
+pub struct StreamItem {
+    /// None for a bare end of stream (Triton's final flag sent without a response).
+    pub response: Option<crate::error::Result<InferResponse>>,
+    /// The request's final flag: nothing follows for this request.
+    pub last: bool,
+}
+
+/// Where the answers of one streamed request go, as they are produced.
+pub type StreamSender = tokio::sync::mpsc::UnboundedSender<StreamItem>;

@@ -13,6 +13,7 @@ import itertools
 import json
 import mmap
 import os
+import queue
 import socket
 import struct
 import sys
@@ -90,6 +91,28 @@ class Host:
         self.spin = spin_us / 1e6
         self.model = None
         self.model_name = ""
+        self.inbox = None  # decoupled models: frames the reader thread took for the main thread
+
+    def start_reader(self):
+        """Decoupled models answer from their own threads, which may also make BLS calls while the
+        main thread waits for work; one reader thread then takes every frame and hands each to its
+        waiter (a hand-off per frame, paid only by decoupled models)."""
+        self.inbox = queue.SimpleQueue()
+
+        def read():
+            while True:
+                header, blob = self.recv()
+                if header is not None and header.get("op") == "bls_response":
+                    self.complete(header, blob)
+                    continue
+                self.inbox.put((header, blob))
+                if header is None:
+                    return
+
+        threading.Thread(target=read, name="mesh-stub-reader", daemon=True).start()
+
+    def next_frame(self):
+        return self.inbox.get() if self.inbox is not None else self.recv()
 
     # ---- frames ----
     def send(self, header, blobs=()):
@@ -237,6 +260,13 @@ class Host:
         call_id, header, blobs = self.bls_message(request)
         header["sync"] = True
         box = []
+        if self.inbox is not None:  # the reader thread completes the call
+            arrived = threading.Event()
+            with self.pending_lock:
+                self.pending[call_id] = lambda result: (box.append(result), arrived.set())
+            self.send(header, blobs)
+            arrived.wait()
+            return box[0]
         with self.pending_lock:
             self.pending[call_id] = box.append
         self.send(header, blobs)
@@ -252,6 +282,11 @@ class Host:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         call_id, header, blobs = self.bls_message(request)
+        if self.inbox is not None:  # the reader thread completes the call
+            with self.pending_lock:
+                self.pending[call_id] = lambda result: loop.call_soon_threadsafe(future.set_result, result)
+            self.send(header, blobs)
+            return await future
         with self.pending_lock:
             self.pending[call_id] = future.set_result
         if not self.watching:
@@ -300,9 +335,11 @@ class Host:
             result = self.model.initialize(header["args"])
             if inspect.iscoroutine(result):
                 self.loop.run_until_complete(result)
+        if header.get("decoupled"):
+            self.start_reader()
         return {"op": "ok"}
 
-    def execute(self, header, blob):
+    def requests_of(self, header, blob):
         import triton_python_backend_utils as pb_utils
         self.next_free = self.half
         requests = []
@@ -312,6 +349,55 @@ class Host:
                 inputs=[self.decode(d, blob, copy=False) for d in r["inputs"]], request_id=r["id"],
                 correlation_id=r.get("correlation_id", 0), flags=r.get("flags", 0), parameters=r["parameters"])
             requests.append(req)
+        return requests
+
+    def response_desc(self, response, blobs, blob_len):
+        """One InferenceResponse as mesh-node reads it: its outputs, or its error."""
+        import triton_python_backend_utils as pb_utils
+        if not isinstance(response, pb_utils.InferenceResponse):
+            return {"error": f"the model returned {type(response).__name__}, not InferenceResponse"}
+        if response.has_error():
+            return {"error": response.error().message(), "code": response.error().code()}
+        try:
+            return {"outputs": [self.encode(t, blobs, blob_len) for t in response.output_tensors()]}
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"cannot send the outputs: {e}"}
+
+    def stream(self, seq, index, response, flags):
+        """One answer of a decoupled model's response sender, sent at once."""
+        blobs, blob_len = [], [0]
+        desc = None if response is None else self.response_desc(response, blobs, blob_len)
+        self.send({"op": "stream", "seq": seq, "index": index, "flags": flags, "response": desc}, blobs)
+
+    def execute_decoupled(self, header, blob):
+        """execute() of a decoupled model: answers go through each request's response sender, now or
+        later from the model's threads; mesh-node waits for every final flag."""
+        import triton_python_backend_utils as pb_utils
+        seq = header["seq"]
+        requests = self.requests_of(header, blob)
+        flags = header.get("cancel_flags")
+        senders = []
+        for i, req in enumerate(requests):
+            cancelled = (lambda at=flags + i: self.shm[at] != 0) if flags is not None else (lambda: False)
+            sender = pb_utils.ResponseSender(lambda r, f, i=i: self.stream(seq, i, r, f), cancelled)
+            req._sender, req._cancelled = sender, cancelled
+            senders.append(sender)
+        try:
+            result = self.model.execute(requests)
+            if inspect.iscoroutine(result):
+                result = self.loop.run_until_complete(result)
+        except Exception as e:  # noqa: BLE001 - fails the requests still open, not the stub
+            for sender in senders:
+                sender._closed = True
+            return {"op": "executed", "seq": seq, "error": f"{type(e).__name__}: {e}"}, []
+        if result is not None:
+            self.log("warn", "execute() of a decoupled model should return None; its return value is ignored")
+        return {"op": "executed", "seq": seq}, []
+
+    def execute(self, header, blob):
+        if header.get("decoupled"):
+            return self.execute_decoupled(header, blob)
+        requests = self.requests_of(header, blob)
         try:
             result = self.model.execute(requests)
             if inspect.iscoroutine(result):
@@ -324,22 +410,12 @@ class Host:
             message = f"execute() must return a list of {len(requests)} InferenceResponse, got {got}"
             return {"op": "responses", "responses": [{"error": message}] * len(requests)}, []
         blobs, blob_len = [], [0]
-        responses = []
-        for response in result:
-            if not isinstance(response, pb_utils.InferenceResponse):
-                responses.append({"error": f"execute() returned {type(response).__name__}, not InferenceResponse"})
-            elif response.has_error():
-                responses.append({"error": response.error().message(), "code": response.error().code()})
-            else:
-                try:
-                    responses.append({"outputs": [self.encode(t, blobs, blob_len) for t in response.output_tensors()]})
-                except Exception as e:  # noqa: BLE001
-                    responses.append({"error": f"cannot send the outputs: {e}"})
+        responses = [self.response_desc(response, blobs, blob_len) for response in result]
         return {"op": "responses", "responses": responses}, blobs
 
     def serve(self):
         while True:
-            header, blob = self.recv()
+            header, blob = self.next_frame()
             if header is None:
                 return
             op = header.get("op")

@@ -2,6 +2,7 @@
 backed by the mesh stub (mesh_stub.py) instead of Triton's. Written for the mesh from the public API."""
 import json
 import sys
+import threading
 import traceback
 
 import numpy as np
@@ -111,7 +112,14 @@ class Tensor:
     def to_dlpack(self):
         if self._array.dtype == np.object_:
             raise TritonModelException("BYTES tensors cannot be exported through DLPack")
-        return self._array.__dlpack__()
+        array = self._array
+        if not array.flags.writeable:  # inputs are read-only views; DLPack 0.x cannot say so
+            array = array.view()
+            try:
+                array.flags.writeable = True  # still zero-copy: the shared memory itself is writable
+            except ValueError:
+                array = self._array.copy()
+        return array.__dlpack__()
 
     @staticmethod
     def from_dlpack(name, capsule):
@@ -171,6 +179,34 @@ class InferenceResponse:
 
     def parameters(self):
         return self._parameters
+
+
+class ResponseSender:
+    """A decoupled model's way to answer a request: zero or more responses, then the final flag.
+    Usable from any thread; the answer reaches the client as soon as it is sent."""
+
+    def __init__(self, send, cancelled):
+        self._send = send
+        self._cancelled = cancelled
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response=None, flags=0):
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException(
+                "send() needs a response unless flags include TRITONSERVER_RESPONSE_COMPLETE_FINAL")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"send() takes an InferenceResponse, not {type(response).__name__}")
+        with self._lock:
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if final:
+                self._closed = True
+            self._send(response, flags)
+
+    def is_cancelled(self):
+        return bool(self._cancelled())
 
 
 class InferenceRequest:

@@ -6,10 +6,13 @@ use std::time::Instant;
 use async_trait::async_trait;
 use mesh::proto::ModelStatisticsResponse;
 use mesh::validate::check_request;
-use mesh::{Dispatch, Error, IndexEntry, InferRequest, InferResponse, LoadOptions, ModelView, Result};
+use mesh::{
+    Dispatch, Error, IndexEntry, InferRequest, InferResponse, LoadOptions, ModelView, Result, StreamItem, StreamSender,
+};
 
 use ractor::ActorRef;
 
+use crate::backend::ResponseSink;
 use crate::budget::InflightBudget;
 use crate::cli::ControlMode;
 use crate::instance::Submission;
@@ -131,13 +134,24 @@ impl NodeDispatch {
             .await
             .map_err(Error::unavailable)?
     }
-}
 
-#[async_trait]
-impl Dispatch for NodeDispatch {
-    async fn infer(&self, mut request: InferRequest) -> Result<InferResponse> {
+    /// Runs one request; `stream` is where a decoupled model's answers go (None: it must answer once).
+    async fn run(&self, mut request: InferRequest, stream: Option<StreamSender>) -> Result<InferResponse> {
         let start = Instant::now();
         let model = self.table.resolve(&request.model_name, &request.model_version)?;
+        let decoupled = model
+            .config
+            .model_transaction_policy
+            .as_ref()
+            .is_some_and(|p| p.decoupled);
+        if decoupled && stream.is_none() {
+            return Err(Error::invalid(format!(
+                "model '{}' is decoupled (it may send several responses per request); \
+                 use the gRPC ModelStreamInfer stream (tritonclient's start_stream / async_stream_infer), \
+                 not HTTP infer or ModelInfer",
+                request.model_name
+            )));
+        }
         if let Err(e) = check_request(&model.config, &request) {
             model.stats.failure(e.metric_reason(), start.elapsed());
             return Err(e);
@@ -170,6 +184,19 @@ impl Dispatch for NodeDispatch {
             timeout,
             id: request.id.clone(),
             parameters: std::mem::take(&mut request.parameters),
+            sink: stream.filter(|_| decoupled).map(|tx| {
+                let template = InferResponse {
+                    model_name: request.model_name.clone(),
+                    model_version: model.version_label.clone(),
+                    id: request.id.clone(),
+                    ..Default::default()
+                };
+                Box::new(ResponseSink::new(
+                    tx,
+                    template,
+                    request.outputs.iter().map(|o| o.name.clone()).collect(),
+                ))
+            }),
         };
         let instance = model
             .pick()
@@ -202,6 +229,34 @@ impl Dispatch for NodeDispatch {
                 Err(e)
             }
         }
+    }
+}
+
+#[async_trait]
+impl Dispatch for NodeDispatch {
+    async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        self.run(request, None).await
+    }
+
+    /// A decoupled model's answers stream from its instance into `sink`; any other model answers once.
+    async fn infer_stream(&self, request: InferRequest, sink: StreamSender) {
+        let decoupled = self
+            .table
+            .resolve(&request.model_name, &request.model_version)
+            .is_ok_and(|m| m.config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled));
+        let result = self.run(request, Some(sink.clone())).await;
+        let item = match result {
+            Ok(_) if decoupled => return,
+            Ok(response) => StreamItem {
+                response: Some(Ok(response)),
+                last: true,
+            },
+            Err(e) => StreamItem {
+                response: Some(Err(e)),
+                last: true,
+            },
+        };
+        let _ = sink.send(item);
     }
 
     fn ready(&self) -> bool {

@@ -10,7 +10,7 @@ use metrics::Counter;
 use ractor::ActorRef;
 use tokio::sync::oneshot;
 
-use crate::backend::{Backend, PerRequest, RequestView, Timings};
+use crate::backend::{Backend, PerRequest, RequestView, ResponseSink, Timings};
 use crate::batch_io;
 use crate::instance::InstanceMsg;
 use crate::supervision::Health;
@@ -40,6 +40,8 @@ pub struct Submission {
     /// The request id and parameters, for backends that see requests (Python).
     pub id: String,
     pub parameters: Params,
+    /// Set for decoupled models: where the request's answers stream to.
+    pub sink: Option<Box<ResponseSink>>,
 }
 
 pub(crate) struct Job {
@@ -95,6 +97,7 @@ fn views<'a>(subs: &[&'a Submission]) -> Vec<RequestView<'a>> {
             outputs: &s.outputs,
             id: &s.id,
             parameters: &s.parameters,
+            sink: s.sink.as_deref(),
         })
         .collect()
 }

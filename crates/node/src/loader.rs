@@ -153,18 +153,21 @@ pub async fn load_model(
         files.push((v, file));
     }
     let (config, prepared) = match kind {
-        BackendKind::Onnx => open_onnx(&repos.env, written.clone(), sets_mbs, &placements, files)?,
+        BackendKind::Onnx => {
+            if written.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
+                return Err(
+                    "model_transaction_policy { decoupled: true } needs a backend that can send several \
+                            responses per request (python); onnxruntime answers each request once"
+                        .into(),
+                );
+            }
+            open_onnx(&repos.env, written.clone(), sets_mbs, &placements, files)?
+        }
         BackendKind::Python => {
             let first = files.first().map(|(_, f)| f.clone()).unwrap_or_default();
             let config =
                 tokio::task::block_in_place(|| python::auto_complete(&repos.python, &written, &dir.path, &first))?;
             validate_config(&config)?;
-            if config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
-                return Err(
-                    "decoupled models (model_transaction_policy { decoupled: true }) are not served by this build yet"
-                        .into(),
-                );
-            }
             let prepared = files
                 .into_iter()
                 .map(|(v, f)| (v, f, placements.iter().map(|p| (p.clone(), None)).collect()))

@@ -35,28 +35,80 @@ fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
 /// Answers of one ModelStreamInfer call waiting to be written, before its requests wait for the client.
 const STREAM_WINDOW: usize = 64;
 
-/// Runs one request of a stream and turns the outcome into a stream message.
-async fn stream_answer<D: Dispatch>(dispatch: &D, msg: proto::ModelInferRequest) -> proto::ModelStreamInferResponse {
+/// Whether the client asked for `triton_final_response` on every answer, and an empty answer
+/// for a bare final flag (tritonclient's `enable_empty_final_response`).
+fn wants_final_flag(msg: &proto::ModelInferRequest) -> bool {
+    use proto::infer_parameter::ParameterChoice;
+    msg.parameters
+        .get("triton_enable_empty_final_response")
+        .is_some_and(|p| matches!(p.parameter_choice, Some(ParameterChoice::BoolParam(true))))
+}
+
+fn final_flag(last: bool) -> proto::InferParameter {
+    proto::InferParameter {
+        parameter_choice: Some(proto::infer_parameter::ParameterChoice::BoolParam(last)),
+    }
+}
+
+type StreamTx = tokio::sync::mpsc::Sender<Result<proto::ModelStreamInferResponse, Status>>;
+
+/// Runs one request of a stream and sends its answers (several for a decoupled model) or its error
+/// in `error_message`, each carrying the request's id.
+async fn stream_answers<D: Dispatch>(dispatch: &D, msg: proto::ModelInferRequest, tx: &StreamTx) {
+    let flagged = wants_final_flag(&msg);
     let echo = proto::ModelInferResponse {
         model_name: msg.model_name.clone(),
         model_version: msg.model_version.clone(),
         id: msg.id.clone(),
         ..Default::default()
     };
-    let result = match codec::decode_request(msg) {
-        Ok(request) => dispatch.infer(request).await.map_err(|e| e.message),
-        Err(e) => Err(e.message),
+    let error = move |message: String| proto::ModelStreamInferResponse {
+        error_message: message,
+        infer_response: Some(echo.clone()),
     };
-    match result {
-        Ok(response) => proto::ModelStreamInferResponse {
-            error_message: String::new(),
-            infer_response: Some(codec::encode_response(response)),
-        },
-        Err(message) => proto::ModelStreamInferResponse {
-            error_message: message,
-            infer_response: Some(echo),
-        },
-    }
+    let request = match codec::decode_request(msg) {
+        Ok(request) => request,
+        Err(e) => {
+            let _ = tx.send(Ok(error(e.message))).await;
+            return;
+        }
+    };
+    let (sink, mut answers) = tokio::sync::mpsc::unbounded_channel::<crate::request::StreamItem>();
+    // Owns the receiver, so a client that went away reads as cancelled to the model.
+    let forward = async move {
+        while let Some(item) = answers.recv().await {
+            let message = match item.response {
+                Some(Ok(response)) => {
+                    let mut encoded = codec::encode_response(response);
+                    if flagged {
+                        encoded
+                            .parameters
+                            .insert("triton_final_response".into(), final_flag(item.last));
+                    }
+                    proto::ModelStreamInferResponse {
+                        error_message: String::new(),
+                        infer_response: Some(encoded),
+                    }
+                }
+                Some(Err(e)) => error(e.message),
+                None if item.last && flagged => {
+                    let mut empty = error(String::new()).infer_response.unwrap_or_default();
+                    empty
+                        .parameters
+                        .insert("triton_final_response".into(), final_flag(true));
+                    proto::ModelStreamInferResponse {
+                        error_message: String::new(),
+                        infer_response: Some(empty),
+                    }
+                }
+                None => continue,
+            };
+            if tx.send(Ok(message)).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::join!(dispatch.infer_stream(request, sink), forward);
 }
 
 type StreamOf<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
@@ -138,9 +190,10 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
 
     type ModelStreamInferStream = StreamOf<proto::ModelStreamInferResponse>;
 
-    /// Each request of the stream runs as soon as it arrives (they overlap) and its answer, or its
-    /// error in `error_message`, is sent when ready, carrying the request's id. A client that
-    /// half-closes still gets every answer; one that cancels stops the requests still running.
+    /// Each request of the stream runs as soon as it arrives (they overlap) and its answers (zero or
+    /// more for a decoupled model), or its error in `error_message`, are sent when ready, carrying
+    /// the request's id. A client that half-closes still gets every answer; one that cancels stops
+    /// the requests still running (a decoupled model sees `is_cancelled()`).
     async fn model_stream_infer(
         &self,
         r: Request<tonic::Streaming<proto::ModelInferRequest>>,
@@ -155,9 +208,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                     next = inbound.message() => match next {
                         Ok(Some(msg)) => {
                             let (d, tx) = (dispatch.clone(), tx.clone());
-                            running.spawn(async move {
-                                let _ = tx.send(Ok(stream_answer(&*d, msg).await)).await;
-                            });
+                            running.spawn(async move { stream_answers(&*d, msg, &tx).await });
                         }
                         Ok(None) => break,
                         Err(_) => {

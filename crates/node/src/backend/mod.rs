@@ -5,7 +5,7 @@ pub mod python;
 
 use std::time::Duration;
 
-use mesh::{Error, NamedTensor, Params, Result};
+use mesh::{Error, InferResponse, NamedTensor, Params, Result, StreamItem, StreamSender};
 
 /// Time spent in each phase of one execution, for statistics and metrics.
 #[derive(Debug, Default, Clone, Copy)]
@@ -22,6 +22,44 @@ pub struct RequestView<'a> {
     pub outputs: &'a [String],
     pub id: &'a str,
     pub parameters: &'a Params,
+    /// Set for decoupled models: the request's answers go here as the model sends them.
+    pub sink: Option<&'a ResponseSink>,
+}
+
+/// Where a decoupled model's answers to one request go, as they are sent.
+pub struct ResponseSink {
+    tx: StreamSender,
+    /// Model name, version and request id every answer carries.
+    template: InferResponse,
+    /// Requested outputs; empty means all.
+    wanted: Vec<String>,
+}
+
+impl ResponseSink {
+    pub fn new(tx: StreamSender, template: InferResponse, wanted: Vec<String>) -> Self {
+        ResponseSink { tx, template, wanted }
+    }
+
+    /// Sends one answer (None: only the final flag); false once the client has gone away.
+    pub fn send(&self, outputs: Option<Result<Vec<NamedTensor>>>, last: bool) -> bool {
+        let response = outputs.map(|r| {
+            r.map(|mut outputs| {
+                if !self.wanted.is_empty() {
+                    outputs.retain(|o| self.wanted.contains(&o.name));
+                }
+                InferResponse {
+                    outputs,
+                    ..self.template.clone()
+                }
+            })
+        });
+        self.tx.send(StreamItem { response, last }).is_ok()
+    }
+
+    /// True once nobody reads the answers any more (the client cancelled or disconnected).
+    pub fn is_cancelled(&self) -> bool {
+        self.tx.is_closed()
+    }
 }
 
 /// The outputs (or the error) of each request of a batch, in order.

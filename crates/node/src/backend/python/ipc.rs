@@ -80,6 +80,20 @@ impl Shm {
         }
     }
 
+    /// Reserves `n` zeroed flag bytes in the node's half (cancellation flags the stub polls).
+    pub fn alloc_flags(&self, n: usize) -> Option<usize> {
+        let off = self.alloc(n)?;
+        self.write(off, &vec![0u8; n]);
+        Some(off)
+    }
+
+    /// Raises one flag byte reserved by `alloc_flags`.
+    pub fn raise_flag(&self, off: usize) {
+        assert!(off < self.len / 2, "flag outside the node's half");
+        // SAFETY: in the mapping (checked above); a single byte, read by the stub with no ordering needs.
+        unsafe { std::ptr::write_volatile(self.ptr.add(off), 1) }
+    }
+
     fn write(&self, off: usize, bytes: &[u8]) {
         debug_assert!(off + bytes.len() <= self.len / 2);
         // SAFETY: [off, off+len) was reserved by `alloc` for this write alone and lies in the mapping.

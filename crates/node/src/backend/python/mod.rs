@@ -1,6 +1,7 @@
 //! The Python backend: Triton's `model.py` files (`TritonPythonModel`) run unmodified, one stub process
 //! per instance; tensors cross in shared memory and BLS calls go back through the node's Dispatch.
 mod bls;
+mod decoupled;
 pub mod env;
 pub mod ipc;
 pub mod stub;
@@ -160,6 +161,10 @@ pub struct PythonBackend {
     timeout: Duration,
     /// Why the stub can no longer serve (it died or hung); the instance is then rebuilt.
     dead: Option<String>,
+    /// `model_transaction_policy { decoupled: true }`: answers stream back per request.
+    decoupled: bool,
+    /// Numbers executions, so a late frame of an earlier one is recognised.
+    seq: u64,
 }
 
 impl PythonBackend {
@@ -181,7 +186,8 @@ impl PythonBackend {
             "model_version": info.version.to_string(),
             "model_name": config.name,
         });
-        let header = json!({"op": "initialize", "model_file": info.file, "args": args});
+        let decoupled = config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled);
+        let header = json!({"op": "initialize", "model_file": info.file, "args": args, "decoupled": decoupled});
         call(&mut stub, &header, Some(Instant::now() + ctx.settings.execute_timeout))
             .map_err(|e| format!("initialize() failed: {e}"))?;
         let timeout = ctx.settings.execute_timeout;
@@ -190,6 +196,8 @@ impl PythonBackend {
             ctx,
             timeout,
             dead: None,
+            decoupled,
+            seq: 0,
         })
     }
 
@@ -201,18 +209,23 @@ impl PythonBackend {
         Error::unavailable(why)
     }
 
-    /// Sends an execute and serves the stub's BLS calls and logs until its responses arrive.
-    fn exchange(&mut self, header: &Value, blob: &[u8]) -> Result<(Value, Vec<u8>)> {
+    /// Sends one frame; a stub that cannot take it is dead.
+    fn send(&mut self, header: &Value, blob: &[u8]) -> Result<()> {
         if let Err(e) = self.stub.send(header, blob) {
             return Err(self.fail(format!("python stub {} is gone: {e}", self.stub.label)));
         }
-        let deadline = Instant::now() + self.timeout;
+        Ok(())
+    }
+
+    /// The stub's next frame other than BLS calls and logs, which are served here meanwhile. A stub
+    /// that exits, or sends nothing before `deadline`, is killed and its execution fails.
+    fn next_reply(&mut self, deadline: Instant) -> Result<(Value, Vec<u8>)> {
         loop {
             let (frame, blob) = match self.stub.recv_spinning(Some(deadline), self.ctx.settings.spin) {
                 Ok(f) => f,
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                     let why = format!(
-                        "python stub {} did not finish execute() within {:?} (execute-timeout-seconds); restarting it",
+                        "python stub {} did not answer within {:?} (execute-timeout-seconds); restarting it",
                         self.stub.label, self.timeout
                     );
                     return Err(self.fail(why));
@@ -233,14 +246,58 @@ impl PythonBackend {
             match frame["op"].as_str() {
                 Some("bls") => bls::start(&self.ctx, &self.stub, frame, &blob),
                 Some("log") => log(&self.stub.label, &frame),
-                Some("error") => {
-                    let message = frame["message"].as_str().unwrap_or("unknown error");
-                    return Err(Error::internal(format!("python stub error: {}", message.trim_end())));
-                }
                 _ => return Ok((frame, blob)),
             }
         }
     }
+
+    /// Sends an execute and waits for its responses, serving BLS calls and logs meanwhile.
+    fn exchange(&mut self, header: &Value, blob: &[u8]) -> Result<(Value, Vec<u8>)> {
+        self.send(header, blob)?;
+        let (frame, blob) = self.next_reply(Instant::now() + self.timeout)?;
+        if frame["op"] == "error" {
+            return Err(stub_error(&frame));
+        }
+        Ok((frame, blob))
+    }
+
+    /// Describes the requests of a batch for the stub, their inputs in shared memory.
+    fn encode_requests(&self, requests: &[RequestView<'_>]) -> (Vec<Value>, Vec<u8>) {
+        let mut blob = Vec::new();
+        let encoded = requests
+            .iter()
+            .map(|r| {
+                let correlation = r
+                    .parameters
+                    .iter()
+                    .find(|(k, _)| k == "sequence_id")
+                    .and_then(|(_, v)| v.as_u64());
+                json!({
+                    "id": r.id,
+                    "outputs": r.outputs,
+                    "parameters": params_json(r.parameters),
+                    "correlation_id": correlation.unwrap_or(0),
+                    "inputs": r.inputs.iter().map(|t| encode_tensor(&self.stub.shm, t, &mut blob)).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        (encoded, blob)
+    }
+
+    /// One response as the stub described it: its outputs, or the model's error.
+    fn response_from(&self, response: &Value, blob: &[u8]) -> Result<Vec<NamedTensor>> {
+        if response.get("error").is_some_and(|e| !e.is_null()) {
+            return Err(error_from(response));
+        }
+        let outputs = response["outputs"].as_array().map(|v| v.as_slice()).unwrap_or_default();
+        outputs.iter().map(|d| decode_tensor(&self.stub.shm, d, blob)).collect()
+    }
+}
+
+/// The stub's own failure (not the model's), as it reported it.
+fn stub_error(frame: &Value) -> Error {
+    let message = frame["message"].as_str().unwrap_or("unknown error");
+    Error::internal(format!("python stub error: {}", message.trim_end()))
 }
 
 /// Reads Triton's `TritonError` code a Python model set on an error response.
@@ -284,6 +341,7 @@ impl Backend for PythonBackend {
             outputs,
             id: "",
             parameters: &params,
+            sink: None,
         };
         let (mut results, timings) = self.execute_requests(&[view])?;
         let out = results.pop().unwrap_or_else(|| Err(Error::internal("no response")))?;
@@ -302,26 +360,12 @@ impl Backend for PythonBackend {
         if let Some(why) = &self.dead {
             return Err(Error::unavailable(why.clone()));
         }
+        if self.decoupled {
+            return self.execute_decoupled(requests);
+        }
         let t0 = Instant::now();
         self.stub.shm.reset();
-        let mut blob = Vec::new();
-        let encoded: Vec<Value> = requests
-            .iter()
-            .map(|r| {
-                let correlation = r
-                    .parameters
-                    .iter()
-                    .find(|(k, _)| k == "sequence_id")
-                    .and_then(|(_, v)| v.as_u64());
-                json!({
-                    "id": r.id,
-                    "outputs": r.outputs,
-                    "parameters": params_json(r.parameters),
-                    "correlation_id": correlation.unwrap_or(0),
-                    "inputs": r.inputs.iter().map(|t| encode_tensor(&self.stub.shm, t, &mut blob)).collect::<Vec<_>>(),
-                })
-            })
-            .collect();
+        let (encoded, blob) = self.encode_requests(requests);
         let header = json!({"op": "execute", "requests": encoded});
         let t1 = Instant::now();
         let (reply, reply_blob) = self.exchange(&header, &blob)?;
@@ -338,16 +382,7 @@ impl Backend for PythonBackend {
             })?;
         let results = responses
             .iter()
-            .map(|resp| {
-                if resp.get("error").is_some_and(|e| !e.is_null()) {
-                    return Err(error_from(resp));
-                }
-                let outputs = resp["outputs"].as_array().map(|v| v.as_slice()).unwrap_or_default();
-                outputs
-                    .iter()
-                    .map(|d| decode_tensor(&self.stub.shm, d, &reply_blob))
-                    .collect()
-            })
+            .map(|resp| self.response_from(resp, &reply_blob))
             .collect();
         let timings = Timings {
             input: t1 - t0,

@@ -167,6 +167,22 @@ impl Stub {
         self.recv(deadline)
     }
 
+    /// Whether a frame has started arriving within `wait` (nothing is consumed, so no frame is cut).
+    pub fn readable_within(&mut self, wait: Duration) -> std::io::Result<bool> {
+        use std::io::BufRead;
+        if !self.reader.buffer().is_empty() {
+            return Ok(true);
+        }
+        self.reader
+            .get_ref()
+            .set_read_timeout(Some(wait.max(Duration::from_millis(1))))?;
+        match self.reader.fill_buf() {
+            Ok(_) => Ok(true), // data, or end of stream, which the next recv reports
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads the next frame, waiting at most until `deadline`.
     pub fn recv(&mut self, deadline: Option<Instant>) -> std::io::Result<(Value, Vec<u8>)> {
         let timeout = deadline.map(|d| {
