@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.server]
 
 PY_MODELS = Path(__file__).parent / "python_models"
 SERVING = ["add_sub_py", "bls_twice", "bls_async", "py_errors", "auto_cfg", "strings_py", "seal_loop",
-           "dlpack_py", "add_sub", "seal_encoder", "seal_decoder"]
+           "dlpack_py", "bls_outer", "add_sub", "seal_encoder", "seal_decoder"]
 
 
 def seal_models(repo: Path):
@@ -104,6 +104,19 @@ def test_bls_calls_another_model_twice(http):
     np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + 2 * b)
     stats = http.get_inference_statistics("add_sub")["model_stats"][0]
     assert int(stats["inference_count"]) >= 4, "the BLS calls are counted by the model they reach"
+
+
+def test_nested_bls_runs_python_models_inline_on_the_calling_thread(http):
+    """bls_outer (Python) calls bls_twice (Python, run inline on bls_outer's thread), which calls
+    the ONNX add_sub in turn: a blocking BLS inside a blocking BLS."""
+    before = int(http.get_inference_statistics("bls_twice")["model_stats"][0]["inference_count"])
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    b = np.full((1, 16), 2.0, np.float32)
+    for _ in range(3):
+        r = http.infer("bls_outer", [fp32("INPUT0", a), fp32("INPUT1", b)])
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + 2 * b)
+    after = int(http.get_inference_statistics("bls_twice")["model_stats"][0]["inference_count"])
+    assert after - before == 3, "the inner model ran once per call and kept its own statistics"
 
 
 def test_async_bls_overlaps_and_reports_errors_per_call(http):

@@ -243,6 +243,17 @@ impl Executor {
     }
 }
 
+thread_local! {
+    /// True on executor threads: they may block, so a backend that must stay off the async runtime
+    /// (Python) can run inline there, as for a BLS call from another model's instance.
+    static MAY_BLOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the current thread is an executor thread (not an async runtime worker).
+pub(crate) fn thread_may_block() -> bool {
+    MAY_BLOCK.with(|b| b.get())
+}
+
 /// Work for the executor thread.
 pub(crate) enum ExecMsg {
     Batch(Vec<Job>),
@@ -259,6 +270,7 @@ pub(crate) const PRECISE_WAKE_BELOW: Duration = Duration::from_millis(5);
 
 /// The executor thread: runs batches, and wakes the actor at precise deadlines while idle.
 pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<ExecMsg>, me: &ActorRef<InstanceMsg>) {
+    MAY_BLOCK.with(|b| b.set(true));
     let mut deadline: Option<Instant> = None;
     loop {
         let msg = match deadline {

@@ -216,6 +216,9 @@ pub struct InstanceHandle {
     /// (its batcher would run each request alone), and with zero-delay batching only when nothing
     /// else is outstanding (else the batcher could have merged it).
     inline: Inline,
+    /// For backends that block on another process (Python): inline only from an executor thread
+    /// (a BLS call), never on an async runtime worker.
+    inline_off_runtime_only: bool,
     outstanding: AtomicUsize,
     next_id: AtomicU64,
     /// For models without dynamic batching: the executor thread's channel, bypassing the actor.
@@ -266,8 +269,8 @@ impl InstanceHandle {
             health: Arc::new(Health::new(&metric_labels)),
             on_failure,
         });
+        let inline_off_runtime_only = !exec.backend.lock().unwrap_or_else(|p| p.into_inner()).may_run_inline();
         let inline = match (config.dynamic, config.max_queue_delay.is_zero()) {
-            _ if !exec.backend.lock().unwrap_or_else(|p| p.into_inner()).may_run_inline() => Inline::Never,
             (false, _) => Inline::WhenIdle,
             (true, true) => Inline::WhenAlone,
             (true, false) => Inline::Never,
@@ -292,6 +295,7 @@ impl InstanceHandle {
             actor,
             exec,
             inline,
+            inline_off_runtime_only,
             outstanding,
             next_id: AtomicU64::new(0),
             direct,
@@ -342,7 +346,14 @@ impl InstanceHandle {
             Inline::WhenAlone => alone,
             Inline::Never => false,
         };
-        if may_inline && self.exec.health.is_ready() && self.exec.policy.allows_inline() {
+        // On an executor thread blocking is allowed, so the execution time does not matter.
+        let may_inline = may_inline
+            && if self.inline_off_runtime_only {
+                crate::executor::thread_may_block()
+            } else {
+                crate::executor::thread_may_block() || self.exec.policy.allows_inline()
+            };
+        if may_inline && self.exec.health.is_ready() {
             if let Ok(mut b) = self.exec.backend.try_lock() {
                 let result = self.exec.run_one(&self.label, &mut **b, &sub);
                 drop(b);

@@ -95,8 +95,8 @@ fn answer(shm: &Shm, writer: &Mutex<UnixStream>, call_id: Value, result: Result<
 }
 
 /// Runs one BLS call through the node's Dispatch. The inputs are copied out of shared memory now.
-/// A blocking `exec()` runs right here on the instance's thread, which waits for it anyway: an ONNX
-/// model it calls then runs on this thread too, with no hand-off. `async_exec()` calls go to the
+/// A blocking `exec()` runs right here on the instance's thread, which waits for it anyway: the model
+/// it calls (ONNX, or Python when its instance is idle) then runs on this thread too, with no hand-off. `async_exec()` calls go to the
 /// runtime so they overlap.
 pub fn start(ctx: &Arc<PythonContext>, stub: &Stub, frame: Value, blob: &[u8]) {
     let call_id = frame["call_id"].clone();
@@ -117,7 +117,13 @@ pub fn start(ctx: &Arc<PythonContext>, stub: &Stub, frame: Value, blob: &[u8]) {
         answer(&shm, &writer, call_id, result);
     };
     if frame["sync"].as_bool() == Some(true) {
-        ctx.runtime.block_on(call);
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Nested: this thread already waits in a blocking BLS call of another model, whose
+            // target runs inline here and calls BLS in turn; the runtime is entered, so poll here.
+            futures::executor::block_on(call);
+        } else {
+            ctx.runtime.block_on(call);
+        }
     } else {
         ctx.runtime.spawn(call);
     }
