@@ -46,6 +46,10 @@ class TritonPythonModel:
         return out
 PY
 
+.venv/bin/python benches/python_probe.py write "$WORK/repo"
+cp -r "$WORK/repo" "$WORK/mesh-repo"  # Triton's build here has no ONNX backend: the ONNX target is mesh-only
+.venv/bin/python benches/python_probe.py write "$WORK/mesh-repo" --onnx
+
 measure() {  # server-name port model concurrency
   "$PEERS/bin/perf_analyzer" -m "$3" -u "localhost:$2" -i grpc --concurrency-range "$4" \
     --measurement-interval $((SECS * 1000)) --stability-percentage 25 -f "$WORK/pa.csv" >/dev/null 2>&1 || true
@@ -66,18 +70,23 @@ echo "# Python backend: mesh-node vs Triton 2.51, $(date -u +%F), $(nproc) vCPU 
 echo
 echo "| model | concurrency | server | infer/s | p50 µs | p99 µs |"
 echo "|---|---|---|---|---|---|"
-"$BIN" --model-repository "$WORK/repo" --http-port 28300 --grpc-port 28301 --metrics-port 28302 \
+"$BIN" --model-repository "$WORK/mesh-repo" --http-port 28300 --grpc-port 28301 --metrics-port 28302 \
   --backend-config "python,interpreter=$PWD/.venv/bin/python" ${MESH_ARGS:-} >"$WORK/node.log" 2>&1 &
 NODE=$!
 wait_live 28300
-for m in add_sub bls_x2; do for c in 1 4; do measure mesh 28301 $m $c; done; done > "$WORK/mesh.md"
+points() { for c in 1 4; do echo "add_sub $c"; done; for c in 1 4 8; do echo "bls_x2 $c"; done; }
+points | while read -r m c; do measure mesh 28301 "$m" "$c"; done > "$WORK/mesh.md"
+.venv/bin/python benches/python_probe.py probe 28300 mesh add_sub add_sub_onnx > "$WORK/probe.md"
+.venv/bin/python benches/python_probe.py rss mesh $NODE > "$WORK/rss.md"
 kill $NODE; wait $NODE 2>/dev/null || true
-[ "${SKIP_TRITON:-}" = 1 ] && { cat "$WORK/mesh.md"; exit 0; }
+[ "${SKIP_TRITON:-}" = 1 ] && { cat "$WORK/mesh.md" "$WORK/probe.md" "$WORK/rss.md"; exit 0; }
 "$PEERS/bin/tritonserver" --model-repository "$WORK/repo" --http-port 28400 --grpc-port 28401 --metrics-port 28402 \
   >"$WORK/triton.log" 2>&1 &
 TRITON=$!
 wait_live 28400
-for m in add_sub bls_x2; do for c in 1 4; do measure triton 28401 $m $c; done; done > "$WORK/triton.md"
+points | while read -r m c; do measure triton 28401 "$m" "$c"; done > "$WORK/triton.md"
+.venv/bin/python benches/python_probe.py probe 28400 triton add_sub >> "$WORK/probe.md"
+.venv/bin/python benches/python_probe.py rss triton $TRITON >> "$WORK/rss.md"
 kill $TRITON; wait $TRITON 2>/dev/null || true
 paste -d'\n' "$WORK/mesh.md" "$WORK/triton.md"
 echo
@@ -89,4 +98,16 @@ print("|---|---|---|---|")
 for m, t in zip(rows(sys.argv[1]), rows(sys.argv[2])):
     print(f"| {m[0].strip()} | {m[1].strip()} | {float(m[3]) / float(t[3]):.2f}x | {float(t[4]) / float(m[4]):.2f}x |")
 PY
+echo
+echo "One blocking BLS exec() from inside execute(), timed in the calling model (300 calls):"
+echo
+echo "| server | target model | p50 µs | mean µs |"
+echo "|---|---|---|---|"
+cat "$WORK/probe.md"
+echo
+echo "Python stub processes once serving:"
+echo
+echo "| server | stubs | max RSS MB | mean RSS MB |"
+echo "|---|---|---|---|"
+cat "$WORK/rss.md"
 } | tee "$OUT"
