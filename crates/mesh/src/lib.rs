@@ -3,6 +3,7 @@
 pub mod config;
 pub mod dispatch;
 pub mod dtype;
+pub mod ensemble;
 pub mod error;
 pub mod grpc;
 pub mod http;

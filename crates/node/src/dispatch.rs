@@ -1,7 +1,7 @@
 //! The node's Dispatch: finds the model version, checks the request, runs it on the instance, records metrics.
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use mesh::proto::ModelStatisticsResponse;
@@ -12,7 +12,7 @@ use mesh::{
 
 use ractor::ActorRef;
 
-use crate::backend::ResponseSink;
+use crate::backend::{ResponseSink, Timings};
 use crate::budget::InflightBudget;
 use crate::cli::ControlMode;
 use crate::instance::Submission;
@@ -68,6 +68,21 @@ fn scheduling_params(request: &InferRequest) -> Result<(u32, Option<std::time::D
         }
     }
     Ok((priority, timeout))
+}
+
+/// Rows of a request: its batch dimension for batching models, else 1.
+fn request_rows(model: &LoadedVersion, request: &InferRequest) -> usize {
+    if model.config.max_batch_size > 0 {
+        request
+            .inputs
+            .first()
+            .and_then(|i| i.tensor.shape.first())
+            .copied()
+            .unwrap_or(1)
+            .max(1) as usize
+    } else {
+        1
+    }
 }
 
 /// What the node needs to (re)load models after start-up.
@@ -135,6 +150,45 @@ impl NodeDispatch {
             .map_err(Error::unavailable)?
     }
 
+    /// Runs one request through an ensemble's steps, each a request to this same Dispatch (so the
+    /// composing models keep their own statistics); the ensemble records its own.
+    async fn run_ensemble(
+        &self,
+        model: &LoadedVersion,
+        plan: &mesh::ensemble::Plan,
+        request: InferRequest,
+        start: Instant,
+    ) -> Result<InferResponse> {
+        let rows = request_rows(model, &request);
+        InFlight::begin(model);
+        let mut guard = InFlight {
+            model,
+            start,
+            finished: false,
+        };
+        let result = mesh::ensemble::run(plan, self, request).await;
+        guard.finished = true;
+        drop(guard);
+        match result {
+            Ok(mut response) => {
+                let took = start.elapsed();
+                let timings = Timings {
+                    infer: took,
+                    ..Default::default()
+                };
+                model
+                    .stats
+                    .success(rows as u64, took, Duration::ZERO, &timings, Some(rows as u64));
+                response.model_version = model.version_label.clone();
+                Ok(response)
+            }
+            Err(e) => {
+                model.stats.failure(e.metric_reason(), start.elapsed());
+                Err(e)
+            }
+        }
+    }
+
     /// Runs one request; `stream` is where a decoupled model's answers go (None: it must answer once).
     async fn run(&self, mut request: InferRequest, stream: Option<StreamSender>) -> Result<InferResponse> {
         let start = Instant::now();
@@ -156,17 +210,10 @@ impl NodeDispatch {
             model.stats.failure(e.metric_reason(), start.elapsed());
             return Err(e);
         }
-        let rows = if model.config.max_batch_size > 0 {
-            request
-                .inputs
-                .first()
-                .and_then(|i| i.tensor.shape.first())
-                .copied()
-                .unwrap_or(1)
-                .max(1) as usize
-        } else {
-            1
-        };
+        if let Some(plan) = model.ensemble.clone() {
+            return self.run_ensemble(&model, &plan, request, start).await;
+        }
+        let rows = request_rows(&model, &request);
         let (priority, timeout) = scheduling_params(&request)?;
         let bytes = request.inputs.iter().map(|i| i.tensor.data.len()).sum();
         let _admitted = match self.budget.admit(bytes) {
@@ -293,10 +340,11 @@ impl Dispatch for NodeDispatch {
         self.ask_manager(|reply| ManagerMsg::Load(name, options, reply)).await
     }
 
-    async fn unload_model(&self, name: &str, _unload_dependents: bool) -> Result<()> {
+    async fn unload_model(&self, name: &str, unload_dependents: bool) -> Result<()> {
         self.check_explicit("unload", name)?;
         let name = name.to_string();
-        self.ask_manager(|reply| ManagerMsg::Unload(name, reply)).await
+        self.ask_manager(|reply| ManagerMsg::Unload(name, unload_dependents, reply))
+            .await
     }
 
     fn extensions(&self) -> Vec<&'static str> {
@@ -309,6 +357,7 @@ impl Dispatch for NodeDispatch {
         ];
         if self.mode == ControlMode::Explicit {
             e.push("model_repository");
+            e.push("model_repository(unload_dependents)");
         }
         e
     }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use mesh::config::{parse_pbtxt_with_fields, validate_config, ModelConfig};
+use mesh::ensemble::{Plan, StepModel};
 use ort::session::Session;
 use ractor::ActorCell;
 
@@ -14,6 +15,7 @@ use crate::model::ModelHandle;
 use crate::placement;
 use crate::repository::{self, ModelDir};
 use crate::supervision::BackendFactory;
+use crate::table::ModelTable;
 
 /// Which backend serves a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +112,7 @@ fn backend_kind(config: &ModelConfig) -> Result<BackendKind, String> {
     match (config.platform.as_str(), config.backend.as_str()) {
         ("" | "onnxruntime_onnx", "" | "onnxruntime") => Ok(BackendKind::Onnx),
         ("", "python") => Ok(BackendKind::Python),
-        ("ensemble", _) => Err("ensemble models are not supported by this build yet".into()),
+        ("ensemble", _) => Err("an ensemble is planned, not loaded on a backend".into()),
         ("pytorch_libtorch", _) | (_, "pytorch") => {
             Err("the pytorch backend is not supported by this build yet".into())
         }
@@ -118,6 +120,39 @@ fn backend_kind(config: &ModelConfig) -> Result<BackendKind, String> {
             "unsupported platform '{p}' / backend '{b}'; this node serves onnxruntime models"
         )),
     }
+}
+
+/// Whether a config describes an ensemble (`platform: "ensemble"`).
+pub fn is_ensemble(config: &ModelConfig) -> bool {
+    config.platform == "ensemble"
+}
+
+/// Plans an ensemble against the models serving now (their configs check its wiring); it starts
+/// nothing of its own, and every version shares the plan.
+pub fn load_ensemble(
+    table: &ModelTable,
+    dir: &ModelDir,
+    (written, _): (ModelConfig, bool),
+) -> Result<LoadedModel, String> {
+    validate_config(&written)?;
+    let lookup = |name: &str, version: &str| -> Result<StepModel, String> {
+        let m = table.resolve(name, version).map_err(|e| e.message)?;
+        Ok(StepModel {
+            decoupled: m.config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled),
+            config: (*m.config).clone(),
+        })
+    };
+    let plan = Arc::new(Plan::build(&written, &lookup)?);
+    let config = Arc::new(written.clone());
+    let versions = repository::select_versions(&written, &dir.versions)?
+        .into_iter()
+        .map(|v| (v, ModelHandle::ensemble(config.clone(), v, plan.clone())))
+        .collect();
+    Ok(LoadedModel {
+        versions,
+        written,
+        config,
+    })
 }
 
 /// Reads the config a load uses: the override if given, else config.pbtxt. Returns it with

@@ -18,7 +18,9 @@ use crate::table::{ModelEntry, ModelState, ModelTable, Source};
 
 pub enum ManagerMsg {
     Load(String, LoadOptions, RpcReplyPort<Result<()>>),
-    Unload(String, RpcReplyPort<Result<()>>),
+    /// Unloads a model; with `unload_dependents`, an ensemble's composing models go too (unless
+    /// another ensemble still uses them).
+    Unload(String, bool, RpcReplyPort<Result<()>>),
     /// Loads what the control mode asks for at start-up; answers how many models failed.
     LoadAtStart(Vec<String>, RpcReplyPort<usize>),
     Poll,
@@ -40,9 +42,36 @@ pub struct Manager {
     table: Arc<ModelTable>,
 }
 
+/// How deep ensembles may nest when loading their composing models first.
+const MAX_ENSEMBLE_DEPTH: usize = 8;
+
+type Loading<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'a>>;
+
 impl Manager {
     /// Loads (or reloads) one model; new versions replace old ones only once they are ready.
     async fn load(&self, me: &ActorCell, name: &str, options: LoadOptions) -> Result<()> {
+        self.load_nested(me, name, options, 0).await
+    }
+
+    /// Loads the models an ensemble's steps call that are not serving yet (explicit mode loads
+    /// them with the ensemble, as Triton does); their failures surface in the ensemble's plan.
+    async fn load_steps(&self, me: &ActorCell, ensemble: &ModelConfig, depth: usize) {
+        if depth >= MAX_ENSEMBLE_DEPTH {
+            return;
+        }
+        let (dirs, _) = repository::scan(&self.repos.roots);
+        for step in mesh::ensemble::step_models(ensemble) {
+            if !self.table.is_ready(&step) && dirs.iter().any(|d| d.name == step) {
+                let _ = self.load_nested(me, &step, LoadOptions::default(), depth + 1).await;
+            }
+        }
+    }
+
+    fn load_nested<'a>(&'a self, me: &'a ActorCell, name: &'a str, options: LoadOptions, depth: usize) -> Loading<'a> {
+        Box::pin(self.load_at(me, name, options, depth))
+    }
+
+    async fn load_at(&self, me: &ActorCell, name: &str, options: LoadOptions, depth: usize) -> Result<()> {
         let override_config: Option<ModelConfig> = match &options.config {
             Some(text) => Some(config_from_json(text).map_err(Error::invalid)?),
             None => None,
@@ -75,6 +104,10 @@ impl Manager {
             }
         }
         let loaded = match written {
+            Ok(written) if loader::is_ensemble(&written.0) => {
+                self.load_steps(me, &written.0, depth).await;
+                loader::load_ensemble(&self.table, &dir, written)
+            }
             Ok(written) => loader::load_model(&self.repos, &dir, written, me).await,
             Err(e) => Err(e),
         };
@@ -153,11 +186,18 @@ impl Manager {
         })
     }
 
-    /// Unloads a model: new requests are refused at once, in-flight ones finish on the old instances.
-    fn unload(&self, name: &str) -> Result<()> {
+    /// Unloads a model: new requests are refused at once, in-flight ones finish on the old
+    /// instances. With `dependents`, an ensemble's composing models are unloaded too, except
+    /// those another serving ensemble still calls.
+    fn unload(&self, name: &str, dependents: bool) -> Result<()> {
         if !self.table.names().iter().any(|m| m == name) {
             return Err(Error::not_found(format!("failed to unload '{name}': it is not loaded")));
         }
+        let composing = if dependents {
+            self.table.ensemble_models(name)
+        } else {
+            Vec::new()
+        };
         let entry = ModelEntry {
             state: ModelState::Unloaded,
             fingerprint: None,
@@ -165,6 +205,16 @@ impl Manager {
         };
         self.table.set(name, entry);
         tracing::info!(model = %name, "model unloaded");
+        for step in composing {
+            let still_used = self
+                .table
+                .names()
+                .iter()
+                .any(|other| self.table.ensemble_models(other).contains(&step));
+            if !still_used && self.table.is_ready(&step) {
+                self.unload(&step, true)?;
+            }
+        }
         Ok(())
     }
 
@@ -179,7 +229,9 @@ impl Manager {
         for dir in dirs {
             let wanted =
                 self.repos.mode != ControlMode::Explicit || explicit.iter().any(|m| m == "*" || *m == dir.name);
-            if wanted && self.load(me, &dir.name, LoadOptions::default()).await.is_err() {
+            // A model an ensemble loaded first is serving already.
+            let done = self.table.is_ready(&dir.name);
+            if wanted && !done && self.load(me, &dir.name, LoadOptions::default()).await.is_err() {
                 failed += 1;
             }
         }
@@ -201,7 +253,7 @@ impl Manager {
         }
         for name in self.table.names() {
             if !dirs.iter().any(|d| d.name == name) && self.table.is_ready(&name) {
-                let _ = self.unload(&name);
+                let _ = self.unload(&name, false);
             }
         }
     }
@@ -223,7 +275,7 @@ impl Manager {
     /// The model whose version is supervised by the actor `id`.
     fn model_of(&self, id: ractor::ActorId) -> Option<String> {
         self.table.read().iter().find_map(|(name, e)| match &e.state {
-            ModelState::Ready(v) => v.values().any(|h| h.actor_id() == id).then(|| name.clone()),
+            ModelState::Ready(v) => v.values().any(|h| h.actor_id() == Some(id)).then(|| name.clone()),
             _ => None,
         })
     }
@@ -255,8 +307,8 @@ impl Actor for RepositoryManager {
             ManagerMsg::Load(name, options, reply) => {
                 let _ = reply.send(state.load(&me, &name, options).await);
             }
-            ManagerMsg::Unload(name, reply) => {
-                let _ = reply.send(state.unload(&name));
+            ManagerMsg::Unload(name, dependents, reply) => {
+                let _ = reply.send(state.unload(&name, dependents));
             }
             ManagerMsg::LoadAtStart(explicit, reply) => {
                 let _ = reply.send(state.load_at_start(&me, &explicit).await);

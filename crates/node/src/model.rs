@@ -27,6 +27,8 @@ pub struct LoadedVersion {
     /// Rotates the starting point of instance selection so ties spread.
     pub rotation: AtomicUsize,
     pub stats: Arc<ModelStats>,
+    /// Set for ensembles, which have no instances: requests run through the plan's steps.
+    pub ensemble: Option<Arc<mesh::ensemble::Plan>>,
 }
 
 impl LoadedVersion {
@@ -35,9 +37,9 @@ impl LoadedVersion {
         instance::pick(&self.instances, &self.rotation)
     }
 
-    /// Whether any instance can take work.
+    /// Whether any instance can take work (an ensemble is ready once planned).
     pub fn is_ready(&self) -> bool {
-        self.instances.iter().any(|i| i.is_ready())
+        self.ensemble.is_some() || self.instances.iter().any(|i| i.is_ready())
     }
 }
 
@@ -48,7 +50,8 @@ type Slot = RwLock<Arc<LoadedVersion>>;
 /// finish what they hold).
 pub struct ModelHandle {
     slot: Arc<Slot>,
-    actor: ActorRef<ModelMsg>,
+    /// None for ensembles: nothing of theirs runs, so nothing needs supervising.
+    actor: Option<ActorRef<ModelMsg>>,
 }
 
 impl ModelHandle {
@@ -60,14 +63,33 @@ impl ModelHandle {
     /// Changes the instances in place: keeps those whose name and device stay, starts (and warms
     /// up) new ones, and lets removed ones finish their work.
     pub async fn resize(&self, config: Arc<ModelConfig>, placements: Vec<InstancePlacement>) -> Result<(), String> {
-        ask(&self.actor, "model supervisor", |reply| {
+        let actor = self.actor.as_ref().ok_or("ensembles take no instance_group")?;
+        ask(actor, "model supervisor", |reply| {
             ModelMsg::Resize(config, placements, reply)
         })
         .await?
     }
 
-    pub fn actor_id(&self) -> ractor::ActorId {
-        self.actor.get_id()
+    pub fn actor_id(&self) -> Option<ractor::ActorId> {
+        self.actor.as_ref().map(|a| a.get_id())
+    }
+
+    /// An ensemble version: a fixed snapshot with its plan and statistics.
+    pub fn ensemble(config: Arc<ModelConfig>, version: i64, plan: Arc<mesh::ensemble::Plan>) -> Arc<Self> {
+        let version_label = version.to_string();
+        let loaded = LoadedVersion {
+            stats: Arc::new(ModelStats::new(&config.name, version)),
+            config,
+            version,
+            version_label,
+            instances: Vec::new(),
+            rotation: AtomicUsize::new(0),
+            ensemble: Some(plan),
+        };
+        Arc::new(ModelHandle {
+            slot: Arc::new(RwLock::new(Arc::new(loaded))),
+            actor: None,
+        })
     }
 }
 
@@ -83,7 +105,9 @@ pub async fn ask<M: ractor::Message, T: Send + 'static>(
 
 impl Drop for ModelHandle {
     fn drop(&mut self) {
-        self.actor.stop(None);
+        if let Some(actor) = &self.actor {
+            actor.stop(None);
+        }
     }
 }
 
@@ -140,7 +164,10 @@ pub async fn start(
     let slot = slot
         .await
         .map_err(|_| format!("the supervisor of {name} stopped while starting"))?;
-    Ok(Arc::new(ModelHandle { slot, actor }))
+    Ok(Arc::new(ModelHandle {
+        slot,
+        actor: Some(actor),
+    }))
 }
 
 fn label(source: &VersionSource, p: &InstancePlacement) -> String {
@@ -194,6 +221,7 @@ impl Supervised {
             instances,
             rotation: AtomicUsize::new(0),
             stats: old.stats.clone(),
+            ensemble: None,
         });
         *self.slot.write().unwrap_or_else(|p| p.into_inner()) = next;
     }
@@ -271,6 +299,7 @@ impl Actor for ModelActor {
             instances,
             rotation: AtomicUsize::new(0),
             stats: Arc::new(ModelStats::new(&source.model, v)),
+            ensemble: None,
         })));
         let _ = ready.send(slot.clone());
         Ok(Supervised {

@@ -146,6 +146,18 @@ impl ModelTable {
         Ok(ready(entry))
     }
 
+    /// The models a serving ensemble's steps call (empty for anything else).
+    pub fn ensemble_models(&self, name: &str) -> Vec<String> {
+        match self.read().get(name).map(|e| &e.state) {
+            Some(ModelState::Ready(v)) => v
+                .values()
+                .filter_map(|h| h.snapshot().ensemble.as_ref().map(|p| p.models()))
+                .flatten()
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Whether any model failed to load (for strict readiness).
     pub fn any_failed(&self) -> bool {
         self.read().values().any(|e| matches!(e.state, ModelState::Failed(_)))

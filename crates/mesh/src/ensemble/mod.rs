@@ -1,0 +1,307 @@
+//! Triton ensembles: the step DAG built and validated from `ensemble_scheduling` (sans-IO), which
+//! steps are ready as tensors appear, and an executor that drives any `Dispatch`.
+mod run;
+
+use std::collections::{HashMap, HashSet};
+
+use crate::config::ModelConfig;
+use crate::dtype::DataType;
+use crate::proto::model_config::SchedulingChoice;
+
+pub use run::run;
+
+/// The ensemble's steps, checked against the models they call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub name: String,
+    pub steps: Vec<Step>,
+    /// The ensemble's input names (the tensors that exist before any step runs).
+    pub inputs: Vec<String>,
+    /// The ensemble's output names and the tensors that hold them (the same names).
+    pub outputs: Vec<String>,
+    /// Which steps read each tensor, for readiness.
+    consumers: HashMap<String, Vec<usize>>,
+}
+
+/// One step: a call to a model, with its tensors renamed in and out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub model: String,
+    /// Empty: the model's default version.
+    pub version: String,
+    /// (model input name, ensemble tensor name).
+    pub inputs: Vec<(String, String)>,
+    /// (model output name, ensemble tensor name).
+    pub outputs: Vec<(String, String)>,
+}
+
+/// What a step's model looks like, for checking the wiring; looked up by model name and version.
+#[derive(Debug, Clone)]
+pub struct StepModel {
+    pub config: ModelConfig,
+    pub decoupled: bool,
+}
+
+/// A tensor's type and full shape: a batching model's (or ensemble's) tensors get a leading -1,
+/// which is how a non-batching ensemble can feed [1, 3, H, W] to a batching model.
+#[derive(Debug, Clone, PartialEq)]
+struct TensorSpec {
+    dtype: Option<DataType>,
+    shape: Vec<i64>,
+}
+
+fn full_shape(max_batch_size: i32, dims: &[i64]) -> Vec<i64> {
+    let mut shape = Vec::with_capacity(dims.len() + 1);
+    if max_batch_size > 0 {
+        shape.push(-1);
+    }
+    shape.extend_from_slice(dims);
+    shape
+}
+
+fn compatible(a: &[i64], b: &[i64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| x == y || x < 0 || y < 0)
+}
+
+/// Checks that what a tensor's producer gives is what its consumer takes.
+fn check_link(tensor: &str, producer: &(String, TensorSpec), consumer: &(String, TensorSpec)) -> Result<(), String> {
+    let ((who_p, p), (who_c, c)) = (producer, consumer);
+    if let (Some(dp), Some(dc)) = (p.dtype, c.dtype) {
+        if dp != dc {
+            return Err(format!(
+                "tensor '{tensor}' is {} from {who_p} but {who_c} takes {}",
+                dp.wire_name(),
+                dc.wire_name()
+            ));
+        }
+    }
+    if !compatible(&p.shape, &c.shape) {
+        return Err(format!(
+            "tensor '{tensor}' has shape {:?} from {who_p} but {who_c} takes {:?}",
+            p.shape, c.shape
+        ));
+    }
+    Ok(())
+}
+
+impl Plan {
+    /// Builds the plan from an ensemble config; `lookup(model, version)` gives a step's model or why
+    /// it is not available. Every error names the step, model or tensor at fault.
+    pub fn build(
+        config: &ModelConfig,
+        lookup: &dyn Fn(&str, &str) -> Result<StepModel, String>,
+    ) -> Result<Plan, String> {
+        let Some(SchedulingChoice::EnsembleScheduling(scheduling)) = &config.scheduling_choice else {
+            return Err("an ensemble needs ensemble_scheduling { step [ ... ] }".into());
+        };
+        if scheduling.step.is_empty() {
+            return Err("ensemble_scheduling has no steps".into());
+        }
+        if !config.instance_group.is_empty() {
+            return Err("ensembles take no instance_group: their steps run on the composing models' instances".into());
+        }
+        let mbs = config.max_batch_size;
+        // tensor -> (who produces it, what it is)
+        let mut produced: HashMap<String, (String, TensorSpec)> = HashMap::new();
+        for i in &config.input {
+            let spec = TensorSpec {
+                dtype: DataType::from_config(i.data_type),
+                shape: full_shape(mbs, &i.dims),
+            };
+            produced.insert(i.name.clone(), ("the ensemble's input".into(), spec));
+        }
+        let mut steps = Vec::with_capacity(scheduling.step.len());
+        let mut consumed: Vec<(String, (String, TensorSpec))> = Vec::new();
+        for (n, s) in scheduling.step.iter().enumerate() {
+            let version = if s.model_version < 0 {
+                String::new()
+            } else {
+                s.model_version.to_string()
+            };
+            let who = format!("step {n} (model '{}')", s.model_name);
+            let model = lookup(&s.model_name, &version).map_err(|e| format!("{who}: {e}"))?;
+            let m = &model.config;
+            if model.decoupled {
+                return Err(format!("{who}: decoupled models cannot be ensemble steps"));
+            }
+            if mbs > 0 && (m.max_batch_size == 0 || m.max_batch_size < mbs) {
+                return Err(format!(
+                    "{who}: the ensemble's max_batch_size {mbs} exceeds the model's {}",
+                    m.max_batch_size
+                ));
+            }
+            let mut inputs: Vec<(String, String)> = s.input_map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            inputs.sort();
+            let mut outputs: Vec<(String, String)> = s.output_map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            outputs.sort();
+            for (model_input, tensor) in &inputs {
+                let i = m.input.iter().find(|i| &i.name == model_input).ok_or_else(|| {
+                    format!("{who}: input_map names '{model_input}', which is not an input of the model")
+                })?;
+                let spec = TensorSpec {
+                    dtype: DataType::from_config(i.data_type),
+                    shape: full_shape(m.max_batch_size, &i.dims),
+                };
+                consumed.push((tensor.clone(), (format!("{who} input '{model_input}'"), spec)));
+            }
+            if let Some(missing) = m
+                .input
+                .iter()
+                .find(|i| !i.optional && !inputs.iter().any(|(name, _)| name == &i.name))
+            {
+                return Err(format!("{who}: its input '{}' is not in input_map", missing.name));
+            }
+            for (model_output, tensor) in &outputs {
+                let o = m.output.iter().find(|o| &o.name == model_output).ok_or_else(|| {
+                    format!("{who}: output_map names '{model_output}', which is not an output of the model")
+                })?;
+                let spec = TensorSpec {
+                    dtype: DataType::from_config(o.data_type),
+                    shape: full_shape(m.max_batch_size, &o.dims),
+                };
+                if let Some((first, _)) = produced.get(tensor) {
+                    return Err(format!("tensor '{tensor}' is produced twice: by {first} and by {who}"));
+                }
+                produced.insert(tensor.clone(), (who.clone(), spec));
+            }
+            steps.push(Step {
+                model: s.model_name.clone(),
+                version,
+                inputs,
+                outputs,
+            });
+        }
+        for (tensor, consumer) in &consumed {
+            let producer = produced
+                .get(tensor)
+                .ok_or_else(|| format!("tensor '{tensor}' used by {} is never produced", consumer.0))?;
+            check_link(tensor, producer, consumer)?;
+        }
+        for o in &config.output {
+            let producer = produced
+                .get(&o.name)
+                .ok_or_else(|| format!("ensemble output '{}' is produced by no step", o.name))?;
+            let spec = TensorSpec {
+                dtype: DataType::from_config(o.data_type),
+                shape: full_shape(mbs, &o.dims),
+            };
+            check_link(&o.name, producer, &("the ensemble's output".into(), spec))?;
+        }
+        let mut consumers: HashMap<String, Vec<usize>> = HashMap::new();
+        for (n, s) in steps.iter().enumerate() {
+            for (_, tensor) in &s.inputs {
+                consumers.entry(tensor.clone()).or_default().push(n);
+            }
+        }
+        let plan = Plan {
+            name: config.name.clone(),
+            steps,
+            inputs: config.input.iter().map(|i| i.name.clone()).collect(),
+            outputs: config.output.iter().map(|o| o.name.clone()).collect(),
+            consumers,
+        };
+        plan.check_acyclic()?;
+        Ok(plan)
+    }
+
+    /// Every step must become ready when all goes well; the ones that never do form a cycle.
+    fn check_acyclic(&self) -> Result<(), String> {
+        let mut progress = Progress::new(self, self.inputs.iter().map(String::as_str));
+        let mut ready = progress.take_ready();
+        while let Some(step) = ready.pop() {
+            ready.extend(progress.step_done(self, step));
+        }
+        let stuck: Vec<String> = (0..self.steps.len())
+            .filter(|&n| !progress.started[n])
+            .map(|n| format!("step {n} (model '{}')", self.steps[n].model))
+            .collect();
+        if stuck.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the steps form a cycle: {} wait on each other",
+                stuck.join(", ")
+            ))
+        }
+    }
+
+    /// The models the ensemble calls, for loading them first and for `unload_dependents`.
+    pub fn models(&self) -> Vec<String> {
+        let mut m: Vec<String> = self.steps.iter().map(|s| s.model.clone()).collect();
+        m.sort();
+        m.dedup();
+        m
+    }
+}
+
+/// The models an ensemble config names in its steps (before it can be planned).
+pub fn step_models(config: &ModelConfig) -> Vec<String> {
+    match &config.scheduling_choice {
+        Some(SchedulingChoice::EnsembleScheduling(s)) => {
+            let mut m: Vec<String> = s.step.iter().map(|s| s.model_name.clone()).collect();
+            m.sort();
+            m.dedup();
+            m
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// One request's way through the plan: which tensors exist and which steps may start. Sans-IO.
+#[derive(Debug)]
+pub struct Progress {
+    /// Inputs each step still waits for.
+    waiting: Vec<usize>,
+    started: Vec<bool>,
+    available: HashSet<String>,
+}
+
+impl Progress {
+    /// Starts with the tensors the request brought (an optional input may be absent).
+    pub fn new<'a>(plan: &Plan, present: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut p = Progress {
+            waiting: plan.steps.iter().map(|s| s.inputs.len()).collect(),
+            started: vec![false; plan.steps.len()],
+            available: HashSet::new(),
+        };
+        for t in present {
+            p.arrive(plan, t);
+        }
+        p
+    }
+
+    fn arrive(&mut self, plan: &Plan, tensor: &str) {
+        if self.available.insert(tensor.to_string()) {
+            for &n in plan.consumers.get(tensor).into_iter().flatten() {
+                self.waiting[n] -= 1;
+            }
+        }
+    }
+
+    /// Steps whose inputs all exist and that have not started; marks them started.
+    pub fn take_ready(&mut self) -> Vec<usize> {
+        let ready: Vec<usize> = (0..self.waiting.len())
+            .filter(|&n| self.waiting[n] == 0 && !self.started[n])
+            .collect();
+        for &n in &ready {
+            self.started[n] = true;
+        }
+        ready
+    }
+
+    /// Records a finished step's outputs; returns the steps that became ready.
+    pub fn step_done(&mut self, plan: &Plan, step: usize) -> Vec<usize> {
+        for (_, tensor) in &plan.steps[step].outputs {
+            self.arrive(plan, tensor);
+        }
+        self.take_ready()
+    }
+
+    /// Whether every step has started (once none runs, the request is complete).
+    pub fn all_started(&self) -> bool {
+        self.started.iter().all(|&s| s)
+    }
+}
+
+#[cfg(test)]
+mod tests;
