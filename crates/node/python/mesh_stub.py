@@ -256,7 +256,8 @@ class Host:
     def bls_result(self, header, blob):
         import triton_python_backend_utils as pb_utils
         if header.get("error") is not None:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(header["error"]))
+            code = header.get("code", pb_utils.TritonError.INTERNAL)
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(header["error"], code))
         return pb_utils.InferenceResponse([self.decode(d, blob, copy=True) for d in header["outputs"]])
 
     def bls(self, request):

@@ -8,7 +8,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 
 use super::{Plan, Progress, Step};
 use crate::dispatch::Dispatch;
-use crate::error::{Code, Error, Result};
+use crate::error::{Error, Result};
 use crate::request::{InferRequest, InferResponse, Params, RequestedOutput};
 use crate::tensor::{NamedTensor, Tensor};
 
@@ -97,14 +97,8 @@ async fn run_steps<D: Dispatch + ?Sized>(plan: &Plan, dispatch: &D, request: Inf
     while let Some((n, answer)) = running.next().await {
         let step = &plan.steps[n];
         let at = || format!("ensemble '{}' step {n} (model '{}')", plan.name, step.model);
-        let response = answer.map_err(|e| {
-            let code = if e.code == Code::InvalidArgument {
-                Code::Internal // the client's request was valid for the ensemble
-            } else {
-                e.code
-            };
-            Error::new(code, format!("{}: {}", at(), e.message))
-        })?;
+        // The step's code stays: bad client data found by a step is still the client's error.
+        let response = answer.map_err(|e| Error::new(e.code, format!("{}: {}", at(), e.message)))?;
         let mut produced = response.outputs;
         for (output, tensor) in &step.outputs {
             let pos = produced

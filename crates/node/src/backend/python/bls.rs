@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::ipc::{decode_tensor, encode_tensor, write_frame, Shm};
 use super::stub::Stub;
-use super::PythonContext;
+use super::{triton_code, PythonContext};
 
 /// Turns the stub's description of `pb_utils.InferenceRequest` into a request.
 fn request_from(frame: &Value, blob: &[u8], shm: &Shm) -> Result<InferRequest> {
@@ -89,7 +89,7 @@ fn answer(shm: &Shm, writer: &Mutex<UnixStream>, call_id: Value, result: Result<
                 .collect();
             json!({"op": "bls_response", "call_id": call_id, "outputs": outputs, "error": null})
         }
-        Err(e) => json!({"op": "bls_response", "call_id": call_id, "error": e.message}),
+        Err(e) => json!({"op": "bls_response", "call_id": call_id, "error": e.message, "code": triton_code(e.code)}),
     };
     reply(writer, &header, &blob);
 }

@@ -300,6 +300,19 @@ fn stub_error(frame: &Value) -> Error {
     Error::internal(format!("python stub error: {}", message.trim_end()))
 }
 
+/// The `pb_utils.TritonError` code for an error, so a model sees why its BLS call failed.
+pub(super) fn triton_code(code: Code) -> u32 {
+    match code {
+        Code::Internal => 1,
+        Code::NotFound => 2,
+        Code::InvalidArgument | Code::PayloadTooLarge => 3,
+        Code::Unavailable => 4,
+        Code::Unsupported => 5,
+        Code::AlreadyExists => 6,
+        Code::Cancelled => 7,
+    }
+}
+
 /// Reads Triton's `TritonError` code a Python model set on an error response.
 fn error_from(response: &Value) -> Error {
     let message = response["error"].as_str().unwrap_or("error").to_string();
