@@ -14,9 +14,9 @@ what it needs:
 * ``DIR/broken``  models that must fail to load, each for one reason, plus one
   model (``good``) that must serve.
 
-``--example DIR`` writes the example repository (``mlp`` and the PP-OCRv4
-detector ``ocr_det`` taken from the rapidocr-onnxruntime wheel), configs
-included.
+``--example DIR`` writes the example repository (``mlp``, the PP-OCRv4
+detector ``ocr_det`` taken from the rapidocr-onnxruntime wheel, and the OCR
+pipeline of scripts/ocr_models.py), configs included.
 
 The script is deterministic and idempotent: a file is only rewritten when its
 content changes, and stale files inside the managed repositories are removed.
@@ -45,6 +45,9 @@ from typing import Callable
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ocr_models  # noqa: E402  (the OCR pipeline of the example repository)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -559,6 +562,7 @@ def plan_example(plan: Plan, wheel: Path) -> None:
     plan.add("ocr_det/config.pbtxt", ocr_det_config())
     img = np.random.default_rng(3).random((2, 3, 64, 96), dtype=np.float32)
     plan.checks.append(Check("ocr_det/1/model.onnx", {"x": img}, expect=None))
+    ocr_models.plan_ocr(plan, wheel, Check)
 
 
 # --------------------------------------------------------------------------
@@ -675,7 +679,7 @@ def main(argv=None) -> int:
                     help="root for the dtypes/, simple/ and broken/ repositories "
                          "(default: %(default)s)")
     ap.add_argument("--example", metavar="DIR",
-                    help="also write the example repository (mlp, ocr_det) here, "
+                    help="also write the example repository (mlp, the OCR pipeline) here, "
                          "e.g. configs/example-repo")
     ap.add_argument("--wheel", help="path to the rapidocr_onnxruntime 1.4.4 wheel "
                                     "(default: look in .venv/dl, then pip download)")
@@ -703,7 +707,7 @@ def main(argv=None) -> int:
             return 3
         plan_example(ex_plan, wheel)
         written, _ = write_plan(ex_root, ex_plan)
-        print(f"{ex_root}: {len(ex_plan.files)} files ({written} written; ocr_det from {wheel.name})")
+        print(f"{ex_root}: {len(ex_plan.files)} files ({written} written; OCR models from {wheel.name})")
         jobs.append((ex_root, ex_plan))
 
     if not args.no_check:

@@ -107,7 +107,7 @@ def models_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def example_dir(tmp_path_factory) -> Path:
-    """The example repository (mlp, ocr_det), generated into a temp dir."""
+    """The example repository (mlp and the OCR pipeline), generated into a temp dir."""
     out = tmp_path_factory.mktemp("example")
     res = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "gen_models.py"),
                           "--out", str(out / "_unused"), "--example", str(out / "repo")],
@@ -188,6 +188,20 @@ def main_server(server_factory, models_dir) -> MeshServer:
         ["--http-max-input-size", str(MAIN_MAX_INPUT_SIZE), "--log-verbose", "1",
          "--exit-timeout-secs", "10"],
         name="main")
+
+
+# The ensemble of the example repository; it is waited for only until it settles (ready or not).
+EXAMPLE_ENSEMBLES = ["ocr"]
+
+
+@pytest.fixture(scope="session")
+def example_server(server_factory, example_dir) -> MeshServer:
+    """The example repository, its Python models run by this interpreter (the project venv)."""
+    wait = [m for m in model_names(example_dir) if m not in EXAMPLE_ENSEMBLES]
+    srv = server_factory([example_dir], ["--backend-config", f"python,interpreter={sys.executable}"],
+                         name="example", wait_models=wait)
+    srv.settle(EXAMPLE_ENSEMBLES)
+    return srv
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The example repository (configs/example-repo layout): the benchmark MLP
 and the real PP-OCRv4 text detector, served and compared with local
-references."""
+references (the OCR pipeline around the detector: tests/test_ocr.py)."""
 
 import numpy as np
 import pytest
@@ -10,13 +10,6 @@ import tritonclient.http as httpclient
 import gen_models
 
 pytestmark = [pytest.mark.server]
-
-
-@pytest.fixture(scope="module")
-def example_server(server_factory, example_dir):
-    srv = server_factory([example_dir], name="example")
-    yield srv
-    srv.stop()
 
 
 def test_ocr_det_metadata_and_config(example_server):
