@@ -10,3 +10,20 @@ BIN=target/release/mesh-node
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 mkdir -p benches/results
+
+# One perf_analyzer point over gRPC as a markdown row: | model | concurrency | server | infer/s | p50 µs | p99 µs |
+measure() {  # server-name port model concurrency
+  rm -f "$WORK/pa.csv"
+  "$PEERS/bin/perf_analyzer" -m "$3" -u "localhost:$2" -i grpc --concurrency-range "$4" \
+    --measurement-interval $((SECS * 1000)) --stability-percentage 25 -f "$WORK/pa.csv" >/dev/null 2>&1 || true
+  .venv/bin/python - "$WORK/pa.csv" "$1" "$3" "$4" <<'PY'
+import csv, sys
+r = list(csv.DictReader(open(sys.argv[1])))[-1]
+print(f"| {sys.argv[3]} | {sys.argv[4]} | {sys.argv[2]} | {float(r['Inferences/Second']):.0f} | {r['p50 latency']} | {r['p99 latency']} |")
+PY
+}
+
+wait_live() {
+  for _ in $(seq 120); do curl -sf "localhost:$1/v2/health/ready" >/dev/null && return 0; sleep 0.5; done
+  echo "server on $1 did not become ready" >&2; return 1
+}

@@ -50,21 +50,6 @@ PY
 cp -r "$WORK/repo" "$WORK/mesh-repo"  # Triton's build here has no ONNX backend: the ONNX target is mesh-only
 .venv/bin/python benches/python_probe.py write "$WORK/mesh-repo" --onnx
 
-measure() {  # server-name port model concurrency
-  "$PEERS/bin/perf_analyzer" -m "$3" -u "localhost:$2" -i grpc --concurrency-range "$4" \
-    --measurement-interval $((SECS * 1000)) --stability-percentage 25 -f "$WORK/pa.csv" >/dev/null 2>&1 || true
-  .venv/bin/python - "$WORK/pa.csv" "$1" "$3" "$4" <<'PY'
-import csv, sys
-r = list(csv.DictReader(open(sys.argv[1])))[-1]
-print(f"| {sys.argv[3]} | {sys.argv[4]} | {sys.argv[2]} | {float(r['Inferences/Second']):.0f} | {r['p50 latency']} | {r['p99 latency']} |")
-PY
-}
-
-wait_live() {
-  for _ in $(seq 120); do curl -sf "localhost:$1/v2/health/ready" >/dev/null && return 0; sleep 0.5; done
-  echo "server on $1 did not become ready" >&2; return 1
-}
-
 {
 echo "# Python backend: mesh-node vs Triton 2.51, $(date -u +%F), $(nproc) vCPU $(lscpu | sed -n 's/Model name: *//p' | head -1)"
 echo

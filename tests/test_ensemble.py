@@ -3,6 +3,7 @@ steps, branches that really overlap, every validation error in the repository in
 fails mid-request, statistics per model, timeouts, and explicit-mode loading with unload_dependents."""
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -220,14 +221,41 @@ def test_a_failing_step_fails_the_request_naming_step_and_model(http):
         .as_numpy("Y")[0] == 2.0, "the ensemble keeps serving"
 
 
-def test_the_timeout_stops_the_remaining_steps(server):
+def join_count(c):
+    return int(c.get_inference_statistics("stamp_c")["model_stats"][0]["inference_count"])
+
+
+def branches_done(c, before_a):
+    """Waits until the branch steps that were running have finished (they are not interrupted)."""
+    end = time.time() + 10
+    while time.time() < end:
+        stats = c.get_inference_statistics("stamp_a")["model_stats"][0]
+        if int(stats["inference_count"]) + int(stats["inference_stats"]["fail"]["count"]) > before_a:
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["timeout parameter", "client deadline"])
+def test_a_timeout_or_a_cancel_stops_the_remaining_steps(server, how):
     g = grpcclient.InferenceServerClient(server.grpc_url)
+    h = httpclient.InferenceServerClient(server.http_url)
     try:
+        before = join_count(h)
+        before_a = int(h.get_inference_statistics("stamp_a")["model_stats"][0]["inference_count"])
+        x = [tensor(grpcclient, "X", np.array([1.0], np.float32), "FP32")]
         with pytest.raises(InferenceServerException) as e:
-            g.infer("branches", [tensor(grpcclient, "X", np.array([1.0], np.float32), "FP32")], timeout=100_000)
-        assert "ensemble 'branches'" in str(e.value) and "timeout" in str(e.value)
+            if how == "timeout parameter":
+                g.infer("branches", x, timeout=100_000)
+            else:
+                g.infer("branches", x, client_timeout=0.1)
+        if how == "timeout parameter":
+            assert "ensemble 'branches'" in str(e.value) and "timeout" in str(e.value)
+        branches_done(h, before_a)
+        time.sleep(0.5)  # time enough for the join (0.3 s) to have run, had it started
+        assert join_count(h) == before, "the step after the branches never started"
     finally:
         g.close()
+        h.close()
 
 
 @pytest.mark.parametrize("name, reason", [
