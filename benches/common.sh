@@ -27,3 +27,26 @@ wait_live() {
   for _ in $(seq 120); do curl -sf "localhost:$1/v2/health/ready" >/dev/null && return 0; sleep 0.5; done
   echo "server on $1 did not become ready" >&2; return 1
 }
+
+# The inputs of Triton's add_sub example, for configs.
+ADD_SUB_IO='input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+
+# Writes Triton's Python add_sub example (FP32 [4] + [4]; one CPU instance) into repository $1.
+write_add_sub() {
+  mkdir -p "$1/add_sub/1"
+  printf 'name: "add_sub"\nbackend: "python"\n%s\noutput [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\ninstance_group [ { kind: KIND_CPU } ]\n' \
+    "$ADD_SUB_IO" > "$1/add_sub/config.pbtxt"
+  cat > "$1/add_sub/1/model.py" <<'PY'
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]))
+        return out
+PY
+}

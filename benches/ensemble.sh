@@ -10,23 +10,9 @@
 source "$(dirname "$0")/common.sh"
 OUT=benches/results/ensemble-$(hostname).md
 R=$WORK/repo
-mkdir -p "$R/add_sub/1" "$R/ens_py2/1" "$R/ident/1" "$R/ens3/1"
-IO='input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]'
-printf 'name: "add_sub"\nbackend: "python"\n%s\noutput [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\ninstance_group [ { kind: KIND_CPU } ]\n' \
-  "$IO" > "$R/add_sub/config.pbtxt"
-cat > "$R/add_sub/1/model.py" <<'PY'
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]))
-        return out
-PY
+mkdir -p "$R/ens_py2/1" "$R/ident/1" "$R/ens3/1"
+write_add_sub "$R"
+IO=$ADD_SUB_IO
 map() { printf 'input_map { key: "%s" value: "%s" } ' "$@"; }
 cat > "$R/ens_py2/config.pbtxt" <<EOF2
 name: "ens_py2"

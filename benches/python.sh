@@ -8,26 +8,12 @@
 # MESH_ARGS adds mesh-node flags (e.g. --backend-config python,spin-microseconds=0); SKIP_TRITON=1
 # measures the mesh alone (for tuning; the recorded numbers always come from a full run).
 source "$(dirname "$0")/common.sh"
-mkdir -p "$WORK/repo/add_sub/1" "$WORK/repo/bls_x2/1"
+mkdir -p "$WORK/repo/bls_x2/1"
 OUT=benches/results/python-$(hostname).md
-IO='input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]'
-printf 'name: "add_sub"\nbackend: "python"\n%s\noutput [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\ninstance_group [ { kind: KIND_CPU } ]\n' \
-  "$IO" > "$WORK/repo/add_sub/config.pbtxt"
+write_add_sub "$WORK/repo"
+IO=$ADD_SUB_IO
 printf 'name: "bls_x2"\nbackend: "python"\n%s\noutput [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\ninstance_group [ { kind: KIND_CPU } ]\n' \
   "$IO" > "$WORK/repo/bls_x2/config.pbtxt"
-cat > "$WORK/repo/add_sub/1/model.py" <<'PY'
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]))
-        return out
-PY
 cat > "$WORK/repo/bls_x2/1/model.py" <<'PY'
 import triton_python_backend_utils as pb_utils
 
