@@ -290,3 +290,23 @@ def test_explicit_mode_loads_the_steps_and_unloads_them_as_dependents(fresh_serv
         assert c.is_model_ready("stamp_a"), "without unload_dependents the steps stay"
     finally:
         c.close()
+
+
+def test_an_ensemble_follows_its_step_models_unload_and_reload(fresh_server, tmp_path):
+    repo = tmp_path / "repo"
+    build_repo(repo)
+    srv = fresh_server([repo], PY_ARGS + ["--model-control-mode", "explicit", "--load-model", "branches"],
+                       wait_models=["branches"])
+    c = httpclient.InferenceServerClient(srv.http_url)
+    x = [tensor(httpclient, "X", np.array([1.0], np.float32), "FP32")]
+    try:
+        c.unload_model("stamp_c")
+        row = next(r for r in c.get_model_repository_index() if r["name"] == "branches")
+        assert row["state"] == "UNAVAILABLE" and "step 2 (model 'stamp_c')" in row["reason"], row
+        with pytest.raises(InferenceServerException):
+            c.infer("branches", x)
+        c.load_model("stamp_c")
+        assert c.is_model_ready("branches"), "planned again once its step model is back"
+        np.testing.assert_array_equal(c.infer("branches", x).as_numpy("Y"), [3.0])
+    finally:
+        c.close()

@@ -45,12 +45,51 @@ pub struct Manager {
 /// How deep ensembles may nest when loading their composing models first.
 const MAX_ENSEMBLE_DEPTH: usize = 8;
 
+/// Why a model is (re)loaded, which decides what a failure does.
+#[derive(Clone, Copy)]
+enum Why {
+    /// Asked for, or pulled in by an ensemble at this nesting depth: a failed reload keeps the
+    /// versions already serving.
+    Load(usize),
+    /// Planning an ensemble again after a step model changed: a failure replaces the old plan.
+    Replan,
+}
+
 type Loading<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'a>>;
 
 impl Manager {
     /// Loads (or reloads) one model; new versions replace old ones only once they are ready.
     async fn load(&self, me: &ActorCell, name: &str, options: LoadOptions) -> Result<()> {
-        self.load_nested(me, name, options, 0).await
+        let result = self.load_nested(me, name, options, Why::Load(0)).await;
+        self.replan_dependents(me, name).await;
+        result
+    }
+
+    /// Plans again the ensembles (serving or failed) that call `changed`, after it was loaded,
+    /// reloaded or unloaded, so their state and reason stay true: an ensemble whose step model went
+    /// away says so, and one whose step model came back serves again. Their steps are not loaded.
+    async fn replan_dependents(&self, me: &ActorCell, changed: &str) {
+        let (dirs, _) = repository::scan(&self.repos.roots);
+        for dir in dirs {
+            let planned = self.table.is_ready(&dir.name)
+                || matches!(
+                    self.table.read().get(&dir.name).map(|e| &e.state),
+                    Some(ModelState::Failed(_))
+                );
+            if dir.name == changed || !planned {
+                continue;
+            }
+            let uses = match loader::written_config(&dir, None) {
+                Ok((c, _)) => loader::is_ensemble(&c) && mesh::ensemble::step_models(&c).iter().any(|m| m == changed),
+                Err(_) => false,
+            };
+            if uses {
+                tracing::info!(model = %dir.name, step = %changed, "a step model changed; planning the ensemble again");
+                let _ = self
+                    .load_nested(me, &dir.name, LoadOptions::default(), Why::Replan)
+                    .await;
+            }
+        }
     }
 
     /// Loads the models an ensemble's steps call that are not serving yet (explicit mode loads
@@ -62,16 +101,18 @@ impl Manager {
         let (dirs, _) = repository::scan(&self.repos.roots);
         for step in mesh::ensemble::step_models(ensemble) {
             if !self.table.is_ready(&step) && dirs.iter().any(|d| d.name == step) {
-                let _ = self.load_nested(me, &step, LoadOptions::default(), depth + 1).await;
+                let _ = self
+                    .load_nested(me, &step, LoadOptions::default(), Why::Load(depth + 1))
+                    .await;
             }
         }
     }
 
-    fn load_nested<'a>(&'a self, me: &'a ActorCell, name: &'a str, options: LoadOptions, depth: usize) -> Loading<'a> {
-        Box::pin(self.load_at(me, name, options, depth))
+    fn load_nested<'a>(&'a self, me: &'a ActorCell, name: &'a str, options: LoadOptions, why: Why) -> Loading<'a> {
+        Box::pin(self.load_at(me, name, options, why))
     }
 
-    async fn load_at(&self, me: &ActorCell, name: &str, options: LoadOptions, depth: usize) -> Result<()> {
+    async fn load_at(&self, me: &ActorCell, name: &str, options: LoadOptions, why: Why) -> Result<()> {
         let override_config: Option<ModelConfig> = match &options.config {
             Some(text) => Some(config_from_json(text).map_err(Error::invalid)?),
             None => None,
@@ -105,7 +146,9 @@ impl Manager {
         }
         let loaded = match written {
             Ok(written) if loader::is_ensemble(&written.0) => {
-                self.load_steps(me, &written.0, depth).await;
+                if let Why::Load(depth) = why {
+                    self.load_steps(me, &written.0, depth).await;
+                }
                 loader::load_ensemble(&self.table, &dir, written)
             }
             Ok(written) => loader::load_model(&self.repos, &dir, written, me).await,
@@ -129,7 +172,7 @@ impl Manager {
             }
             Err(reason) => {
                 tracing::error!(model = %name, "failed to load: {reason}");
-                if self.table.is_ready(name) {
+                if self.table.is_ready(name) && matches!(why, Why::Load(_)) {
                     tracing::warn!(model = %name, "keeping the versions already serving");
                 } else {
                     self.table.set(name, ModelEntry::failed(reason.clone()));
@@ -220,22 +263,25 @@ impl Manager {
 
     async fn load_at_start(&self, me: &ActorCell, explicit: &[String]) -> usize {
         let (dirs, errors) = repository::scan(&self.repos.roots);
-        let mut failed = 0;
         for (name, reason) in errors {
             tracing::error!(model = %name, "{reason}");
             self.table.set(&name, ModelEntry::failed(reason));
-            failed += 1;
         }
         for dir in dirs {
             let wanted =
                 self.repos.mode != ControlMode::Explicit || explicit.iter().any(|m| m == "*" || *m == dir.name);
-            // A model an ensemble loaded first is serving already.
-            let done = self.table.is_ready(&dir.name);
-            if wanted && !done && self.load(me, &dir.name, LoadOptions::default()).await.is_err() {
-                failed += 1;
+            // An ensemble may have loaded (or failed to load) this model first.
+            if wanted && !self.table.read().contains_key(&dir.name) {
+                let _ = self
+                    .load_nested(me, &dir.name, LoadOptions::default(), Why::Load(0))
+                    .await;
             }
         }
-        failed
+        let models = self.table.read();
+        models
+            .values()
+            .filter(|e| matches!(e.state, ModelState::Failed(_)))
+            .count()
     }
 
     /// Poll mode: reloads models whose directory changed, loads new ones, unloads removed ones.
@@ -253,7 +299,9 @@ impl Manager {
         }
         for name in self.table.names() {
             if !dirs.iter().any(|d| d.name == name) && self.table.is_ready(&name) {
-                let _ = self.unload(&name, false);
+                if self.unload(&name, false).is_ok() {
+                    self.replan_dependents(me, &name).await;
+                }
             }
         }
     }
@@ -308,7 +356,11 @@ impl Actor for RepositoryManager {
                 let _ = reply.send(state.load(&me, &name, options).await);
             }
             ManagerMsg::Unload(name, dependents, reply) => {
-                let _ = reply.send(state.unload(&name, dependents));
+                let result = state.unload(&name, dependents);
+                if result.is_ok() {
+                    state.replan_dependents(&me, &name).await;
+                }
+                let _ = reply.send(result);
             }
             ManagerMsg::LoadAtStart(explicit, reply) => {
                 let _ = reply.send(state.load_at_start(&me, &explicit).await);
