@@ -298,10 +298,9 @@ impl Manager {
             }
         }
         for name in self.table.names() {
-            if !dirs.iter().any(|d| d.name == name) && self.table.is_ready(&name) {
-                if self.unload(&name, false).is_ok() {
-                    self.replan_dependents(me, &name).await;
-                }
+            let gone = !dirs.iter().any(|d| d.name == name) && self.table.is_ready(&name);
+            if gone && self.unload(&name, false).is_ok() {
+                self.replan_dependents(me, &name).await;
             }
         }
     }
