@@ -137,11 +137,14 @@ class Host:
         del self.buf[:end]
         return header, blob
 
-    def recv(self, spin=0.0):
+    def recv(self, spin=0.0, until=None):
         """The next frame, read on the calling thread (no hand-off between threads: each costs a wake-up).
-        Polls for up to `spin` seconds first: on a VM a quick answer then costs no wake-up."""
+        Polls for up to `spin` seconds first: on a VM a quick answer then costs no wake-up. With
+        `until` (a BLS call's answer box), returns a no-op at once once another thread has filled it."""
         with self.read_lock:
             while True:
+                if until:
+                    return {"op": "noop"}, b""
                 frame = self.buffered_frame()
                 if frame is not None:
                     return frame
@@ -274,8 +277,8 @@ class Host:
         with self.pending_lock:
             self.pending[call_id] = box.append
         self.send(header, blobs)
-        while not box:  # read our answer (and any async answers before it) on this thread
-            frame, blob = self.recv(self.spin)
+        while not box:  # read answers on this thread until ours is in, whoever read it
+            frame, blob = self.recv(self.spin, until=box)
             if frame is None:
                 raise RuntimeError("mesh-node closed the link")
             if frame.get("op") == "bls_response":
