@@ -310,3 +310,24 @@ def test_an_ensemble_follows_its_step_models_unload_and_reload(fresh_server, tmp
         np.testing.assert_array_equal(c.infer("branches", x).as_numpy("Y"), [3.0])
     finally:
         c.close()
+
+
+def test_an_ensemble_that_would_call_itself_is_refused_and_the_server_lives(fresh_server, tmp_path):
+    repo = tmp_path / "repo"
+    build_repo(repo)
+    srv = fresh_server([repo], PY_ARGS + ["--model-control-mode", "explicit", "--load-model", "branches"],
+                       wait_models=["branches"])
+    c = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        config = (repo / "branches" / "config.pbtxt").read_text()
+        looped = config.replace('step [ ', 'step [ ' + step("branches", {"X": "X"}, {"Y": "LOOP"}) + ", ", 1)
+        assert looped != config
+        (repo / "branches" / "config.pbtxt").write_text(looped)
+        with pytest.raises(InferenceServerException) as e:
+            c.load_model("branches")
+        assert "calls itself (branches -> branches)" in str(e.value), e.value
+        assert c.is_server_live() and c.is_model_ready("branches"), "the plan that was serving stays"
+        np.testing.assert_array_equal(
+            c.infer("branches", [tensor(httpclient, "X", np.array([1.0], np.float32), "FP32")]).as_numpy("Y"), [3.0])
+    finally:
+        c.close()

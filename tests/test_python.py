@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.server]
 
 PY_MODELS = Path(__file__).parent / "python_models"
 SERVING = ["add_sub_py", "bls_twice", "bls_async", "py_errors", "auto_cfg", "strings_py", "seal_loop",
-           "dlpack_py", "bls_outer", "bls_threads", "add_sub", "seal_encoder", "seal_decoder"]
+           "dlpack_py", "bls_outer", "bls_outer2", "bls_threads", "add_sub", "seal_encoder", "seal_decoder"]
 
 
 def seal_models(repo: Path):
@@ -117,6 +117,9 @@ def test_nested_bls_runs_python_models_inline_on_the_calling_thread(http):
         np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + 2 * b)
     after = int(http.get_inference_statistics("bls_twice")["model_stats"][0]["inference_count"])
     assert after - before == 3, "the inner model ran once per call and kept its own statistics"
+    for _ in range(3):  # three Python levels: a wait inside a wait inside a wait on one thread
+        r = http.infer("bls_outer2", [fp32("INPUT0", a), fp32("INPUT1", b)])
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + 2 * b)
 
 
 def test_blocking_bls_from_a_thread_pool(http):

@@ -169,7 +169,12 @@ class Host:
         with self.pending_lock:
             done = self.pending.pop(header["call_id"], None)
         if done is not None:
-            done(self.bls_result(header, blob))
+            try:
+                result = self.bls_result(header, blob)
+            except Exception as e:  # noqa: BLE001 - the caller gets the error; the reader lives on
+                import triton_python_backend_utils as pb_utils
+                result = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"cannot read the BLS answer: {e}"))
+            done(result)
 
     def on_readable(self):
         """asyncio reader callback while async BLS calls are pending: takes what arrived, without blocking."""

@@ -143,6 +143,12 @@ pub fn load_ensemble(
         })
     };
     let plan = Arc::new(Plan::build(&written, &lookup)?);
+    if let Some(path) = calls_itself(table, &written.name, &plan.models()) {
+        return Err(format!(
+            "the ensemble calls itself ({}); ensembles must form no cycle",
+            path.join(" -> ")
+        ));
+    }
     let config = Arc::new(written.clone());
     let versions = repository::select_versions(&written, &dir.versions)?
         .into_iter()
@@ -153,6 +159,27 @@ pub fn load_ensemble(
         written,
         config,
     })
+}
+
+/// The chain of serving ensembles through which `name`'s steps lead back to `name`, if any (a cycle
+/// would recurse without end on the first request).
+fn calls_itself(table: &ModelTable, name: &str, steps: &[String]) -> Option<Vec<String>> {
+    let mut stack: Vec<Vec<String>> = steps.iter().map(|s| vec![name.to_string(), s.clone()]).collect();
+    let mut seen = std::collections::HashSet::new();
+    while let Some(path) = stack.pop() {
+        let last = path.last()?.clone();
+        if last == name {
+            return Some(path);
+        }
+        if seen.insert(last.clone()) {
+            for next in table.ensemble_models(&last) {
+                let mut longer = path.clone();
+                longer.push(next);
+                stack.push(longer);
+            }
+        }
+    }
+    None
 }
 
 /// Reads the config a load uses: the override if given, else config.pbtxt. Returns it with

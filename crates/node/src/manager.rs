@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mesh::config::{config_from_json, validate_config, ModelConfig};
+use mesh::config::{config_from_json, config_to_json, validate_config, ModelConfig};
 use mesh::{Error, LoadOptions, Result};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
@@ -71,24 +71,41 @@ impl Manager {
     async fn replan_dependents(&self, me: &ActorCell, changed: &str) {
         let (dirs, _) = repository::scan(&self.repos.roots);
         for dir in dirs {
-            let planned = self.table.is_ready(&dir.name)
-                || matches!(
-                    self.table.read().get(&dir.name).map(|e| &e.state),
-                    Some(ModelState::Failed(_))
-                );
-            if dir.name == changed || !planned {
+            // A serving ensemble is planned again from the config it serves (an override stays).
+            let served = {
+                let models = self.table.read();
+                match models.get(&dir.name) {
+                    Some(ModelEntry {
+                        state: ModelState::Ready(_),
+                        source: Some(source),
+                        ..
+                    }) => Some(Some(source.written.clone())),
+                    Some(ModelEntry {
+                        state: ModelState::Failed(_),
+                        ..
+                    }) => Some(None),
+                    _ => None,
+                }
+            };
+            let Some(served) = served.filter(|_| dir.name != changed) else {
+                continue;
+            };
+            let written = match served {
+                Some(config) => config,
+                None => match loader::written_config(&dir, None) {
+                    Ok((config, _)) => config,
+                    Err(_) => continue,
+                },
+            };
+            if !loader::is_ensemble(&written) || !mesh::ensemble::step_models(&written).iter().any(|m| m == changed) {
                 continue;
             }
-            let uses = match loader::written_config(&dir, None) {
-                Ok((c, _)) => loader::is_ensemble(&c) && mesh::ensemble::step_models(&c).iter().any(|m| m == changed),
-                Err(_) => false,
+            tracing::info!(model = %dir.name, step = %changed, "a step model changed; planning the ensemble again");
+            let options = LoadOptions {
+                config: Some(config_to_json(&written).to_string()),
+                files: Vec::new(),
             };
-            if uses {
-                tracing::info!(model = %dir.name, step = %changed, "a step model changed; planning the ensemble again");
-                let _ = self
-                    .load_nested(me, &dir.name, LoadOptions::default(), Why::Replan)
-                    .await;
-            }
+            let _ = self.load_nested(me, &dir.name, options, Why::Replan).await;
         }
     }
 

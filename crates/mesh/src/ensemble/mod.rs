@@ -257,7 +257,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Starts with the tensors the request brought (an optional input may be absent).
+    /// Starts with the tensors that exist before any step runs (the ensemble's inputs).
     pub fn new<'a>(plan: &Plan, present: impl IntoIterator<Item = &'a str>) -> Self {
         let mut p = Progress {
             waiting: plan.steps.iter().map(|s| s.inputs.len()).collect(),

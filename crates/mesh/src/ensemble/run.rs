@@ -88,7 +88,8 @@ async fn run_steps<D: Dispatch + ?Sized>(plan: &Plan, dispatch: &D, request: Inf
         parameters,
     } = request;
     let mut tensors: HashMap<String, Tensor> = inputs.into_iter().map(|t| (t.name, t.tensor)).collect();
-    let mut progress = Progress::new(plan, tensors.keys().map(String::as_str));
+    // Every ensemble input counts as there: an absent optional one is left out of the steps it feeds.
+    let mut progress = Progress::new(plan, plan.inputs.iter().map(String::as_str));
     let mut running = FuturesUnordered::new();
     for n in progress.take_ready() {
         let req = step_request(&plan.steps[n], &tensors, &id, &parameters);

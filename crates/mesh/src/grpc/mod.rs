@@ -52,6 +52,22 @@ fn final_flag(last: bool) -> proto::InferParameter {
 
 type StreamTx = tokio::sync::mpsc::Sender<Result<proto::ModelStreamInferResponse, Status>>;
 
+/// One stream message; like Triton, every answer says in `triton_final_response` whether it is
+/// the request's last, errors included.
+fn stream_message(
+    error_message: String,
+    mut response: proto::ModelInferResponse,
+    last: bool,
+) -> proto::ModelStreamInferResponse {
+    response
+        .parameters
+        .insert("triton_final_response".into(), final_flag(last));
+    proto::ModelStreamInferResponse {
+        error_message,
+        infer_response: Some(response),
+    }
+}
+
 /// Runs one request of a stream and sends its answers (several for a decoupled model) or its error
 /// in `error_message`, each carrying the request's id.
 async fn stream_answers<D: Dispatch>(dispatch: &D, msg: proto::ModelInferRequest, tx: &StreamTx) {
@@ -62,14 +78,10 @@ async fn stream_answers<D: Dispatch>(dispatch: &D, msg: proto::ModelInferRequest
         id: msg.id.clone(),
         ..Default::default()
     };
-    let error = move |message: String| proto::ModelStreamInferResponse {
-        error_message: message,
-        infer_response: Some(echo.clone()),
-    };
     let request = match codec::decode_request(msg) {
         Ok(request) => request,
         Err(e) => {
-            let _ = tx.send(Ok(error(e.message))).await;
+            let _ = tx.send(Ok(stream_message(e.message, echo, true))).await;
             return;
         }
     };
@@ -78,29 +90,10 @@ async fn stream_answers<D: Dispatch>(dispatch: &D, msg: proto::ModelInferRequest
     let forward = async move {
         while let Some(item) = answers.recv().await {
             let message = match item.response {
-                Some(Ok(response)) => {
-                    let mut encoded = codec::encode_response(response);
-                    if flagged {
-                        encoded
-                            .parameters
-                            .insert("triton_final_response".into(), final_flag(item.last));
-                    }
-                    proto::ModelStreamInferResponse {
-                        error_message: String::new(),
-                        infer_response: Some(encoded),
-                    }
-                }
-                Some(Err(e)) => error(e.message),
-                None if item.last && flagged => {
-                    let mut empty = error(String::new()).infer_response.unwrap_or_default();
-                    empty
-                        .parameters
-                        .insert("triton_final_response".into(), final_flag(true));
-                    proto::ModelStreamInferResponse {
-                        error_message: String::new(),
-                        infer_response: Some(empty),
-                    }
-                }
+                Some(Ok(response)) => stream_message(String::new(), codec::encode_response(response), item.last),
+                Some(Err(e)) => stream_message(e.message, echo.clone(), item.last),
+                // A bare final flag becomes an empty answer only for clients that asked for one.
+                None if item.last && flagged => stream_message(String::new(), echo.clone(), true),
                 None => continue,
             };
             if tx.send(Ok(message)).await.is_err() {

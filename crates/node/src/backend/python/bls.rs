@@ -117,21 +117,64 @@ pub fn start(ctx: &Arc<PythonContext>, stub: &Stub, frame: Value, blob: &[u8]) {
         answer(&shm, &writer, call_id, result);
     };
     if frame["sync"].as_bool() == Some(true) {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            // Nested: this thread already waits in a blocking BLS call of another model, whose
-            // target runs inline here and calls BLS in turn; the runtime is entered, so poll here.
-            futures::executor::block_on(call);
-        } else {
-            ctx.runtime.block_on(call);
-        }
+        // This thread may already wait in a blocking BLS call whose target runs inline here and
+        // calls BLS in turn, so the wait must nest; unconstrained: no task budget runs out.
+        let _runtime = ctx.runtime.enter();
+        wait_here(tokio::task::unconstrained(call));
     } else {
         ctx.runtime.spawn(call);
+    }
+}
+
+/// Wakes the thread that waits in `wait_here`.
+struct Unpark(std::thread::Thread);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Runs `future` to completion on this (non-runtime) thread, parked between wake-ups. Unlike
+/// `Runtime::block_on` and `futures::executor::block_on`, one call may run inside another.
+fn wait_here<F: std::future::Future>(future: F) -> F::Output {
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park(); // a stray unpark only costs one more poll
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waits_nest_and_finish() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let _entered = rt.enter();
+        let out = wait_here(async {
+            let inner = wait_here(async {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                2
+            });
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || tx.send(inner * 10).unwrap());
+            rx.await.unwrap() + 1
+        });
+        assert_eq!(out, 21);
+    }
 
     #[test]
     fn a_bls_frame_becomes_a_request_with_its_parameters() {
