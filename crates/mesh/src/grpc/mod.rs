@@ -88,7 +88,15 @@ async fn stream_answers<D: Dispatch>(dispatch: &D, msg: proto::ModelInferRequest
     let (sink, mut answers) = tokio::sync::mpsc::unbounded_channel::<crate::request::StreamItem>();
     // Owns the receiver, so a client that went away reads as cancelled to the model.
     let forward = async move {
-        while let Some(item) = answers.recv().await {
+        loop {
+            // A client that went away (even after half-closing) ends the wait at once, not at the next send.
+            let item = tokio::select! {
+                item = answers.recv() => match item {
+                    Some(item) => item,
+                    None => return,
+                },
+                _ = tx.closed() => return,
+            };
             let message = match item.response {
                 Some(Ok(response)) => stream_message(String::new(), codec::encode_response(response), item.last),
                 Some(Err(e)) => stream_message(e.message, echo.clone(), item.last),
