@@ -188,3 +188,15 @@ def test_a_plain_model_on_the_stream_flags_its_one_answer_final(stream):
     response = result.get_response()
     assert response.id == "plain" and response.parameters["triton_final_response"].bool_param
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [2, 2, 2, 2])
+
+
+def test_only_requested_outputs_are_streamed(stream):
+    t = grpcclient.InferInput("IN", [2], "INT32")
+    t.set_data_from_numpy(np.array([4, 5], np.int32))
+    stream.client.async_stream_infer("repeat_py", [t], request_id="only-idx",
+                                     outputs=[grpcclient.InferRequestedOutput("IDX")])
+    for expected in (0, 1):
+        result, error = stream.next()
+        assert error is None, error
+        assert result.as_numpy("OUT") is None, "OUT was not asked for"
+        assert int(result.as_numpy("IDX")[0]) == expected

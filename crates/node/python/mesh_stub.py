@@ -363,22 +363,24 @@ class Host:
             requests.append(req)
         return requests
 
-    def response_desc(self, response, blobs, blob_len):
-        """One InferenceResponse as mesh-node reads it: its outputs, or its error."""
+    def response_desc(self, response, blobs, blob_len, wanted):
+        """One InferenceResponse as mesh-node reads it: its outputs (only those in `wanted`, the
+        request's requested outputs, when it names any, so the rest is never copied), or its error."""
         import triton_python_backend_utils as pb_utils
         if not isinstance(response, pb_utils.InferenceResponse):
             return {"error": f"the model returned {type(response).__name__}, not InferenceResponse"}
         if response.has_error():
             return {"error": response.error().message(), "code": response.error().code()}
         try:
-            return {"outputs": [self.encode(t, blobs, blob_len) for t in response.output_tensors()]}
+            tensors = [t for t in response.output_tensors() if not wanted or t.name() in wanted]
+            return {"outputs": [self.encode(t, blobs, blob_len) for t in tensors]}
         except Exception as e:  # noqa: BLE001
             return {"error": f"cannot send the outputs: {e}"}
 
-    def stream(self, seq, index, response, flags):
+    def stream(self, seq, index, wanted, response, flags):
         """One answer of a decoupled model's response sender, sent at once."""
         blobs, blob_len = [], [0]
-        desc = None if response is None else self.response_desc(response, blobs, blob_len)
+        desc = None if response is None else self.response_desc(response, blobs, blob_len, wanted)
         self.send({"op": "stream", "seq": seq, "index": index, "flags": flags, "response": desc}, blobs)
 
     def execute_decoupled(self, header, blob):
@@ -391,7 +393,8 @@ class Host:
         senders = []
         for i, req in enumerate(requests):
             cancelled = (lambda at=flags + i: self.shm[at] != 0) if flags is not None else (lambda: False)
-            sender = pb_utils.ResponseSender(lambda r, f, i=i: self.stream(seq, i, r, f), cancelled)
+            wanted = req.requested_output_names()
+            sender = pb_utils.ResponseSender(lambda r, f, i=i, w=wanted: self.stream(seq, i, w, r, f), cancelled)
             req._sender, req._cancelled = sender, cancelled
             senders.append(sender)
         try:
@@ -422,7 +425,8 @@ class Host:
             message = f"execute() must return a list of {len(requests)} InferenceResponse, got {got}"
             return {"op": "responses", "responses": [{"error": message}] * len(requests)}, []
         blobs, blob_len = [], [0]
-        responses = [self.response_desc(response, blobs, blob_len) for response in result]
+        responses = [self.response_desc(response, blobs, blob_len, request.requested_output_names())
+                     for request, response in zip(requests, result)]
         return {"op": "responses", "responses": responses}, blobs
 
     def serve(self):

@@ -189,8 +189,9 @@ impl NodeDispatch {
         }
     }
 
-    /// Runs one request; `stream` is where a decoupled model's answers go (None: it must answer once).
-    async fn run(&self, mut request: InferRequest, stream: Option<StreamSender>) -> Result<InferResponse> {
+    /// Runs one request; `stream` is where a decoupled model's answers go (None: it must answer
+    /// once). Ok(None): the answers went to `stream`.
+    async fn run(&self, mut request: InferRequest, stream: Option<StreamSender>) -> Result<Option<InferResponse>> {
         let start = Instant::now();
         let model = self.table.resolve(&request.model_name, &request.model_version)?;
         let decoupled = model
@@ -211,7 +212,7 @@ impl NodeDispatch {
             return Err(e);
         }
         if let Some(plan) = model.ensemble.clone() {
-            return self.run_ensemble(&model, &plan, request, start).await;
+            return self.run_ensemble(&model, &plan, request, start).await.map(Some);
         }
         let rows = request_rows(&model, &request);
         let (priority, timeout) = scheduling_params(&request)?;
@@ -238,16 +239,13 @@ impl NodeDispatch {
                     id: request.id.clone(),
                     ..Default::default()
                 };
-                Box::new(ResponseSink::new(
-                    tx,
-                    template,
-                    request.outputs.iter().map(|o| o.name.clone()).collect(),
-                ))
+                Box::new(ResponseSink::new(tx, template))
             }),
         };
         let instance = model
             .pick()
             .ok_or_else(|| Error::unavailable(format!("model '{}' has no instances", request.model_name)))?;
+        let streamed = submission.sink.is_some();
         InFlight::begin(&model);
         let mut guard = InFlight {
             model: &model,
@@ -263,13 +261,13 @@ impl NodeDispatch {
                 model
                     .stats
                     .success(rows as u64, start.elapsed(), done.queued, &done.timings, execution);
-                Ok(InferResponse {
+                Ok((!streamed).then(|| InferResponse {
                     model_name: request.model_name,
                     model_version: model.version_label.clone(),
                     id: request.id,
                     outputs: done.outputs,
                     parameters: Vec::new(),
-                })
+                }))
             }
             Err(e) => {
                 model.stats.failure(e.metric_reason(), start.elapsed());
@@ -282,28 +280,23 @@ impl NodeDispatch {
 #[async_trait]
 impl Dispatch for NodeDispatch {
     async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
-        self.run(request, None).await
+        // Without a stream a decoupled model is refused, so an answer always comes back here.
+        self.run(request, None)
+            .await?
+            .ok_or_else(|| Error::internal("a decoupled model answered a single-answer request"))
     }
 
     /// A decoupled model's answers stream from its instance into `sink`; any other model answers once.
     async fn infer_stream(&self, request: InferRequest, sink: StreamSender) {
-        let decoupled = self
-            .table
-            .resolve(&request.model_name, &request.model_version)
-            .is_ok_and(|m| m.config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled));
-        let result = self.run(request, Some(sink.clone())).await;
-        let item = match result {
-            Ok(_) if decoupled => return,
-            Ok(response) => StreamItem {
-                response: Some(Ok(response)),
-                last: true,
-            },
-            Err(e) => StreamItem {
-                response: Some(Err(e)),
-                last: true,
-            },
+        let response = match self.run(request, Some(sink.clone())).await {
+            Ok(None) => return, // streamed, final flags included
+            Ok(Some(response)) => Ok(response),
+            Err(e) => Err(e),
         };
-        let _ = sink.send(item);
+        let _ = sink.send(StreamItem {
+            response: Some(response),
+            last: true,
+        });
     }
 
     fn ready(&self) -> bool {

@@ -33,7 +33,7 @@ struct InstanceArgs {
     label: String,
     exec: Arc<Executor>,
     /// The executor thread's channel, made by the handle (which keeps a sender for the direct path).
-    channel: Mutex<Option<(mpsc::Sender<ExecMsg>, mpsc::Receiver<ExecMsg>)>>,
+    channel: (mpsc::Sender<ExecMsg>, mpsc::Receiver<ExecMsg>),
     config: BatchConfig,
     #[cfg(feature = "fault-injection")]
     panic_on_rows: Option<usize>,
@@ -115,12 +115,7 @@ impl Actor for InstanceActor {
         myself: ActorRef<InstanceMsg>,
         args: InstanceArgs,
     ) -> Result<InstanceState, ActorProcessingErr> {
-        let (tx, rx) = args
-            .channel
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .ok_or("instance started twice")?;
+        let (tx, rx) = args.channel;
         let label = args.label.clone();
         let exec = args.exec.clone();
         let me = myself.clone();
@@ -280,7 +275,7 @@ impl InstanceHandle {
         let args = InstanceArgs {
             label: label.clone(),
             exec: exec.clone(),
-            channel: Mutex::new(Some((tx, rx))),
+            channel: (tx, rx),
             config,
             #[cfg(feature = "fault-injection")]
             panic_on_rows: panic_actor_on_rows,
@@ -346,13 +341,11 @@ impl InstanceHandle {
             Inline::WhenAlone => alone,
             Inline::Never => false,
         };
-        // On an executor thread blocking is allowed, so the execution time does not matter.
+        // An executor thread may block, so there the execution time does not matter; on an async
+        // runtime worker only short executions of backends that may run there do.
         let may_inline = may_inline
-            && if self.inline_off_runtime_only {
-                crate::executor::thread_may_block()
-            } else {
-                crate::executor::thread_may_block() || self.exec.policy.allows_inline()
-            };
+            && (crate::executor::thread_may_block()
+                || (!self.inline_off_runtime_only && self.exec.policy.allows_inline()));
         if may_inline && self.exec.health.is_ready() {
             if let Ok(mut b) = self.exec.backend.try_lock() {
                 let result = self.exec.run_one(&self.label, &mut **b, &sub);

@@ -50,13 +50,34 @@ struct TensorSpec {
     shape: Vec<i64>,
 }
 
-fn full_shape(max_batch_size: i32, dims: &[i64]) -> Vec<i64> {
-    let mut shape = Vec::with_capacity(dims.len() + 1);
-    if max_batch_size > 0 {
-        shape.push(-1);
+impl TensorSpec {
+    /// A config tensor's spec; `max_batch_size` is that of the model (or ensemble) declaring it.
+    fn new(data_type: i32, max_batch_size: i32, dims: &[i64]) -> Self {
+        let mut shape = Vec::with_capacity(dims.len() + 1);
+        if max_batch_size > 0 {
+            shape.push(-1);
+        }
+        shape.extend_from_slice(dims);
+        TensorSpec {
+            dtype: DataType::from_config(data_type),
+            shape,
+        }
     }
-    shape.extend_from_slice(dims);
-    shape
+}
+
+/// Names sorted, each once.
+fn sorted_unique(names: impl Iterator<Item = String>) -> Vec<String> {
+    let mut names: Vec<String> = names.collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A step's map as (model tensor, ensemble tensor) pairs in a stable order.
+fn sorted_pairs(map: &std::collections::HashMap<String, String>) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    pairs.sort();
+    pairs
 }
 
 fn compatible(a: &[i64], b: &[i64]) -> bool {
@@ -104,10 +125,7 @@ impl Plan {
         // tensor -> (who produces it, what it is)
         let mut produced: HashMap<String, (String, TensorSpec)> = HashMap::new();
         for i in &config.input {
-            let spec = TensorSpec {
-                dtype: DataType::from_config(i.data_type),
-                shape: full_shape(mbs, &i.dims),
-            };
+            let spec = TensorSpec::new(i.data_type, mbs, &i.dims);
             produced.insert(i.name.clone(), ("the ensemble's input".into(), spec));
         }
         let mut steps = Vec::with_capacity(scheduling.step.len());
@@ -130,18 +148,13 @@ impl Plan {
                     m.max_batch_size
                 ));
             }
-            let mut inputs: Vec<(String, String)> = s.input_map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            inputs.sort();
-            let mut outputs: Vec<(String, String)> = s.output_map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            outputs.sort();
+            let inputs = sorted_pairs(&s.input_map);
+            let outputs = sorted_pairs(&s.output_map);
             for (model_input, tensor) in &inputs {
                 let i = m.input.iter().find(|i| &i.name == model_input).ok_or_else(|| {
                     format!("{who}: input_map names '{model_input}', which is not an input of the model")
                 })?;
-                let spec = TensorSpec {
-                    dtype: DataType::from_config(i.data_type),
-                    shape: full_shape(m.max_batch_size, &i.dims),
-                };
+                let spec = TensorSpec::new(i.data_type, m.max_batch_size, &i.dims);
                 consumed.push((tensor.clone(), (format!("{who} input '{model_input}'"), spec)));
             }
             if let Some(missing) = m
@@ -155,10 +168,7 @@ impl Plan {
                 let o = m.output.iter().find(|o| &o.name == model_output).ok_or_else(|| {
                     format!("{who}: output_map names '{model_output}', which is not an output of the model")
                 })?;
-                let spec = TensorSpec {
-                    dtype: DataType::from_config(o.data_type),
-                    shape: full_shape(m.max_batch_size, &o.dims),
-                };
+                let spec = TensorSpec::new(o.data_type, m.max_batch_size, &o.dims);
                 if let Some((first, _)) = produced.get(tensor) {
                     return Err(format!("tensor '{tensor}' is produced twice: by {first} and by {who}"));
                 }
@@ -181,10 +191,7 @@ impl Plan {
             let producer = produced
                 .get(&o.name)
                 .ok_or_else(|| format!("ensemble output '{}' is produced by no step", o.name))?;
-            let spec = TensorSpec {
-                dtype: DataType::from_config(o.data_type),
-                shape: full_shape(mbs, &o.dims),
-            };
+            let spec = TensorSpec::new(o.data_type, mbs, &o.dims);
             check_link(&o.name, producer, &("the ensemble's output".into(), spec))?;
         }
         let mut consumers: HashMap<String, Vec<usize>> = HashMap::new();
@@ -227,22 +234,14 @@ impl Plan {
 
     /// The models the ensemble calls, for loading them first and for `unload_dependents`.
     pub fn models(&self) -> Vec<String> {
-        let mut m: Vec<String> = self.steps.iter().map(|s| s.model.clone()).collect();
-        m.sort();
-        m.dedup();
-        m
+        sorted_unique(self.steps.iter().map(|s| s.model.clone()))
     }
 }
 
 /// The models an ensemble config names in its steps (before it can be planned).
 pub fn step_models(config: &ModelConfig) -> Vec<String> {
     match &config.scheduling_choice {
-        Some(SchedulingChoice::EnsembleScheduling(s)) => {
-            let mut m: Vec<String> = s.step.iter().map(|s| s.model_name.clone()).collect();
-            m.sort();
-            m.dedup();
-            m
-        }
+        Some(SchedulingChoice::EnsembleScheduling(s)) => sorted_unique(s.step.iter().map(|s| s.model_name.clone())),
         _ => Vec::new(),
     }
 }

@@ -31,29 +31,23 @@ pub struct ResponseSink {
     tx: StreamSender,
     /// Model name, version and request id every answer carries.
     template: InferResponse,
-    /// Requested outputs; empty means all.
-    wanted: Vec<String>,
 }
 
 impl ResponseSink {
-    pub fn new(tx: StreamSender, template: InferResponse, wanted: Vec<String>) -> Self {
-        ResponseSink { tx, template, wanted }
+    pub fn new(tx: StreamSender, template: InferResponse) -> Self {
+        ResponseSink { tx, template }
     }
 
-    /// Sends one answer (None: only the final flag); false once the client has gone away.
-    pub fn send(&self, outputs: Option<Result<Vec<NamedTensor>>>, last: bool) -> bool {
+    /// Sends one answer (None: only the final flag); a client that went away is not an error.
+    pub fn send(&self, outputs: Option<Result<Vec<NamedTensor>>>, last: bool) {
+        // The backend sends only the requested outputs (the stub leaves the rest out).
         let response = outputs.map(|r| {
-            r.map(|mut outputs| {
-                if !self.wanted.is_empty() {
-                    outputs.retain(|o| self.wanted.contains(&o.name));
-                }
-                InferResponse {
-                    outputs,
-                    ..self.template.clone()
-                }
+            r.map(|outputs| InferResponse {
+                outputs,
+                ..self.template.clone()
             })
         });
-        self.tx.send(StreamItem { response, last }).is_ok()
+        let _ = self.tx.send(StreamItem { response, last });
     }
 
     /// True once nobody reads the answers any more (the client cancelled or disconnected).

@@ -95,9 +95,9 @@ fn answer(shm: &Shm, writer: &Mutex<UnixStream>, call_id: Value, result: Result<
 }
 
 /// Runs one BLS call through the node's Dispatch. The inputs are copied out of shared memory now.
-/// A blocking `exec()` runs right here on the instance's thread, which waits for it anyway: the model
-/// it calls (ONNX, or Python when its instance is idle) then runs on this thread too, with no hand-off. `async_exec()` calls go to the
-/// runtime so they overlap.
+/// A blocking `exec()` runs right here on the instance's thread, which waits for it anyway: the
+/// model it calls (ONNX, or Python when its instance is idle) then runs on this thread too, with no
+/// hand-off. `async_exec()` calls go to the runtime so they overlap.
 pub fn start(ctx: &Arc<PythonContext>, stub: &Stub, frame: Value, blob: &[u8]) {
     let call_id = frame["call_id"].clone();
     let writer = stub.writer.clone();

@@ -57,15 +57,14 @@ impl PythonBackend {
             open: vec![true; requests.len()],
             executed: false,
         };
-        let mut raised = vec![false; requests.len()];
         let mut results: PerRequest = requests.iter().map(|_| Ok(Vec::new())).collect();
-        let mut deadline = Instant::now() + self.timeout;
+        let timeout = self.ctx.settings.execute_timeout;
+        let mut deadline = Instant::now() + timeout;
         while !progress.done() {
             if let Some(off) = flags {
                 for (i, r) in requests.iter().enumerate() {
-                    if progress.open[i] && !raised[i] && r.sink.is_some_and(|s| s.is_cancelled()) {
-                        self.stub.shm.raise_flag(off + i);
-                        raised[i] = true;
+                    if progress.open[i] && r.sink.is_some_and(|s| s.is_cancelled()) {
+                        self.stub.shm.raise_flag(off + i); // raising it again changes nothing
                     }
                 }
             }
@@ -81,7 +80,7 @@ impl PythonBackend {
                     break;
                 }
             };
-            deadline = Instant::now() + self.timeout; // the timeout is on silence, not on the stream
+            deadline = Instant::now() + timeout; // the timeout is on silence, not on the stream
             if frame["op"] == "error" {
                 progress.fail_open(&mut results, &stub_error(&frame));
                 break;
@@ -132,9 +131,7 @@ impl PythonBackend {
             response => Some(self.response_from(response, blob)),
         };
         match requests[i].sink {
-            Some(sink) => {
-                sink.send(answer, last);
-            }
+            Some(sink) => sink.send(answer, last),
             None => {
                 if let Some(answer) = answer {
                     results[i] = answer;

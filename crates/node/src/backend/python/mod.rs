@@ -104,7 +104,7 @@ pub fn auto_complete(
 ) -> std::result::Result<ModelConfig, String> {
     let python = interpreter(ctx, config, model_dir)?;
     let label = format!("{}_autocomplete", config.name);
-    let mut stub = Stub::start(&python, 1 << 16, Duration::ZERO, &label, &[])?;
+    let mut stub = Stub::start(&python, 1 << 16, Duration::ZERO, &label)?;
     let header = json!({"op": "auto_complete", "model_file": file, "config": config_to_json(config)});
     let reply = call(&mut stub, &header, Some(Instant::now() + Duration::from_secs(60)));
     stub.stop(true, Duration::from_secs(2));
@@ -158,7 +158,6 @@ fn log(label: &str, frame: &Value) {
 pub struct PythonBackend {
     stub: Stub,
     ctx: Arc<PythonContext>,
-    timeout: Duration,
     /// Why the stub can no longer serve (it died or hung); the instance is then rebuilt.
     dead: Option<String>,
     /// `model_transaction_policy { decoupled: true }`: answers stream back per request.
@@ -176,7 +175,7 @@ impl PythonBackend {
     ) -> std::result::Result<Self, String> {
         let python = interpreter(&ctx, config, info.model_dir)?;
         let settings = &ctx.settings;
-        let mut stub = Stub::start(&python, settings.shm_bytes, settings.spin, info.name, &[])?;
+        let mut stub = Stub::start(&python, settings.shm_bytes, settings.spin, info.name)?;
         let args = json!({
             "model_config": config_to_json(config).to_string(),
             "model_instance_kind": if info.gpu.is_some() { "GPU" } else { "CPU" },
@@ -190,11 +189,9 @@ impl PythonBackend {
         let header = json!({"op": "initialize", "model_file": info.file, "args": args, "decoupled": decoupled});
         call(&mut stub, &header, Some(Instant::now() + ctx.settings.execute_timeout))
             .map_err(|e| format!("initialize() failed: {e}"))?;
-        let timeout = ctx.settings.execute_timeout;
         Ok(PythonBackend {
             stub,
             ctx,
-            timeout,
             dead: None,
             decoupled,
             seq: 0,
@@ -226,7 +223,7 @@ impl PythonBackend {
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                     let why = format!(
                         "python stub {} did not answer within {:?} (execute-timeout-seconds); restarting it",
-                        self.stub.label, self.timeout
+                        self.stub.label, self.ctx.settings.execute_timeout
                     );
                     return Err(self.fail(why));
                 }
@@ -254,7 +251,7 @@ impl PythonBackend {
     /// Sends an execute and waits for its responses, serving BLS calls and logs meanwhile.
     fn exchange(&mut self, header: &Value, blob: &[u8]) -> Result<(Value, Vec<u8>)> {
         self.send(header, blob)?;
-        let (frame, blob) = self.next_reply(Instant::now() + self.timeout)?;
+        let (frame, blob) = self.next_reply(Instant::now() + self.ctx.settings.execute_timeout)?;
         if frame["op"] == "error" {
             return Err(stub_error(&frame));
         }

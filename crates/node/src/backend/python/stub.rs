@@ -20,11 +20,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Lines of the stub's stderr kept for error messages.
 const TAIL_LINES: usize = 30;
 
+/// Where this process keeps its stub sources and sockets.
+fn runtime_path() -> PathBuf {
+    std::env::temp_dir().join(format!("mesh-node-{}", std::process::id()))
+}
+
 /// The directory holding this process's stub sources and sockets (written once).
 fn runtime_dir() -> Result<&'static Path, String> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("mesh-node-{}", std::process::id()));
+        let dir = runtime_path();
         let write = || -> std::io::Result<()> {
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("mesh_stub.py"), STUB_PY)?;
@@ -42,7 +47,7 @@ fn runtime_dir() -> Result<&'static Path, String> {
 
 /// Removes the stub sources and sockets (at node shutdown).
 pub fn remove_runtime_dir() {
-    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("mesh-node-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(runtime_path());
 }
 
 pub struct Stub {
@@ -75,13 +80,7 @@ fn forward(stream: impl std::io::Read + Send + 'static, label: String, tail: Opt
 
 impl Stub {
     /// Starts `interpreter mesh_stub.py` and waits for it to connect.
-    pub fn start(
-        interpreter: &Path,
-        shm_bytes: usize,
-        spin: Duration,
-        label: &str,
-        env: &[(String, String)],
-    ) -> Result<Stub, String> {
+    pub fn start(interpreter: &Path, shm_bytes: usize, spin: Duration, label: &str) -> Result<Stub, String> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = runtime_dir()?;
@@ -99,7 +98,6 @@ impl Stub {
             .arg(&shm_path)
             .arg(shm_bytes.to_string())
             .arg(spin.as_micros().to_string())
-            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
