@@ -5,11 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use mesh::config::{parse_pbtxt_with_fields, validate_config, ModelConfig};
 use mesh::ensemble::{Plan, StepModel};
-use ort::session::Session;
 use ractor::ActorCell;
 
 use crate::backend::onnx::{self, Device, OnnxBackend};
 use crate::backend::python::{self, InstanceInfo, PythonBackend, PythonContext};
+use crate::backend::Backend;
 use crate::dispatch::Repositories;
 use crate::model::ModelHandle;
 use crate::placement;
@@ -22,6 +22,7 @@ use crate::table::ModelTable;
 pub enum BackendKind {
     Onnx,
     Python,
+    Torch,
 }
 
 /// What every instance of one model version is built from.
@@ -38,13 +39,13 @@ pub struct VersionSource {
 }
 
 impl VersionSource {
-    /// A factory for one instance; `first` is an ONNX session already opened, used by the first build.
+    /// A factory for one instance; `first` is a backend opened at load, used by the first build.
     pub fn factory(
         &self,
         config: &Arc<ModelConfig>,
         label: &str,
         device: Device,
-        first: Option<Session>,
+        first: Option<Box<dyn Backend>>,
     ) -> BackendFactory {
         if self.kind == BackendKind::Python {
             let (source, cfg, label) = (self.clone(), config.clone(), label.to_string());
@@ -60,17 +61,22 @@ impl VersionSource {
                     file: &source.file,
                 };
                 let backend = PythonBackend::start(source.python.clone(), &cfg, &info)?;
-                Ok(Box::new(backend) as Box<dyn crate::backend::Backend>)
+                Ok(Box::new(backend) as Box<dyn Backend>)
             });
         }
         let first = Mutex::new(first);
-        let (env, cfg, file) = (self.env.clone(), config.clone(), self.file.clone());
+        let (kind, env, cfg, file) = (self.kind, self.env.clone(), config.clone(), self.file.clone());
         Arc::new(move || {
-            let session = match first.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                Some(s) => s,
-                None => onnx::open_session(&env, &cfg, &file, device)?,
-            };
-            Ok(Box::new(OnnxBackend::new(session, &cfg)) as Box<dyn crate::backend::Backend>)
+            if let Some(backend) = first.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                return Ok(backend);
+            }
+            match kind {
+                BackendKind::Torch => open_torch(&cfg, &file, device),
+                _ => {
+                    let session = onnx::open_session(&env, &cfg, &file, device)?;
+                    Ok(Box::new(OnnxBackend::new(session, &cfg)) as Box<dyn Backend>)
+                }
+            }
         })
     }
 }
@@ -113,11 +119,10 @@ fn backend_kind(config: &ModelConfig) -> Result<BackendKind, String> {
         ("" | "onnxruntime_onnx", "" | "onnxruntime") => Ok(BackendKind::Onnx),
         ("", "python") => Ok(BackendKind::Python),
         ("ensemble", _) => Err("an ensemble is planned, not loaded on a backend".into()),
-        ("pytorch_libtorch", _) | (_, "pytorch") => {
-            Err("the pytorch backend is not supported by this build yet".into())
-        }
+        ("pytorch_libtorch", "" | "pytorch") | ("", "pytorch") => Ok(BackendKind::Torch),
         (p, b) => Err(format!(
-            "unsupported platform '{p}' / backend '{b}'; this node serves onnxruntime models"
+            "unsupported platform '{p}' / backend '{b}'; this node serves onnxruntime, pytorch (TorchScript), \
+             python and ensemble models"
         )),
     }
 }
@@ -215,16 +220,21 @@ pub async fn load_model(
         files.push((v, file));
     }
     let (config, prepared) = match kind {
-        BackendKind::Onnx => {
-            if written.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
-                return Err(
-                    "model_transaction_policy { decoupled: true } needs a backend that can send several \
-                            responses per request (python); onnxruntime answers each request once"
-                        .into(),
-                );
-            }
-            open_onnx(&repos.env, written.clone(), sets_mbs, &placements, files)?
+        BackendKind::Onnx | BackendKind::Torch
+            if written.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) =>
+        {
+            return Err(format!(
+                "model_transaction_policy {{ decoupled: true }} needs a backend that can send several \
+                 responses per request (python); {} answers each request once",
+                if written.backend.is_empty() {
+                    &written.platform
+                } else {
+                    &written.backend
+                }
+            ));
         }
+        BackendKind::Onnx => open_onnx(&repos.env, written.clone(), sets_mbs, &placements, files)?,
+        BackendKind::Torch => open_all_torch(written.clone(), &placements, files)?,
         BackendKind::Python => {
             let first = files.first().map(|(_, f)| f.clone()).unwrap_or_default();
             let config =
@@ -259,8 +269,47 @@ pub async fn load_model(
     })
 }
 
-/// Each version's files with the instances to start: placement and, for ONNX, the session already open.
-type Prepared = Vec<(i64, PathBuf, Vec<(placement::InstancePlacement, Option<Session>)>)>;
+/// Each version's files with the instances to start: placement and the backend already open.
+type Prepared = Vec<(
+    i64,
+    PathBuf,
+    Vec<(placement::InstancePlacement, Option<Box<dyn Backend>>)>,
+)>;
+
+/// Opens one TorchScript instance.
+#[cfg(feature = "torch")]
+fn open_torch(config: &ModelConfig, file: &std::path::Path, device: Device) -> Result<Box<dyn Backend>, String> {
+    Ok(Box::new(crate::backend::torch::TorchBackend::open(
+        config, file, device,
+    )?))
+}
+
+/// Without the `torch` feature a TorchScript model fails its load with how to enable it.
+#[cfg(not(feature = "torch"))]
+fn open_torch(_: &ModelConfig, _: &std::path::Path, _: Device) -> Result<Box<dyn Backend>, String> {
+    Err(crate::backend::torch::NOT_BUILT.into())
+}
+
+/// Opens every TorchScript instance now, so a bad file, binding or device fails the load with its
+/// reason (TorchScript configs are not auto-completed: the file names no outputs).
+fn open_all_torch(
+    config: ModelConfig,
+    placements: &[placement::InstancePlacement],
+    files: Vec<(i64, PathBuf)>,
+) -> Result<(ModelConfig, Prepared), String> {
+    validate_config(&config)?;
+    let mut prepared = Vec::with_capacity(files.len());
+    for (v, file) in files {
+        let mut per_instance = Vec::with_capacity(placements.len());
+        for p in placements {
+            let backend = tokio::task::block_in_place(|| open_torch(&config, &file, p.device))
+                .map_err(|e| format!("version {v}, instance {}: {e}", p.name))?;
+            per_instance.push((p.clone(), Some(backend)));
+        }
+        prepared.push((v, file, per_instance));
+    }
+    Ok((config, prepared))
+}
 
 /// Opens one ONNX session per instance, auto-completes the config from the first and checks it against all versions.
 fn open_onnx(
@@ -276,24 +325,30 @@ fn open_onnx(
         for p in placements {
             let session = tokio::task::block_in_place(|| onnx::open_session(env, &config, &file, p.device))
                 .map_err(|e| format!("version {v}, instance {}: {e}", p.name))?;
-            per_instance.push((p.clone(), Some(session)));
+            per_instance.push((p.clone(), session));
         }
         sessions.push((v, file, per_instance));
     }
-    if let Some(Some(first)) = sessions
-        .first()
-        .and_then(|(_, _, s)| s.first())
-        .map(|(_, s)| s.as_ref())
-    {
+    if let Some((_, first)) = sessions.first().and_then(|(_, _, s)| s.first()) {
         onnx::auto_complete(&mut config, first, sets_mbs)?;
     }
     validate_config(&config)?;
     for (v, _, per_instance) in &sessions {
-        if let Some((_, Some(s))) = per_instance.first() {
+        if let Some((_, s)) = per_instance.first() {
             onnx::check_against_model(&config, s).map_err(|e| format!("version {v}: {e}"))?;
         }
     }
-    Ok((config, sessions))
+    let prepared = sessions
+        .into_iter()
+        .map(|(v, file, per_instance)| {
+            let backends = per_instance
+                .into_iter()
+                .map(|(p, s)| (p, Some(Box::new(OnnxBackend::new(s, &config)) as Box<dyn Backend>)))
+                .collect();
+            (v, file, backends)
+        })
+        .collect();
+    Ok((config, prepared))
 }
 
 /// Whether `next` differs from `current` only in `instance_group`, so the instances can change in place.
@@ -320,6 +375,33 @@ mod tests {
             }],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn torchscript_configs_pick_the_torch_backend() {
+        let kind = |platform: &str, backend: &str| {
+            backend_kind(&ModelConfig {
+                platform: platform.into(),
+                backend: backend.into(),
+                ..Default::default()
+            })
+        };
+        assert_eq!(kind("pytorch_libtorch", ""), Ok(BackendKind::Torch));
+        assert_eq!(kind("", "pytorch"), Ok(BackendKind::Torch));
+        assert_eq!(kind("pytorch_libtorch", "pytorch"), Ok(BackendKind::Torch));
+        assert!(kind("pytorch_libtorch", "onnxruntime").is_err());
+    }
+
+    #[cfg(not(feature = "torch"))]
+    #[test]
+    fn without_the_feature_a_torchscript_model_says_how_to_get_it() {
+        let err = open_torch(&ModelConfig::default(), std::path::Path::new("model.pt"), Device::Cpu)
+            .err()
+            .expect("no torch in this build");
+        assert!(
+            err.contains("without TorchScript support") && err.contains("scripts/setup-torch.sh"),
+            "{err}"
+        );
     }
 
     #[test]

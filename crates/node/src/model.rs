@@ -123,11 +123,11 @@ pub enum ModelMsg {
     ),
 }
 
-/// What a ModelActor starts from: the first instances' sessions are already open.
+/// What a ModelActor starts from: the first instances' backends are already open.
 pub struct ModelArgs {
     pub source: VersionSource,
     pub config: Arc<ModelConfig>,
-    pub placements: Vec<(InstancePlacement, Option<ort::session::Session>)>,
+    pub placements: Vec<(InstancePlacement, Option<Box<dyn crate::backend::Backend>>)>,
     ready: oneshot::Sender<Arc<Slot>>,
 }
 
@@ -144,7 +144,7 @@ pub struct Supervised {
 pub async fn start(
     source: VersionSource,
     config: Arc<ModelConfig>,
-    placements: Vec<(InstancePlacement, Option<ort::session::Session>)>,
+    placements: Vec<(InstancePlacement, Option<Box<dyn crate::backend::Backend>>)>,
     supervisor: ActorCell,
 ) -> Result<Arc<ModelHandle>, String> {
     let (ready, slot) = oneshot::channel();
@@ -282,9 +282,9 @@ impl Actor for ModelActor {
         } = args;
         let mut instances = Vec::with_capacity(placements.len());
         let mut devices = HashMap::new();
-        for (p, session) in placements {
+        for (p, first) in placements {
             let label = label(&source, &p);
-            let factory = source.factory(&config, &label, p.device, session);
+            let factory = source.factory(&config, &label, p.device, first);
             instances.push(spawn_instance(&myself, &source, &config, label.clone(), factory).await?);
             devices.insert(label, p.device);
         }

@@ -2,6 +2,7 @@
 pub mod onnx;
 mod ort_values;
 pub mod python;
+pub mod torch;
 
 use std::time::Duration;
 
