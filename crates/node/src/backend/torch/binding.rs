@@ -63,10 +63,9 @@ pub fn bind_inputs(inputs: &[InputSpec], signature: Option<&[Arg]>, batched: boo
             .map(|a| slot(a, inputs.iter().position(|i| i.name == a.name)))
             .collect(),
         (sig, None, Some(indices)) => {
-            let count = match sig {
-                Some(args) => args.len(),
-                None => indices.iter().max().map_or(0, |m| m + 1),
-            };
+            // Without a signature the indices must number the inputs themselves (0..n), so nothing
+            // is sized by a number taken from a name.
+            let count = sig.map_or(inputs.len(), <[Arg]>::len);
             let mut slots: Vec<Slot> = match sig {
                 Some(args) => args.iter().map(|a| slot(a, None)).collect(),
                 None => (0..count)
@@ -111,6 +110,17 @@ pub fn bind_inputs(inputs: &[InputSpec], signature: Option<&[Arg]>, batched: boo
     // Arguments after the last given one fall back to their defaults, so the call stops there.
     while slots.last().is_some_and(|s| s.input.is_none() && s.has_default) {
         slots.pop();
+    }
+    // A positional call cannot skip one: a defaulted argument before a given one needs a value.
+    if let Some(skipped) = slots
+        .iter()
+        .find(|s| s.input.is_none() && s.ty != ArgType::OptionalTensor)
+    {
+        return Err(format!(
+            "forward() argument '{}' has a default, but a later argument is given, so the call must pass it; \
+             list it in config.pbtxt",
+            skipped.arg
+        ));
     }
     Ok(Binding::Positional(slots))
 }

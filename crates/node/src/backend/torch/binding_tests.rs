@@ -60,7 +60,10 @@ fn without_a_signature_the_convention_or_config_order_binds() {
         vec![("argument 0".into(), Some(1)), ("argument 1".into(), Some(0))]
     );
     let gap = [input("INPUT__1", DataType::Fp32, &[4])];
-    assert!(bind_inputs(&gap, None, true).unwrap_err().contains("argument 0"));
+    assert!(bind_inputs(&gap, None, true).unwrap_err().contains("argument 1"));
+    // A huge index is an error, not an allocation of that many slots.
+    let huge = [input("X__18446744073709551615", DataType::Fp32, &[4])];
+    assert!(bind_inputs(&huge, None, true).unwrap_err().contains("takes 1 argument"));
     let plain = [input("p", DataType::Fp32, &[4]), input("q", DataType::Fp32, &[4])];
     assert_eq!(
         filled(&bind_inputs(&plain, None, true).unwrap()),
@@ -87,12 +90,19 @@ fn trailing_defaults_are_left_out_of_the_call() {
     let b = bind_inputs(&[input("x", DataType::Fp32, &[4])], Some(&sig), false).unwrap();
     assert_eq!(filled(&b), vec![("x".into(), Some(0))]);
     let ins = [input("x", DataType::Fp32, &[4]), input("maybe", DataType::Fp32, &[4])];
-    let b = bind_inputs(&ins, Some(&sig), false).unwrap();
-    assert_eq!(
-        filled(&b).len(),
-        3,
-        "a defaulted argument before a given one stays, left to its default"
+    let err = bind_inputs(&ins, Some(&sig), false).unwrap_err();
+    assert!(
+        err.contains("'state' has a default, but a later argument is given"),
+        "{err}"
     );
+    let sig = [
+        arg("x", ArgType::Tensor, false),
+        arg("maybe", ArgType::OptionalTensor, false),
+        arg("y", ArgType::Tensor, false),
+    ];
+    let ins = [input("x", DataType::Fp32, &[4]), input("y", DataType::Fp32, &[4])];
+    let b = bind_inputs(&ins, Some(&sig), false).unwrap();
+    assert_eq!(filled(&b).len(), 3, "an unfilled Optional[Tensor] is passed as None");
 }
 
 #[test]

@@ -61,7 +61,10 @@ fn apply_threads(settings: &Settings) {
     }
     if let Some(n) = settings.inter_op_threads {
         let first = *INTER.get_or_init(|| {
-            tch::set_num_interop_threads(n);
+            // torch refuses once its inter-op pool has started, and tch turns that into a panic.
+            if std::panic::catch_unwind(|| tch::set_num_interop_threads(n)).is_err() {
+                tracing::warn!("INTER_OP_THREAD_COUNT {n} ignored: torch's inter-op pool has already started");
+            }
             n
         });
         if first != n {
@@ -113,6 +116,12 @@ impl TorchBackend {
                         (for a model returning a dict, list its keys)"
                     .into(),
             );
+        }
+        let reshaped = config.input.iter().find(|i| i.reshape.is_some()).map(|i| &i.name);
+        if let Some(name) = reshaped.or_else(|| config.output.iter().find(|o| o.reshape.is_some()).map(|o| &o.name)) {
+            return Err(format!(
+                "'{name}' has a reshape, which TorchScript models do not support; reshape inside forward()"
+            ));
         }
         let batched = config.max_batch_size > 0;
         let mut inputs = Vec::with_capacity(config.input.len());
@@ -214,8 +223,8 @@ impl Backend for TorchBackend {
         let result = {
             let _no_grad = tch::no_grad_guard();
             // Per call, as Triton does: the setting is torch's, not the module's.
-            tch::jit::set_graph_executor_optimize(!self.settings.disable_optimized_execution);
-            self.module.forward_is(&args)
+            tch::jit::f_set_graph_executor_optimize(!self.settings.disable_optimized_execution)
+                .and_then(|()| self.module.forward_is(&args))
         }
         .map_err(|e| Error::internal(format!("the TorchScript model failed: {}", torch_message(&e))))?;
         let t2 = Instant::now();

@@ -114,35 +114,11 @@ pub fn forward_args(code: &str, class: &str) -> Result<Vec<Arg>, String> {
     Ok(args)
 }
 
-/// The text between the first `(` of `s` and its matching `)`, skipping quoted strings.
+/// The text between the first `(` of `s` and its matching `)`.
 fn inside_parens(s: &str) -> Option<&str> {
     let open = s.find('(')?;
-    let mut depth = 0usize;
-    let mut quote: Option<char> = None;
-    let mut escaped = false;
-    for (i, c) in s[open..].char_indices() {
-        if let Some(q) = quote {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                _ if c == q => quote = None,
-                _ => {}
-            }
-            continue;
-        }
-        match c {
-            '\'' | '"' => quote = Some(c),
-            '(' | '[' | '{' => depth += 1,
-            ')' | ']' | '}' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(&s[open + 1..open + i]);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
+    let close = scan(&s[open..], |_, c, depth| matches!(c, ')' | ']' | '}') && depth == 1)?;
+    Some(&s[open + 1..open + close])
 }
 
 /// Splits at commas outside brackets and quotes.
@@ -159,6 +135,13 @@ fn split_top_level(s: &str) -> Vec<&str> {
 
 /// Splits at the first `sep` outside brackets and quotes.
 fn split_once_top_level(s: &str, sep: char) -> Option<(&str, &str)> {
+    let at = scan(s, |_, c, depth| c == sep && depth == 0)?;
+    Some((&s[..at], &s[at + sep.len_utf8()..]))
+}
+
+/// The index of the first character outside quoted strings for which `hit(index, char, depth)`
+/// holds, where depth counts the brackets open before the character.
+fn scan(s: &str, mut hit: impl FnMut(usize, char, i32) -> bool) -> Option<usize> {
     let mut depth = 0i32;
     let mut quote: Option<char> = None;
     let mut escaped = false;
@@ -172,11 +155,13 @@ fn split_once_top_level(s: &str, sep: char) -> Option<(&str, &str)> {
             }
             continue;
         }
+        if hit(i, c, depth) {
+            return Some(i);
+        }
         match c {
             '\'' | '"' => quote = Some(c),
             '(' | '[' | '{' => depth += 1,
             ')' | ']' | '}' => depth -= 1,
-            _ if c == sep && depth == 0 => return Some((&s[..i], &s[i + c.len_utf8()..])),
             _ => {}
         }
     }

@@ -48,6 +48,14 @@ pub fn to_torch(name: &str, t: &Tensor, device: tch::Device) -> Result<tch::Tens
             t.dtype
         ))
     })?;
+    // torch copies as many bytes as the shape says, so the length is checked here, not trusted.
+    if Some(t.data.len()) != t.element_count().checked_mul(kind.elt_size_in_bytes()) {
+        return Err(Error::internal(format!(
+            "input '{name}' has {} bytes, which does not match its shape {:?}",
+            t.data.len(),
+            t.shape
+        )));
+    }
     let cpu = tch::Tensor::f_from_data_size(&t.data, &t.shape, kind)
         .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
     if device == tch::Device::Cpu {
@@ -99,6 +107,10 @@ pub fn to_scalar(name: &str, t: &Tensor, ty: &ArgType) -> Result<IValue> {
 pub fn strings(name: &str, t: &Tensor) -> Result<Vec<String>> {
     t.bytes_elements()
         .map(|e| {
+            if e.contains(&0) {
+                // libtorch takes C strings, which end at the first NUL.
+                return Err(Error::invalid(format!("input '{name}' has an element with a NUL byte")));
+            }
             String::from_utf8(e.to_vec())
                 .map_err(|_| Error::invalid(format!("input '{name}' has an element that is not UTF-8")))
         })
@@ -120,7 +132,8 @@ pub fn walk(value: IValue, leaves: &mut Vec<Leaf>) -> Result<Produced> {
     Ok(match value {
         IValue::Tensor(t) => leaf(Leaf::Tensor(t)),
         IValue::StringList(s) => leaf(Leaf::Strings(s)),
-        IValue::GenericList(items) if !items.is_empty() && items.iter().all(|i| matches!(i, IValue::String(_))) => {
+        // An empty List[str] comes back as an empty generic list (an empty List[Tensor] is a TensorList).
+        IValue::GenericList(items) if items.iter().all(|i| matches!(i, IValue::String(_))) => {
             let s = items
                 .into_iter()
                 .filter_map(|i| match i {
@@ -219,20 +232,22 @@ pub fn from_strings(name: &str, s: &[String], want: DataType, batch: Option<i64>
     Ok(Tensor::from_bytes_elements(shape, s))
 }
 
-/// The shape of `n` strings under config dims with at most one -1, batch first when batching.
+/// The shape of `n` strings under config dims with at most one -1. When batching, the dims must be
+/// fixed: a flat list cannot say which strings belong to which request of the batch.
 fn strings_shape(batch: Option<i64>, dims: &[i64], n: i64) -> Option<Vec<i64>> {
     let mut shape: Vec<i64> = batch.into_iter().chain(dims.iter().copied()).collect();
     let known: i64 = shape.iter().filter(|&&d| d >= 0).product();
     let wild = shape.iter().filter(|&&d| d < 0).count();
     match wild {
         0 if known == n => Some(shape),
+        _ if batch.is_some() => None,
         1 if known > 0 && n % known == 0 => {
             if let Some(d) = shape.iter_mut().find(|d| **d < 0) {
                 *d = n / known;
             }
             Some(shape)
         }
-        _ if batch.is_none() && wild > 1 => Some(vec![n]),
+        _ if wild > 1 => Some(vec![n]),
         _ => None,
     }
 }
@@ -270,6 +285,15 @@ mod tests {
             ])
         );
         assert!(matches!(&leaves[1], Leaf::Strings(s) if s == &["a", "b"]));
+        let mut empty = Vec::new();
+        assert_eq!(
+            walk(IValue::GenericList(vec![]), &mut empty).unwrap(),
+            Produced::Leaf(0)
+        );
+        assert!(
+            matches!(&empty[0], Leaf::Strings(s) if s.is_empty()),
+            "an empty List[str]"
+        );
         let err = walk(IValue::Double(1.0), &mut Vec::new()).err().unwrap();
         assert!(err.message.contains("a float"), "{err:?}");
     }
@@ -310,12 +334,24 @@ mod tests {
         assert!(matches!(to_scalar("w", &word, &ArgType::Str).unwrap(), IValue::String(s) if s == "héllo"));
         let bad = Tensor::from_bytes_elements(vec![1], [[0xffu8, 0xfe]]);
         assert!(strings("w", &bad).unwrap_err().message.contains("not UTF-8"));
+        let nul = Tensor::from_bytes_elements(vec![1], [b"a\0b"]);
+        assert!(strings("w", &nul).unwrap_err().message.contains("NUL"));
+        let short = Tensor {
+            dtype: DataType::Fp32,
+            shape: vec![4],
+            data: Bytes::from_static(&[0; 8]),
+        };
+        assert!(to_torch("x", &short, tch::Device::Cpu)
+            .unwrap_err()
+            .message
+            .contains("8 bytes"));
     }
 
     #[test]
     fn string_lists_take_config_dims() {
         assert_eq!(strings_shape(None, &[-1], 3), Some(vec![3]));
-        assert_eq!(strings_shape(Some(2), &[-1], 6), Some(vec![2, 3]));
+        assert_eq!(strings_shape(None, &[-1], 0), Some(vec![0]));
+        assert_eq!(strings_shape(Some(2), &[-1], 6), None, "rows may hold different counts");
         assert_eq!(strings_shape(Some(2), &[1], 2), Some(vec![2, 1]));
         assert_eq!(strings_shape(Some(2), &[1], 3), None);
         assert_eq!(strings_shape(None, &[2], 3), None);
