@@ -4,7 +4,7 @@ mod ort_values;
 pub mod python;
 pub mod torch;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mesh::{Error, InferResponse, NamedTensor, Params, Result, StreamItem, StreamSender};
 
@@ -14,6 +14,17 @@ pub struct Timings {
     pub input: Duration,
     pub infer: Duration,
     pub output: Duration,
+}
+
+impl Timings {
+    /// The phases between four instants: start, inputs ready, inference done, outputs ready.
+    pub fn from_marks(start: Instant, inputs: Instant, inferred: Instant, outputs: Instant) -> Self {
+        Timings {
+            input: inputs - start,
+            infer: inferred - inputs,
+            output: outputs - inferred,
+        }
+    }
 }
 
 /// One request of a batch, for backends that take requests one by one (Python's `execute(requests)`).

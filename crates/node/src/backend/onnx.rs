@@ -319,15 +319,7 @@ impl Backend for OnnxBackend {
                 tensor,
             });
         }
-        let t3 = Instant::now();
-        Ok((
-            out,
-            Timings {
-                input: t1 - t0,
-                infer: t2 - t1,
-                output: t3 - t2,
-            },
-        ))
+        Ok((out, Timings::from_marks(t0, t1, t2, Instant::now())))
     }
 }
 

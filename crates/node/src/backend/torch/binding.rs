@@ -6,9 +6,9 @@ use mesh::DataType;
 
 use super::signature::{Arg, ArgType};
 
-/// A config input as binding sees it.
+/// A config input (or output) as the backend sees it.
 #[derive(Debug, Clone)]
-pub struct InputSpec {
+pub struct TensorSpec {
     pub name: String,
     pub dtype: DataType,
     pub dims: Vec<i64>,
@@ -43,7 +43,7 @@ pub fn convention_index(name: &str) -> Option<usize> {
 
 /// Binds config inputs to forward()'s arguments: by argument name, else by Triton's
 /// `<name>__<index>` convention, else (signature unknown) in config order.
-pub fn bind_inputs(inputs: &[InputSpec], signature: Option<&[Arg]>, batched: bool) -> Result<Binding, String> {
+pub fn bind_inputs(inputs: &[TensorSpec], signature: Option<&[Arg]>, batched: bool) -> Result<Binding, String> {
     if let Some([only]) = signature {
         if only.ty == ArgType::TensorDict {
             if let Some(bytes) = inputs.iter().find(|i| i.dtype == DataType::Bytes) {
@@ -144,7 +144,7 @@ fn unnamed_slot(arg: String, input: Option<usize>) -> Slot {
 }
 
 /// Checks that the input bound to `s` can become its argument's type.
-fn check_slot(s: &Slot, inputs: &[InputSpec], batched: bool) -> Result<(), String> {
+fn check_slot(s: &Slot, inputs: &[TensorSpec], batched: bool) -> Result<(), String> {
     let Some(i) = s.input else {
         if s.has_default || s.ty == ArgType::OptionalTensor {
             return Ok(());

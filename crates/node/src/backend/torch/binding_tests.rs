@@ -1,7 +1,7 @@
 use super::*;
 
-fn input(name: &str, dtype: DataType, dims: &[i64]) -> InputSpec {
-    InputSpec {
+fn input(name: &str, dtype: DataType, dims: &[i64]) -> TensorSpec {
+    TensorSpec {
         name: name.into(),
         dtype,
         dims: dims.to_vec(),

@@ -7,26 +7,20 @@ use mesh::config::ModelConfig;
 use mesh::{DataType, Error, NamedTensor, Result};
 use tch::{CModule, IValue};
 
-use super::binding::{self, Binding, InputSpec};
+use super::binding::{self, Binding, TensorSpec};
 use super::signature::ArgType;
 use super::values::{self, Leaf};
 use super::{archive, Settings};
 use crate::backend::onnx::Device;
 use crate::backend::{Backend, Timings};
 
-struct OutputSpec {
-    name: String,
-    dtype: DataType,
-    dims: Vec<i64>,
-}
-
 /// A loaded TorchScript module and how requests reach its forward().
 pub struct TorchBackend {
     module: CModule,
     device: tch::Device,
     binding: Binding,
-    inputs: Vec<InputSpec>,
-    outputs: Vec<OutputSpec>,
+    inputs: Vec<TensorSpec>,
+    outputs: Vec<TensorSpec>,
     batched: bool,
     settings: Settings,
 }
@@ -51,6 +45,21 @@ fn torch_device(device: Device) -> Result<tch::Device, String> {
             }
         }
     }
+}
+
+/// A config input or output as the backend keeps it: torch must have its dtype (BYTES: strings).
+fn spec(kind: &str, name: &str, data_type: i32, dims: &[i64]) -> Result<TensorSpec, String> {
+    let dtype = DataType::from_config(data_type).ok_or_else(|| format!("{kind} '{name}' has an invalid data_type"))?;
+    if dtype != DataType::Bytes && values::kind_of(dtype).is_none() {
+        return Err(format!(
+            "{kind} '{name}' is {dtype}, which torch has no tensor kind for"
+        ));
+    }
+    Ok(TensorSpec {
+        name: name.to_string(),
+        dtype,
+        dims: dims.to_vec(),
+    })
 }
 
 /// Applies the process-wide thread settings once each (torch has one pool per process).
@@ -124,39 +133,17 @@ impl TorchBackend {
             ));
         }
         let batched = config.max_batch_size > 0;
-        let mut inputs = Vec::with_capacity(config.input.len());
-        for i in &config.input {
-            let dtype = DataType::from_config(i.data_type)
-                .ok_or_else(|| format!("input '{}' has an invalid data_type", i.name))?;
-            if dtype != DataType::Bytes && values::kind_of(dtype).is_none() {
-                return Err(format!(
-                    "input '{}' is {dtype}, which torch has no tensor kind for",
-                    i.name
-                ));
-            }
-            inputs.push(InputSpec {
-                name: i.name.clone(),
-                dtype,
-                dims: i.dims.clone(),
-            });
-        }
+        let inputs = config
+            .input
+            .iter()
+            .map(|i| spec("input", &i.name, i.data_type, &i.dims))
+            .collect::<Result<Vec<_>, _>>()?;
         let binding = binding::bind_inputs(&inputs, info.signature.as_deref(), batched)?;
-        let mut outputs = Vec::with_capacity(config.output.len());
-        for o in &config.output {
-            let dtype = DataType::from_config(o.data_type)
-                .ok_or_else(|| format!("output '{}' has an invalid data_type", o.name))?;
-            if dtype != DataType::Bytes && values::kind_of(dtype).is_none() {
-                return Err(format!(
-                    "output '{}' is {dtype}, which torch has no tensor kind for",
-                    o.name
-                ));
-            }
-            outputs.push(OutputSpec {
-                name: o.name.clone(),
-                dtype,
-                dims: o.dims.clone(),
-            });
-        }
+        let outputs = config
+            .output
+            .iter()
+            .map(|o| spec("output", &o.name, o.data_type, &o.dims))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(TorchBackend {
             module,
             device,
@@ -258,14 +245,6 @@ impl Backend for TorchBackend {
                 tensor,
             });
         }
-        let t3 = Instant::now();
-        Ok((
-            out,
-            Timings {
-                input: t1 - t0,
-                infer: t2 - t1,
-                output: t3 - t2,
-            },
-        ))
+        Ok((out, Timings::from_marks(t0, t1, t2, Instant::now())))
     }
 }
