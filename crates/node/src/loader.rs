@@ -298,17 +298,33 @@ fn open_all_torch(
     files: Vec<(i64, PathBuf)>,
 ) -> Result<(ModelConfig, Prepared), String> {
     validate_config(&config)?;
-    let mut prepared = Vec::with_capacity(files.len());
+    let prepared = open_instances(placements, files, |file, device| open_torch(&config, file, device))?
+        .into_iter()
+        .map(|(v, file, opened)| (v, file, opened.into_iter().map(|(p, b)| (p, Some(b))).collect()))
+        .collect();
+    Ok((config, prepared))
+}
+
+/// Each version's files with what `open` made for each instance placement, opened off the async
+/// runtime (loads block); the first failure names its version and instance.
+type Opened<T> = Vec<(i64, PathBuf, Vec<(placement::InstancePlacement, T)>)>;
+
+fn open_instances<T>(
+    placements: &[placement::InstancePlacement],
+    files: Vec<(i64, PathBuf)>,
+    open: impl Fn(&std::path::Path, Device) -> Result<T, String>,
+) -> Result<Opened<T>, String> {
+    let mut opened = Vec::with_capacity(files.len());
     for (v, file) in files {
         let mut per_instance = Vec::with_capacity(placements.len());
         for p in placements {
-            let backend = tokio::task::block_in_place(|| open_torch(&config, &file, p.device))
+            let made = tokio::task::block_in_place(|| open(&file, p.device))
                 .map_err(|e| format!("version {v}, instance {}: {e}", p.name))?;
-            per_instance.push((p.clone(), Some(backend)));
+            per_instance.push((p.clone(), made));
         }
-        prepared.push((v, file, per_instance));
+        opened.push((v, file, per_instance));
     }
-    Ok((config, prepared))
+    Ok(opened)
 }
 
 /// Opens one ONNX session per instance, auto-completes the config from the first and checks it against all versions.
@@ -319,16 +335,9 @@ fn open_onnx(
     placements: &[placement::InstancePlacement],
     files: Vec<(i64, PathBuf)>,
 ) -> Result<(ModelConfig, Prepared), String> {
-    let mut sessions = Vec::with_capacity(files.len());
-    for (v, file) in files {
-        let mut per_instance = Vec::with_capacity(placements.len());
-        for p in placements {
-            let session = tokio::task::block_in_place(|| onnx::open_session(env, &config, &file, p.device))
-                .map_err(|e| format!("version {v}, instance {}: {e}", p.name))?;
-            per_instance.push((p.clone(), session));
-        }
-        sessions.push((v, file, per_instance));
-    }
+    let sessions = open_instances(placements, files, |file, device| {
+        onnx::open_session(env, &config, file, device)
+    })?;
     if let Some((_, first)) = sessions.first().and_then(|(_, _, s)| s.first()) {
         onnx::auto_complete(&mut config, first, sets_mbs)?;
     }

@@ -8,17 +8,16 @@ use super::signature::{self, Arg};
 /// Code files beyond this size are not read for the signature (real ones are kilobytes).
 const MAX_CODE_BYTES: u64 = 16 << 20;
 
-/// What the archive says about the model, short of loading it.
-pub struct ArchiveInfo {
-    /// The top class's forward() arguments; None when the archive does not say (then inputs bind by
-    /// the `<name>__<index>` convention or config order).
-    pub signature: Option<Vec<Arg>>,
-    /// Why the signature is unknown, for the log.
-    pub unknown_because: Option<String>,
+/// The top class's forward() arguments, as far as the archive tells them.
+pub enum Signature {
+    Known(Vec<Arg>),
+    /// The archive does not say (why, for the log); inputs then bind by the `<name>__<index>`
+    /// convention or config order.
+    Unknown(String),
 }
 
-/// Reads `file`; an error means it is missing or not a TorchScript archive at all.
-pub fn read(file: &Path) -> Result<ArchiveInfo, String> {
+/// Reads `file`'s signature; an error means it is missing or not a TorchScript archive at all.
+pub fn read(file: &Path) -> Result<Signature, String> {
     let f = std::fs::File::open(file).map_err(|e| format!("cannot open {}: {e}", file.display()))?;
     let mut zip = zip::ZipArchive::new(std::io::BufReader::new(f)).map_err(|e| {
         format!(
@@ -37,10 +36,7 @@ pub fn read(file: &Path) -> Result<ArchiveInfo, String> {
         ));
     };
     let prefix = pickle_name.strip_suffix("data.pkl").unwrap_or_default().to_string();
-    let unknown = |why: String| ArchiveInfo {
-        signature: None,
-        unknown_because: Some(why),
-    };
+    let unknown = Signature::Unknown;
     let mut head = Vec::new();
     if let Err(e) = zip
         .by_name(&pickle_name)
@@ -60,10 +56,7 @@ pub fn read(file: &Path) -> Result<ArchiveInfo, String> {
         return Ok(unknown(format!("{code_name} is unreadable: {e}")));
     }
     Ok(match signature::forward_args(&code, &class) {
-        Ok(args) => ArchiveInfo {
-            signature: Some(args),
-            unknown_because: None,
-        },
+        Ok(args) => Signature::Known(args),
         Err(e) => unknown(e),
     })
 }

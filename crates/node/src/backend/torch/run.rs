@@ -7,10 +7,11 @@ use mesh::config::ModelConfig;
 use mesh::{DataType, Error, NamedTensor, Result};
 use tch::{CModule, IValue};
 
+use super::archive::{self, Signature};
 use super::binding::{self, Binding, TensorSpec};
 use super::signature::ArgType;
 use super::values::{self, Leaf};
-use super::{archive, Settings};
+use super::Settings;
 use crate::backend::onnx::Device;
 use crate::backend::{Backend, Timings};
 
@@ -106,19 +107,10 @@ pub fn torch_message(e: &tch::TchError) -> String {
 impl TorchBackend {
     /// Loads `file` on `device` and binds it to `config`; every error says what to fix.
     pub fn open(config: &ModelConfig, file: &Path, device: Device) -> Result<Self, String> {
+        // Everything the config and the archive's code can tell is checked before torch loads the
+        // weights.
         let settings = Settings::from_config(config)?;
         let device = torch_device(device)?;
-        let info = archive::read(file)?;
-        if let Some(why) = &info.unknown_because {
-            tracing::warn!(
-                "{}: forward()'s signature is unknown ({why}); inputs bind by <name>__<index> or config order",
-                file.display()
-            );
-        }
-        let mut module = CModule::load_on_device(file, device)
-            .map_err(|e| format!("torch could not load {}: {}", file.display(), torch_message(&e)))?;
-        module.f_set_eval().map_err(|e| torch_message(&e))?;
-        apply_threads(&settings);
         if config.output.is_empty() {
             return Err(
                 "config.pbtxt must list the outputs: TorchScript does not declare its output names \
@@ -138,12 +130,26 @@ impl TorchBackend {
             .iter()
             .map(|i| spec("input", &i.name, i.data_type, &i.dims))
             .collect::<Result<Vec<_>, _>>()?;
-        let binding = binding::bind_inputs(&inputs, info.signature.as_deref(), batched)?;
         let outputs = config
             .output
             .iter()
             .map(|o| spec("output", &o.name, o.data_type, &o.dims))
             .collect::<Result<Vec<_>, _>>()?;
+        let signature = match archive::read(file)? {
+            Signature::Known(args) => Some(args),
+            Signature::Unknown(why) => {
+                tracing::warn!(
+                    "{}: forward()'s signature is unknown ({why}); inputs bind by <name>__<index> or config order",
+                    file.display()
+                );
+                None
+            }
+        };
+        let binding = binding::bind_inputs(&inputs, signature.as_deref(), batched)?;
+        let mut module = CModule::load_on_device(file, device)
+            .map_err(|e| format!("torch could not load {}: {}", file.display(), torch_message(&e)))?;
+        module.f_set_eval().map_err(|e| torch_message(&e))?;
+        apply_threads(&settings);
         Ok(TorchBackend {
             module,
             device,

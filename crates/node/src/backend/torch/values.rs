@@ -23,21 +23,9 @@ pub fn kind_of(d: DataType) -> Option<Kind> {
     })
 }
 
-/// The mesh dtype of a torch element kind.
+/// The mesh dtype of a torch element kind: `kind_of` read backwards, so the two cannot disagree.
 pub fn dtype_of(k: Kind) -> Option<DataType> {
-    Some(match k {
-        Kind::Bool => DataType::Bool,
-        Kind::Uint8 => DataType::Uint8,
-        Kind::Int8 => DataType::Int8,
-        Kind::Int16 => DataType::Int16,
-        Kind::Int => DataType::Int32,
-        Kind::Int64 => DataType::Int64,
-        Kind::Half => DataType::Fp16,
-        Kind::Float => DataType::Fp32,
-        Kind::Double => DataType::Fp64,
-        Kind::BFloat16 => DataType::Bf16,
-        _ => return None,
-    })
+    DataType::ALL.into_iter().find(|&d| kind_of(d) == Some(k))
 }
 
 /// Copies a request tensor into a torch tensor on `device`.
