@@ -1,0 +1,2 @@
+//! The cluster link shared by mesh-node and mesh-router: messages, framing, handshake, TLS.
+pub mod tls;

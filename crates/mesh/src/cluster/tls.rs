@@ -1,0 +1,1 @@
+//! Mutual TLS for the cluster link (filled in next).

@@ -1,0 +1,1 @@
+//! mesh-ops: the operator's tooling for a mesh cluster (status, certificates).

@@ -1,0 +1,2 @@
+//! mesh-ops binary.
+fn main() {}

@@ -1,0 +1,1 @@
+//! mesh-router: the cluster entrypoint that routes KServe v2 requests to mesh-nodes over QUIC.

@@ -1,0 +1,2 @@
+//! mesh-router binary.
+fn main() {}
