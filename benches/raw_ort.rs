@@ -40,7 +40,7 @@ fn main() {
     );
     let iters: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let batch: i64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
-    let env = mesh_node::ort_env::init(None).expect("ONNX Runtime library");
+    let env = mesh_node::backend::ort_env::init(None).expect("ONNX Runtime library");
     let text = std::fs::read_to_string(dir.join("config.pbtxt")).expect("config.pbtxt");
     let config = parse_pbtxt(&text).expect("valid config");
     let file = dir.join("1/model.onnx");

@@ -1,23 +1,9 @@
 //! mesh-node's library: repository loading, backends, instances and the node's Dispatch, shared by the binary, tests and benches.
+pub mod actors;
 pub mod backend;
-pub mod batch_io;
-pub mod batching;
-pub mod budget;
 pub mod cli;
-pub mod dispatch;
-pub mod executor;
-pub mod instance;
-pub mod loader;
-pub mod manager;
-pub mod metrics;
-pub mod model;
 pub mod node;
-pub mod ort_env;
-pub mod overrides;
 pub mod placement;
 pub mod repository;
-pub mod server;
-pub mod stats;
-pub mod supervision;
-pub mod table;
-pub mod warmup;
+pub mod serving;
+pub mod telemetry;

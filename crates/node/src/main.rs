@@ -8,11 +8,15 @@ use std::time::Duration;
 use clap::Parser;
 use tokio::sync::watch;
 
+use mesh_node::actors::manager::loader::Repositories;
+use mesh_node::backend::ort_env;
 use mesh_node::backend::python::{PythonContext, PythonSettings};
 use mesh_node::cli::Args;
-use mesh_node::dispatch::{NodeOptions, Repositories};
 use mesh_node::node::Node;
-use mesh_node::{metrics, ort_env, placement, repository, server};
+use mesh_node::serving::dispatch::NodeOptions;
+use mesh_node::serving::server;
+use mesh_node::telemetry::metrics;
+use mesh_node::{placement, repository};
 
 fn init_logging(args: &Args) {
     let level = match (args.log_verbose, args.log_info, args.log_warning) {

@@ -1,76 +1,21 @@
-//! NodeSupervisor: the root of the node's actor tree; it runs the RepositoryManager and restarts it if it dies.
+//! The running node: its Dispatch and the root of its actor tree, started and stopped together.
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{Actor, ActorRef};
 
+use crate::actors::manager::loader::Repositories;
+use crate::actors::manager::{ManagerLink, ManagerMsg};
+use crate::actors::node::{NodeSupervisor, SupervisorArgs};
+use crate::actors::table::ModelTable;
 use crate::cli::ControlMode;
-use crate::dispatch::{ManagerLink, NodeDispatch, NodeOptions, Repositories};
-use crate::manager::{ManagerArgs, ManagerMsg, RepositoryManager};
-use crate::table::ModelTable;
+use crate::serving::dispatch::{NodeDispatch, NodeOptions};
 
 /// The running node: its Dispatch and the root of its actor tree.
 pub struct Node {
     pub dispatch: Arc<NodeDispatch>,
     supervisor: ActorRef<()>,
     manager: Arc<ManagerLink>,
-}
-
-struct NodeSupervisor;
-
-struct SupervisorArgs {
-    repos: Arc<Repositories>,
-    table: Arc<ModelTable>,
-    manager: Arc<ManagerLink>,
-    poll_every: Option<Duration>,
-}
-
-impl SupervisorArgs {
-    /// Starts a RepositoryManager under `supervisor` and makes it the one Dispatch talks to.
-    async fn spawn_manager(&self, supervisor: &ActorRef<()>) -> Result<ActorRef<ManagerMsg>, ActorProcessingErr> {
-        let args = ManagerArgs {
-            repos: self.repos.clone(),
-            table: self.table.clone(),
-            poll_every: self.poll_every,
-        };
-        let (manager, _) = Actor::spawn_linked(None, RepositoryManager, args, supervisor.get_cell()).await?;
-        *self.manager.write().unwrap_or_else(|p| p.into_inner()) = Some(manager.clone());
-        Ok(manager)
-    }
-}
-
-impl Actor for NodeSupervisor {
-    type Msg = ();
-    type State = SupervisorArgs;
-    type Arguments = SupervisorArgs;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<()>,
-        args: SupervisorArgs,
-    ) -> Result<SupervisorArgs, ActorProcessingErr> {
-        args.spawn_manager(&myself).await?;
-        Ok(args)
-    }
-
-    async fn handle(&self, _: ActorRef<()>, _: (), _: &mut SupervisorArgs) -> Result<(), ActorProcessingErr> {
-        Ok(())
-    }
-
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<()>,
-        event: SupervisionEvent,
-        state: &mut SupervisorArgs,
-    ) -> Result<(), ActorProcessingErr> {
-        if let SupervisionEvent::ActorFailed(_, err) = event {
-            tracing::error!("repository manager failed: {err}; restarting it");
-            *state.manager.write().unwrap_or_else(|p| p.into_inner()) = None;
-            let manager = state.spawn_manager(&myself).await?;
-            let _ = manager.cast(ManagerMsg::Recover);
-        }
-        Ok(())
-    }
 }
 
 impl Node {
@@ -102,7 +47,7 @@ impl Node {
         let manager = self.manager.read().unwrap_or_else(|p| p.into_inner()).clone();
         let Some(manager) = manager else { return 0 };
         let explicit = explicit.to_vec();
-        crate::model::ask(&manager, "repository manager", |reply| {
+        crate::actors::ask(&manager, "repository manager", |reply| {
             ManagerMsg::LoadAtStart(explicit, reply)
         })
         .await

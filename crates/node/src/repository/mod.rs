@@ -1,4 +1,6 @@
 //! Model repository layout: which models exist, where, and which of their versions the policy serves.
+pub mod overrides;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

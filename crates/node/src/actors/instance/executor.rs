@@ -1,5 +1,6 @@
 //! What runs an instance's work: requests and their results, the guarded execution (a panic or a dead
-//! backend marks the instance failed), batches merged or per request, and the executor thread.
+//! backend marks the instance failed), batches merged or per request, the executor thread, and the
+//! instance actor's messages (the thread sends it some).
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -10,10 +11,19 @@ use metrics::Counter;
 use ractor::ActorRef;
 use tokio::sync::oneshot;
 
+use crate::actors::instance::batch_io;
+use crate::actors::instance::supervision::Health;
 use crate::backend::{Backend, PerRequest, RequestView, ResponseSink, Timings};
-use crate::batch_io;
-use crate::instance::InstanceMsg;
-use crate::supervision::Health;
+
+/// Messages of the instance actor.
+pub(crate) enum InstanceMsg {
+    /// A job with its id and shape key.
+    Submit(Box<(Job, u64, u64)>),
+    /// The caller went away: drop the job if it is still queued.
+    Cancel(u64),
+    Wake,
+    Done,
+}
 
 /// Tells the instance's supervisor that its backend failed (called once per failure).
 pub type FailureNotice = Arc<dyn Fn() + Send + Sync>;

@@ -7,7 +7,7 @@ use mesh::proto::model_warmup::input::InputDataType;
 use mesh::proto::ModelWarmup;
 use mesh::{DataType, NamedTensor, Tensor};
 
-use crate::instance::{InstanceHandle, Submission};
+use crate::actors::instance::{InstanceHandle, Submission};
 
 /// Warmup data larger than this is refused, so a config typo cannot allocate gigabytes.
 const MAX_WARMUP_BYTES: usize = 256 * 1024 * 1024;

@@ -1,84 +1,29 @@
 //! Loads one model directory: config (parsed or auto-completed), version policy, sessions, instances.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use mesh::config::{parse_pbtxt_with_fields, validate_config, ModelConfig};
 use mesh::ensemble::{Plan, StepModel};
 use ractor::ActorCell;
 
+use crate::actors::model::source::{open_torch, BackendKind, VersionSource};
+use crate::actors::model::ModelHandle;
+use crate::actors::table::ModelTable;
 use crate::backend::onnx::{self, Device, OnnxBackend};
-use crate::backend::python::{self, InstanceInfo, PythonBackend, PythonContext};
+use crate::backend::python::{self, PythonContext};
 use crate::backend::Backend;
-use crate::dispatch::Repositories;
-use crate::model::ModelHandle;
+use crate::cli::ControlMode;
 use crate::placement;
 use crate::repository::{self, ModelDir};
-use crate::supervision::BackendFactory;
-use crate::table::ModelTable;
 
-/// Which backend serves a model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    Onnx,
-    Python,
-    Torch,
-}
-
-/// What every instance of one model version is built from.
-#[derive(Clone)]
-pub struct VersionSource {
-    pub kind: BackendKind,
+/// What the node needs to (re)load models after start-up.
+pub struct Repositories {
     pub env: Arc<ort::environment::Environment>,
+    pub roots: Vec<PathBuf>,
+    pub gpus: Vec<i32>,
+    pub mode: ControlMode,
     pub python: Arc<PythonContext>,
-    pub model: String,
-    pub version: i64,
-    /// The model directory (warmup files live under it).
-    pub dir: PathBuf,
-    pub file: PathBuf,
-}
-
-impl VersionSource {
-    /// A factory for one instance; `first` is a backend opened at load, used by the first build.
-    pub fn factory(
-        &self,
-        config: &Arc<ModelConfig>,
-        label: &str,
-        device: Device,
-        first: Option<Box<dyn Backend>>,
-    ) -> BackendFactory {
-        if self.kind == BackendKind::Python {
-            let (source, cfg, label) = (self.clone(), config.clone(), label.to_string());
-            return Arc::new(move || {
-                let info = InstanceInfo {
-                    name: &label,
-                    gpu: match device {
-                        Device::Gpu(i) => Some(i),
-                        Device::Cpu => None,
-                    },
-                    version: source.version,
-                    model_dir: &source.dir,
-                    file: &source.file,
-                };
-                let backend = PythonBackend::start(source.python.clone(), &cfg, &info)?;
-                Ok(Box::new(backend) as Box<dyn Backend>)
-            });
-        }
-        let first = Mutex::new(first);
-        let (kind, env, cfg, file) = (self.kind, self.env.clone(), config.clone(), self.file.clone());
-        Arc::new(move || {
-            if let Some(backend) = first.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                return Ok(backend);
-            }
-            match kind {
-                BackendKind::Torch => open_torch(&cfg, &file, device),
-                _ => {
-                    let session = onnx::open_session(&env, &cfg, &file, device)?;
-                    Ok(Box::new(OnnxBackend::new(session, &cfg)) as Box<dyn Backend>)
-                }
-            }
-        })
-    }
 }
 
 /// A model loaded from its directory, with what decides whether a later change applies in place.
@@ -259,7 +204,7 @@ pub async fn load_model(
             dir: dir.path.clone(),
             file,
         };
-        let handle = crate::model::start(source, config.clone(), per_instance, supervisor.clone()).await?;
+        let handle = crate::actors::model::start(source, config.clone(), per_instance, supervisor.clone()).await?;
         loaded.insert(v, handle);
     }
     Ok(LoadedModel {
@@ -275,20 +220,6 @@ type Prepared = Vec<(
     PathBuf,
     Vec<(placement::InstancePlacement, Option<Box<dyn Backend>>)>,
 )>;
-
-/// Opens one TorchScript instance.
-#[cfg(feature = "torch")]
-fn open_torch(config: &ModelConfig, file: &std::path::Path, device: Device) -> Result<Box<dyn Backend>, String> {
-    Ok(Box::new(crate::backend::torch::TorchBackend::open(
-        config, file, device,
-    )?))
-}
-
-/// Without the `torch` feature a TorchScript model fails its load with how to enable it.
-#[cfg(not(feature = "torch"))]
-fn open_torch(_: &ModelConfig, _: &std::path::Path, _: Device) -> Result<Box<dyn Backend>, String> {
-    Err(crate::backend::torch::NOT_BUILT.into())
-}
 
 /// Opens every TorchScript instance now, so a bad file, binding or device fails the load with its
 /// reason (TorchScript configs are not auto-completed: the file names no outputs).

@@ -1,6 +1,11 @@
 //! One model instance: a ractor actor that owns the instance's batcher, and an executor thread that owns
 //! its backend session. Short executions of unbatched models run inline when the instance is idle.
 //! A failed backend is reported to the model's supervisor, which rebuilds it and `install`s it.
+pub mod batch_io;
+pub mod batching;
+pub mod executor;
+pub mod supervision;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -11,21 +16,10 @@ use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 
 use crate::backend::Backend;
-use crate::batch_io;
-use crate::batching::{BatchConfig, BatchRequest, Batcher, RejectReason, TIMED_OUT_MESSAGE};
-use crate::executor::{executor_loop, ExecMsg, Executor, Job, PRECISE_WAKE_BELOW};
-pub use crate::executor::{Executed, FailureNotice, InlinePolicy, Submission};
-use crate::supervision::{BackendFactory, Health};
-
-/// Messages of the instance actor.
-pub(crate) enum InstanceMsg {
-    /// A job with its id and shape key.
-    Submit(Box<(Job, u64, u64)>),
-    /// The caller went away: drop the job if it is still queued.
-    Cancel(u64),
-    Wake,
-    Done,
-}
+use batching::{BatchConfig, BatchRequest, Batcher, RejectReason, TIMED_OUT_MESSAGE};
+use executor::{executor_loop, ExecMsg, Executor, InstanceMsg, Job, PRECISE_WAKE_BELOW};
+pub use executor::{Executed, FailureNotice, InlinePolicy, Submission};
+use supervision::{BackendFactory, Health};
 
 struct InstanceActor;
 
@@ -256,7 +250,7 @@ impl InstanceHandle {
             ("version", version.to_string()),
             ("instance", label.clone()),
         ];
-        let backend = crate::supervision::build(&factory)?;
+        let backend = supervision::build(&factory)?;
         let exec = Arc::new(Executor {
             backend: Arc::new(Mutex::new(backend)),
             policy: Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT)),
@@ -344,8 +338,7 @@ impl InstanceHandle {
         // An executor thread may block, so there the execution time does not matter; on an async
         // runtime worker only short executions of backends that may run there do.
         let may_inline = may_inline
-            && (crate::executor::thread_may_block()
-                || (!self.inline_off_runtime_only && self.exec.policy.allows_inline()));
+            && (executor::thread_may_block() || (!self.inline_off_runtime_only && self.exec.policy.allows_inline()));
         if may_inline && self.exec.health.is_ready() {
             if let Ok(mut b) = self.exec.backend.try_lock() {
                 let result = self.exec.run_one(&self.label, &mut **b, &sub);

@@ -1,6 +1,6 @@
 //! The node's Dispatch: finds the model version, checks the request, runs it on the instance, records metrics.
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -10,15 +10,14 @@ use mesh::{
     Dispatch, Error, IndexEntry, InferRequest, InferResponse, LoadOptions, ModelView, Result, StreamItem, StreamSender,
 };
 
-use ractor::ActorRef;
-
+use crate::actors::instance::Submission;
+use crate::actors::manager::loader::Repositories;
+use crate::actors::manager::{ManagerLink, ManagerMsg};
+use crate::actors::model::LoadedVersion;
+use crate::actors::table::ModelTable;
 use crate::backend::{ResponseSink, Timings};
-use crate::budget::InflightBudget;
 use crate::cli::ControlMode;
-use crate::instance::Submission;
-use crate::manager::ManagerMsg;
-use crate::model::LoadedVersion;
-use crate::table::ModelTable;
+use crate::serving::budget::InflightBudget;
 
 /// Counts a request as pending while it runs; if its future is dropped first (the client went
 /// away), records it as a CANCELED failure so the gauge and statistics stay true.
@@ -85,18 +84,6 @@ fn request_rows(model: &LoadedVersion, request: &InferRequest) -> usize {
     }
 }
 
-/// What the node needs to (re)load models after start-up.
-pub struct Repositories {
-    pub env: Arc<ort::environment::Environment>,
-    pub roots: Vec<PathBuf>,
-    pub gpus: Vec<i32>,
-    pub mode: ControlMode,
-    pub python: Arc<crate::backend::python::PythonContext>,
-}
-
-/// The current RepositoryManager, replaced when the NodeSupervisor restarts it.
-pub type ManagerLink = RwLock<Option<ActorRef<ManagerMsg>>>;
-
 /// Serves the models loaded on this node: reads the model table on each request and hands
 /// repository changes to the RepositoryManager actor.
 pub struct NodeDispatch {
@@ -145,7 +132,7 @@ impl NodeDispatch {
     ) -> Result<T> {
         let manager = self.manager.read().unwrap_or_else(|p| p.into_inner()).clone();
         let manager = manager.ok_or_else(|| Error::unavailable("the repository manager is restarting; try again"))?;
-        crate::model::ask(&manager, "repository manager", msg)
+        crate::actors::ask(&manager, "repository manager", msg)
             .await
             .map_err(Error::unavailable)?
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use mesh::proto::{InferBatchStatistics, InferStatistics, ModelStatistics, StatisticDuration};
 
 use crate::backend::Timings;
-use crate::metrics::ModelMetrics;
+use crate::telemetry::metrics::ModelMetrics;
 
 #[derive(Default)]
 struct Duration64 {

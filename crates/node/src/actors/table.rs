@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use mesh::config::ModelConfig;
 use mesh::{Error, IndexEntry, Result};
 
-use crate::model::{LoadedVersion, ModelHandle};
+use crate::actors::model::{LoadedVersion, ModelHandle};
 
 /// A model as the repository manager knows it.
 pub enum ModelState {

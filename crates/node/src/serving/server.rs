@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::dispatch::NodeDispatch;
+use crate::serving::dispatch::NodeDispatch;
 
 /// Resolves when shutdown has been requested.
 pub fn shutdown_signal(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {

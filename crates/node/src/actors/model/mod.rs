@@ -1,5 +1,8 @@
 //! ModelActor: supervises one loaded model version's instances (restarts with backoff, respawns,
 //! in-place instance changes) and publishes the routing snapshot that requests read without a hop.
+pub mod source;
+pub mod warmup;
+
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock};
@@ -9,14 +12,15 @@ use mesh::config::ModelConfig;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::oneshot;
 
+use crate::actors::ask;
+use crate::actors::instance::batching::BatchConfig;
+use crate::actors::instance::supervision::{self, BackendFactory, RestartPolicy};
+use crate::actors::instance::{self, FailureNotice, InstanceHandle, InstanceSpec};
 use crate::backend::onnx::Device;
 use crate::backend::Backend;
-use crate::batching::BatchConfig;
-use crate::instance::{self, FailureNotice, InstanceHandle, InstanceSpec};
-use crate::loader::VersionSource;
 use crate::placement::InstancePlacement;
-use crate::stats::ModelStats;
-use crate::supervision::{self, BackendFactory, RestartPolicy};
+use crate::telemetry::stats::ModelStats;
+use source::VersionSource;
 
 /// A servable model version as requests see it: replaced whole when its instances change.
 pub struct LoadedVersion {
@@ -91,16 +95,6 @@ impl ModelHandle {
             actor: None,
         })
     }
-}
-
-/// Sends `actor` a request and waits for the answer, without a timeout (loads can take long).
-pub async fn ask<M: ractor::Message, T: Send + 'static>(
-    actor: &ActorRef<M>,
-    who: &str,
-    msg: impl FnOnce(RpcReplyPort<T>) -> M,
-) -> Result<T, String> {
-    let gone = || format!("the {who} stopped before answering");
-    actor.call(msg, None).await.map_err(|_| gone())?.success_or_else(gone)
 }
 
 impl Drop for ModelHandle {
@@ -255,7 +249,7 @@ impl Supervised {
             devices.insert(label, p.device);
             instances.push(inst);
         }
-        crate::warmup::run(&config, &self.source.dir, &fresh).await?;
+        warmup::run(&config, &self.source.dir, &fresh).await?;
         let (added, removed) = (fresh.len(), current.instances.len() + fresh.len() - instances.len());
         tracing::info!(
             model = %self.source.model, version = self.source.version, instances = instances.len(), added, removed,
@@ -289,7 +283,7 @@ impl Actor for ModelActor {
             devices.insert(label, p.device);
         }
         let v = source.version;
-        crate::warmup::run(&config, &source.dir, &instances)
+        warmup::run(&config, &source.dir, &instances)
             .await
             .map_err(|e| format!("version {v}: {e}"))?;
         let slot = Arc::new(RwLock::new(Arc::new(LoadedVersion {

@@ -1,20 +1,21 @@
 //! RepositoryManager: the actor that loads, reloads (in place when only the instances change) and
 //! unloads models, one change at a time, and polls the repositories in poll mode.
-use std::sync::Arc;
+pub mod loader;
+
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use mesh::config::{config_from_json, config_to_json, validate_config, ModelConfig};
 use mesh::{Error, LoadOptions, Result};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
+use crate::actors::model::ModelHandle;
+use crate::actors::table::{ModelEntry, ModelState, ModelTable, Source};
 use crate::cli::ControlMode;
-use crate::dispatch::Repositories;
-use crate::loader;
-use crate::model::ModelHandle;
-use crate::overrides::write_override_dir;
 use crate::placement;
 use crate::repository;
-use crate::table::{ModelEntry, ModelState, ModelTable, Source};
+use crate::repository::overrides::write_override_dir;
+use loader::Repositories;
 
 pub enum ManagerMsg {
     Load(String, LoadOptions, RpcReplyPort<Result<()>>),
@@ -27,6 +28,9 @@ pub enum ManagerMsg {
     /// The manager was restarted (its ModelActors died with it): reload what was serving.
     Recover,
 }
+
+/// The current RepositoryManager, replaced when the NodeSupervisor restarts it.
+pub type ManagerLink = RwLock<Option<ActorRef<ManagerMsg>>>;
 
 pub struct ManagerArgs {
     pub repos: Arc<Repositories>,

@@ -1,0 +1,3 @@
+//! Telemetry: Prometheus metrics and Triton's per-version statistics, recorded by the actors and serving.
+pub mod metrics;
+pub mod stats;
