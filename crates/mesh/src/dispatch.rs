@@ -27,6 +27,8 @@ pub struct IndexEntry {
     /// READY, UNAVAILABLE, LOADING or UNLOADING, as Triton reports them.
     pub state: String,
     pub reason: String,
+    /// The cluster nodes serving this version (a router fills it; empty on a node).
+    pub nodes: Vec<String>,
 }
 
 /// What a repository `load` request may carry besides the model name.
@@ -80,7 +82,7 @@ pub trait Dispatch: Send + Sync + 'static {
     }
 
     /// Statistics of a model version, every version of a model (`version` empty), or every model (`name` empty).
-    fn model_statistics(&self, name: &str, version: &str) -> Result<ModelStatisticsResponse> {
+    async fn model_statistics(&self, name: &str, version: &str) -> Result<ModelStatisticsResponse> {
         let _ = version;
         Err(Error::unsupported(format!(
             "statistics for '{name}' are not available on this server"

@@ -11,6 +11,10 @@ pub enum Code {
     AlreadyExists,
     Cancelled,
     PayloadTooLarge,
+    /// Refused at admission because the server is busy (in-flight budget, full queue): 503 /
+    /// UNAVAILABLE to clients like `Unavailable`, and, across the cluster link, safe to retry on
+    /// another node because the request never ran.
+    Overloaded,
 }
 
 /// An error with a message that names the problem.
@@ -43,13 +47,16 @@ impl Error {
     pub fn internal(message: impl Into<String>) -> Self {
         Error::new(Code::Internal, message)
     }
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Error::new(Code::Overloaded, message)
+    }
 
     /// Triton's HTTP mapping: NOT_FOUND→404, UNAVAILABLE→503, UNSUPPORTED→501, INTERNAL→500, else 400.
     pub fn http_status(&self) -> http::StatusCode {
         use http::StatusCode as S;
         match self.code {
             Code::NotFound => S::NOT_FOUND,
-            Code::Unavailable => S::SERVICE_UNAVAILABLE,
+            Code::Unavailable | Code::Overloaded => S::SERVICE_UNAVAILABLE,
             Code::Unsupported => S::NOT_IMPLEMENTED,
             Code::Internal => S::INTERNAL_SERVER_ERROR,
             Code::PayloadTooLarge => S::PAYLOAD_TOO_LARGE,
@@ -62,7 +69,7 @@ impl Error {
         match self.code {
             Code::InvalidArgument | Code::PayloadTooLarge => tonic::Code::InvalidArgument,
             Code::NotFound => tonic::Code::NotFound,
-            Code::Unavailable => tonic::Code::Unavailable,
+            Code::Unavailable | Code::Overloaded => tonic::Code::Unavailable,
             Code::Unsupported => tonic::Code::Unimplemented,
             Code::Internal => tonic::Code::Internal,
             Code::AlreadyExists => tonic::Code::AlreadyExists,
@@ -75,7 +82,7 @@ impl Error {
         match self.code {
             Code::Cancelled => "CANCELED",
             Code::Internal | Code::Unsupported => "BACKEND",
-            Code::Unavailable => "REJECTED",
+            Code::Unavailable | Code::Overloaded => "REJECTED",
             _ => "OTHER",
         }
     }
@@ -97,6 +104,11 @@ mod tests {
     fn status_mapping_follows_triton() {
         assert_eq!(Error::not_found("x").http_status(), 404);
         assert_eq!(Error::unavailable("x").http_status(), 503);
+        assert_eq!(Error::overloaded("x").http_status(), 503);
+        assert_eq!(
+            tonic::Status::from(Error::overloaded("busy")).code(),
+            tonic::Code::Unavailable
+        );
         assert_eq!(Error::unsupported("x").http_status(), 501);
         assert_eq!(Error::internal("x").http_status(), 500);
         assert_eq!(Error::invalid("x").http_status(), 400);

@@ -10,6 +10,7 @@ pub mod grpc;
 pub mod http;
 pub mod metadata;
 pub mod request;
+pub mod serve;
 pub mod tensor;
 pub mod validate;
 

@@ -14,7 +14,6 @@ use mesh_node::backend::python::{PythonContext, PythonSettings};
 use mesh_node::cli::Args;
 use mesh_node::node::Node;
 use mesh_node::serving::dispatch::NodeOptions;
-use mesh_node::serving::server;
 use mesh_node::telemetry::metrics;
 use mesh_node::{placement, repository};
 
@@ -94,15 +93,16 @@ async fn run(args: Args) -> Result<(), String> {
         let options = mesh::http::HttpOptions {
             max_input_size: args.http_max_input_size,
         };
-        servers.push(server::http(addr, dispatch.clone(), options, &stop_rx).await?);
+        servers.push(mesh::serve::http(addr, dispatch.clone(), options, None, &stop_rx).await?);
     }
     if args.allow_grpc {
         let addr = SocketAddr::new(args.grpc_address, args.grpc_port);
-        servers.push(server::grpc(addr, dispatch.clone(), args.http_max_input_size, &stop_rx).await?);
+        servers.push(mesh::serve::grpc(addr, dispatch.clone(), args.http_max_input_size, &stop_rx).await?);
     }
     if args.allow_metrics {
         let addr = SocketAddr::new(args.metrics_address.unwrap_or(args.http_address), args.metrics_port);
-        servers.push(server::metrics(addr, prometheus, &stop_rx).await?);
+        let render: mesh::serve::RenderMetrics = Arc::new(move || prometheus.render());
+        servers.push(mesh::serve::metrics(addr, render, &stop_rx).await?);
         metrics::spawn_cpu_sampler();
     }
 

@@ -1,2 +1,16 @@
-//! The cluster link shared by mesh-node and mesh-router: messages, framing, handshake, TLS.
+//! The cluster link shared by mesh-node and mesh-router: messages, framing, handshake, transport, TLS.
+//!
+//! One QUIC connection per node–router pair, opened by the node. Its first bidirectional stream is
+//! the control stream (hello and welcome, model events, load reports, drain, goodbye); every other
+//! stream carries one request (or statistics query) and its answers, opened by the side that sends
+//! the request. Frames are `frame`'s prelude, an rkyv header (`msg`) and tensor bytes.
+pub mod answer;
+pub mod call;
+pub mod convert;
+pub mod frame;
+pub mod io;
+pub mod msg;
 pub mod tls;
+pub mod transport;
+
+pub use frame::{Frame, FrameError, Limits, PROTOCOL_VERSION};

@@ -139,20 +139,20 @@ async fn model_config_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String
     config(&s, &m, &v)
 }
 
-fn stats<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> Response {
-    match s.dispatch.model_statistics(model, version) {
+async fn stats<D: Dispatch>(s: &AppState<D>, model: &str, version: &str) -> Response {
+    match s.dispatch.model_statistics(model, version).await {
         Ok(r) => Json(message_to_json(&r, "inference.ModelStatisticsResponse")).into_response(),
         Err(e) => error_response(&e),
     }
 }
 async fn all_stats<D: Dispatch>(State(s): St<D>) -> Response {
-    stats(&s, "", "")
+    stats(&s, "", "").await
 }
 async fn model_stats<D: Dispatch>(State(s): St<D>, Path(m): Path<String>) -> Response {
-    stats(&s, &m, "")
+    stats(&s, &m, "").await
 }
 async fn model_stats_v<D: Dispatch>(State(s): St<D>, Path((m, v)): Path<(String, String)>) -> Response {
-    stats(&s, &m, &v)
+    stats(&s, &m, &v).await
 }
 
 async fn repository_index<D: Dispatch>(State(s): St<D>, body: Bytes) -> Response {
@@ -172,6 +172,9 @@ async fn repository_index<D: Dispatch>(State(s): St<D>, body: Bytes) -> Response
             }
             if !e.reason.is_empty() {
                 row["reason"] = e.reason.into();
+            }
+            if !e.nodes.is_empty() {
+                row["nodes"] = e.nodes.into();
             }
             row
         })

@@ -172,6 +172,7 @@ impl ModelTable {
             version,
             state: state.into(),
             reason: reason.into(),
+            nodes: Vec::new(),
         };
         let mut out: Vec<IndexEntry> = dirs
             .iter()

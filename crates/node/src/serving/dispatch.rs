@@ -303,7 +303,7 @@ impl Dispatch for NodeDispatch {
         })
     }
 
-    fn model_statistics(&self, name: &str, version: &str) -> Result<ModelStatisticsResponse> {
+    async fn model_statistics(&self, name: &str, version: &str) -> Result<ModelStatisticsResponse> {
         let chosen: Vec<Arc<LoadedVersion>> = if name.is_empty() || version.is_empty() {
             self.table.ready_snapshots(name)?
         } else {

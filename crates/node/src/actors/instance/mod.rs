@@ -156,7 +156,7 @@ impl Actor for InstanceActor {
                     Err(rejected) => {
                         let e = match rejected.reason {
                             RejectReason::QueueFull { .. } => {
-                                Error::unavailable(format!("request rejected: {}", rejected.reason))
+                                Error::overloaded(format!("request rejected: {}", rejected.reason))
                             }
                             other => Error::invalid(format!("request rejected: {other}")),
                         };

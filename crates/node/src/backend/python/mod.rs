@@ -303,7 +303,7 @@ pub(super) fn triton_code(code: Code) -> u32 {
         Code::Internal => 1,
         Code::NotFound => 2,
         Code::InvalidArgument | Code::PayloadTooLarge => 3,
-        Code::Unavailable => 4,
+        Code::Unavailable | Code::Overloaded => 4,
         Code::Unsupported => 5,
         Code::AlreadyExists => 6,
         Code::Cancelled => 7,

@@ -1,17 +1,17 @@
-//! Binds the HTTP, gRPC and metrics endpoints and drains them gracefully on shutdown.
+//! Binds the KServe v2 HTTP, gRPC and metrics endpoints over any `Dispatch` (node and router alike)
+//! and drains them gracefully on shutdown.
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::serve::ListenerExt;
-use mesh::grpc::GrpcFrontend;
-use mesh::http::HttpOptions;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::serving::dispatch::NodeDispatch;
+use crate::dispatch::Dispatch;
+use crate::grpc::GrpcFrontend;
+use crate::http::HttpOptions;
 
 /// Resolves when shutdown has been requested.
 pub fn shutdown_signal(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
@@ -27,18 +27,23 @@ async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
         .map_err(|e| format!("cannot listen for {what} on {addr}: {e}"))
 }
 
-/// Serves KServe v2 HTTP until shutdown; idle keep-alive connections close at once, in-flight requests finish.
-pub async fn http(
+/// Serves KServe v2 HTTP (plus `extra` routes, such as a router's own API) until shutdown; idle
+/// keep-alive connections close at once, in-flight requests finish.
+pub async fn http<D: Dispatch>(
     addr: SocketAddr,
-    dispatch: Arc<NodeDispatch>,
+    dispatch: Arc<D>,
     options: HttpOptions,
+    extra: Option<axum::Router>,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
     let listener = bind("HTTP", addr).await?.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
     tracing::info!(%addr, "HTTP service started");
-    let app = mesh::http::router(dispatch, options);
+    let mut app = crate::http::router(dispatch, options);
+    if let Some(extra) = extra {
+        app = extra.merge(app);
+    }
     let signal = shutdown_signal(stop);
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(signal).await {
@@ -48,9 +53,9 @@ pub async fn http(
 }
 
 /// Serves KServe v2 gRPC until shutdown.
-pub async fn grpc(
+pub async fn grpc<D: Dispatch>(
     addr: SocketAddr,
-    dispatch: Arc<NodeDispatch>,
+    dispatch: Arc<D>,
     max_message: usize,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
@@ -73,10 +78,13 @@ pub async fn grpc(
     }))
 }
 
+/// What renders the Prometheus text of `/metrics`.
+pub type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
+
 /// Serves Prometheus text at `/metrics` until shutdown.
 pub async fn metrics(
     addr: SocketAddr,
-    handle: PrometheusHandle,
+    render: RenderMetrics,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
     let listener = bind("metrics", addr).await?;
@@ -84,11 +92,11 @@ pub async fn metrics(
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
-            let h = handle.clone();
+            let render = render.clone();
             async move {
                 (
                     [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    h.render(),
+                    render(),
                 )
             }
         }),

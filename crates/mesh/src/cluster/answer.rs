@@ -1,0 +1,127 @@
+//! The serving side of a request stream, shared by nodes (requests from a router) and routers (BLS
+//! calls from a node): run the request on a `Dispatch`, write its answers, and stop it when the
+//! sender cancels the stream.
+use quinn::{RecvStream, SendStream, VarInt};
+
+use super::convert::{answer_frame, request_from, ErrorKind};
+use super::frame::{Frame, FrameError, Limits};
+use super::io::write_frame;
+use super::msg::Message;
+use super::transport::stream_code;
+use crate::dispatch::Dispatch;
+use crate::error::Error;
+use crate::request::{InferRequest, StreamItem};
+
+/// Answers on `send` with one error, as the final answer.
+pub async fn refuse(send: &mut SendStream, error: Error, kind: ErrorKind, limits: &Limits) {
+    if let Ok(chunks) = answer_frame(Some(&Err((error, kind))), true, limits) {
+        let _ = write_frame(send, chunks).await;
+    }
+    let _ = send.finish();
+}
+
+/// Ends a stream whose first frame was unusable: a clean error answer when the frame was read
+/// whole, else a reset; the connection and every other stream go on.
+pub async fn reject(mut send: SendStream, mut recv: RecvStream, e: FrameError, limits: &Limits) {
+    tracing::debug!("refusing a request stream: {e}");
+    match e {
+        FrameError::Io(_) | FrameError::Truncated { .. } => {
+            let _ = send.reset(VarInt::from_u32(stream_code::PROTOCOL));
+        }
+        _ => refuse(&mut send, Error::from(e), ErrorKind::Answered, limits).await,
+    }
+    let _ = recv.stop(VarInt::from_u32(stream_code::PROTOCOL));
+}
+
+/// Decodes a request frame: the request, its stream flag, or why the frame is unusable.
+pub fn request_of(frame: Frame) -> Result<(InferRequest, bool), FrameError> {
+    match frame.message {
+        Message::Request(head) => request_from(head, &frame.payload),
+        other => Err(FrameError::Invalid(format!(
+            "a request stream must start with a request, not {}",
+            message_name(&other)
+        ))),
+    }
+}
+
+/// A short name of a message, for errors.
+pub fn message_name(m: &Message) -> &'static str {
+    match m {
+        Message::Hello(_) => "hello",
+        Message::Welcome(_) => "welcome",
+        Message::ModelEvent(_) => "model event",
+        Message::LoadReport(_) => "load report",
+        Message::Drain => "drain",
+        Message::Released => "released",
+        Message::Goodbye => "goodbye",
+        Message::Request(_) => "request",
+        Message::Answer(_) => "answer",
+        Message::StatsQuery(_) => "statistics query",
+        Message::StatsReply(_) => "statistics reply",
+    }
+}
+
+async fn write_answer(
+    send: &mut SendStream,
+    item: Option<&Result<crate::InferResponse, (Error, ErrorKind)>>,
+    last: bool,
+    limits: &Limits,
+) -> Result<(), FrameError> {
+    let chunks = match answer_frame(item, last, limits) {
+        Ok(c) => c,
+        // An answer too large for the link is this request's error, not the link's.
+        Err(e) => answer_frame(Some(&Err((Error::from(e), ErrorKind::Answered))), last, limits)?,
+    };
+    write_frame(send, chunks).await
+}
+
+/// Runs `request` on `dispatch` and writes its answers to `send`: one for a unary request, each as
+/// it is produced for a stream. If the sender stops the stream (its client went away) or the link
+/// drops, the request is dropped, which cancels it. `kind_of` says whether an error means the
+/// request never ran.
+pub async fn serve<D: Dispatch + ?Sized>(
+    dispatch: &D,
+    request: InferRequest,
+    stream: bool,
+    mut send: SendStream,
+    limits: &Limits,
+    kind_of: impl Fn(&Error) -> ErrorKind,
+) {
+    let cancelled = send.stopped();
+    if !stream {
+        let result = tokio::select! {
+            r = dispatch.infer(request) => r,
+            _ = cancelled => return,
+        };
+        let answer = result.map_err(|e| {
+            let k = kind_of(&e);
+            (e, k)
+        });
+        if write_answer(&mut send, Some(&answer), true, limits).await.is_ok() {
+            let _ = send.finish();
+        }
+        return;
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<StreamItem>();
+    let forward = async {
+        while let Some(item) = rx.recv().await {
+            let answer = item.response.map(|r| {
+                r.map_err(|e| {
+                    let k = kind_of(&e);
+                    (e, k)
+                })
+            });
+            if write_answer(&mut send, answer.as_ref(), item.last, limits).await.is_err() {
+                return;
+            }
+            if item.last {
+                let _ = send.finish();
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = async { tokio::join!(dispatch.infer_stream(request, tx), forward) } => {}
+        _ = cancelled => {}
+    }
+}

@@ -1,0 +1,153 @@
+//! The asking side of a request stream: one attempt of a request on one link (open a stream, write
+//! the request frame, read the answers), with every failure classified by what the peer could have
+//! done, for the router's retry rules. Routers call nodes with it, and nodes call routers (BLS).
+use bytes::Bytes;
+use quinn::{Connection, VarInt};
+
+use super::convert::{answer_from, error_from, Answered, ErrorKind};
+use super::frame::{self, FrameError, Limits};
+use super::io::{read_frame, write_frame};
+use super::msg::{Message, StatsQuery, StatsReply};
+use super::transport::stream_code;
+use crate::proto::ModelStatisticsResponse;
+use crate::{Error, InferResponse, StreamItem, StreamSender};
+
+/// The other end of a link: its connection, and how messages name it ("node 'a'").
+#[derive(Clone, Copy)]
+pub struct Peer<'a> {
+    pub conn: &'a Connection,
+    pub name: &'a str,
+}
+
+/// How one attempt failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// The request never reached the node whole (the link was gone, or died while it was written):
+    /// the node cannot have started it.
+    NotSent(String),
+    /// The node refused it before running it (draining, model not served there).
+    Refused(Error),
+    /// The node is overloaded and refused it at admission (busy, not dead).
+    Overloaded(Error),
+    /// The link or stream failed after the request was sent: it may have run.
+    Lost(String),
+    /// The model ran and answered this error; it goes to the client as is.
+    Answered(Error),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::NotSent(why) | Failure::Lost(why) => f.write_str(why),
+            Failure::Refused(e) | Failure::Overloaded(e) | Failure::Answered(e) => f.write_str(&e.message),
+        }
+    }
+}
+
+fn from_answer(e: Error, kind: ErrorKind) -> Failure {
+    match kind {
+        ErrorKind::Answered => Failure::Answered(e),
+        ErrorKind::NotStarted => Failure::Refused(e),
+        ErrorKind::Overloaded => Failure::Overloaded(e),
+    }
+}
+
+/// A broken or garbled answer stream: the request may have run, so it counts as lost.
+fn lost(link: Peer<'_>, e: FrameError) -> Failure {
+    Failure::Lost(format!("{}: {e}", link.name))
+}
+
+async fn open(link: Peer<'_>, chunks: Vec<Bytes>) -> Result<(quinn::SendStream, quinn::RecvStream), Failure> {
+    let not_sent = |e: String| Failure::NotSent(format!("{}: {e}", link.name));
+    let (mut tx, rx) = link.conn.open_bi().await.map_err(|e| not_sent(e.to_string()))?;
+    // Until every byte is handed to quinn the node cannot hold the whole frame, so it cannot run it.
+    write_frame(&mut tx, chunks).await.map_err(|e| not_sent(e.to_string()))?;
+    let _ = tx.finish();
+    Ok((tx, rx))
+}
+
+/// One request that answers once.
+pub async fn unary(link: Peer<'_>, chunks: Vec<Bytes>, limits: &Limits) -> Result<InferResponse, Failure> {
+    let (_tx, mut rx) = open(link, chunks).await?;
+    let frame = match read_frame(&mut rx, limits).await {
+        Ok(Some(f)) => f,
+        Ok(None) => return Err(Failure::Lost(format!("{} closed the stream without answering", link.name))),
+        Err(e) => return Err(lost(link, e)),
+    };
+    let Message::Answer(answer) = frame.message else {
+        return Err(lost(link, FrameError::Invalid("expected an answer".into())));
+    };
+    match answer_from(answer.body, &frame.payload).map_err(|e| lost(link, e))? {
+        Answered::Response(r) => Ok(r),
+        Answered::Error(e, kind) => Err(from_answer(e, kind)),
+        Answered::Empty => Err(lost(link, FrameError::Invalid("an empty answer to a unary request".into()))),
+    }
+}
+
+/// One request whose answers stream to `sink` as they arrive (a decoupled model sends several).
+/// On failure, also says how many answers already reached the client. A client that goes away
+/// cancels the request on the node (the stream is reset; the model sees `is_cancelled()`).
+pub async fn stream(
+    link: Peer<'_>,
+    chunks: Vec<Bytes>,
+    limits: &Limits,
+    sink: &StreamSender,
+) -> Result<(), (Failure, u32)> {
+    let (mut tx, mut rx) = open(link, chunks).await.map_err(|f| (f, 0))?;
+    let mut forwarded = 0u32;
+    loop {
+        let next = tokio::select! {
+            next = read_frame(&mut rx, limits) => next,
+            _ = sink.closed() => {
+                let _ = rx.stop(VarInt::from_u32(stream_code::CANCELLED));
+                let _ = tx.reset(VarInt::from_u32(stream_code::CANCELLED));
+                return Ok(());
+            }
+        };
+        let frame = match next {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                let why = format!("{} ended the stream before its final answer", link.name);
+                return Err((Failure::Lost(why), forwarded));
+            }
+            Err(e) => return Err((lost(link, e), forwarded)),
+        };
+        let Message::Answer(answer) = frame.message else {
+            return Err((lost(link, FrameError::Invalid("expected an answer".into())), forwarded));
+        };
+        let last = answer.last;
+        let response = match answer_from(answer.body, &frame.payload).map_err(|e| (lost(link, e), forwarded))? {
+            Answered::Response(r) => Some(Ok(r)),
+            // An error before any answer may still be retried elsewhere (if the node never ran it).
+            Answered::Error(e, kind) if forwarded == 0 && kind != ErrorKind::Answered => {
+                return Err((from_answer(e, kind), 0))
+            }
+            Answered::Error(e, _) => Some(Err(e)),
+            Answered::Empty => None,
+        };
+        let _ = sink.send(StreamItem { response, last });
+        forwarded += 1;
+        if last {
+            return Ok(());
+        }
+    }
+}
+
+/// Asks a node for its statistics of a model (empty name: every model).
+pub async fn stats(link: Peer<'_>, name: &str, version: &str, limits: &Limits) -> Result<ModelStatisticsResponse, Error> {
+    let query = Message::StatsQuery(StatsQuery {
+        name: name.to_string(),
+        version: version.to_string(),
+    });
+    let chunks = frame::encode(&query, Default::default(), limits)?;
+    let (_tx, mut rx) = open(link, chunks).await.map_err(|f| Error::unavailable(f.to_string()))?;
+    let frame = read_frame(&mut rx, limits)
+        .await?
+        .ok_or_else(|| Error::unavailable(format!("{} closed the statistics stream", link.name)))?;
+    match frame.message {
+        Message::StatsReply(StatsReply::Stats(bytes)) => prost::Message::decode(bytes.as_slice())
+            .map_err(|e| Error::internal(format!("{} sent unreadable statistics: {e}", link.name))),
+        Message::StatsReply(StatsReply::Error(w)) => Err(error_from(&w).0),
+        _ => Err(Error::internal(format!("{} answered statistics with another frame", link.name))),
+    }
+}

@@ -1,0 +1,182 @@
+//! The messages of the cluster link, archived with rkyv as each frame's header (tensor bytes travel beside them).
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// Every frame's header is one of these.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Message {
+    /// Node → router, first frame of the control stream.
+    Hello(Hello),
+    /// Router → node: the join is accepted.
+    Welcome(Welcome),
+    /// Node → router: a model version was added, changed readiness, or went away.
+    ModelEvent(ModelEvent),
+    /// Node → router, periodically: how loaded each model version is.
+    LoadReport(LoadReport),
+    /// Node → router: the node is stopping; route nothing new to it.
+    Drain,
+    /// Router → node: nothing of the router's is in flight on a draining node any more; it may leave.
+    Released,
+    /// Node → router: the node leaves now.
+    Goodbye,
+    /// Opens a request stream: one inference request (its tensors follow in the payload).
+    Request(RequestHead),
+    /// One answer on a request stream; a decoupled model sends several, the last one flagged.
+    Answer(Answer),
+    /// Opens a statistics stream: the statistics extension for a model (empty name: every model).
+    StatsQuery(StatsQuery),
+    /// Answer to a statistics query: an encoded `inference.ModelStatisticsResponse`, or an error.
+    StatsReply(StatsReply),
+}
+
+/// Who a node is and what it serves, sent once per connection.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Hello {
+    /// The node's name, unique in the cluster (`--node-name`).
+    pub name: String,
+    /// Fresh random id per process start: a restarted node at the same name is a new member.
+    pub incarnation: u64,
+    /// "cpu", "gpu:0", ... what the node can run models on.
+    pub devices: Vec<String>,
+    /// The node's own HTTP and gRPC endpoints, for operators ("" when disabled).
+    pub http: String,
+    pub grpc: String,
+    /// Every served model version.
+    pub models: Vec<ModelStatus>,
+}
+
+/// The router's answer to a hello.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Welcome {
+    /// The router's own id (for logs).
+    pub router: String,
+    /// The id the router gave this link.
+    pub link: u64,
+}
+
+/// One model version on a node.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ModelStatus {
+    pub name: String,
+    pub version: i64,
+    pub ready: bool,
+    /// Why it is not ready (empty when ready).
+    pub reason: String,
+    /// The served config, protobuf-encoded `inference.ModelConfig`.
+    pub config: Vec<u8>,
+}
+
+/// A change to what a node serves.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum ModelEvent {
+    Update(ModelStatus),
+    Removed { name: String, version: i64 },
+}
+
+/// Load of one model version on a node.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ModelLoad {
+    pub name: String,
+    pub version: i64,
+    /// Requests of this version running or queued on the node.
+    pub inflight: u32,
+    /// Of those, how many wait in a queue.
+    pub queued: u32,
+    /// Recent mean execution time, in microseconds (0 when nothing ran yet).
+    pub exec_us: u64,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct LoadReport {
+    pub models: Vec<ModelLoad>,
+}
+
+/// A request or response parameter.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum ParamValue {
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Double(f64),
+    String(String),
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Param {
+    pub key: String,
+    pub value: ParamValue,
+}
+
+/// Where one tensor's bytes lie in the frame's payload.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TensorHead {
+    pub name: String,
+    /// `DataType` as numbered by `convert::dtype_code`.
+    pub dtype: u8,
+    pub shape: Vec<i64>,
+    /// Byte offset in the payload, a multiple of `frame::TENSOR_ALIGN`.
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// An inference request; its tensors are in the payload.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct RequestHead {
+    pub model: String,
+    pub version: String,
+    pub id: String,
+    /// Empty: every output.
+    pub outputs: Vec<String>,
+    pub parameters: Vec<Param>,
+    pub inputs: Vec<TensorHead>,
+    /// The sender takes several answers (a decoupled model's stream); otherwise exactly one comes.
+    pub stream: bool,
+}
+
+/// A successful answer; its tensors are in the payload.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ResponseHead {
+    pub model: String,
+    pub version: String,
+    pub id: String,
+    pub parameters: Vec<Param>,
+    pub outputs: Vec<TensorHead>,
+}
+
+/// An error that crossed the link: the mesh error code, and whether the request ever ran, so retry
+/// decisions never read the message.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct WireError {
+    /// `Code` as numbered by `convert::code_number`.
+    pub code: u8,
+    /// `ErrorKind` as a number (unknown numbers read as `Answered`, the safe side).
+    pub kind: u8,
+    pub message: String,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum AnswerBody {
+    Response(ResponseHead),
+    Error(WireError),
+    /// A bare final flag (a decoupled model ended without a last response).
+    Empty,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// Nothing follows for this request.
+    pub last: bool,
+    pub body: AnswerBody,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StatsQuery {
+    pub name: String,
+    pub version: String,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum StatsReply {
+    /// Protobuf-encoded `inference.ModelStatisticsResponse`.
+    Stats(Vec<u8>),
+    Error(WireError),
+}
