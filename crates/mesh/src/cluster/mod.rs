@@ -6,6 +6,7 @@
 //! the request. Frames are `frame`'s prelude, an rkyv header (`msg`) and tensor bytes.
 pub mod answer;
 pub mod call;
+pub mod certs;
 pub mod convert;
 pub mod frame;
 pub mod io;
@@ -14,3 +15,6 @@ pub mod tls;
 pub mod transport;
 
 pub use frame::{Frame, FrameError, Limits, PROTOCOL_VERSION};
+
+#[cfg(test)]
+mod tls_tests;
