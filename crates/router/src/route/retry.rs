@@ -13,7 +13,8 @@
 //! - Every retry stays within the attempt bound (default 3 attempts in all) and the request's deadline.
 //!   Giving up on either is UNAVAILABLE (the client may retry later), naming the nodes tried and the last
 //!   failure.
-//! - Each attempt goes to a node not tried before for this request (the balancer excludes them).
+//! - Each attempt goes to a link not tried before for this request (the balancer excludes them); a node
+//!   that joined again over a new link counts as untried.
 use std::time::Instant;
 
 use mesh::Error;
