@@ -1,0 +1,6 @@
+//! The route stage: choosing the node for each attempt of a request, and whether a failed attempt may be retried.
+pub mod balance;
+pub mod retry;
+
+pub use balance::{score, BalanceSettings, Balancer, Pick};
+pub use retry::{Decision, Failure, RequestState, RetryPolicy, RetrySettings};
