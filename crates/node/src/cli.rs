@@ -90,6 +90,41 @@ pub struct Args {
     /// `<backend>,<setting>=<value>`; `onnxruntime,library=PATH` names the ONNX Runtime library.
     #[arg(long)]
     pub backend_config: Vec<String>,
+
+    /// Joins the cluster of the mesh-router at HOST:PORT (its cluster port, 8003 by default); give it
+    /// once per router. Without it the node serves alone, as before.
+    #[arg(long = "cluster-join", value_name = "HOST:PORT")]
+    pub cluster_join: Vec<String>,
+    /// This node's name in the cluster, unique among its nodes (default: HOSTNAME:HTTP_PORT).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// The cluster CA's certificate (PEM); the router must present a certificate it signed.
+    #[arg(long)]
+    pub cluster_ca: Option<PathBuf>,
+    /// This node's certificate (PEM), signed by the cluster CA.
+    #[arg(long)]
+    pub cluster_cert: Option<PathBuf>,
+    /// This node's private key (PEM).
+    #[arg(long)]
+    pub cluster_key: Option<PathBuf>,
+    /// DEVELOPMENT ONLY: join without certificates (the router is not verified).
+    #[arg(long, default_value_t = false)]
+    pub cluster_insecure_dev: bool,
+    /// Local UDP address of the node's end of the cluster links.
+    #[arg(long, default_value = "0.0.0.0:0")]
+    pub cluster_bind: std::net::SocketAddr,
+    /// Keep-alive interval on the cluster links, in milliseconds.
+    #[arg(long, default_value_t = 150)]
+    pub cluster_keepalive_ms: u64,
+    /// A cluster link that hears nothing for this long is dead, in milliseconds.
+    #[arg(long, default_value_t = 750)]
+    pub cluster_idle_timeout_ms: u64,
+    /// Largest tensor payload of one frame on the cluster link, in bytes.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub cluster_max_frame_bytes: u64,
+    /// How often the node reports model changes and load to its routers, in milliseconds.
+    #[arg(long, default_value_t = 250)]
+    pub cluster_report_ms: u64,
 }
 
 impl Args {

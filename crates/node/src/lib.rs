@@ -1,7 +1,8 @@
-//! mesh-node's library: repository loading, backends, instances and the node's Dispatch, shared by the binary, tests and benches.
+//! mesh-node's library: repository loading, backends, instances, the node's Dispatch and its side of the cluster link, shared by the binary, tests and benches.
 pub mod actors;
 pub mod backend;
 pub mod cli;
+pub mod cluster;
 pub mod node;
 pub mod placement;
 pub mod repository;

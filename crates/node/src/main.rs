@@ -12,6 +12,7 @@ use mesh_node::actors::manager::loader::Repositories;
 use mesh_node::backend::ort_env;
 use mesh_node::backend::python::{PythonContext, PythonSettings};
 use mesh_node::cli::Args;
+use mesh_node::cluster::{ClusterNode, Settings as ClusterSettings};
 use mesh_node::node::Node;
 use mesh_node::serving::dispatch::NodeOptions;
 use mesh_node::telemetry::metrics;
@@ -79,12 +80,21 @@ async fn run(args: Args) -> Result<(), String> {
         poll_secs: args.repository_poll_secs,
         max_inflight_bytes: args.max_inflight_bytes,
     };
+    let cluster = ClusterSettings::from_args(&args, &repos.gpus)?;
     let node = Node::start(repos, options).await?;
     let dispatch = node.dispatch.clone();
     let failed = node.load_at_start(&args.load_model).await;
     if failed > 0 && args.exit_on_error {
         return Err(format!("{failed} model(s) failed to load and --exit-on-error is true"));
     }
+    let cluster = match cluster {
+        Some((settings, transport)) => {
+            let joined = ClusterNode::start(settings, &node, transport)?;
+            node.bls.set_remote(joined.remote());
+            Some(joined)
+        }
+        None => None,
+    };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = Vec::new();
@@ -111,10 +121,19 @@ async fn run(args: Args) -> Result<(), String> {
         timeout_secs = args.exit_timeout_secs,
         "shutting down: no new requests, finishing in-flight ones"
     );
+    let exit_timeout = Duration::from_secs(args.exit_timeout_secs);
+    if let Some(cluster) = &cluster {
+        // Routers stop sending new requests first and release the node once theirs are answered;
+        // the node's own clients are served meanwhile.
+        cluster.drain(exit_timeout).await;
+    }
     let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(Duration::from_secs(args.exit_timeout_secs), futures_join(servers)).await;
+    let drained = tokio::time::timeout(exit_timeout, futures_join(servers)).await;
     if drained.is_err() {
         tracing::warn!("in-flight requests did not finish within --exit-timeout-secs; exiting anyway");
+    }
+    if let Some(cluster) = cluster {
+        cluster.leave(Duration::from_secs(5)).await;
     }
     drop(dispatch);
     node.stop().await;

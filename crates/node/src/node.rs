@@ -9,11 +9,14 @@ use crate::actors::manager::{ManagerLink, ManagerMsg};
 use crate::actors::node::{NodeSupervisor, SupervisorArgs};
 use crate::actors::table::ModelTable;
 use crate::cli::ControlMode;
+use crate::serving::bls::BlsDispatch;
 use crate::serving::dispatch::{NodeDispatch, NodeOptions};
 
 /// The running node: its Dispatch and the root of its actor tree.
 pub struct Node {
     pub dispatch: Arc<NodeDispatch>,
+    /// The Dispatch of BLS calls: this node's, and the cluster's for models served elsewhere.
+    pub bls: Arc<BlsDispatch>,
     supervisor: ActorRef<()>,
     manager: Arc<ManagerLink>,
 }
@@ -24,7 +27,8 @@ impl Node {
         let table = Arc::new(ModelTable::default());
         let manager = Arc::new(ManagerLink::default());
         let dispatch = Arc::new(NodeDispatch::new(&options, &repos, table.clone(), manager.clone()));
-        let seam: Arc<dyn mesh::Dispatch> = dispatch.clone();
+        let bls = Arc::new(BlsDispatch::new(dispatch.clone()));
+        let seam: Arc<dyn mesh::Dispatch> = bls.clone();
         let _ = repos.python.dispatch.set(Arc::downgrade(&seam));
         let args = SupervisorArgs {
             poll_every: (repos.mode == ControlMode::Poll).then(|| Duration::from_secs(options.poll_secs)),
@@ -37,6 +41,7 @@ impl Node {
             .map_err(|e| format!("cannot start the node supervisor: {e}"))?;
         Ok(Node {
             dispatch,
+            bls,
             supervisor,
             manager,
         })
@@ -52,6 +57,11 @@ impl Node {
         })
         .await
         .unwrap_or(0)
+    }
+
+    /// The model table requests read (the cluster side reports and checks it).
+    pub fn table(&self) -> Arc<ModelTable> {
+        self.dispatch.table.clone()
     }
 
     /// Stops the actor tree and drops every model (after the servers drained).

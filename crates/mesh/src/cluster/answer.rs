@@ -111,7 +111,10 @@ pub async fn serve<D: Dispatch + ?Sized>(
                     (e, k)
                 })
             });
-            if write_answer(&mut send, answer.as_ref(), item.last, limits).await.is_err() {
+            if write_answer(&mut send, answer.as_ref(), item.last, limits)
+                .await
+                .is_err()
+            {
                 return;
             }
             if item.last {

@@ -61,7 +61,9 @@ async fn open(link: Peer<'_>, chunks: Vec<Bytes>) -> Result<(quinn::SendStream, 
     let not_sent = |e: String| Failure::NotSent(format!("{}: {e}", link.name));
     let (mut tx, rx) = link.conn.open_bi().await.map_err(|e| not_sent(e.to_string()))?;
     // Until every byte is handed to quinn the node cannot hold the whole frame, so it cannot run it.
-    write_frame(&mut tx, chunks).await.map_err(|e| not_sent(e.to_string()))?;
+    write_frame(&mut tx, chunks)
+        .await
+        .map_err(|e| not_sent(e.to_string()))?;
     let _ = tx.finish();
     Ok((tx, rx))
 }
@@ -71,7 +73,12 @@ pub async fn unary(link: Peer<'_>, chunks: Vec<Bytes>, limits: &Limits) -> Resul
     let (_tx, mut rx) = open(link, chunks).await?;
     let frame = match read_frame(&mut rx, limits).await {
         Ok(Some(f)) => f,
-        Ok(None) => return Err(Failure::Lost(format!("{} closed the stream without answering", link.name))),
+        Ok(None) => {
+            return Err(Failure::Lost(format!(
+                "{} closed the stream without answering",
+                link.name
+            )))
+        }
         Err(e) => return Err(lost(link, e)),
     };
     let Message::Answer(answer) = frame.message else {
@@ -80,7 +87,10 @@ pub async fn unary(link: Peer<'_>, chunks: Vec<Bytes>, limits: &Limits) -> Resul
     match answer_from(answer.body, &frame.payload).map_err(|e| lost(link, e))? {
         Answered::Response(r) => Ok(r),
         Answered::Error(e, kind) => Err(from_answer(e, kind)),
-        Answered::Empty => Err(lost(link, FrameError::Invalid("an empty answer to a unary request".into()))),
+        Answered::Empty => Err(lost(
+            link,
+            FrameError::Invalid("an empty answer to a unary request".into()),
+        )),
     }
 }
 
@@ -134,13 +144,20 @@ pub async fn stream(
 }
 
 /// Asks a node for its statistics of a model (empty name: every model).
-pub async fn stats(link: Peer<'_>, name: &str, version: &str, limits: &Limits) -> Result<ModelStatisticsResponse, Error> {
+pub async fn stats(
+    link: Peer<'_>,
+    name: &str,
+    version: &str,
+    limits: &Limits,
+) -> Result<ModelStatisticsResponse, Error> {
     let query = Message::StatsQuery(StatsQuery {
         name: name.to_string(),
         version: version.to_string(),
     });
     let chunks = frame::encode(&query, Default::default(), limits)?;
-    let (_tx, mut rx) = open(link, chunks).await.map_err(|f| Error::unavailable(f.to_string()))?;
+    let (_tx, mut rx) = open(link, chunks)
+        .await
+        .map_err(|f| Error::unavailable(f.to_string()))?;
     let frame = read_frame(&mut rx, limits)
         .await?
         .ok_or_else(|| Error::unavailable(format!("{} closed the statistics stream", link.name)))?;
@@ -148,6 +165,9 @@ pub async fn stats(link: Peer<'_>, name: &str, version: &str, limits: &Limits) -
         Message::StatsReply(StatsReply::Stats(bytes)) => prost::Message::decode(bytes.as_slice())
             .map_err(|e| Error::internal(format!("{} sent unreadable statistics: {e}", link.name))),
         Message::StatsReply(StatsReply::Error(w)) => Err(error_from(&w).0),
-        _ => Err(Error::internal(format!("{} answered statistics with another frame", link.name))),
+        _ => Err(Error::internal(format!(
+            "{} answered statistics with another frame",
+            link.name
+        ))),
     }
 }

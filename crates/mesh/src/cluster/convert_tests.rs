@@ -62,7 +62,11 @@ fn request_round_trip_keeps_every_type_and_slices_the_payload_without_copies() {
     for t in &back.inputs {
         let at = t.tensor.data.as_ptr() as usize;
         if !t.tensor.data.is_empty() {
-            assert!(at >= base && at + t.tensor.data.len() <= base + payload.len(), "{} is a slice", t.name);
+            assert!(
+                at >= base && at + t.tensor.data.len() <= base + payload.len(),
+                "{} is a slice",
+                t.name
+            );
             assert_eq!((at - base) % TENSOR_ALIGN, 0, "{} starts aligned", t.name);
         }
     }
@@ -91,7 +95,9 @@ fn answers_round_trip_responses_errors_and_bare_finals() {
     for (i, case) in cases.iter().enumerate() {
         let last = i % 2 == 0;
         let frame = decode_all(&join(answer_frame(case.as_ref(), last, &limits).unwrap()), &limits).unwrap();
-        let Message::Answer(a) = frame.message else { panic!("not an answer") };
+        let Message::Answer(a) = frame.message else {
+            panic!("not an answer")
+        };
         assert_eq!(a.last, last);
         match (answer_from(a.body, &frame.payload).unwrap(), case) {
             (Answered::Response(r), Some(Ok(want))) => assert_eq!(&r, want),
@@ -105,7 +111,17 @@ fn answers_round_trip_responses_errors_and_bare_finals() {
 #[test]
 fn every_code_and_kind_survives_the_link_and_unknown_numbers_are_safe() {
     use Code::*;
-    for c in [InvalidArgument, NotFound, Unavailable, Unsupported, Internal, AlreadyExists, Cancelled, PayloadTooLarge, Overloaded] {
+    for c in [
+        InvalidArgument,
+        NotFound,
+        Unavailable,
+        Unsupported,
+        Internal,
+        AlreadyExists,
+        Cancelled,
+        PayloadTooLarge,
+        Overloaded,
+    ] {
         assert_eq!(code_from(code_number(c)), c);
     }
     assert_eq!(code_from(200), Internal);
@@ -139,16 +155,40 @@ fn preludes_are_checked_before_anything_is_allocated() {
     assert!(Prelude::decode(&ok, &limits).is_ok());
     let mut garbage = ok;
     garbage[0] = b'G';
-    assert!(matches!(Prelude::decode(&garbage, &limits), Err(FrameError::NotMesh(_))));
+    assert!(matches!(
+        Prelude::decode(&garbage, &limits),
+        Err(FrameError::NotMesh(_))
+    ));
     let e = Prelude::decode(&prelude(99, 100, 0), &limits).unwrap_err();
     assert_eq!(e, FrameError::Version { got: 99 });
     assert!(e.to_string().contains("version 99 is not supported"), "{e}");
     let e = Prelude::decode(&prelude(PROTOCOL_VERSION, 1025, 0), &limits).unwrap_err();
-    assert!(matches!(e, FrameError::TooLarge { what: "frame header", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            FrameError::TooLarge {
+                what: "frame header",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = Prelude::decode(&prelude(PROTOCOL_VERSION, 0, 0), &limits).unwrap_err();
-    assert!(matches!(e, FrameError::TooLarge { .. }), "an empty header is refused: {e}");
+    assert!(
+        matches!(e, FrameError::TooLarge { .. }),
+        "an empty header is refused: {e}"
+    );
     let e = Prelude::decode(&prelude(PROTOCOL_VERSION, 10, u64::MAX), &limits).unwrap_err();
-    assert!(matches!(e, FrameError::TooLarge { what: "frame payload", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            FrameError::TooLarge {
+                what: "frame payload",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]

@@ -216,13 +216,14 @@ pub struct Frame {
 
 /// A whole frame held in memory, for tests and the simulated link: decodes what `encode` made.
 pub fn decode_all(bytes: &[u8], limits: &Limits) -> Result<Frame, FrameError> {
-    let prelude: &[u8; PRELUDE_LEN] = bytes
-        .get(..PRELUDE_LEN)
-        .and_then(|b| b.try_into().ok())
-        .ok_or(FrameError::Truncated {
-            expected: PRELUDE_LEN as u64,
-            got: bytes.len() as u64,
-        })?;
+    let prelude: &[u8; PRELUDE_LEN] =
+        bytes
+            .get(..PRELUDE_LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(FrameError::Truncated {
+                expected: PRELUDE_LEN as u64,
+                got: bytes.len() as u64,
+            })?;
     let p = Prelude::decode(prelude, limits)?;
     let rest = &bytes[PRELUDE_LEN..];
     let total = p.header_len as u64 + p.payload_len;

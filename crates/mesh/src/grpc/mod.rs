@@ -240,7 +240,9 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         r: Request<proto::ModelStatisticsRequest>,
     ) -> Result<Response<proto::ModelStatisticsResponse>, Status> {
         let r = r.into_inner();
-        Ok(Response::new(self.dispatch.model_statistics(&r.name, &r.version).await?))
+        Ok(Response::new(
+            self.dispatch.model_statistics(&r.name, &r.version).await?,
+        ))
     }
 
     async fn repository_index(

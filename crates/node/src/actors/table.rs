@@ -87,6 +87,11 @@ impl ModelTable {
         drop(old);
     }
 
+    /// Whether the node has the model at all (in any state).
+    pub fn knows(&self, name: &str) -> bool {
+        self.read().contains_key(name)
+    }
+
     pub fn is_ready(&self, name: &str) -> bool {
         matches!(self.read().get(name).map(|e| &e.state), Some(ModelState::Ready(_)))
     }

@@ -90,10 +90,10 @@ impl NodeState {
     /// The state as status output writes it.
     pub fn as_str(self) -> &'static str {
         match self {
-            NodeState::Up => "UP",
-            NodeState::Draining => "DRAINING",
-            NodeState::Silent => "SILENT",
-            NodeState::Lost => "LOST",
+            NodeState::Up => "up",
+            NodeState::Draining => "draining",
+            NodeState::Silent => "silent",
+            NodeState::Lost => "lost",
         }
     }
 }

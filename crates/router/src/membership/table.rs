@@ -68,6 +68,7 @@ impl IndexRow {
             version: self.version.to_string(),
             state: self.state.to_string(),
             reason: self.reason.clone(),
+            nodes: self.nodes.clone(),
         }
     }
 }

@@ -363,5 +363,5 @@ fn node_summaries_describe_each_node() {
             reason: String::new()
         }]
     );
-    assert_eq!(NodeState::Silent.as_str(), "SILENT");
+    assert_eq!(NodeState::Silent.as_str(), "silent");
 }

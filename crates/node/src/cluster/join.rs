@@ -1,0 +1,252 @@
+//! One router's session, kept up for the node's life: dial, say hello, then report model changes and
+//! load, serve the router's request streams, follow drain and release, and dial again after a loss.
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh::cluster::frame;
+use mesh::cluster::io::{read_frame, write_frame};
+use mesh::cluster::msg::{Hello, Message};
+use mesh::cluster::transport::close;
+use mesh::cluster::FrameError;
+use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
+use tokio::sync::mpsc;
+
+use super::report::{diff, hello_models, snapshot, versions, LoadTracker};
+use super::{Context, Phase};
+
+/// How a session ended, which decides how soon to dial again.
+enum Ended {
+    /// The router refused the join (another protocol version, a bad hello): retry slowly.
+    Refused(String),
+    /// The link broke or the router went away.
+    Lost(String),
+    /// This node left cleanly.
+    Left,
+}
+
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+const REFUSED_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Keeps a session with the router at `addr` until the node leaves.
+pub async fn run(addr: String, ctx: Arc<Context>) {
+    let mut backoff = FIRST_BACKOFF;
+    let mut phase = ctx.phase.subscribe();
+    loop {
+        if *phase.borrow() == Phase::Leaving {
+            return;
+        }
+        let began = Instant::now();
+        let wait = match session(&addr, &ctx).await {
+            Ended::Left => return,
+            Ended::Refused(why) => {
+                tracing::error!(router = %addr, "the router refused this node: {why}");
+                REFUSED_BACKOFF
+            }
+            Ended::Lost(why) => {
+                if began.elapsed() > Duration::from_secs(5) {
+                    backoff = FIRST_BACKOFF; // it was up a while: dial again quickly
+                }
+                tracing::warn!(router = %addr, "cluster link down: {why}; dialing again in {backoff:?}");
+                let b = backoff;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                b
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = phase.wait_for(|p| *p == Phase::Leaving) => return,
+        }
+    }
+}
+
+/// The host part of HOST:PORT, which the router's certificate must name.
+fn server_name(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+fn why_closed(e: &ConnectionError) -> Ended {
+    match e {
+        ConnectionError::ApplicationClosed(c) if c.error_code == VarInt::from_u32(close::REFUSED) => {
+            Ended::Refused(String::from_utf8_lossy(&c.reason).into_owned())
+        }
+        ConnectionError::ApplicationClosed(c) => Ended::Lost(format!(
+            "the router closed the link: {}",
+            String::from_utf8_lossy(&c.reason)
+        )),
+        other => Ended::Lost(other.to_string()),
+    }
+}
+
+async fn dial(addr: &str, ctx: &Context) -> Result<Connection, Ended> {
+    let target = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| Ended::Lost(format!("cannot resolve {addr}: {e}")))?
+        .next()
+        .ok_or_else(|| Ended::Lost(format!("{addr} resolves to no address")))?;
+    let connecting = ctx
+        .endpoint
+        .connect_with(ctx.settings.client.clone(), target, server_name(addr))
+        .map_err(|e| Ended::Lost(format!("cannot dial {addr}: {e}")))?;
+    connecting.await.map_err(|e| match e {
+        ConnectionError::TransportError(t) => Ended::Lost(format!("TLS or transport refused: {t}")),
+        other => why_closed(&other),
+    })
+}
+
+async fn send(tx: &mut SendStream, message: &Message, ctx: &Context) -> Result<(), Ended> {
+    let chunks = frame::encode(message, Default::default(), &ctx.settings.limits)
+        .map_err(|e| Ended::Lost(format!("cannot encode a control frame: {e}")))?;
+    write_frame(tx, chunks)
+        .await
+        .map_err(|e| Ended::Lost(format!("control stream: {e}")))
+}
+
+/// Forwards control frames to the session; read in its own task because a frame read is not
+/// cancel-safe inside a select.
+async fn read_control(
+    mut rx: RecvStream,
+    limits: mesh::cluster::Limits,
+    out: mpsc::Sender<Result<Message, FrameError>>,
+) {
+    loop {
+        let next = match read_frame(&mut rx, &limits).await {
+            Ok(Some(f)) => Ok(f.message),
+            Ok(None) => Err(FrameError::Io("the router ended the control stream".into())),
+            Err(e) => Err(e),
+        };
+        let end = next.is_err();
+        if out.send(next).await.is_err() || end {
+            return;
+        }
+    }
+}
+
+async fn session(addr: &str, ctx: &Arc<Context>) -> Ended {
+    let conn = match dial(addr, ctx).await {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let result = joined(addr, ctx, &conn).await;
+    ctx.routers.remove(&conn);
+    if !matches!(result, Ended::Left) {
+        conn.close(VarInt::from_u32(close::NORMAL), b"session ended");
+    }
+    result
+}
+
+async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
+    let (mut tx, rx) = match conn.open_bi().await {
+        Ok(s) => s,
+        Err(e) => return why_closed(&e),
+    };
+    let mut last = snapshot(&versions(&ctx.serving.table));
+    let s = &ctx.settings;
+    let hello = Message::Hello(Hello {
+        name: s.name.clone(),
+        incarnation: s.incarnation,
+        devices: s.devices.clone(),
+        http: s.http.clone(),
+        grpc: s.grpc.clone(),
+        models: hello_models(&last),
+    });
+    if let Err(Ended::Lost(e)) = send(&mut tx, &hello, ctx).await {
+        return ended_by(conn, e).await;
+    }
+    let (frames_tx, mut frames) = mpsc::channel(16);
+    let reader = tokio::spawn(read_control(rx, s.limits, frames_tx));
+    let _reader = AbortOnDrop(reader);
+    let welcome = tokio::time::timeout(HELLO_TIMEOUT, frames.recv()).await;
+    match welcome {
+        Ok(Some(Ok(Message::Welcome(w)))) => {
+            tracing::info!(router = %addr, router_id = %w.router, link = w.link, "joined the cluster")
+        }
+        Ok(Some(Ok(other))) => {
+            let what = mesh::cluster::answer::message_name(&other);
+            return Ended::Lost(format!("expected a welcome, got a {what}"));
+        }
+        Ok(Some(Err(e))) => return ended_by(conn, e.to_string()).await,
+        Ok(None) => return ended_by(conn, "the control stream reader ended".into()).await,
+        Err(_) => return Ended::Lost(format!("no welcome within {HELLO_TIMEOUT:?}")),
+    }
+    let live = ctx.routers.add(addr, conn.clone());
+    let acceptor = {
+        let (conn, serving) = (conn.clone(), ctx.serving.clone());
+        tokio::spawn(async move {
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                let serving = serving.clone();
+                tokio::spawn(async move { serving.stream(send, recv).await });
+            }
+        })
+    };
+    let _acceptor = AbortOnDrop(acceptor);
+    let mut tracker = LoadTracker::default();
+    let mut tick = tokio::time::interval(s.report_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut phase = ctx.phase.subscribe();
+    let mut drained = false;
+    loop {
+        if *phase.borrow_and_update() == Phase::Draining && !drained {
+            drained = true;
+            if let Err(e) = send(&mut tx, &Message::Drain, ctx).await {
+                return e;
+            }
+        }
+        tokio::select! {
+            _ = tick.tick() => {
+                let now = versions(&ctx.serving.table);
+                let snap = snapshot(&now);
+                for event in diff(&last, &snap) {
+                    if let Err(e) = send(&mut tx, &Message::ModelEvent(event), ctx).await {
+                        return e;
+                    }
+                }
+                last = snap;
+                if let Err(e) = send(&mut tx, &Message::LoadReport(tracker.report(&now)), ctx).await {
+                    return e;
+                }
+            }
+            frame = frames.recv() => match frame {
+                Some(Ok(Message::Released)) => {
+                    tracing::info!(router = %addr, "the router released this node");
+                    live.released.store(true, Ordering::Release);
+                    ctx.released.notify_waiters();
+                }
+                Some(Ok(other)) => {
+                    let what = mesh::cluster::answer::message_name(&other);
+                    tracing::warn!(router = %addr, "ignoring an unexpected {what} on the control stream");
+                }
+                Some(Err(e)) => return ended_by(conn, e.to_string()).await,
+                None => return Ended::Lost("control stream reader ended".into()),
+            },
+            changed = phase.changed() => {
+                if changed.is_err() || *phase.borrow() == Phase::Leaving {
+                    let _ = send(&mut tx, &Message::Goodbye, ctx).await;
+                    let _ = tx.finish();
+                    conn.close(VarInt::from_u32(close::NORMAL), b"goodbye");
+                    return Ended::Left;
+                }
+            }
+        }
+    }
+}
+
+/// Why a link ended: the router's close reason when it gave one (a refusal says why), else `why`.
+async fn ended_by(conn: &Connection, why: String) -> Ended {
+    match tokio::time::timeout(Duration::from_millis(200), conn.closed()).await {
+        Ok(reason) => why_closed(&reason),
+        Err(_) => Ended::Lost(why),
+    }
+}
+
+/// Aborts a helper task when the session that started it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

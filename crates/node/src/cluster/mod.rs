@@ -1,0 +1,306 @@
+//! The node's side of the cluster link (`--cluster-join`): one session per router that reports the
+//! node's models and load and serves the router's requests; BLS calls for models this node does
+//! not serve leave through a router; on shutdown the node drains, is released, and says goodbye.
+pub mod join;
+pub mod report;
+pub mod serve;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use mesh::cluster::call::{self, Failure, Peer};
+use mesh::cluster::convert::request_frame;
+use mesh::cluster::{tls, transport, Limits};
+use mesh::{Error, InferRequest, InferResponse, Result};
+use quinn::{Connection, TransportConfig};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::cli::Args;
+use crate::node::Node;
+use crate::serving::bls::Remote;
+use serve::Serving;
+
+/// How the node joins, from its flags.
+pub struct Settings {
+    /// HOST:PORT of every router to join.
+    pub routers: Vec<String>,
+    pub name: String,
+    /// Fresh per process start.
+    pub incarnation: u64,
+    pub devices: Vec<String>,
+    /// The node's own endpoints, for operators.
+    pub http: String,
+    pub grpc: String,
+    pub client: quinn::ClientConfig,
+    pub bind: SocketAddr,
+    pub limits: Limits,
+    /// How often model changes and load are reported.
+    pub report_every: Duration,
+}
+
+impl Settings {
+    /// The cluster settings of the flags, or None without `--cluster-join`; with it, certificates
+    /// are required unless the development flag says otherwise.
+    pub fn from_args(
+        args: &Args,
+        gpus: &[i32],
+    ) -> std::result::Result<Option<(Settings, Arc<TransportConfig>)>, String> {
+        if args.cluster_join.is_empty() {
+            return Ok(None);
+        }
+        let files = tls::TlsFiles::from_flags(
+            args.cluster_ca.clone(),
+            args.cluster_cert.clone(),
+            args.cluster_key.clone(),
+        )?;
+        let crypto = match files {
+            Some(files) => tls::client_crypto(&files)?,
+            None if args.cluster_insecure_dev => {
+                tracing::warn!(
+                    "!!! --cluster-insecure-dev: joining WITHOUT certificates; the router is not verified. \
+                     Development only. !!!"
+                );
+                tls::insecure_client_crypto()?
+            }
+            None => {
+                return Err(
+                    "--cluster-join needs --cluster-ca, --cluster-cert and --cluster-key (make them with \
+                            `mesh-ops certs init DIR` and `mesh-ops certs issue DIR NAME`), or \
+                            --cluster-insecure-dev for development"
+                        .into(),
+                )
+            }
+        };
+        let tuning = transport::Tuning {
+            keep_alive: Duration::from_millis(args.cluster_keepalive_ms),
+            idle_timeout: Duration::from_millis(args.cluster_idle_timeout_ms),
+        };
+        let transport = transport::transport_config(&tuning)?;
+        let mut devices = vec!["cpu".to_string()];
+        devices.extend(gpus.iter().map(|g| format!("gpu:{g}")));
+        let endpoint = |allow: bool, addr: std::net::IpAddr, port: u16| {
+            if allow {
+                std::net::SocketAddr::new(addr, port).to_string()
+            } else {
+                String::new()
+            }
+        };
+        let settings = Settings {
+            routers: args.cluster_join.clone(),
+            name: args
+                .node_name
+                .clone()
+                .unwrap_or_else(|| format!("{}:{}", hostname(), args.http_port)),
+            incarnation: rand::random(),
+            devices,
+            http: endpoint(args.allow_http, args.http_address, args.http_port),
+            grpc: endpoint(args.allow_grpc, args.grpc_address, args.grpc_port),
+            client: quinn::ClientConfig::new(crypto),
+            bind: args.cluster_bind,
+            limits: Limits {
+                max_payload: args.cluster_max_frame_bytes,
+                ..Limits::default()
+            },
+            report_every: Duration::from_millis(args.cluster_report_ms.max(10)),
+        };
+        Ok(Some((settings, transport)))
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "node".into())
+}
+
+/// Where the node is in its life in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Serving,
+    /// Stopping: routers are told to send nothing new.
+    Draining,
+    /// Every session says goodbye and closes.
+    Leaving,
+}
+
+/// What every session shares.
+pub struct Context {
+    pub settings: Settings,
+    pub endpoint: quinn::Endpoint,
+    pub serving: Arc<Serving>,
+    pub routers: Arc<Routers>,
+    pub phase: watch::Sender<Phase>,
+    /// Woken when a router releases this node.
+    pub released: Notify,
+}
+
+/// A router this node is joined to now.
+pub struct LiveRouter {
+    pub addr: String,
+    pub conn: Connection,
+    /// The router has nothing of its own in flight here any more (after a drain).
+    pub released: AtomicBool,
+}
+
+/// The routers this node is joined to; BLS calls for models served elsewhere go through them.
+#[derive(Default)]
+pub struct Routers {
+    live: RwLock<Vec<Arc<LiveRouter>>>,
+    next: AtomicUsize,
+    limits: Limits,
+}
+
+impl Routers {
+    fn add(&self, addr: &str, conn: Connection) -> Arc<LiveRouter> {
+        let live = Arc::new(LiveRouter {
+            addr: addr.to_string(),
+            conn,
+            released: AtomicBool::new(false),
+        });
+        self.live.write().unwrap_or_else(|p| p.into_inner()).push(live.clone());
+        live
+    }
+
+    fn remove(&self, conn: &Connection) {
+        self.live
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|r| r.conn.stable_id() != conn.stable_id());
+    }
+
+    fn all(&self) -> Vec<Arc<LiveRouter>> {
+        self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[async_trait]
+impl Remote for Routers {
+    /// Sends a BLS request to a router, which runs it on a node that serves the model. A router the
+    /// request never reached is skipped for the next one; any other failure is the call's answer.
+    async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        let routers = self.all();
+        if routers.is_empty() {
+            return Err(Error::unavailable(format!(
+                "model '{}' is not served on this node and no cluster router is connected",
+                request.model_name
+            )));
+        }
+        let chunks = request_frame(&request, false, &self.limits)?;
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut last = String::new();
+        for i in 0..routers.len() {
+            let r = &routers[(first + i) % routers.len()];
+            let name = format!("router {}", r.addr);
+            let peer = Peer {
+                conn: &r.conn,
+                name: &name,
+            };
+            match call::unary(peer, chunks.clone(), &self.limits).await {
+                Ok(response) => return Ok(response),
+                Err(Failure::NotSent(why)) => last = why,
+                Err(Failure::Answered(e) | Failure::Refused(e) | Failure::Overloaded(e)) => return Err(e),
+                Err(Failure::Lost(why)) => return Err(Error::unavailable(why)),
+            }
+        }
+        Err(Error::unavailable(format!("no router took the BLS call: {last}")))
+    }
+}
+
+/// The node's membership in the cluster.
+pub struct ClusterNode {
+    ctx: Arc<Context>,
+    sessions: Vec<JoinHandle<()>>,
+}
+
+impl ClusterNode {
+    /// Binds the node's QUIC endpoint and starts one session per router.
+    pub fn start(
+        settings: Settings,
+        node: &Node,
+        transport: Arc<quinn::TransportConfig>,
+    ) -> std::result::Result<ClusterNode, String> {
+        let (dispatch, table) = (node.dispatch.clone(), node.table());
+        let mut settings = settings;
+        settings.client.transport_config(transport);
+        let endpoint = quinn::Endpoint::client(settings.bind)
+            .map_err(|e| format!("cannot open the cluster endpoint on {}: {e}", settings.bind))?;
+        let serving = Arc::new(Serving {
+            dispatch,
+            table,
+            limits: settings.limits,
+            leaving: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+        });
+        let routers = Arc::new(Routers {
+            limits: settings.limits,
+            ..Default::default()
+        });
+        let ctx = Arc::new(Context {
+            endpoint,
+            serving,
+            routers,
+            phase: watch::channel(Phase::Serving).0,
+            released: Notify::new(),
+            settings,
+        });
+        let sessions = ctx
+            .settings
+            .routers
+            .iter()
+            .map(|addr| tokio::spawn(join::run(addr.clone(), ctx.clone())))
+            .collect();
+        tracing::info!(
+            node = %ctx.settings.name,
+            routers = ?ctx.settings.routers,
+            incarnation = format!("{:016x}", ctx.settings.incarnation),
+            "joining the cluster"
+        );
+        Ok(ClusterNode { ctx, sessions })
+    }
+
+    /// Where BLS calls for models this node does not serve go.
+    pub fn remote(&self) -> Arc<Routers> {
+        self.ctx.routers.clone()
+    }
+
+    /// Tells every router to send nothing new, and waits until each joined router released this
+    /// node (nothing of its in flight here) or `timeout` passes. The node keeps serving meanwhile.
+    pub async fn drain(&self, timeout: Duration) {
+        self.ctx.phase.send_replace(Phase::Draining);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let notified = self.ctx.released.notified();
+            let routers = self.ctx.routers.all();
+            if routers.iter().all(|r| r.released.load(Ordering::Acquire)) {
+                tracing::info!(routers = routers.len(), "drained: every router released this node");
+                return;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!("routers did not release this node within the exit timeout; leaving anyway");
+                return;
+            }
+            // Also look again now and then: a router may go away instead of releasing.
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), notified).await;
+        }
+    }
+
+    /// Finishes the router requests still running, says goodbye and closes every link.
+    pub async fn leave(self, timeout: Duration) {
+        self.ctx.serving.leaving.store(true, Ordering::Release);
+        let deadline = Instant::now() + timeout;
+        while self.ctx.serving.active.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.ctx.phase.send_replace(Phase::Leaving);
+        for s in self.sessions {
+            let _ = tokio::time::timeout(Duration::from_secs(1), s).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.ctx.endpoint.wait_idle()).await;
+        tracing::info!("left the cluster");
+    }
+}

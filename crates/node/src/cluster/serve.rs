@@ -1,0 +1,94 @@
+//! Requests a router sends this node: each arrives on its own stream, is checked (a node that is
+//! leaving, or does not serve the model, refuses before running it so the router may retry
+//! elsewhere), runs through the node's Dispatch, and is answered on the same stream.
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use mesh::cluster::answer::{message_name, refuse, reject, request_of, serve};
+use mesh::cluster::convert::{wire_error, ErrorKind};
+use mesh::cluster::frame::{self, FrameError};
+use mesh::cluster::io::{read_frame, write_frame};
+use mesh::cluster::msg::{Message, StatsReply};
+use mesh::cluster::Limits;
+use mesh::{Code, Dispatch, Error};
+use quinn::{RecvStream, SendStream};
+
+use crate::actors::table::ModelTable;
+use crate::serving::dispatch::NodeDispatch;
+
+/// What serving a router's request needs.
+pub struct Serving {
+    pub dispatch: Arc<NodeDispatch>,
+    pub table: Arc<ModelTable>,
+    pub limits: Limits,
+    /// Set once every router released this node: anything still arriving is refused as not started.
+    pub leaving: AtomicBool,
+    /// Router requests being served now (the node waits for them before it leaves).
+    pub active: AtomicUsize,
+}
+
+/// Errors a node answers because it was busy never ran the request; everything else did (or may have).
+fn kind_of(e: &Error) -> ErrorKind {
+    if e.code == Code::Overloaded {
+        ErrorKind::Overloaded
+    } else {
+        ErrorKind::Answered
+    }
+}
+
+struct Active<'a>(&'a AtomicUsize);
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Serving {
+    /// Serves one stream the router opened.
+    pub async fn stream(&self, mut send: SendStream, mut recv: RecvStream) {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        let _active = Active(&self.active);
+        let first = match read_frame(&mut recv, &self.limits).await {
+            Ok(Some(f)) => f,
+            Ok(None) => return,
+            Err(e) => return reject(send, recv, e, &self.limits).await,
+        };
+        if let Message::StatsQuery(q) = &first.message {
+            let reply = match self.dispatch.model_statistics(&q.name, &q.version).await {
+                Ok(s) => StatsReply::Stats(prost::Message::encode_to_vec(&s)),
+                Err(e) => StatsReply::Error(wire_error(&e, ErrorKind::Answered)),
+            };
+            if let Ok(chunks) = frame::encode(&Message::StatsReply(reply), Default::default(), &self.limits) {
+                let _ = write_frame(&mut send, chunks).await;
+            }
+            let _ = send.finish();
+            return;
+        }
+        if !matches!(first.message, Message::Request(_)) {
+            let what = message_name(&first.message);
+            let e = FrameError::Invalid(format!("a {what} cannot open a request stream"));
+            return reject(send, recv, e, &self.limits).await;
+        }
+        let (request, stream) = match request_of(first) {
+            Ok(r) => r,
+            Err(e) => return reject(send, recv, e, &self.limits).await,
+        };
+        if self.leaving.load(Ordering::Acquire) {
+            let e = Error::unavailable("this node is leaving the cluster");
+            return refuse(&mut send, e, ErrorKind::NotStarted, &self.limits).await;
+        }
+        match self.table.resolve(&request.model_name, &request.model_version) {
+            Ok(v) if v.is_ready() => {}
+            Ok(_) => {
+                let e = Error::unavailable(format!(
+                    "model '{}' has no ready instance on this node",
+                    request.model_name
+                ));
+                return refuse(&mut send, e, ErrorKind::NotStarted, &self.limits).await;
+            }
+            Err(e) => return refuse(&mut send, e, ErrorKind::NotStarted, &self.limits).await,
+        }
+        serve(&*self.dispatch, request, stream, send, &self.limits, kind_of).await;
+    }
+}

@@ -1,0 +1,438 @@
+//! The router's Dispatch: each request is routed to a node serving its model (the balancer picks,
+//! the link carries it), failed attempts are retried by the retry rules within the request's
+//! deadline, and router ensembles run their steps through this same Dispatch.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use mesh::cluster::call::{self, Failure as CallFailure, Peer};
+use mesh::cluster::convert::request_frame;
+use mesh::proto::ModelStatisticsResponse;
+use mesh::{
+    Dispatch, Error, IndexEntry, InferRequest, InferResponse, ModelView, Param, Result, StreamItem, StreamSender,
+};
+
+use crate::cluster::Cluster;
+use crate::ensembles::Ensembles;
+use crate::link::Link;
+use crate::membership::ResolveError;
+use crate::metrics;
+use crate::route::retry::{Decision, Failure, RequestState, RetryPolicy};
+use crate::route::Pick;
+
+pub struct RouterDispatch {
+    pub cluster: Arc<Cluster>,
+    pub ensembles: Ensembles,
+    retry: RetryPolicy,
+}
+
+/// The request's `timeout` parameter (µs), which also bounds routing and retries.
+fn timeout_of(request: &InferRequest) -> Option<Duration> {
+    request
+        .parameters
+        .iter()
+        .find(|(k, _)| k == "timeout")
+        .and_then(|(_, v)| v.as_u64())
+        .filter(|&us| us > 0)
+        .map(Duration::from_micros)
+}
+
+/// Whether the request belongs to a sequence (stateful: never moved to another node).
+fn in_sequence(request: &InferRequest) -> bool {
+    request.parameters.iter().any(|(k, v)| {
+        k == "sequence_id"
+            && match v {
+                Param::Int(i) => *i != 0,
+                Param::Uint(u) => *u != 0,
+                Param::String(s) => !s.is_empty(),
+                _ => false,
+            }
+    })
+}
+
+/// A model is idempotent unless its config says `parameters { key: "mesh.idempotent" value {
+/// string_value: "false" } }`: then a request lost with its node is not run again elsewhere.
+pub fn idempotent(config: &mesh::config::ModelConfig) -> bool {
+    config
+        .parameters
+        .get("mesh.idempotent")
+        .is_none_or(|p| !p.string_value.trim().eq_ignore_ascii_case("false"))
+}
+
+/// The retry rules' view of a failed attempt, and the balancer's reaction to it.
+fn classify(cluster: &Cluster, link: &Link, failure: CallFailure) -> (Failure, Option<&'static str>) {
+    let now = Instant::now();
+    match failure {
+        CallFailure::NotSent(why) => {
+            cluster.balancer().transport_failed(link.id, now);
+            (Failure::NotStarted(why), Some("not_sent"))
+        }
+        CallFailure::Lost(why) => {
+            cluster.balancer().transport_failed(link.id, now);
+            (Failure::Lost(why), Some("lost"))
+        }
+        CallFailure::Refused(e) => (Failure::NotStarted(e.message), Some("refused")),
+        CallFailure::Overloaded(e) => {
+            cluster.balancer().overloaded(link.id, now);
+            (Failure::Overloaded(e.message), Some("overloaded"))
+        }
+        CallFailure::Answered(e) => (Failure::Answered(e), None),
+    }
+}
+
+/// A request on its way through the router: where it may go and what it tried.
+struct Routing<'a> {
+    request: &'a mut InferRequest,
+    state: RequestState,
+    /// The version the first pick resolved to (a request for "the latest" stays on one version).
+    version: Option<String>,
+    /// Set once a node failed at the transport level: success afterwards is a failover.
+    failed_over: bool,
+}
+
+impl RouterDispatch {
+    pub fn new(cluster: Arc<Cluster>, ensembles: Ensembles) -> Self {
+        let retry = RetryPolicy::new(crate::route::retry::RetrySettings {
+            max_attempts: cluster.route.max_attempts,
+        });
+        RouterDispatch {
+            cluster,
+            ensembles,
+            retry,
+        }
+    }
+
+    fn begin<'a>(&self, request: &'a mut InferRequest) -> Routing<'a> {
+        let now = Instant::now();
+        let deadline = now + timeout_of(request).unwrap_or(self.cluster.route.request_timeout);
+        let mut state = RequestState::new(request.model_name.clone(), now, deadline);
+        if in_sequence(request) {
+            state = state.in_sequence();
+        }
+        Routing {
+            request,
+            state,
+            version: None,
+            failed_over: false,
+        }
+    }
+
+    /// Picks the node for the next attempt; waits (within the deadline and the route wait) while
+    /// the model is known but no replica can take it now.
+    async fn choose(&self, r: &mut Routing<'_>) -> Result<Arc<Link>> {
+        let mut changes = self.cluster.subscribe();
+        let wait_until = (Instant::now() + self.cluster.route.route_wait).min(r.state.deadline());
+        loop {
+            changes.borrow_and_update();
+            let table = self.cluster.routing();
+            let version = r.version.clone().unwrap_or_else(|| r.request.model_version.clone());
+            let (reason, until) = match table.resolve(&r.request.model_name, &version) {
+                Err(ResolveError::NoReplica { reason }) => (reason, None),
+                Err(e) => return Err(e.into()),
+                Ok(resolved) => {
+                    if r.version.is_none() {
+                        let config = table.model_view(&r.request.model_name, &resolved.version.to_string());
+                        if config.is_ok_and(|v| !idempotent(&v.config)) {
+                            r.state = r.state.clone().non_idempotent();
+                        }
+                    }
+                    let pick = {
+                        let inflight = |l| self.cluster.link(l).map_or(0, |l| l.inflight());
+                        let mut rng = rand::rng();
+                        self.cluster.balancer().pick(
+                            resolved.replicas,
+                            inflight,
+                            r.state.tried(),
+                            Instant::now(),
+                            &mut rng,
+                        )
+                    };
+                    match pick {
+                        Pick::Routed(id) => match self.cluster.link(id) {
+                            Some(link) => {
+                                let v = resolved.version.to_string();
+                                r.request.model_version = v.clone();
+                                r.version = Some(v);
+                                return Ok(link);
+                            }
+                            // The link ended between the snapshot and now: wait for the next one.
+                            None => ("a chosen node just left".to_string(), None),
+                        },
+                        Pick::Wait { reason, until } => (reason, until),
+                        Pick::Unavailable(e) => return Err(e),
+                    }
+                }
+            };
+            let now = Instant::now();
+            if now >= wait_until {
+                return Err(r.state.waited_out(&reason, now));
+            }
+            let until = until.unwrap_or(wait_until).min(wait_until);
+            let _ = tokio::time::timeout_at(until.into(), changes.changed()).await;
+        }
+    }
+
+    /// What to do after an attempt failed: Ok to try again, or the error for the client.
+    fn after_failure(&self, r: &mut Routing<'_>, link: &Link, failure: CallFailure) -> Result<()> {
+        let (failure, why) = classify(&self.cluster, link, failure);
+        if matches!(failure, Failure::Lost(_) | Failure::NotStarted(_)) && why != Some("refused") {
+            r.failed_over = true;
+        }
+        match self.retry.decide(&r.state, failure, Instant::now()) {
+            Decision::Retry => {
+                if let Some(why) = why {
+                    metrics::retry(why);
+                }
+                tracing::debug!(model = %r.request.model_name, node = %link.name, "retrying on another node");
+                Ok(())
+            }
+            Decision::GiveUp(e) => Err(e),
+        }
+    }
+
+    fn finish<T>(&self, r: &Routing<'_>, started: Instant, result: &Result<T>) {
+        let version = r.version.as_deref().unwrap_or("");
+        let failure = result.as_ref().err().map(|e| e.metric_reason());
+        if result.is_ok() && r.failed_over {
+            metrics::failover();
+        }
+        metrics::request(&r.request.model_name, version, 1, started.elapsed(), failure);
+    }
+
+    async fn route_unary(&self, mut request: InferRequest) -> Result<InferResponse> {
+        let started = Instant::now();
+        let mut r = self.begin(&mut request);
+        let result = self.unary_attempts(&mut r).await;
+        self.finish(&r, started, &result);
+        result
+    }
+
+    async fn unary_attempts(&self, r: &mut Routing<'_>) -> Result<InferResponse> {
+        loop {
+            let link = self.choose(r).await?;
+            let chunks = request_frame(r.request, false, &self.cluster.limits)?;
+            r.state.sent(link.id, link.name.clone());
+            metrics::attempt(&link.name);
+            let _permit = link.permit();
+            let name = format!("node '{}'", link.name);
+            let peer = Peer {
+                conn: &link.conn,
+                name: &name,
+            };
+            let deadline = r.state.deadline();
+            match tokio::time::timeout_at(deadline.into(), call::unary(peer, chunks, &self.cluster.limits)).await {
+                Ok(Ok(response)) => {
+                    self.cluster.balancer().succeeded(link.id);
+                    return Ok(response);
+                }
+                Ok(Err(failure)) => self.after_failure(r, &link, failure)?,
+                Err(_) => {
+                    return Err(Error::unavailable(format!(
+                        "model '{}': the request's deadline passed while node '{}' ran it",
+                        r.request.model_name, link.name
+                    )))
+                }
+            }
+        }
+    }
+
+    async fn route_stream(&self, mut request: InferRequest, sink: &StreamSender) -> Result<()> {
+        let started = Instant::now();
+        let mut r = self.begin(&mut request);
+        let result = async {
+            loop {
+                let link = self.choose(&mut r).await?;
+                let chunks = request_frame(r.request, true, &self.cluster.limits)?;
+                r.state.sent(link.id, link.name.clone());
+                metrics::attempt(&link.name);
+                let _permit = link.permit();
+                let name = format!("node '{}'", link.name);
+                let peer = Peer {
+                    conn: &link.conn,
+                    name: &name,
+                };
+                match call::stream(peer, chunks, &self.cluster.limits, sink).await {
+                    Ok(()) => {
+                        self.cluster.balancer().succeeded(link.id);
+                        return Ok(());
+                    }
+                    Err((failure, forwarded)) => {
+                        for _ in 0..forwarded {
+                            r.state.answered();
+                        }
+                        self.after_failure(&mut r, &link, failure)?;
+                    }
+                }
+            }
+        }
+        .await;
+        self.finish(&r, started, &result);
+        result
+    }
+
+    /// The generation-stamped view of a model a step or metadata request needs.
+    fn cluster_view(&self, name: &str, version: &str) -> Result<ModelView> {
+        self.cluster.routing().model_view(name, version)
+    }
+
+    /// A router ensemble's plan against the cluster as it is now.
+    fn ensemble_plan(&self, name: &str) -> Option<crate::ensembles::Planned> {
+        let generation = self.cluster.routing().generation();
+        self.ensembles.plan(name, generation, &|m, v| self.cluster_view(m, v))
+    }
+
+    async fn run_ensemble(&self, request: InferRequest) -> Option<Result<InferResponse>> {
+        let plan = match self.ensemble_plan(&request.model_name)? {
+            Ok(plan) => plan,
+            Err(why) => {
+                return Some(Err(Error::unavailable(format!(
+                    "ensemble '{}' is not ready: {why}",
+                    request.model_name
+                ))))
+            }
+        };
+        let started = Instant::now();
+        let name = request.model_name.clone();
+        let check = self
+            .ensembles
+            .get(&name)
+            .map(|e| mesh::validate::check_request(&e.config, &request));
+        if let Some(Err(e)) = check {
+            self.ensembles.record(&name, false, started.elapsed());
+            return Some(Err(e));
+        }
+        let result = mesh::ensemble::run(&plan, self, request).await;
+        self.ensembles.record(&name, result.is_ok(), started.elapsed());
+        Some(result.map(|mut r| {
+            if let Some(e) = self.ensembles.get(&name) {
+                r.model_version = e.version.to_string();
+            }
+            r
+        }))
+    }
+}
+
+#[async_trait]
+impl Dispatch for RouterDispatch {
+    async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        if self.ensembles.get(&request.model_name).is_some() {
+            if let Some(result) = self.run_ensemble(request.clone()).await {
+                return result;
+            }
+        }
+        self.route_unary(request).await
+    }
+
+    async fn infer_stream(&self, request: InferRequest, sink: StreamSender) {
+        if self.ensembles.get(&request.model_name).is_some() {
+            let response = self.infer(request).await;
+            let _ = sink.send(StreamItem {
+                response: Some(response),
+                last: true,
+            });
+            return;
+        }
+        if let Err(e) = self.route_stream(request, &sink).await {
+            let _ = sink.send(StreamItem {
+                response: Some(Err(e)),
+                last: true,
+            });
+        }
+    }
+
+    /// Ready when at least one node serves a ready model.
+    fn ready(&self) -> bool {
+        self.cluster.routing().ready()
+    }
+
+    fn model(&self, name: &str, version: &str) -> Result<ModelView> {
+        if let Some(e) = self.ensembles.get(name) {
+            let planned = matches!(self.ensemble_plan(name), Some(Ok(_)));
+            return self.ensembles.view(e, planned, version);
+        }
+        self.cluster_view(name, version)
+    }
+
+    fn repository_index(&self) -> Vec<IndexEntry> {
+        let table = self.cluster.routing();
+        let mut rows: Vec<IndexEntry> = table.index().iter().map(|r| r.entry()).collect();
+        for name in self.ensembles.names() {
+            let Some(e) = self.ensembles.get(name) else { continue };
+            let (state, reason) = match self.ensemble_plan(name) {
+                Some(Ok(_)) => ("READY", String::new()),
+                Some(Err(why)) => ("UNAVAILABLE", why),
+                None => continue,
+            };
+            rows.push(IndexEntry {
+                name: name.clone(),
+                version: e.version.to_string(),
+                state: state.into(),
+                reason,
+                nodes: vec![],
+            });
+        }
+        rows.sort_by(|a, b| a.name.cmp(&b.name).then(a.version.cmp(&b.version)));
+        rows
+    }
+
+    /// Each node's statistics of the model, summed per version (router ensembles add their own).
+    async fn model_statistics(&self, name: &str, version: &str) -> Result<ModelStatisticsResponse> {
+        if let Some(e) = self.ensembles.get(name) {
+            self.ensembles.view(e, true, version)?;
+            return Ok(ModelStatisticsResponse {
+                model_stats: vec![self.ensembles.statistics(e)],
+            });
+        }
+        let links: Vec<Arc<Link>> = if name.is_empty() {
+            self.cluster.links()
+        } else {
+            self.cluster_view(name, version)?;
+            let nodes = self.cluster.membership().nodes(Instant::now());
+            nodes
+                .iter()
+                .filter(|n| n.models.iter().any(|m| m.name == name))
+                .filter_map(|n| n.link.and_then(|l| self.cluster.link(l)))
+                .collect()
+        };
+        let asks = links.iter().map(|link| async move {
+            let peer_name = format!("node '{}'", link.name);
+            let peer = Peer {
+                conn: &link.conn,
+                name: &peer_name,
+            };
+            let answer = tokio::time::timeout(
+                Duration::from_secs(5),
+                call::stats(peer, name, version, &self.cluster.limits),
+            )
+            .await;
+            match answer {
+                Ok(Ok(s)) => Some(s),
+                Ok(Err(e)) => {
+                    tracing::debug!(node = %link.name, "statistics query failed: {e}");
+                    None
+                }
+                Err(_) => None,
+            }
+        });
+        let answers = futures::future::join_all(asks).await.into_iter().flatten();
+        let mut merged = crate::stats::merge(answers);
+        if name.is_empty() {
+            for n in self.ensembles.names() {
+                if let Some(e) = self.ensembles.get(n) {
+                    merged.model_stats.push(self.ensembles.statistics(e));
+                }
+            }
+        }
+        Ok(merged)
+    }
+
+    fn extensions(&self) -> Vec<&'static str> {
+        vec![
+            "binary_tensor_data",
+            "model_configuration",
+            "parameters",
+            "statistics",
+            "schedule_policy",
+        ]
+    }
+}

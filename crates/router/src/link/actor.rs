@@ -1,0 +1,254 @@
+//! NodeLink: the actor of one connected node. It welcomes the node, turns its control stream into
+//! membership events, releases it once drained, and serves the BLS requests the node sends; client
+//! requests to the node do not pass through it (they open streams on the link directly).
+use std::sync::Arc;
+use std::time::Duration;
+
+use mesh::cluster::answer::{message_name, reject, request_of, serve};
+use mesh::cluster::convert::ErrorKind;
+use mesh::cluster::frame;
+use mesh::cluster::io::{read_frame, write_frame};
+use mesh::cluster::msg::{self, Message, Welcome};
+use mesh::cluster::transport::close;
+use mesh::config::ModelConfig;
+use quinn::{RecvStream, SendStream};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::task::JoinHandle;
+
+use super::{Joining, Link};
+use crate::cluster::Cluster;
+use crate::dispatch::RouterDispatch;
+use crate::membership::{ModelEvent, ModelLoad, ModelStatus, NodeHello};
+use crate::membership_actor::MembershipMsg;
+
+pub struct LinkArgs {
+    pub link: Arc<Link>,
+    pub joining: Joining,
+    pub cluster: Arc<Cluster>,
+    pub dispatch: Arc<RouterDispatch>,
+}
+
+pub enum LinkMsg {
+    Control(Message),
+    /// The control stream or the connection ended, with why.
+    Closed(String),
+    /// While the node drains: release it once nothing of ours is in flight on it.
+    CheckDrain,
+}
+
+pub struct LinkState {
+    link: Arc<Link>,
+    cluster: Arc<Cluster>,
+    control: SendStream,
+    tasks: Vec<JoinHandle<()>>,
+    draining: Option<JoinHandle<()>>,
+    quiet_checks: u32,
+}
+
+pub struct NodeLink;
+
+fn model_status(m: msg::ModelStatus) -> Result<ModelStatus, String> {
+    let config: ModelConfig = prost::Message::decode(m.config.as_slice())
+        .map_err(|e| format!("model '{}' version {} has an unreadable config: {e}", m.name, m.version))?;
+    Ok(ModelStatus {
+        name: m.name,
+        version: m.version,
+        ready: m.ready,
+        reason: m.reason,
+        config: Arc::new(config),
+    })
+}
+
+fn node_hello(hello: msg::Hello, address: String) -> Result<NodeHello, String> {
+    Ok(NodeHello {
+        name: hello.name,
+        incarnation: hello.incarnation,
+        address,
+        devices: hello.devices,
+        models: hello.models.into_iter().map(model_status).collect::<Result<_, _>>()?,
+    })
+}
+
+/// Reads the node's control frames into the actor until the stream or connection ends.
+async fn read_control(mut recv: RecvStream, actor: ActorRef<LinkMsg>, limits: mesh::cluster::Limits) {
+    loop {
+        match read_frame(&mut recv, &limits).await {
+            Ok(Some(f)) => {
+                if actor.cast(LinkMsg::Control(f.message)).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => {
+                let _ = actor.cast(LinkMsg::Closed("the node ended its control stream".into()));
+                return;
+            }
+            Err(e) => {
+                let _ = actor.cast(LinkMsg::Closed(format!("control stream: {e}")));
+                return;
+            }
+        }
+    }
+}
+
+/// Serves the requests a node opens streams for (BLS calls leaving the node) through the router.
+async fn accept_requests(link: Arc<Link>, dispatch: Arc<RouterDispatch>, limits: mesh::cluster::Limits) {
+    loop {
+        let (send, mut recv) = match link.conn.accept_bi().await {
+            Ok(s) => s,
+            Err(_) => return, // the connection ended; the control reader reports why
+        };
+        let dispatch = dispatch.clone();
+        tokio::spawn(async move {
+            let first = match read_frame(&mut recv, &limits).await {
+                Ok(Some(f)) => f,
+                Ok(None) => return,
+                Err(e) => return reject(send, recv, e, &limits).await,
+            };
+            match request_of(first) {
+                Ok((request, stream)) => {
+                    serve(&*dispatch, request, stream, send, &limits, |_| ErrorKind::Answered).await
+                }
+                Err(e) => reject(send, recv, e, &limits).await,
+            }
+        });
+    }
+}
+
+impl Actor for NodeLink {
+    type Msg = LinkMsg;
+    type State = LinkState;
+    type Arguments = LinkArgs;
+
+    async fn pre_start(&self, myself: ActorRef<LinkMsg>, args: LinkArgs) -> Result<LinkState, ActorProcessingErr> {
+        let LinkArgs {
+            link,
+            joining,
+            cluster,
+            dispatch,
+        } = args;
+        let Joining { control, hello, .. } = joining;
+        let (mut control_tx, control_rx) = control;
+        let hello = match node_hello(hello, link.address.to_string()) {
+            Ok(h) => h,
+            Err(e) => {
+                link.close(close::REFUSED, &format!("cannot join: {e}"));
+                return Err(e.into());
+            }
+        };
+        let welcome = Message::Welcome(Welcome {
+            router: cluster.id.clone(),
+            link: link.id,
+        });
+        let chunks = frame::encode(&welcome, Default::default(), &cluster.limits)?;
+        write_frame(&mut control_tx, chunks).await?;
+        tracing::info!(
+            node = %hello.name,
+            address = %link.address,
+            models = hello.models.len(),
+            incarnation = format!("{:016x}", hello.incarnation),
+            "node joined"
+        );
+        cluster.tell(MembershipMsg::Join(link.id, hello));
+        let tasks = vec![
+            tokio::spawn(read_control(control_rx, myself.clone(), cluster.limits)),
+            tokio::spawn(accept_requests(link.clone(), dispatch, cluster.limits)),
+        ];
+        Ok(LinkState {
+            link,
+            cluster,
+            control: control_tx,
+            tasks,
+            draining: None,
+            quiet_checks: 0,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<LinkMsg>,
+        msg: LinkMsg,
+        state: &mut LinkState,
+    ) -> Result<(), ActorProcessingErr> {
+        let id = state.link.id;
+        match msg {
+            LinkMsg::Control(Message::ModelEvent(e)) => {
+                let event = match e {
+                    msg::ModelEvent::Update(m) => match model_status(m) {
+                        Ok(m) => ModelEvent::Update(m),
+                        Err(e) => {
+                            state.link.close(close::PROTOCOL, &e);
+                            myself.stop(Some(e));
+                            return Ok(());
+                        }
+                    },
+                    msg::ModelEvent::Removed { name, version } => ModelEvent::Removed { name, version },
+                };
+                state.cluster.tell(MembershipMsg::Event(id, event));
+            }
+            LinkMsg::Control(Message::LoadReport(r)) => {
+                let loads = r
+                    .models
+                    .into_iter()
+                    .map(|m| ModelLoad {
+                        name: m.name,
+                        version: m.version,
+                        inflight: m.inflight,
+                        queued: m.queued,
+                        exec_us: m.exec_us,
+                    })
+                    .collect();
+                state.cluster.tell(MembershipMsg::Report(id, loads));
+            }
+            LinkMsg::Control(Message::Drain) => {
+                tracing::info!(node = %state.link.name, "node is draining: no new requests go to it");
+                state.cluster.tell(MembershipMsg::Drain(id));
+                if state.draining.is_none() {
+                    let cell = myself.get_cell();
+                    state.draining = Some(ractor::time::send_interval(DRAIN_CHECK, cell, || LinkMsg::CheckDrain));
+                }
+            }
+            LinkMsg::Control(Message::Goodbye) => {
+                state.cluster.tell(MembershipMsg::Goodbye(id));
+                myself.stop(Some("the node said goodbye".into()));
+            }
+            LinkMsg::Control(other) => {
+                let why = format!("a {} on the control stream", message_name(&other));
+                state.link.close(close::PROTOCOL, &why);
+                myself.stop(Some(why));
+            }
+            LinkMsg::CheckDrain => {
+                // Two quiet checks in a row: a request that picked this node just before the drain
+                // was published has had time to show up in the count.
+                state.quiet_checks = if state.link.inflight() == 0 {
+                    state.quiet_checks + 1
+                } else {
+                    0
+                };
+                if state.quiet_checks >= 2 {
+                    if let Some(t) = state.draining.take() {
+                        t.abort();
+                    }
+                    let chunks = frame::encode(&Message::Released, Default::default(), &state.cluster.limits)?;
+                    if write_frame(&mut state.control, chunks).await.is_ok() {
+                        tracing::info!(node = %state.link.name, "drained node released");
+                    }
+                }
+            }
+            LinkMsg::Closed(why) => myself.stop(Some(why)),
+        }
+        Ok(())
+    }
+
+    async fn post_stop(&self, _: ActorRef<LinkMsg>, state: &mut LinkState) -> Result<(), ActorProcessingErr> {
+        for t in state.tasks.drain(..) {
+            t.abort();
+        }
+        if let Some(t) = state.draining.take() {
+            t.abort();
+        }
+        Ok(())
+    }
+}
+
+/// How often a draining node's in-flight count is checked.
+const DRAIN_CHECK: Duration = Duration::from_millis(20);

@@ -1,0 +1,119 @@
+//! RouterSupervisor, the root of the router's actor tree: it starts the MembershipActor and one
+//! NodeLink per connected node.
+//! The supervisor turns a link actor's end (clean or not) into a membership event, and restarts the
+//! MembershipActor if it fails (membership itself lives in `Cluster`, so nothing is lost).
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+
+use crate::cluster::Cluster;
+use crate::dispatch::RouterDispatch;
+use crate::link::actor::{LinkArgs, NodeLink};
+use crate::link::{Joining, Link};
+use crate::membership::LinkId;
+use crate::membership_actor::{MembershipActor, MembershipMsg};
+
+/// Messages to the supervisor: a connection finished its handshake.
+pub enum SupervisorMsg {
+    Joined(Joining),
+}
+
+pub struct RouterSupervisor;
+
+pub struct SupervisorArgs {
+    pub cluster: Arc<Cluster>,
+    pub dispatch: Arc<RouterDispatch>,
+}
+
+pub struct SupervisorState {
+    args: SupervisorArgs,
+    membership: ActorRef<MembershipMsg>,
+    links: HashMap<ActorId, LinkId>,
+}
+
+impl RouterSupervisor {
+    async fn spawn_membership(
+        myself: &ActorRef<SupervisorMsg>,
+        cluster: &Arc<Cluster>,
+    ) -> Result<ActorRef<MembershipMsg>, ActorProcessingErr> {
+        let (m, _) = Actor::spawn_linked(None, MembershipActor, cluster.clone(), myself.get_cell()).await?;
+        cluster.set_membership_actor(m.clone());
+        Ok(m)
+    }
+}
+
+impl Actor for RouterSupervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        args: SupervisorArgs,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let membership = Self::spawn_membership(&myself, &args.cluster).await?;
+        Ok(SupervisorState {
+            args,
+            membership,
+            links: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let SupervisorMsg::Joined(joining) = msg;
+        let cluster = &state.args.cluster;
+        let id = cluster.next_link_id();
+        let link = Arc::new(Link::new(id, joining.hello.name.clone(), joining.conn.clone()));
+        let args = LinkArgs {
+            link: link.clone(),
+            joining,
+            cluster: cluster.clone(),
+            dispatch: state.args.dispatch.clone(),
+        };
+        match Actor::spawn_linked(None, NodeLink, args, myself.get_cell()).await {
+            Ok((actor, _)) => {
+                cluster.add_link(link);
+                state.links.insert(actor.get_id(), id);
+            }
+            Err(e) => {
+                tracing::warn!(node = %link.name, "could not start the node's link: {e}");
+                link.close(
+                    mesh::cluster::transport::close::PROTOCOL,
+                    "the router could not start this link",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match event {
+            SupervisionEvent::ActorTerminated(cell, _, why) => (cell, why.unwrap_or_else(|| "closed".into())),
+            SupervisionEvent::ActorFailed(cell, e) => (cell, format!("link actor failed: {e}")),
+            _ => return Ok(()),
+        };
+        if let Some(link) = state.links.remove(&cell.get_id()) {
+            if let Some(l) = state.args.cluster.remove_link(link) {
+                l.close(mesh::cluster::transport::close::NORMAL, "link closed by the router");
+                tracing::info!(node = %l.name, link, "node link ended: {why}");
+            }
+            let _ = state.membership.cast(MembershipMsg::LinkGone(link, why));
+        } else if cell.get_id() == state.membership.get_id() {
+            tracing::error!("membership actor ended ({why}); starting it again");
+            state.membership = Self::spawn_membership(&myself, &state.args.cluster).await?;
+        }
+        Ok(())
+    }
+}
