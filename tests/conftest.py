@@ -7,6 +7,8 @@ talks to it with tritonclient (HTTP and gRPC) and raw HTTP.
 
 Environment:
   MESH_NODE_BIN            server binary (default <repo>/target/release/mesh-node)
+  MESH_ROUTER_BIN          cluster router (default <repo>/target/release/mesh-router)
+  MESH_OPS_BIN             operator tool (default <repo>/target/release/mesh-ops)
   MESH_REQUIRE_SERVER=1    fail, rather than skip, server tests when the binary is missing
   ORT_DYLIB_PATH           passed on to the server; computed from the onnxruntime
                            wheel of this interpreter when unset
@@ -34,6 +36,7 @@ sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 import gen_models  # noqa: E402
 from mesh_util import MeshServer  # noqa: E402
+from cluster_util import ClusterCerts, ClusterFactory  # noqa: E402
 
 WORK_DIR = TESTS_DIR / ".work"
 LOG_DIR = WORK_DIR / "logs"
@@ -51,6 +54,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "grpc: talks gRPC to the server")
     config.addinivalue_line("markers", "http: talks HTTP to the server")
     config.addinivalue_line("markers", "offline: needs no server (model generation checks)")
+    config.addinivalue_line("markers", "cluster: starts mesh-router and joined mesh-nodes")
 
 
 # --------------------------------------------------------------------------
@@ -70,18 +74,29 @@ def _ort_dylib() -> str | None:
     return found[-1] if found else None
 
 
-@pytest.fixture(scope="session")
-def mesh_bin() -> Path:
-    p = Path(os.environ.get("MESH_NODE_BIN", REPO_ROOT / "target" / "release" / "mesh-node"))
+def _binary(env_var: str, name: str, crate: str) -> Path:
+    p = Path(os.environ.get(env_var, REPO_ROOT / "target" / "release" / name))
     if not p.is_absolute():
         p = REPO_ROOT / p
     if not (p.is_file() and os.access(p, os.X_OK)):
-        msg = (f"mesh-node binary not found at {p}: build it (cargo build --release -p <node crate>) "
-               f"or set MESH_NODE_BIN")
+        msg = (f"{name} binary not found at {p}: build it (cargo build --release -p {crate}) "
+               f"or set {env_var}")
         if os.environ.get("MESH_REQUIRE_SERVER") == "1":
             pytest.fail(msg)
         pytest.skip(msg)
     return p
+
+
+@pytest.fixture(scope="session")
+def mesh_bin() -> Path:
+    return _binary("MESH_NODE_BIN", "mesh-node", "mesh-node")
+
+
+@pytest.fixture(scope="session")
+def cluster_bins(mesh_bin) -> dict[str, Path]:
+    """mesh-node, mesh-router and mesh-ops."""
+    return {"node": mesh_bin, "router": _binary("MESH_ROUTER_BIN", "mesh-router", "mesh-router"),
+            "ops": _binary("MESH_OPS_BIN", "mesh-ops", "mesh-ops")}
 
 
 @pytest.fixture(scope="session")
@@ -176,6 +191,34 @@ def fresh_server(mesh_bin, server_env, request):
     f.close()
 
 
+# --------------------------------------------------------------------------
+# Clusters: mesh-router and the mesh-nodes that join it
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def cluster_certs(cluster_bins, tmp_path_factory) -> ClusterCerts:
+    """The cluster CA (`mesh-ops certs init`); members' certificates are issued on demand."""
+    return ClusterCerts(cluster_bins["ops"], tmp_path_factory.mktemp("cluster-ca"))
+
+
+@pytest.fixture
+def cluster_factory(cluster_bins, server_env, cluster_certs, request):
+    """Clusters whose processes are stopped (SIGKILL if need be) when the test ends."""
+    tag = "cl-" + request.node.name.replace("/", "_").replace("[", "-").replace("]", "")
+    f = ClusterFactory(cluster_bins, server_env, cluster_certs, tag, LOG_DIR, _ALL_SERVERS)
+    yield f
+    f.close()
+
+
+@pytest.fixture(scope="module")
+def module_cluster_factory(cluster_bins, server_env, cluster_certs, request):
+    """Clusters shared by the tests of one module, stopped when the module ends."""
+    f = ClusterFactory(cluster_bins, server_env, cluster_certs, "cl-" + request.module.__name__, LOG_DIR,
+                       _ALL_SERVERS)
+    yield f
+    f.close()
+
+
 # Largest HTTP request body the main server accepts (--http-max-input-size).
 MAIN_MAX_INPUT_SIZE = 1 << 20
 
@@ -255,9 +298,13 @@ def pytest_runtest_makereport(item, call):
     if rep.when != "call" or not rep.failed:
         return
     t0 = getattr(item, "_mesh_t0", 0.0)
-    used = [v for v in getattr(item, "funcargs", {}).values() if isinstance(v, MeshServer)]
+    funcargs = getattr(item, "funcargs", {})
+    used = [v for v in funcargs.values() if isinstance(v, MeshServer)]
+    for v in funcargs.values():  # clusters and cluster factories: every process they started
+        if hasattr(v, "mesh_processes"):
+            used += [p for p in v.mesh_processes() if p not in used]
     wanted = {_FIXTURE_SERVER[f] for f in getattr(item, "fixturenames", ()) if f in _FIXTURE_SERVER}
     used += [s for s in _ALL_SERVERS if getattr(s, "name", None) in wanted and s not in used]
     used += [s for s in _ALL_SERVERS if s.started_at >= t0 and s not in used]
     for s in used:
-        rep.sections.append((f"mesh-node log {s.log_path} (tail)", s.log_tail(60)))
+        rep.sections.append((f"{getattr(s, 'kind', 'mesh-node')} log {s.log_path} (tail)", s.log_tail(60)))

@@ -1,0 +1,185 @@
+//! A real mesh-router routing client requests to a fake node that answers them with garbage, resets and lies.
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use mesh::cluster::convert::{answer_frame, request_from};
+use mesh::cluster::frame;
+use mesh::cluster::io::read_frame;
+use mesh::cluster::msg::{Answer, AnswerBody, LoadReport, Message, ModelStatus, ResponseHead, StatsReply, TensorHead};
+use mesh::cluster::transport::stream_code;
+use mesh::cluster::Limits;
+use mesh::{InferResponse, NamedTensor, Tensor};
+use quinn::{Connection, RecvStream, SendStream, VarInt};
+
+const CONFIG: &str = r#"
+name: "fake_add"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"#;
+
+fn fake_add() -> ModelStatus {
+    let config = mesh::config::parse_pbtxt(CONFIG).unwrap();
+    ModelStatus {
+        name: "fake_add".into(),
+        version: 1,
+        ready: true,
+        reason: String::new(),
+        config: prost::Message::encode_to_vec(&config),
+    }
+}
+
+async fn write(tx: &mut SendStream, chunks: Vec<bytes::Bytes>) {
+    let _ = tx.write_all(&chunks.concat()).await;
+    let _ = tx.finish();
+}
+
+/// Answers one routed request as its id asks; the correct answer is Y = X + 1.
+async fn answer(mut tx: SendStream, mut rx: RecvStream, seen: Arc<Mutex<HashMap<String, u32>>>) {
+    let limits = Limits::default();
+    let Ok(Some(f)) = read_frame(&mut rx, &limits).await else {
+        return;
+    };
+    let Message::Request(head) = f.message else {
+        return;
+    };
+    let (request, _) = request_from(head, &f.payload).expect("the router sends well-formed requests");
+    *seen.lock().unwrap().entry(request.id.clone()).or_default() += 1;
+    match request.id.as_str() {
+        "garbage" => {
+            write(
+                &mut tx,
+                vec![bytes::Bytes::from_static(b"this is no frame, only garbage")],
+            )
+            .await
+        }
+        "reset" => {
+            let _ = tx.reset(VarInt::from_u32(stream_code::PROTOCOL));
+        }
+        "nothing" => {
+            let _ = tx.finish();
+        }
+        "stats" => {
+            let reply = Message::StatsReply(StatsReply::Stats(Vec::new()));
+            write(&mut tx, frame::encode(&reply, Default::default(), &limits).unwrap()).await
+        }
+        "outside" => {
+            let lie = Message::Answer(Answer {
+                last: true,
+                body: AnswerBody::Response(ResponseHead {
+                    model: "fake_add".into(),
+                    version: "1".into(),
+                    id: request.id.clone(),
+                    parameters: Vec::new(),
+                    outputs: vec![TensorHead {
+                        name: "Y".into(),
+                        dtype: mesh::cluster::convert::dtype_code(mesh::DataType::Fp32),
+                        shape: vec![2],
+                        offset: u64::MAX - 4,
+                        len: 8,
+                    }],
+                }),
+            });
+            write(&mut tx, frame::encode(&lie, Default::default(), &limits).unwrap()).await
+        }
+        _ => {
+            let x = &request.inputs[0].tensor.data;
+            let y: Vec<f32> = x
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()) + 1.0)
+                .collect();
+            let response = InferResponse {
+                model_name: "fake_add".into(),
+                model_version: "1".into(),
+                id: request.id.clone(),
+                outputs: vec![NamedTensor {
+                    name: "Y".into(),
+                    tensor: Tensor::from_values(vec![2], &y),
+                }],
+                parameters: Vec::new(),
+            };
+            write(&mut tx, answer_frame(Some(&Ok(response)), true, &limits).unwrap()).await
+        }
+    }
+}
+
+/// Serves every stream the router opens on `conn`, counting requests by id.
+fn serve(conn: Connection) -> Arc<Mutex<HashMap<String, u32>>> {
+    let seen = Arc::new(Mutex::new(HashMap::new()));
+    let counter = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((tx, rx)) = conn.accept_bi().await {
+            tokio::spawn(answer(tx, rx, counter.clone()));
+        }
+    });
+    seen
+}
+
+fn infer_body(id: &str) -> String {
+    format!(r#"{{"id":"{id}","inputs":[{{"name":"X","shape":[2],"datatype":"FP32","data":[1.5,-2.0]}}]}}"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbled_answers_of_a_node_become_client_errors_and_good_ones_still_flow() {
+    let certs = Certs::new();
+    let mut router = start_router(&certs, Some(&certs.router), &["--quarantine-ms", "20"]).await;
+    let conn = connect_as(&certs.node, router.cluster_addr()).await.unwrap();
+    let (mut control, _control_rx, first) = say_hello(&conn, &hello("node-liar", vec![fake_add()])).await.unwrap();
+    assert!(matches!(first, Message::Welcome(_)), "{first:?}");
+    // Keep the fake node heard from (a silent node is not routed to).
+    tokio::spawn(async move {
+        loop {
+            send(&mut control, &Message::LoadReport(LoadReport { models: Vec::new() })).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let seen = serve(conn.clone());
+    eventually("fake_add to be ready on the router", Duration::from_secs(5), || async {
+        let r = http_get(router.http, "/v2/models/fake_add/ready").await?;
+        (r.0 == 200).then_some(())
+    })
+    .await;
+
+    for id in ["garbage", "reset", "nothing", "stats", "outside"] {
+        let started = std::time::Instant::now();
+        let (status, body) = http_post(router.http, "/v2/models/fake_add/infer", &infer_body(id))
+            .await
+            .unwrap_or_else(|| panic!("{id}: no HTTP answer"));
+        // The only replica failed in a way that may have run the request: UNAVAILABLE, never a made-up answer.
+        assert_eq!(
+            status, 503,
+            "{id}: a garbled answer reached the client as {status}: {body}"
+        );
+        assert!(
+            body.contains("node-liar"),
+            "{id}: the error does not name the node: {body}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{id}: took {:?}",
+            started.elapsed()
+        );
+        assert!(
+            seen.lock().unwrap().get(id).copied().unwrap_or(0) >= 1,
+            "{id}: never reached the node"
+        );
+        assert!(conn.close_reason().is_none(), "{id}: the router closed the link");
+        assert_live(&mut router).await;
+    }
+
+    let (status, body) = eventually("a good answer after the quarantine", Duration::from_secs(5), || async {
+        http_post(router.http, "/v2/models/fake_add/infer", &infer_body("ok"))
+            .await
+            .filter(|r| r.0 == 200)
+    })
+    .await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["outputs"][0]["name"], "Y", "{body}");
+    assert_eq!(v["outputs"][0]["data"], serde_json::json!([2.5, -1.0]), "{body}");
+}
