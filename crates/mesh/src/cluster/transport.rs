@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use quinn::{IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
+use std::net::SocketAddr;
+
+use quinn::{EndpointConfig, IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
 
 /// QUIC application close codes on the cluster link (the reason text travels with them).
 pub mod close {
@@ -51,11 +53,12 @@ impl Default for Tuning {
 /// Streams either side may have open at once on one link: one per in-flight request (quinn's 100
 /// would cap a router at 100 concurrent requests per node).
 pub const MAX_STREAMS: u32 = 4096;
-/// Per-stream receive window: a 16 MiB tensor flows without waiting on window updates (quinn's
-/// ~1.25 MB would stall it at every window on a fast link).
-pub const STREAM_WINDOW: u32 = 16 << 20;
+/// Per-stream receive window: several times quinn's ~1.25 MB, so a large tensor streams without
+/// waiting on window updates, yet well under the socket buffer, so one stream's burst does not
+/// overflow it (a drop costs the congestion window and, for jumbo packets, the MTU).
+pub const STREAM_WINDOW: u32 = 4 << 20;
 /// Per-connection receive window, shared by all streams of a link.
-pub const CONNECTION_WINDOW: u32 = 64 << 20;
+pub const CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// The transport config both ends of a link use.
 pub fn transport_config(tuning: &Tuning) -> Result<Arc<TransportConfig>, String> {
@@ -76,10 +79,54 @@ pub fn transport_config(tuning: &Tuning) -> Result<Arc<TransportConfig>, String>
         .receive_window(VarInt::from_u32(CONNECTION_WINDOW))
         .send_window(u64::from(CONNECTION_WINDOW))
         .datagram_receive_buffer_size(None);
-    // Probe up to the largest UDP payload: loopback and jumbo-frame networks then carry tensors in
-    // far fewer packets; paths with a 1500-byte MTU stop where probes stop being answered.
     let mut mtu = MtuDiscoveryConfig::default();
-    mtu.upper_bound(65_527);
+    mtu.upper_bound(MTU_UPPER_BOUND)
+        .interval(Duration::from_secs(MTU_REPROBE_SECS))
+        .black_hole_cooldown(Duration::from_secs(MTU_REPROBE_SECS));
     t.mtu_discovery_config(Some(mtu));
     Ok(Arc::new(t))
+}
+
+/// Largest UDP payload an endpoint takes (quinn's default, 1472, would also cap what MTU
+/// discovery may find).
+pub const MAX_UDP_PAYLOAD: u16 = 65_527;
+
+/// Where MTU discovery stops: a 9000-byte jumbo frame (8972 bytes of UDP payload). Cluster networks
+/// with jumbo frames (and loopback) then carry tensors in six times fewer packets than at 1472;
+/// Ethernet paths stop where probes stop being answered.
+pub const MTU_UPPER_BOUND: u16 = 8972;
+
+/// Seconds before the MTU is probed again, also after a burst of losses made quinn suspect a black
+/// hole and fall back to 1200 bytes (quinn waits 600 s, which leaves a busy link slow for minutes).
+pub const MTU_REPROBE_SECS: u64 = 2;
+
+/// Socket buffer the link asks the kernel for, each way. At the default 208 KiB a burst of a large
+/// tensor overflows the receive buffer even on loopback, and every drop halves the congestion
+/// window. The kernel caps it at `net.core.rmem_max` / `wmem_max` (raise those on busy hosts).
+pub const SOCKET_BUFFER: usize = 8 << 20;
+
+/// A UDP socket for a link endpoint, bound to `addr`, with large kernel buffers.
+pub fn socket(addr: SocketAddr) -> Result<std::net::UdpSocket, String> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+        .map_err(|e| format!("cannot open a UDP socket for {addr}: {e}"))?;
+    // Best effort: the kernel caps the sizes silently, and a smaller buffer only costs speed.
+    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = s.set_send_buffer_size(SOCKET_BUFFER);
+    if addr.is_ipv6() {
+        let _ = s.set_only_v6(false);
+    }
+    s.bind(&addr.into()).map_err(|e| format!("cannot bind UDP {addr}: {e}"))?;
+    Ok(s.into())
+}
+
+/// A QUIC endpoint for the cluster link on `addr`: a listener when `server` is given (the router),
+/// else a dialer (a node).
+pub fn endpoint(addr: SocketAddr, server: Option<quinn::ServerConfig>) -> Result<quinn::Endpoint, String> {
+    let mut config = EndpointConfig::default();
+    config
+        .max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .map_err(|e| format!("bad UDP payload size: {e}"))?;
+    quinn::Endpoint::new(config, server, socket(addr)?, Arc::new(quinn::TokioRuntime))
+        .map_err(|e| format!("cannot open the cluster endpoint on {addr}: {e}"))
 }
