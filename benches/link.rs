@@ -72,7 +72,8 @@ async fn quic_pair() -> (quinn::Connection, quinn::Endpoint) {
         std::fs::write(dir.join(format!("{name}.key")), &leaf.key_pem).unwrap();
     }
     let t = transport::transport_config(&transport::Tuning::default()).unwrap();
-    let mut server = quinn::ServerConfig::with_crypto(tls::server_crypto(&tls::TlsFiles::in_dir(&dir, "router")).unwrap());
+    let mut server =
+        quinn::ServerConfig::with_crypto(tls::server_crypto(&tls::TlsFiles::in_dir(&dir, "router")).unwrap());
     server.transport_config(t.clone());
     let listener = transport::endpoint("127.0.0.1:0".parse().unwrap(), Some(server)).unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
@@ -86,6 +87,7 @@ async fn quic_pair() -> (quinn::Connection, quinn::Endpoint) {
     tokio::spawn(async move {
         let limits = Limits::default();
         while let Ok((send, mut recv)) = dialed.accept_bi().await {
+            let limits = limits.clone();
             tokio::spawn(async move {
                 if let Ok(Some(frame)) = read_frame(&mut recv, &limits).await {
                     if let Ok((req, stream)) = answer::request_of(frame) {
@@ -108,7 +110,11 @@ async fn grpc_client() -> GrpcInferenceServiceClient<tonic::transport::Channel> 
         })
     });
     let service = mesh::grpc::GrpcFrontend::server(Arc::new(Echo), usize::MAX);
-    tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming),
+    );
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .tcp_nodelay(true)
@@ -186,15 +192,22 @@ async fn main() {
     println!("| call | req/s | p50 µs | p99 µs | GB/s (both ways) |");
     println!("|---|---|---|---|---|");
     for (bytes, concurrencies) in [(256usize, vec![1, 8]), (16 << 20, vec![1, 4])] {
-        let size = if bytes >= 1 << 20 { format!("{} MiB", bytes >> 20) } else { format!("{bytes} B") };
+        let size = if bytes >= 1 << 20 {
+            format!("{} MiB", bytes >> 20)
+        } else {
+            format!("{bytes} B")
+        };
         for c in concurrencies {
             let req = Arc::new(request(bytes));
-            let conn = conn.clone();
+            let (conn, limits) = (conn.clone(), limits.clone());
             let (lat, wall) = load(c, secs, move || {
-                let (req, conn) = (req.clone(), conn.clone());
+                let (req, conn, limits) = (req.clone(), conn.clone(), limits.clone());
                 async move {
                     let chunks = request_frame(&req, false, &limits).unwrap();
-                    let peer = Peer { conn: &conn, name: "echo node" };
+                    let peer = Peer {
+                        conn: &conn,
+                        name: "echo node",
+                    };
                     let r = call::unary(peer, chunks, &limits).await.unwrap();
                     assert_eq!(r.outputs[0].tensor.data.len(), bytes);
                 }

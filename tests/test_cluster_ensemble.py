@@ -186,9 +186,6 @@ def chain_row(cluster):
     return {x["name"]: x for x in cluster.router.index()}["chain"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a router ensemble stays READY (index and /ready) while the only "
-                   "node serving one of its steps is lost; its plan only needs the step's config, which a lost "
-                   "node's entry keeps for 60 s (ensembles.rs plan / RouterDispatch::model)")
 def test_an_ensemble_is_not_ready_while_a_step_node_is_lost(cluster, http):
     """Node B is killed: add_sub has no routable replica, so chain cannot run and must not say ready."""
     try:

@@ -4,6 +4,7 @@ to a node's own cluster socket leave both serving; the router and a joining node
 without certificates unless told --cluster-insecure-dev; with that flag on both sides a node
 joins and serves."""
 import random
+import re
 import socket
 import subprocess
 import time
@@ -177,3 +178,34 @@ def test_insecure_dev_on_both_sides_joins_and_serves(cluster_factory, add_sub_on
     for i in range(5):
         infer_ok(c.router.http_url, i)
     assert {r["name"]: r["nodes"] for r in c.router.index()}["add_sub"] == ["dev"]
+
+
+def test_two_processes_under_one_node_name_do_not_flap(cluster_factory, cluster_certs, add_sub_only):
+    """Node names must be unique: a second process joining under a live node's name replaces it, and
+    the replaced process says so in its log and waits before dialing again (it used to push the other
+    out every 100 ms, forever)."""
+    from cluster_util import MeshNode
+    c = cluster_factory()
+    c.start_router()
+    c.start_node("dup", [add_sub_only])
+    first = c.view()
+    twin = MeshNode(c.bins["node"], [add_sub_only],
+                    cluster_certs.args("dup") + ["--cluster-join", c.router.cluster_addr],
+                    c._log("dup-twin"), c.env, "dup", ["add_sub"])
+    c._track(twin, "dup-twin")
+    twin.start(["add_sub"], timeout=c.startup)
+    old = c.nodes["dup"]
+    wait_until_logged = time.monotonic() + 10
+    while not log_has(old, r"another process joined under this node's name") and time.monotonic() < wait_until_logged:
+        time.sleep(0.05)
+    assert log_has(old, r"another process joined under this node's name"), old.log_tail(20)
+    assert log_has(old, r"names must be unique")
+    joins = lambda: len(re.findall(r"node joined node=dup\b", c.router.log_tail(10_000)))  # noqa: E731
+    before = joins()
+    assert before >= 2, "both processes joined once"
+    time.sleep(3)
+    assert joins() - before <= 1, f"the two processes keep replacing each other: {joins() - before} joins in 3 s"
+    nodes = [n for n in c.view()["nodes"] if n["name"] == "dup"]
+    assert len(nodes) == 1 and nodes[0]["state"] == "up", nodes
+    assert first["nodes"][0]["incarnation"] != nodes[0]["incarnation"], "the newer process holds the name"
+    infer_ok(c.router.http_url, 3)

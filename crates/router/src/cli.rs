@@ -65,6 +65,10 @@ pub struct Args {
     /// Largest tensor payload of one frame on the cluster link, in bytes.
     #[arg(long, default_value_t = 1 << 30)]
     pub cluster_max_frame_bytes: u64,
+    /// Tensor bytes the router holds from the cluster link at once (answers and BLS requests being
+    /// received or forwarded); past it a frame is refused as overloaded, so memory stays bounded.
+    #[arg(long, default_value_t = 2 << 30)]
+    pub max_inflight_bytes: u64,
 
     /// Deadline of a request that carries no `timeout` parameter, in milliseconds; retries and
     /// waits for a replica stay within it.

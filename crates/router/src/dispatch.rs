@@ -88,6 +88,18 @@ struct Routing<'a> {
     version: Option<String>,
     /// Set once a node failed at the transport level: success afterwards is a failover.
     failed_over: bool,
+    /// What went wrong with the last attempt, for the client's error when nothing is left to try.
+    last_failure: Option<String>,
+}
+
+impl Routing<'_> {
+    /// An error that ends routing, with the last attempt's failure when there was one.
+    fn with_cause(&self, e: Error) -> Error {
+        match &self.last_failure {
+            Some(why) => Error::new(e.code, format!("{}; last failure: {why}", e.message)),
+            None => e,
+        }
+    }
 }
 
 impl RouterDispatch {
@@ -114,6 +126,7 @@ impl RouterDispatch {
             state,
             version: None,
             failed_over: false,
+            last_failure: None,
         }
     }
 
@@ -155,17 +168,21 @@ impl RouterDispatch {
                                 r.version = Some(v);
                                 return Ok(link);
                             }
-                            // The link ended between the snapshot and now: wait for the next one.
-                            None => ("a chosen node just left".to_string(), None),
+                            // The link ended between the snapshot and now: look again shortly
+                            // (its removal from the view is on its way).
+                            None => (
+                                "a chosen node just left".to_string(),
+                                Some(Instant::now() + Duration::from_millis(5)),
+                            ),
                         },
                         Pick::Wait { reason, until } => (reason, until),
-                        Pick::Unavailable(e) => return Err(e),
+                        Pick::Unavailable(e) => return Err(r.with_cause(e)),
                     }
                 }
             };
             let now = Instant::now();
             if now >= wait_until {
-                return Err(r.state.waited_out(&reason, now));
+                return Err(r.with_cause(r.state.waited_out(&reason, now)));
             }
             let until = until.unwrap_or(wait_until).min(wait_until);
             let _ = tokio::time::timeout_at(until.into(), changes.changed()).await;
@@ -174,6 +191,7 @@ impl RouterDispatch {
 
     /// What to do after an attempt failed: Ok to try again, or the error for the client.
     fn after_failure(&self, r: &mut Routing<'_>, link: &Link, failure: CallFailure) -> Result<()> {
+        r.last_failure = Some(failure.to_string());
         let (failure, why) = classify(&self.cluster, link, failure);
         if matches!(failure, Failure::Lost(_) | Failure::NotStarted(_)) && why != Some("refused") {
             r.failed_over = true;
@@ -281,34 +299,48 @@ impl RouterDispatch {
         self.ensembles.plan(name, generation, &|m, v| self.cluster_view(m, v))
     }
 
-    async fn run_ensemble(&self, request: InferRequest) -> Option<Result<InferResponse>> {
-        let plan = match self.ensemble_plan(&request.model_name)? {
+    /// Whether a router ensemble can serve now: it plans against the cluster and every step model
+    /// has a routable replica (else the reason).
+    fn ensemble_ready(&self, name: &str) -> Option<std::result::Result<(), String>> {
+        let plan = match self.ensemble_plan(name)? {
             Ok(plan) => plan,
-            Err(why) => {
-                return Some(Err(Error::unavailable(format!(
-                    "ensemble '{}' is not ready: {why}",
-                    request.model_name
-                ))))
-            }
+            Err(why) => return Some(Err(why)),
+        };
+        let table = self.cluster.routing();
+        let missing: Vec<String> = plan
+            .steps
+            .iter()
+            .filter(|step| !table.model_view(&step.model, &step.version).is_ok_and(|v| v.ready))
+            .map(|step| format!("step model '{}' has no ready replica", step.model))
+            .collect();
+        Some(if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(missing.join("; "))
+        })
+    }
+
+    /// Runs a router ensemble: its steps go through this Dispatch, each wherever its model is served.
+    async fn run_ensemble(&self, request: InferRequest) -> Result<InferResponse> {
+        let name = request.model_name.clone();
+        let plan = match self.ensemble_plan(&name) {
+            Some(Ok(plan)) => plan,
+            Some(Err(why)) => return Err(Error::unavailable(format!("ensemble '{name}' is not ready: {why}"))),
+            None => return Err(Error::not_found(format!("unknown model: '{name}' is not found"))),
+        };
+        let Some(ensemble) = self.ensembles.get(&name) else {
+            return Err(Error::not_found(format!("unknown model: '{name}' is not found")));
         };
         let started = Instant::now();
-        let name = request.model_name.clone();
-        let check = self
-            .ensembles
-            .get(&name)
-            .map(|e| mesh::validate::check_request(&e.config, &request));
-        if let Some(Err(e)) = check {
-            self.ensembles.record(&name, false, started.elapsed());
-            return Some(Err(e));
-        }
-        let result = mesh::ensemble::run(&plan, self, request).await;
+        let result = match mesh::validate::check_request(&ensemble.config, &request) {
+            Ok(()) => mesh::ensemble::run(&plan, self, request).await,
+            Err(e) => Err(e),
+        };
         self.ensembles.record(&name, result.is_ok(), started.elapsed());
-        Some(result.map(|mut r| {
-            if let Some(e) = self.ensembles.get(&name) {
-                r.model_version = e.version.to_string();
-            }
+        result.map(|mut r| {
+            r.model_version = ensemble.version.to_string();
             r
-        }))
+        })
     }
 }
 
@@ -316,9 +348,7 @@ impl RouterDispatch {
 impl Dispatch for RouterDispatch {
     async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
         if self.ensembles.get(&request.model_name).is_some() {
-            if let Some(result) = self.run_ensemble(request.clone()).await {
-                return result;
-            }
+            return self.run_ensemble(request).await;
         }
         self.route_unary(request).await
     }
@@ -347,8 +377,8 @@ impl Dispatch for RouterDispatch {
 
     fn model(&self, name: &str, version: &str) -> Result<ModelView> {
         if let Some(e) = self.ensembles.get(name) {
-            let planned = matches!(self.ensemble_plan(name), Some(Ok(_)));
-            return self.ensembles.view(e, planned, version);
+            let ready = matches!(self.ensemble_ready(name), Some(Ok(())));
+            return self.ensembles.view(e, ready, version);
         }
         self.cluster_view(name, version)
     }
@@ -358,8 +388,8 @@ impl Dispatch for RouterDispatch {
         let mut rows: Vec<IndexEntry> = table.index().iter().map(|r| r.entry()).collect();
         for name in self.ensembles.names() {
             let Some(e) = self.ensembles.get(name) else { continue };
-            let (state, reason) = match self.ensemble_plan(name) {
-                Some(Ok(_)) => ("READY", String::new()),
+            let (state, reason) = match self.ensemble_ready(name) {
+                Some(Ok(())) => ("READY", String::new()),
                 Some(Err(why)) => ("UNAVAILABLE", why),
                 None => continue,
             };

@@ -144,8 +144,8 @@ impl Ensembles {
         Some(plan.clone())
     }
 
-    /// The ensemble's view: ready when it plans against the cluster.
-    pub fn view(&self, ensemble: &Ensemble, planned: bool, version: &str) -> Result<ModelView> {
+    /// The ensemble's view; `ready` when it plans against the cluster and its steps can run.
+    pub fn view(&self, ensemble: &Ensemble, ready: bool, version: &str) -> Result<ModelView> {
         if !version.is_empty() && version != ensemble.version.to_string() {
             return Err(Error::not_found(format!(
                 "ensemble '{}' has no version {version}",
@@ -155,8 +155,8 @@ impl Ensembles {
         Ok(ModelView {
             config: ensemble.config.clone(),
             version: ensemble.version,
-            ready_versions: if planned { vec![ensemble.version] } else { vec![] },
-            ready: planned,
+            ready_versions: if ready { vec![ensemble.version] } else { vec![] },
+            ready,
         })
     }
 

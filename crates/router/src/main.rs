@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use mesh::cluster::frame::Budget;
 use mesh::cluster::{tls, transport, Limits};
 use ractor::Actor;
 use tokio::sync::watch;
@@ -92,12 +93,13 @@ async fn run(args: Args) -> Result<(), String> {
     let mut server = quinn::ServerConfig::with_crypto(server_crypto(&args)?);
     server.transport_config(transport::transport_config(&tuning)?);
     let cluster_addr = SocketAddr::new(args.cluster_address, args.cluster_port);
-    let endpoint = quinn::Endpoint::server(server, cluster_addr)
-        .map_err(|e| format!("cannot listen for nodes on UDP {cluster_addr}: {e}"))?;
+    let endpoint =
+        transport::endpoint(cluster_addr, Some(server)).map_err(|e| format!("cannot listen for nodes: {e}"))?;
     tracing::info!(addr = %cluster_addr, ?tuning, "cluster port open (QUIC)");
 
     let limits = Limits {
         max_payload: args.cluster_max_frame_bytes,
+        budget: Arc::new(Budget::new(args.max_inflight_bytes)),
         ..Limits::default()
     };
     let route = RouteSettings {
@@ -110,7 +112,13 @@ async fn run(args: Args) -> Result<(), String> {
         ..BalanceSettings::default()
     });
     let id = format!("{}:{}", hostname(), args.cluster_port);
-    let cluster = Arc::new(Cluster::new(id, MembershipSettings::default(), balancer, limits, route));
+    let cluster = Arc::new(Cluster::new(
+        id,
+        MembershipSettings::default(),
+        balancer,
+        limits.clone(),
+        route,
+    ));
     let dispatch = Arc::new(RouterDispatch::new(cluster.clone(), ensembles));
     let (supervisor, supervisor_task) = Actor::spawn(
         None,
@@ -124,10 +132,10 @@ async fn run(args: Args) -> Result<(), String> {
     .map_err(|e| format!("cannot start the router supervisor: {e}"))?;
 
     let accept = {
-        let (endpoint, supervisor) = (endpoint.clone(), supervisor.clone());
+        let (endpoint, supervisor, limits) = (endpoint.clone(), supervisor.clone(), limits.clone());
         tokio::spawn(async move {
             while let Some(incoming) = endpoint.accept().await {
-                let supervisor = supervisor.clone();
+                let (supervisor, limits) = (supervisor.clone(), limits.clone());
                 tokio::spawn(async move {
                     let peer = incoming.remote_address();
                     match incoming.await {
@@ -149,7 +157,7 @@ async fn run(args: Args) -> Result<(), String> {
             loop {
                 tick.tick().await;
                 let nodes = cluster.membership().nodes(std::time::Instant::now());
-                let mut states = [("up", 0), ("draining", 0), ("silent", 0), ("lost", 0)];
+                let mut states = [("up", 0), ("draining", 0), ("silent", 0), ("lost", 0), ("left", 0)];
                 for n in &nodes {
                     if let Some(s) = states.iter_mut().find(|(s, _)| *s == n.state.as_str()) {
                         s.1 += 1;

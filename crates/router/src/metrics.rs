@@ -36,7 +36,7 @@ fn describe() {
     );
     g!(
         "mesh_router_nodes",
-        "Nodes the router knows, by state (up, draining, silent, lost)"
+        "Nodes the router knows, by state (up, draining, silent, lost, left)"
     );
     c!(
         "mesh_router_requests_total",

@@ -77,12 +77,15 @@ impl Actor for RouterSupervisor {
             cluster: cluster.clone(),
             dispatch: state.args.dispatch.clone(),
         };
+        // Registered before membership hears of the node, so the routing view never names a link
+        // the request path cannot find.
+        cluster.add_link(link.clone());
         match Actor::spawn_linked(None, NodeLink, args, myself.get_cell()).await {
             Ok((actor, _)) => {
-                cluster.add_link(link);
                 state.links.insert(actor.get_id(), id);
             }
             Err(e) => {
+                cluster.remove_link(id);
                 tracing::warn!(node = %link.name, "could not start the node's link: {e}");
                 link.close(
                     mesh::cluster::transport::close::PROTOCOL,

@@ -159,6 +159,11 @@ async fn garbled_answers_of_a_node_become_client_errors_and_good_ones_still_flow
             body.contains("node-liar"),
             "{id}: the error does not name the node: {body}"
         );
+        // The client learns what went wrong, not only that every replica was tried.
+        assert!(
+            body.contains("last failure: node 'node-liar'"),
+            "{id}: the error drops the failure's cause: {body}"
+        );
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "{id}: took {:?}",

@@ -28,6 +28,8 @@ pub async fn reject(mut send: SendStream, mut recv: RecvStream, e: FrameError, l
         FrameError::Io(_) | FrameError::Truncated { .. } => {
             let _ = send.reset(VarInt::from_u32(stream_code::PROTOCOL));
         }
+        // Never read, never run: the sender may try another peer.
+        FrameError::Busy { .. } => refuse(&mut send, Error::from(e), ErrorKind::Overloaded, limits).await,
         _ => refuse(&mut send, Error::from(e), ErrorKind::Answered, limits).await,
     }
     let _ = recv.stop(VarInt::from_u32(stream_code::PROTOCOL));

@@ -150,6 +150,7 @@ fn preludes_are_checked_before_anything_is_allocated() {
     let limits = Limits {
         max_header: 1024,
         max_payload: 4096,
+        ..Limits::default()
     };
     let ok = prelude(PROTOCOL_VERSION, 100, 4096);
     assert!(Prelude::decode(&ok, &limits).is_ok());
@@ -196,6 +197,7 @@ fn the_sender_refuses_a_frame_over_the_limits() {
     let limits = Limits {
         max_header: 1 << 20,
         max_payload: 16,
+        ..Limits::default()
     };
     let mut request = sample_request();
     request.inputs.truncate(1);
@@ -277,4 +279,37 @@ fn tensor_heads_are_checked_against_the_payload() {
         let e = with_input(h.clone(), payload.clone()).unwrap_err();
         assert!(e.to_string().contains(want), "{h:?}: {e}");
     }
+}
+
+#[test]
+fn the_receive_budget_bounds_what_peers_make_us_reserve() {
+    let budget = std::sync::Arc::new(crate::cluster::frame::Budget::new(100));
+    let a = budget.reserve(60).unwrap();
+    let b = budget.reserve(40).unwrap();
+    let e = budget.reserve(1).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            FrameError::Busy {
+                bytes: 1,
+                held: 100,
+                limit: 100
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        Error::from(e).code,
+        Code::Overloaded,
+        "busy is retried elsewhere, not a client error"
+    );
+    assert_eq!(budget.used(), 100, "a refused frame holds nothing");
+    drop(a);
+    assert_eq!(budget.used(), 40);
+    assert!(
+        budget.reserve(u64::MAX).is_err(),
+        "an absurd declaration is refused without overflow"
+    );
+    drop(b);
+    assert_eq!(budget.used(), 0);
 }

@@ -6,6 +6,9 @@
 //! header    header_len bytes: a validated rkyv archive of `msg::Message`
 //! payload   payload_len bytes: tensors, each at a multiple of TENSOR_ALIGN
 //! ```
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use super::msg::Message;
@@ -22,12 +25,15 @@ pub const TENSOR_ALIGN: usize = 64;
 pub const MAX_DIMS: usize = 64;
 
 /// Size limits every received frame is checked against before any allocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Limits {
     /// Largest archived header (the hello carries every model's config, so this is generous).
     pub max_header: u32,
     /// Largest payload (the tensors of one request or answer).
     pub max_payload: u64,
+    /// Payload bytes all links of this process may hold at once, received or being received; a
+    /// frame past it is refused as overloaded before its buffer is reserved. Shared by clones.
+    pub budget: Arc<Budget>,
 }
 
 impl Default for Limits {
@@ -35,7 +41,63 @@ impl Default for Limits {
         Limits {
             max_header: 16 << 20,
             max_payload: 1 << 30,
+            budget: Arc::new(Budget::new(DEFAULT_BUDGET)),
         }
+    }
+}
+
+/// The receive budget of a process by default (`Limits::budget`).
+pub const DEFAULT_BUDGET: u64 = 2 << 30;
+
+/// Payload bytes held by received frames, against a limit: a peer can make this process reserve
+/// at most the budget, however many streams declare large payloads and then send nothing.
+#[derive(Debug)]
+pub struct Budget {
+    used: AtomicU64,
+    limit: u64,
+}
+
+/// Bytes admitted by the budget; released when dropped (with the last slice of the payload).
+#[derive(Debug)]
+pub struct Reserved {
+    budget: Arc<Budget>,
+    bytes: u64,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+impl Budget {
+    pub fn new(limit: u64) -> Self {
+        Budget {
+            used: AtomicU64::new(0),
+            limit,
+        }
+    }
+
+    /// Admits `bytes` or says the process is busy.
+    pub fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Reserved, FrameError> {
+        let before = self.used.fetch_add(bytes, Ordering::AcqRel);
+        if before.saturating_add(bytes) > self.limit {
+            self.used.fetch_sub(bytes, Ordering::AcqRel);
+            return Err(FrameError::Busy {
+                bytes,
+                held: before,
+                limit: self.limit,
+            });
+        }
+        Ok(Reserved {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+
+    /// Payload bytes held now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
     }
 }
 
@@ -57,12 +119,15 @@ pub enum FrameError {
     Invalid(String),
     #[error("link error: {0}")]
     Io(String),
+    #[error("busy: a {bytes}-byte frame would pass the link's receive budget ({held} of {limit} bytes held)")]
+    Busy { bytes: u64, held: u64, limit: u64 },
 }
 
 impl From<FrameError> for crate::Error {
     fn from(e: FrameError) -> Self {
         match e {
             FrameError::Io(_) | FrameError::Truncated { .. } => crate::Error::unavailable(e.to_string()),
+            FrameError::Busy { .. } => crate::Error::overloaded(e.to_string()),
             _ => crate::Error::invalid(e.to_string()),
         }
     }

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use quinn::{ReadError, RecvStream, SendStream};
 
-use super::frame::{decode_header, Frame, FrameError, Limits, Prelude, PRELUDE_LEN, TENSOR_ALIGN};
+use super::frame::{decode_header, Frame, FrameError, Limits, Prelude, Reserved, PRELUDE_LEN, TENSOR_ALIGN};
 
 fn read_error(e: ReadError) -> FrameError {
     FrameError::Io(e.to_string())
@@ -54,11 +54,28 @@ pub async fn read_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option
     let payload = if p.payload_len == 0 {
         Bytes::new()
     } else {
+        // Admitted first, so frames that declare much and send nothing cannot pile up reservations.
+        let reserved = limits.budget.reserve(p.payload_len)?;
         let mut buf = rkyv::util::AlignedVec::<TENSOR_ALIGN>::with_capacity(p.payload_len as usize);
         fill(recv, &mut buf, p.payload_len as usize).await?;
-        Bytes::from_owner(buf)
+        Bytes::from_owner(Payload {
+            buf,
+            _reserved: reserved,
+        })
     };
     Ok(Some(Frame { message, payload }))
+}
+
+/// A received payload and its place in the budget, released together when the last slice drops.
+struct Payload {
+    buf: rkyv::util::AlignedVec<TENSOR_ALIGN>,
+    _reserved: Reserved,
+}
+
+impl AsRef<[u8]> for Payload {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
 }
 
 /// Writes an encoded frame (the chunks of `frame::encode`) without copying its tensors.

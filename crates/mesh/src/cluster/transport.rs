@@ -116,7 +116,8 @@ pub fn socket(addr: SocketAddr) -> Result<std::net::UdpSocket, String> {
     if addr.is_ipv6() {
         let _ = s.set_only_v6(false);
     }
-    s.bind(&addr.into()).map_err(|e| format!("cannot bind UDP {addr}: {e}"))?;
+    s.bind(&addr.into())
+        .map_err(|e| format!("cannot bind UDP {addr}: {e}"))?;
     Ok(s.into())
 }
 

@@ -21,11 +21,19 @@ enum Ended {
     Refused(String),
     /// The link broke or the router went away.
     Lost(String),
+    /// Another process joined under this node's name (names must be unique): retry slowly.
+    Replaced(String),
     /// This node left cleanly.
     Left,
 }
 
+/// How long the hello and the router's welcome may take together.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// A control frame the router does not take within this long ends the session (the router is stuck
+/// or grants no credit); sessions never block on a peer.
+const CONTROL_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a goodbye waits for the router to close the link, so the goodbye is delivered.
+const GOODBYE_WAIT: Duration = Duration::from_secs(1);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 const REFUSED_BACKOFF: Duration = Duration::from_secs(10);
@@ -43,6 +51,15 @@ pub async fn run(addr: String, ctx: Arc<Context>) {
             Ended::Left => return,
             Ended::Refused(why) => {
                 tracing::error!(router = %addr, "the router refused this node: {why}");
+                REFUSED_BACKOFF
+            }
+            Ended::Replaced(why) => {
+                tracing::error!(
+                    router = %addr,
+                    node = %ctx.settings.name,
+                    "another process joined under this node's name ({why}); node names must be unique \
+                     (--node-name); dialing again in {REFUSED_BACKOFF:?}"
+                );
                 REFUSED_BACKOFF
             }
             Ended::Lost(why) => {
@@ -73,6 +90,9 @@ fn why_closed(e: &ConnectionError) -> Ended {
         ConnectionError::ApplicationClosed(c) if c.error_code == VarInt::from_u32(close::REFUSED) => {
             Ended::Refused(String::from_utf8_lossy(&c.reason).into_owned())
         }
+        ConnectionError::ApplicationClosed(c) if c.error_code == VarInt::from_u32(close::REPLACED) => {
+            Ended::Replaced(String::from_utf8_lossy(&c.reason).into_owned())
+        }
         ConnectionError::ApplicationClosed(c) => Ended::Lost(format!(
             "the router closed the link: {}",
             String::from_utf8_lossy(&c.reason)
@@ -100,10 +120,27 @@ async fn dial(addr: &str, ctx: &Context) -> Result<Connection, Ended> {
 async fn send(tx: &mut SendStream, message: &Message, ctx: &Context) -> Result<(), Ended> {
     let chunks = frame::encode(message, Default::default(), &ctx.settings.limits)
         .map_err(|e| Ended::Lost(format!("cannot encode a control frame: {e}")))?;
-    write_frame(tx, chunks)
-        .await
-        .map_err(|e| Ended::Lost(format!("control stream: {e}")))
+    match tokio::time::timeout(CONTROL_WRITE_TIMEOUT, write_frame(tx, chunks)).await {
+        Ok(written) => written.map_err(|e| Ended::Lost(format!("control stream: {e}"))),
+        Err(_) => Err(Ended::Lost(format!(
+            "the router took no control frame for {CONTROL_WRITE_TIMEOUT:?}"
+        ))),
+    }
 }
+
+/// Says goodbye and waits a moment for the router to close the link, so the goodbye arrives
+/// (closing at once would drop it unsent).
+async fn goodbye(tx: &mut SendStream, conn: &Connection, ctx: &Context) -> Ended {
+    if send(tx, &Message::Goodbye, ctx).await.is_ok() {
+        let _ = tx.finish();
+        let _ = tokio::time::timeout(GOODBYE_WAIT, conn.closed()).await;
+    }
+    conn.close(VarInt::from_u32(close::NORMAL), b"goodbye");
+    Ended::Left
+}
+
+/// How a session that ends on a broken control frame says so (it closes with PROTOCOL then).
+const PROTOCOL_PREFIX: &str = "bad control frame: ";
 
 /// Forwards control frames to the session; read in its own task because a frame read is not
 /// cancel-safe inside a select.
@@ -118,6 +155,10 @@ async fn read_control(
             Ok(None) => Err(FrameError::Io("the router ended the control stream".into())),
             Err(e) => Err(e),
         };
+        let next = next.map_err(|e| match e {
+            FrameError::Io(why) => FrameError::Io(why),
+            other => FrameError::Invalid(format!("{PROTOCOL_PREFIX}{other}")),
+        });
         let end = next.is_err();
         if out.send(next).await.is_err() || end {
             return;
@@ -132,8 +173,12 @@ async fn session(addr: &str, ctx: &Arc<Context>) -> Ended {
     };
     let result = joined(addr, ctx, &conn).await;
     ctx.routers.remove(&conn);
-    if !matches!(result, Ended::Left) {
-        conn.close(VarInt::from_u32(close::NORMAL), b"session ended");
+    match &result {
+        Ended::Left => {}
+        Ended::Lost(why) if why.starts_with(PROTOCOL_PREFIX) => {
+            conn.close(VarInt::from_u32(close::PROTOCOL), why.as_bytes())
+        }
+        _ => conn.close(VarInt::from_u32(close::NORMAL), b"session ended"),
     }
     result
 }
@@ -153,24 +198,27 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
         grpc: s.grpc.clone(),
         models: hello_models(&last),
     });
-    if let Err(Ended::Lost(e)) = send(&mut tx, &hello, ctx).await {
-        return ended_by(conn, e).await;
-    }
     let (frames_tx, mut frames) = mpsc::channel(16);
-    let reader = tokio::spawn(read_control(rx, s.limits, frames_tx));
-    let _reader = AbortOnDrop(reader);
-    let welcome = tokio::time::timeout(HELLO_TIMEOUT, frames.recv()).await;
-    match welcome {
-        Ok(Some(Ok(Message::Welcome(w)))) => {
-            tracing::info!(router = %addr, router_id = %w.router, link = w.link, "joined the cluster")
+    let _reader = AbortOnDrop(tokio::spawn(read_control(rx, s.limits.clone(), frames_tx)));
+    let greeted = tokio::time::timeout(HELLO_TIMEOUT, async {
+        send(&mut tx, &hello, ctx).await?;
+        match frames.recv().await {
+            Some(Ok(Message::Welcome(w))) => Ok(w),
+            Some(Ok(other)) => Err(Ended::Lost(format!(
+                "{PROTOCOL_PREFIX}expected a welcome, got a {}",
+                mesh::cluster::answer::message_name(&other)
+            ))),
+            Some(Err(e)) => Err(Ended::Lost(e.to_string())),
+            None => Err(Ended::Lost("the control stream reader ended".into())),
         }
-        Ok(Some(Ok(other))) => {
-            let what = mesh::cluster::answer::message_name(&other);
-            return Ended::Lost(format!("expected a welcome, got a {what}"));
-        }
-        Ok(Some(Err(e))) => return ended_by(conn, e.to_string()).await,
-        Ok(None) => return ended_by(conn, "the control stream reader ended".into()).await,
-        Err(_) => return Ended::Lost(format!("no welcome within {HELLO_TIMEOUT:?}")),
+    })
+    .await;
+    match greeted {
+        Ok(Ok(w)) => tracing::info!(router = %addr, router_id = %w.router, link = w.link, "joined the cluster"),
+        Ok(Err(Ended::Lost(why))) if why.starts_with(PROTOCOL_PREFIX) => return Ended::Lost(why),
+        Ok(Err(Ended::Lost(why))) => return ended_by(conn, why).await,
+        Ok(Err(other)) => return other,
+        Err(_) => return Ended::Lost(format!("no welcome within {HELLO_TIMEOUT:?} of the hello")),
     }
     let live = ctx.routers.add(addr, conn.clone());
     let acceptor = {
@@ -189,7 +237,12 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
     let mut phase = ctx.phase.subscribe();
     let mut drained = false;
     loop {
-        if *phase.borrow_and_update() == Phase::Draining && !drained {
+        // Read (and mark seen) before waiting, so a change made meanwhile wakes `changed()` below.
+        let now = *phase.borrow_and_update();
+        if now == Phase::Leaving {
+            return goodbye(&mut tx, conn, ctx).await;
+        }
+        if now == Phase::Draining && !drained {
             drained = true;
             if let Err(e) = send(&mut tx, &Message::Drain, ctx).await {
                 return e;
@@ -219,15 +272,13 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
                     let what = mesh::cluster::answer::message_name(&other);
                     tracing::warn!(router = %addr, "ignoring an unexpected {what} on the control stream");
                 }
+                Some(Err(FrameError::Invalid(why))) => return Ended::Lost(why),
                 Some(Err(e)) => return ended_by(conn, e.to_string()).await,
                 None => return Ended::Lost("control stream reader ended".into()),
             },
             changed = phase.changed() => {
-                if changed.is_err() || *phase.borrow() == Phase::Leaving {
-                    let _ = send(&mut tx, &Message::Goodbye, ctx).await;
-                    let _ = tx.finish();
-                    conn.close(VarInt::from_u32(close::NORMAL), b"goodbye");
-                    return Ended::Left;
+                if changed.is_err() {
+                    return goodbye(&mut tx, conn, ctx).await;
                 }
             }
         }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use mesh::cluster::call::{self, Failure, Peer};
 use mesh::cluster::convert::request_frame;
+use mesh::cluster::frame::Budget;
 use mesh::cluster::{tls, transport, Limits};
 use mesh::{Error, InferRequest, InferResponse, Result};
 use quinn::{Connection, TransportConfig};
@@ -103,6 +104,8 @@ impl Settings {
             bind: args.cluster_bind,
             limits: Limits {
                 max_payload: args.cluster_max_frame_bytes,
+                // Tensor bytes received from routers are bounded like the node's own requests.
+                budget: Arc::new(Budget::new(args.max_inflight_bytes as u64)),
                 ..Limits::default()
             },
             report_every: Duration::from_millis(args.cluster_report_ms.max(10)),
@@ -226,17 +229,16 @@ impl ClusterNode {
         let (dispatch, table) = (node.dispatch.clone(), node.table());
         let mut settings = settings;
         settings.client.transport_config(transport);
-        let endpoint = quinn::Endpoint::client(settings.bind)
-            .map_err(|e| format!("cannot open the cluster endpoint on {}: {e}", settings.bind))?;
+        let endpoint = transport::endpoint(settings.bind, None)?;
         let serving = Arc::new(Serving {
             dispatch,
             table,
-            limits: settings.limits,
+            limits: settings.limits.clone(),
             leaving: AtomicBool::new(false),
             active: AtomicUsize::new(0),
         });
         let routers = Arc::new(Routers {
-            limits: settings.limits,
+            limits: settings.limits.clone(),
             ..Default::default()
         });
         let ctx = Arc::new(Context {

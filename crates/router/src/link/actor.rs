@@ -40,9 +40,26 @@ pub struct LinkState {
     link: Arc<Link>,
     cluster: Arc<Cluster>,
     control: SendStream,
+    /// The node's hello until the welcome is written (then it goes to membership).
+    hello: Option<NodeHello>,
+    /// The control stream's reader and the BLS acceptor, started once the node is welcomed.
+    pending: Option<(RecvStream, Arc<RouterDispatch>)>,
     tasks: Vec<JoinHandle<()>>,
     draining: Option<JoinHandle<()>>,
     quiet_checks: u32,
+}
+
+/// A control frame the node does not take within this long ends its link: a node that grants no
+/// credit must not hold the router.
+const CONTROL_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Writes one control frame to the node, within `CONTROL_WRITE_TIMEOUT`.
+async fn write_control(state: &mut LinkState, message: &Message) -> Result<(), String> {
+    let chunks = frame::encode(message, Default::default(), &state.cluster.limits).map_err(|e| e.to_string())?;
+    match tokio::time::timeout(CONTROL_WRITE_TIMEOUT, write_frame(&mut state.control, chunks)).await {
+        Ok(written) => written.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("the node took no control frame for {CONTROL_WRITE_TIMEOUT:?}")),
+    }
 }
 
 pub struct NodeLink;
@@ -97,7 +114,7 @@ async fn accept_requests(link: Arc<Link>, dispatch: Arc<RouterDispatch>, limits:
             Ok(s) => s,
             Err(_) => return, // the connection ended; the control reader reports why
         };
-        let dispatch = dispatch.clone();
+        let (dispatch, limits) = (dispatch.clone(), limits.clone());
         tokio::spawn(async move {
             let first = match read_frame(&mut recv, &limits).await {
                 Ok(Some(f)) => f,
@@ -119,7 +136,7 @@ impl Actor for NodeLink {
     type State = LinkState;
     type Arguments = LinkArgs;
 
-    async fn pre_start(&self, myself: ActorRef<LinkMsg>, args: LinkArgs) -> Result<LinkState, ActorProcessingErr> {
+    async fn pre_start(&self, _: ActorRef<LinkMsg>, args: LinkArgs) -> Result<LinkState, ActorProcessingErr> {
         let LinkArgs {
             link,
             joining,
@@ -127,7 +144,7 @@ impl Actor for NodeLink {
             dispatch,
         } = args;
         let Joining { control, hello, .. } = joining;
-        let (mut control_tx, control_rx) = control;
+        let (control_tx, control_rx) = control;
         let hello = match node_hello(hello, link.address.to_string()) {
             Ok(h) => h,
             Err(e) => {
@@ -135,32 +152,47 @@ impl Actor for NodeLink {
                 return Err(e.into());
             }
         };
-        let welcome = Message::Welcome(Welcome {
-            router: cluster.id.clone(),
-            link: link.id,
-        });
-        let chunks = frame::encode(&welcome, Default::default(), &cluster.limits)?;
-        write_frame(&mut control_tx, chunks).await?;
-        tracing::info!(
-            node = %hello.name,
-            address = %link.address,
-            models = hello.models.len(),
-            incarnation = format!("{:016x}", hello.incarnation),
-            "node joined"
-        );
-        cluster.tell(MembershipMsg::Join(link.id, hello));
-        let tasks = vec![
-            tokio::spawn(read_control(control_rx, myself.clone(), cluster.limits)),
-            tokio::spawn(accept_requests(link.clone(), dispatch, cluster.limits)),
-        ];
         Ok(LinkState {
             link,
             cluster,
             control: control_tx,
-            tasks,
+            hello: Some(hello),
+            pending: Some((control_rx, dispatch)),
+            tasks: Vec::new(),
             draining: None,
             quiet_checks: 0,
         })
+    }
+
+    /// Welcomes the node from the actor's own task (the supervisor does not wait on a slow node),
+    /// then tells membership, whose routing view may now send requests on the link.
+    async fn post_start(&self, myself: ActorRef<LinkMsg>, state: &mut LinkState) -> Result<(), ActorProcessingErr> {
+        let welcome = Message::Welcome(Welcome {
+            router: state.cluster.id.clone(),
+            link: state.link.id,
+        });
+        if let Err(why) = write_control(state, &welcome).await {
+            state.link.close(close::PROTOCOL, &why);
+            myself.stop(Some(format!("welcome not delivered: {why}")));
+            return Ok(());
+        }
+        let (Some(hello), Some((control_rx, dispatch))) = (state.hello.take(), state.pending.take()) else {
+            return Ok(());
+        };
+        tracing::info!(
+            node = %hello.name,
+            address = %state.link.address,
+            models = hello.models.len(),
+            incarnation = format!("{:016x}", hello.incarnation),
+            "node joined"
+        );
+        state.cluster.tell(MembershipMsg::Join(state.link.id, hello));
+        let limits = state.cluster.limits.clone();
+        state.tasks = vec![
+            tokio::spawn(read_control(control_rx, myself.clone(), limits.clone())),
+            tokio::spawn(accept_requests(state.link.clone(), dispatch, limits)),
+        ];
+        Ok(())
     }
 
     async fn handle(
@@ -228,9 +260,12 @@ impl Actor for NodeLink {
                     if let Some(t) = state.draining.take() {
                         t.abort();
                     }
-                    let chunks = frame::encode(&Message::Released, Default::default(), &state.cluster.limits)?;
-                    if write_frame(&mut state.control, chunks).await.is_ok() {
-                        tracing::info!(node = %state.link.name, "drained node released");
+                    match write_control(state, &Message::Released).await {
+                        Ok(()) => tracing::info!(node = %state.link.name, "drained node released"),
+                        Err(why) => {
+                            state.link.close(close::PROTOCOL, &why);
+                            myself.stop(Some(why));
+                        }
                     }
                 }
             }

@@ -84,6 +84,9 @@ pub enum NodeState {
     Silent,
     /// The link is gone; the entry is kept for status until `forget_lost_after`.
     Lost,
+    /// The node said goodbye (a clean stop, such as a restart); kept like a lost node, so requests
+    /// for models only it served wait for it to come back instead of failing as unknown at once.
+    Left,
 }
 
 impl NodeState {
@@ -94,6 +97,7 @@ impl NodeState {
             NodeState::Draining => "draining",
             NodeState::Silent => "silent",
             NodeState::Lost => "lost",
+            NodeState::Left => "left",
         }
     }
 }
@@ -177,6 +181,8 @@ struct Node {
     draining: bool,
     silent: bool,
     lost_at: Option<Instant>,
+    /// The link went away after a goodbye (a clean stop), not a failure.
+    left: bool,
     /// Any message from the node proves it alive.
     last_heard: Instant,
     last_report: Option<Instant>,
@@ -186,7 +192,11 @@ struct Node {
 impl Node {
     fn state(&self) -> NodeState {
         if self.lost_at.is_some() {
-            NodeState::Lost
+            if self.left {
+                NodeState::Left
+            } else {
+                NodeState::Lost
+            }
         } else if self.draining {
             NodeState::Draining
         } else if self.silent {
@@ -286,6 +296,7 @@ impl Membership {
             draining: false,
             silent: false,
             lost_at: None,
+            left: false,
             last_heard: now,
             last_report: None,
             models,
@@ -352,11 +363,16 @@ impl Membership {
     }
 
     /// The node behind `link` left cleanly: it is gone at once.
-    pub fn goodbye(&mut self, link: LinkId, _now: Instant) -> bool {
+    pub fn goodbye(&mut self, link: LinkId, now: Instant) -> bool {
         let Some(name) = self.links.remove(&link) else {
             return false;
         };
-        self.nodes.remove(&name);
+        let Some(node) = self.nodes.get_mut(&name) else {
+            return false;
+        };
+        node.link = None;
+        node.lost_at = Some(now);
+        node.left = true;
         self.changed(true)
     }
 

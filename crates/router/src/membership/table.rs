@@ -94,6 +94,7 @@ impl Holder {
             NodeState::Draining => format!("node '{}' is draining", self.node),
             NodeState::Silent => format!("node '{}' has gone silent", self.node),
             NodeState::Lost => format!("node '{}' was lost", self.node),
+            NodeState::Left => format!("node '{}' left the cluster", self.node),
             NodeState::Up if self.reason.is_empty() => format!("node '{}': not ready", self.node),
             NodeState::Up => format!("node '{}': {}", self.node, self.reason),
         }

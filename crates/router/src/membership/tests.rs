@@ -161,7 +161,7 @@ fn silence_makes_a_node_unroutable_until_it_reports() {
 }
 
 #[test]
-fn draining_nodes_are_not_routable_and_goodbye_removes_at_once() {
+fn draining_nodes_are_not_routable_and_goodbye_leaves_them_known_but_unroutable() {
     let t0 = Instant::now();
     let mut m = two_nodes(t0);
     assert!(m.draining(1, t0));
@@ -172,8 +172,17 @@ fn draining_nodes_are_not_routable_and_goodbye_removes_at_once() {
     m.report(1, vec![], t0 + ms(10));
     assert_eq!(m.state("a"), Some(NodeState::Draining));
     assert!(m.goodbye(1, t0 + ms(20)));
+    assert_eq!(m.state("a"), Some(NodeState::Left));
+    let a = m.nodes(t0 + ms(20)).into_iter().find(|n| n.name == "a").unwrap();
+    assert_eq!((a.state.as_str(), a.link), ("left", None));
+    assert_eq!(links(&m, "m", "1"), vec![2]);
+    assert!(
+        !m.goodbye(1, t0 + ms(30)),
+        "a second goodbye on the gone link changes nothing"
+    );
+    // A node that left is forgotten like a lost one.
+    m.tick(t0 + ms(20) + MembershipSettings::default().forget_lost_after + ms(1));
     assert_eq!(m.state("a"), None);
-    assert!(m.nodes(t0).iter().all(|n| n.name != "a"));
 }
 
 #[test]

@@ -151,7 +151,11 @@ fn a_draining_node_gets_no_new_picks_and_finishes_its_work() {
             finished_on_a > 0,
             "seed {seed}: requests in flight at the drain finished on a"
         );
-        assert_eq!(sim.membership.state("a"), None, "seed {seed}: gone after its goodbye");
+        assert_eq!(
+            sim.membership.state("a"),
+            Some(NodeState::Left),
+            "seed {seed}: left after its goodbye"
+        );
     }
 }
 
