@@ -79,7 +79,10 @@ async fn main() {
         .connect()
         .await
         .expect("connect");
-    let mut client = GrpcInferenceServiceClient::new(channel);
+    // Large tensors (the cluster bench's 16 MiB identity) pass tonic's 4 MiB default.
+    let mut client = GrpcInferenceServiceClient::new(channel)
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
     if model == "-" {
         println!("| {addr} c={concurrency} | req/s | p50 µs | p99 µs |\n|---|---|---|---|");
         measure_live(&client, concurrency, seconds).await;

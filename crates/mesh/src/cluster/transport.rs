@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use std::net::SocketAddr;
 
-use quinn::{EndpointConfig, IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
+use quinn::{EndpointConfig, IdleTimeout, TransportConfig, VarInt};
 
 /// QUIC application close codes on the cluster link (the reason text travels with them).
 pub mod close {
@@ -55,10 +55,12 @@ impl Default for Tuning {
 pub const MAX_STREAMS: u32 = 4096;
 /// Per-stream receive window: several times quinn's ~1.25 MB, so a large tensor streams without
 /// waiting on window updates, yet well under the socket buffer, so one stream's burst does not
-/// overflow it (a drop costs the congestion window and, for jumbo packets, the MTU).
+/// overflow it (a drop costs the congestion window).
 pub const STREAM_WINDOW: u32 = 4 << 20;
-/// Per-connection receive window, shared by all streams of a link.
-pub const CONNECTION_WINDOW: u32 = 16 << 20;
+/// Per-connection receive window, shared by all streams of a link (the control stream too): room
+/// for several large tensors in flight at once, so load reports are not starved by bulk answers;
+/// it also bounds what one link buffers unread.
+pub const CONNECTION_WINDOW: u32 = 64 << 20;
 
 /// The transport config both ends of a link use.
 pub fn transport_config(tuning: &Tuning) -> Result<Arc<TransportConfig>, String> {
@@ -79,26 +81,14 @@ pub fn transport_config(tuning: &Tuning) -> Result<Arc<TransportConfig>, String>
         .receive_window(VarInt::from_u32(CONNECTION_WINDOW))
         .send_window(u64::from(CONNECTION_WINDOW))
         .datagram_receive_buffer_size(None);
-    let mut mtu = MtuDiscoveryConfig::default();
-    mtu.upper_bound(MTU_UPPER_BOUND)
-        .interval(Duration::from_secs(MTU_REPROBE_SECS))
-        .black_hole_cooldown(Duration::from_secs(MTU_REPROBE_SECS));
-    t.mtu_discovery_config(Some(mtu));
     Ok(Arc::new(t))
 }
 
-/// Largest UDP payload an endpoint takes (quinn's default, 1472, would also cap what MTU
-/// discovery may find).
-pub const MAX_UDP_PAYLOAD: u16 = 65_527;
-
-/// Where MTU discovery stops: a 9000-byte jumbo frame (8972 bytes of UDP payload). Cluster networks
-/// with jumbo frames (and loopback) then carry tensors in six times fewer packets than at 1472;
-/// Ethernet paths stop where probes stop being answered.
-pub const MTU_UPPER_BOUND: u16 = 8972;
-
-/// Seconds before the MTU is probed again, also after a burst of losses made quinn suspect a black
-/// hole and fall back to 1200 bytes (quinn waits 600 s, which leaves a busy link slow for minutes).
-pub const MTU_REPROBE_SECS: u64 = 2;
+/// Largest UDP payload an endpoint sends or takes: quinn's Ethernet-sized default, with its own MTU
+/// discovery below it. Measured here, jumbo datagrams (up to 8972 or 65527 bytes) moved 16 MiB
+/// tensors at about half the speed: bursts of large datagrams were lost, and every suspected black
+/// hole dropped the path to 1200 bytes (benches/README.md, "The cluster").
+pub const MAX_UDP_PAYLOAD: u16 = 1472;
 
 /// Socket buffer the link asks the kernel for, each way. At the default 208 KiB a burst of a large
 /// tensor overflows the receive buffer even on loopback, and every drop halves the congestion
@@ -131,3 +121,12 @@ pub fn endpoint(addr: SocketAddr, server: Option<quinn::ServerConfig>) -> Result
     quinn::Endpoint::new(config, server, socket(addr)?, Arc::new(quinn::TokioRuntime))
         .map_err(|e| format!("cannot open the cluster endpoint on {addr}: {e}"))
 }
+
+/// Send priority of the control stream: its frames go out before request data whenever the link
+/// has credit, so membership and load reports keep flowing under bulk transfers.
+pub const CONTROL_PRIORITY: i32 = 100;
+
+/// A control frame the peer does not take within this long ends the link: the peer is stuck or
+/// grants no credit. Generous, because a link moving large tensors on a busy host may hold control
+/// frames for a while without anything being wrong.
+pub const CONTROL_WRITE_TIMEOUT: Duration = Duration::from_secs(30);

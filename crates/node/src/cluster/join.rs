@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use mesh::cluster::frame;
 use mesh::cluster::io::{read_frame, write_frame};
 use mesh::cluster::msg::{Hello, Message};
-use mesh::cluster::transport::close;
+use mesh::cluster::transport::{close, CONTROL_PRIORITY, CONTROL_WRITE_TIMEOUT};
 use mesh::cluster::FrameError;
 use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
 use tokio::sync::mpsc;
@@ -29,9 +29,6 @@ enum Ended {
 
 /// How long the hello and the router's welcome may take together.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
-/// A control frame the router does not take within this long ends the session (the router is stuck
-/// or grants no credit); sessions never block on a peer.
-const CONTROL_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a goodbye waits for the router to close the link, so the goodbye is delivered.
 const GOODBYE_WAIT: Duration = Duration::from_secs(1);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -188,6 +185,7 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
         Ok(s) => s,
         Err(e) => return why_closed(&e),
     };
+    let _ = tx.set_priority(CONTROL_PRIORITY);
     let mut last = snapshot(&versions(&ctx.serving.table));
     let s = &ctx.settings;
     let hello = Message::Hello(Hello {

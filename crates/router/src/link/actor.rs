@@ -9,7 +9,7 @@ use mesh::cluster::convert::ErrorKind;
 use mesh::cluster::frame;
 use mesh::cluster::io::{read_frame, write_frame};
 use mesh::cluster::msg::{self, Message, Welcome};
-use mesh::cluster::transport::close;
+use mesh::cluster::transport::{close, CONTROL_PRIORITY, CONTROL_WRITE_TIMEOUT};
 use mesh::config::ModelConfig;
 use quinn::{RecvStream, SendStream};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -49,16 +49,12 @@ pub struct LinkState {
     quiet_checks: u32,
 }
 
-/// A control frame the node does not take within this long ends its link: a node that grants no
-/// credit must not hold the router.
-const CONTROL_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Writes one control frame to the node, within `CONTROL_WRITE_TIMEOUT`.
-async fn write_control(state: &mut LinkState, message: &Message) -> Result<(), String> {
+/// Writes one control frame to the node within `limit`.
+async fn write_control(state: &mut LinkState, message: &Message, limit: Duration) -> Result<(), String> {
     let chunks = frame::encode(message, Default::default(), &state.cluster.limits).map_err(|e| e.to_string())?;
-    match tokio::time::timeout(CONTROL_WRITE_TIMEOUT, write_frame(&mut state.control, chunks)).await {
+    match tokio::time::timeout(limit, write_frame(&mut state.control, chunks)).await {
         Ok(written) => written.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("the node took no control frame for {CONTROL_WRITE_TIMEOUT:?}")),
+        Err(_) => Err(format!("the node took no control frame for {limit:?}")),
     }
 }
 
@@ -145,6 +141,7 @@ impl Actor for NodeLink {
         } = args;
         let Joining { control, hello, .. } = joining;
         let (control_tx, control_rx) = control;
+        let _ = control_tx.set_priority(CONTROL_PRIORITY);
         let hello = match node_hello(hello, link.address.to_string()) {
             Ok(h) => h,
             Err(e) => {
@@ -171,7 +168,7 @@ impl Actor for NodeLink {
             router: state.cluster.id.clone(),
             link: state.link.id,
         });
-        if let Err(why) = write_control(state, &welcome).await {
+        if let Err(why) = write_control(state, &welcome, super::HELLO_TIMEOUT).await {
             state.link.close(close::PROTOCOL, &why);
             myself.stop(Some(format!("welcome not delivered: {why}")));
             return Ok(());
@@ -260,7 +257,7 @@ impl Actor for NodeLink {
                     if let Some(t) = state.draining.take() {
                         t.abort();
                     }
-                    match write_control(state, &Message::Released).await {
+                    match write_control(state, &Message::Released, CONTROL_WRITE_TIMEOUT).await {
                         Ok(()) => tracing::info!(node = %state.link.name, "drained node released"),
                         Err(why) => {
                             state.link.close(close::PROTOCOL, &why);
