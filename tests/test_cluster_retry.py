@@ -183,3 +183,28 @@ def test_sigterm_drains_a_node_while_its_running_request_finishes_there(both_up)
         assert retries(cluster) == r0
     finally:
         http.close()
+
+
+def test_a_streamed_request_gives_up_at_its_deadline_before_the_first_answer(both_up):
+    """A request on a gRPC stream through the router must get its first answer within its `timeout`:
+    sleep_py sleeps 3 s, the request allows 0.5 s, so the client gets a clear error long before the
+    sleep ends (the router stops the stream, which cancels the request on the node)."""
+    answers = queue.Queue()
+    client = grpcclient.InferenceServerClient(both_up.router.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        x = grpcclient.InferInput("X", [1], "FP32")
+        x.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+        ms = grpcclient.InferInput("MS", [1], "INT32")
+        ms.set_data_from_numpy(np.array([3000], dtype=np.int32))
+        t0 = time.monotonic()
+        client.async_stream_infer("sleep_py", [x, ms], request_id="late", timeout=500_000)
+        result, error = answers.get(timeout=20)
+        took = time.monotonic() - t0
+        print(f"\nstream gave up after {took * 1000:.0f} ms")
+        assert result is None and error is not None, "a late stream must end with an error"
+        # Without the deadline the sleep would be waited out and the request would succeed.
+        assert "deadline passed before node" in str(error), str(error)
+    finally:
+        client.stop_stream()
+        client.close()

@@ -9,8 +9,10 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod metadata;
+pub mod process;
 pub mod request;
 pub mod serve;
+pub mod telemetry;
 pub mod tensor;
 pub mod validate;
 

@@ -108,3 +108,69 @@ pub async fn metrics(
         }
     }))
 }
+
+/// The client-facing listeners' flags, named like tritonserver's; flattened into each binary's flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListenArgs {
+    #[arg(long, default_value_t = 8000)]
+    pub http_port: u16,
+    #[arg(long, default_value = "0.0.0.0")]
+    pub http_address: std::net::IpAddr,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_http: bool,
+    #[arg(long, default_value_t = 8001)]
+    pub grpc_port: u16,
+    #[arg(long, default_value = "0.0.0.0")]
+    pub grpc_address: std::net::IpAddr,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_grpc: bool,
+    #[arg(long, default_value_t = 8002)]
+    pub metrics_port: u16,
+    #[arg(long)]
+    pub metrics_address: Option<std::net::IpAddr>,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_metrics: bool,
+    /// Largest accepted HTTP body (and gRPC message), in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub http_max_input_size: usize,
+}
+
+impl ListenArgs {
+    /// The HTTP endpoint, or None when disabled.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.allow_http
+            .then(|| SocketAddr::new(self.http_address, self.http_port))
+    }
+
+    /// The gRPC endpoint, or None when disabled.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.allow_grpc
+            .then(|| SocketAddr::new(self.grpc_address, self.grpc_port))
+    }
+
+    /// Starts every listener the flags allow: KServe v2 HTTP (plus `extra` routes) and gRPC over
+    /// `dispatch`, and `/metrics` rendered by `render`; each drains when `stop` turns true.
+    pub async fn start<D: Dispatch>(
+        &self,
+        dispatch: Arc<D>,
+        extra: Option<axum::Router>,
+        render: RenderMetrics,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Vec<JoinHandle<()>>, String> {
+        let mut servers = Vec::new();
+        if let Some(addr) = self.http_addr() {
+            let options = HttpOptions {
+                max_input_size: self.http_max_input_size,
+            };
+            servers.push(http(addr, dispatch.clone(), options, extra, stop).await?);
+        }
+        if let Some(addr) = self.grpc_addr() {
+            servers.push(grpc(addr, dispatch, self.http_max_input_size, stop).await?);
+        }
+        if self.allow_metrics {
+            let addr = SocketAddr::new(self.metrics_address.unwrap_or(self.http_address), self.metrics_port);
+            servers.push(metrics(addr, render, stop).await?);
+        }
+        Ok(servers)
+    }
+}

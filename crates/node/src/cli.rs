@@ -1,5 +1,4 @@
 //! Command-line flags, named like tritonserver's so start scripts only change the binary name.
-use std::net::IpAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -23,34 +22,12 @@ pub struct Args {
     #[arg(long = "model-repository", alias = "model-store", required = true)]
     pub model_repository: Vec<PathBuf>,
 
-    #[arg(long, default_value_t = 8000)]
-    pub http_port: u16,
-    #[arg(long, default_value = "0.0.0.0")]
-    pub http_address: IpAddr,
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub allow_http: bool,
-
-    #[arg(long, default_value_t = 8001)]
-    pub grpc_port: u16,
-    #[arg(long, default_value = "0.0.0.0")]
-    pub grpc_address: IpAddr,
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub allow_grpc: bool,
-
-    #[arg(long, default_value_t = 8002)]
-    pub metrics_port: u16,
-    #[arg(long)]
-    pub metrics_address: Option<IpAddr>,
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub allow_metrics: bool,
+    #[command(flatten)]
+    pub listen: mesh::serve::ListenArgs,
 
     /// GPUs this node may use (e.g. `--gpus 0,1`); default: every visible GPU.
     #[arg(long, value_delimiter = ',')]
     pub gpus: Option<Vec<i32>>,
-
-    /// Largest accepted HTTP body (and gRPC message), in bytes.
-    #[arg(long, default_value_t = 64 * 1024 * 1024)]
-    pub http_max_input_size: usize,
 
     /// Bytes of request tensors the node holds at once (queued or running); past it, requests are
     /// refused at once with UNAVAILABLE, so memory stays bounded under overload. A mesh extension.
@@ -98,30 +75,11 @@ pub struct Args {
     /// This node's name in the cluster, unique among its nodes (default: HOSTNAME:HTTP_PORT).
     #[arg(long)]
     pub node_name: Option<String>,
-    /// The cluster CA's certificate (PEM); the router must present a certificate it signed.
-    #[arg(long)]
-    pub cluster_ca: Option<PathBuf>,
-    /// This node's certificate (PEM), signed by the cluster CA.
-    #[arg(long)]
-    pub cluster_cert: Option<PathBuf>,
-    /// This node's private key (PEM).
-    #[arg(long)]
-    pub cluster_key: Option<PathBuf>,
-    /// DEVELOPMENT ONLY: join without certificates (the router is not verified).
-    #[arg(long, default_value_t = false)]
-    pub cluster_insecure_dev: bool,
+    #[command(flatten)]
+    pub link: mesh::cluster::flags::LinkArgs,
     /// Local UDP address of the node's end of the cluster links.
     #[arg(long, default_value = "0.0.0.0:0")]
     pub cluster_bind: std::net::SocketAddr,
-    /// Keep-alive interval on the cluster links, in milliseconds.
-    #[arg(long, default_value_t = 150)]
-    pub cluster_keepalive_ms: u64,
-    /// A cluster link that hears nothing for this long is dead, in milliseconds.
-    #[arg(long, default_value_t = 750)]
-    pub cluster_idle_timeout_ms: u64,
-    /// Largest tensor payload of one frame on the cluster link, in bytes.
-    #[arg(long, default_value_t = 1 << 30)]
-    pub cluster_max_frame_bytes: u64,
     /// How often the node reports model changes and load to its routers, in milliseconds.
     #[arg(long, default_value_t = 250)]
     pub cluster_report_ms: u64,

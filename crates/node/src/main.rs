@@ -1,6 +1,5 @@
 //! mesh-node: serves Triton model repositories over KServe v2 HTTP/gRPC on ONNX Runtime.
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +17,8 @@ use mesh_node::serving::dispatch::NodeOptions;
 use mesh_node::telemetry::metrics;
 use mesh_node::{placement, repository};
 
-fn init_logging(args: &Args) {
+fn main() -> ExitCode {
+    let args = Args::parse();
     let level = match (args.log_verbose, args.log_info, args.log_warning) {
         (v, _, _) if v >= 2 => "trace",
         (1, _, _) => "debug",
@@ -26,32 +26,8 @@ fn init_logging(args: &Args) {
         (_, false, true) => "warn",
         _ => "error",
     };
-    let filter = format!("warn,mesh={level},mesh_node={level}");
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MESH_LOG").unwrap_or_else(|_| filter.into()))
-        .with_target(false)
-        .init();
-}
-
-fn main() -> ExitCode {
-    let args = Args::parse();
-    init_logging(&args);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!("cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let code = match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::FAILURE
-        }
-    };
-    runtime.shutdown_timeout(Duration::from_millis(100));
-    code
+    mesh::process::init_logging(&["mesh", "mesh_node"], level);
+    mesh::process::run(run(args))
 }
 
 async fn run(args: Args) -> Result<(), String> {
@@ -97,26 +73,13 @@ async fn run(args: Args) -> Result<(), String> {
     };
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut servers = Vec::new();
-    if args.allow_http {
-        let addr = SocketAddr::new(args.http_address, args.http_port);
-        let options = mesh::http::HttpOptions {
-            max_input_size: args.http_max_input_size,
-        };
-        servers.push(mesh::serve::http(addr, dispatch.clone(), options, None, &stop_rx).await?);
-    }
-    if args.allow_grpc {
-        let addr = SocketAddr::new(args.grpc_address, args.grpc_port);
-        servers.push(mesh::serve::grpc(addr, dispatch.clone(), args.http_max_input_size, &stop_rx).await?);
-    }
-    if args.allow_metrics {
-        let addr = SocketAddr::new(args.metrics_address.unwrap_or(args.http_address), args.metrics_port);
-        let render: mesh::serve::RenderMetrics = Arc::new(move || prometheus.render());
-        servers.push(mesh::serve::metrics(addr, render, &stop_rx).await?);
+    let render: mesh::serve::RenderMetrics = Arc::new(move || prometheus.render());
+    let servers = args.listen.start(dispatch.clone(), None, render, &stop_rx).await?;
+    if args.listen.allow_metrics {
         metrics::spawn_cpu_sampler();
     }
 
-    wait_for_signal().await?;
+    mesh::process::wait_for_signal().await?;
     tracing::info!(
         timeout_secs = args.exit_timeout_secs,
         "shutting down: no new requests, finishing in-flight ones"
@@ -128,32 +91,12 @@ async fn run(args: Args) -> Result<(), String> {
         cluster.drain(exit_timeout).await;
     }
     let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(exit_timeout, futures_join(servers)).await;
-    if drained.is_err() {
-        tracing::warn!("in-flight requests did not finish within --exit-timeout-secs; exiting anyway");
-    }
+    mesh::process::drain(servers, exit_timeout).await;
     if let Some(cluster) = cluster {
-        cluster.leave(Duration::from_secs(5)).await;
+        cluster.leave(exit_timeout).await;
     }
     drop(dispatch);
     node.stop().await;
     tracing::info!("stopped");
-    Ok(())
-}
-
-async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
-    for h in handles {
-        let _ = h.await;
-    }
-}
-
-async fn wait_for_signal() -> Result<(), String> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch SIGINT: {e}"))?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
     Ok(())
 }

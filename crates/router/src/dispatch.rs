@@ -14,8 +14,8 @@ use mesh::{
 
 use crate::cluster::Cluster;
 use crate::ensembles::Ensembles;
-use crate::link::Link;
-use crate::membership::ResolveError;
+use crate::link::{InflightPermit, Link};
+use crate::membership::{ResolveError, RoutingTable};
 use crate::metrics;
 use crate::route::retry::{Decision, Failure, RequestState, RetryPolicy};
 use crate::route::Pick;
@@ -37,17 +37,29 @@ fn timeout_of(request: &InferRequest) -> Option<Duration> {
         .map(Duration::from_micros)
 }
 
-/// Whether the request belongs to a sequence (stateful: never moved to another node).
-fn in_sequence(request: &InferRequest) -> bool {
-    request.parameters.iter().any(|(k, v)| {
-        k == "sequence_id"
-            && match v {
-                Param::Int(i) => *i != 0,
-                Param::Uint(u) => *u != 0,
-                Param::String(s) => !s.is_empty(),
-                _ => false,
-            }
+/// The request's sequence, when it belongs to one (stateful: pinned to one node, never moved).
+fn sequence_of(request: &InferRequest) -> Option<String> {
+    request.parameters.iter().find_map(|(k, v)| match (k.as_str(), v) {
+        ("sequence_id", Param::Int(i)) if *i != 0 => Some(i.to_string()),
+        ("sequence_id", Param::Uint(u)) if *u != 0 => Some(u.to_string()),
+        ("sequence_id", Param::String(s)) if !s.is_empty() => Some(s.clone()),
+        _ => None,
     })
+}
+
+/// The replica a sequence is pinned to: the highest rendezvous hash of (sequence, node name), so
+/// every request of a sequence picks the same node while it serves the model, and a node joining or
+/// leaving moves only the sequences it wins or held.
+fn pinned(sequence: &str, replicas: &[crate::membership::Replica]) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    replicas
+        .iter()
+        .max_by_key(|r| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (sequence, r.node.as_str()).hash(&mut h);
+            h.finish()
+        })
+        .map(|r| r.link)
 }
 
 /// A model is idempotent unless its config says `parameters { key: "mesh.idempotent" value {
@@ -57,6 +69,21 @@ pub fn idempotent(config: &mesh::config::ModelConfig) -> bool {
         .parameters
         .get("mesh.idempotent")
         .is_none_or(|p| !p.string_value.trim().eq_ignore_ascii_case("false"))
+}
+
+/// Whether a model served in the cluster is idempotent: its own flag, and for an ensemble a node
+/// runs whole, every step model's too (nested ensembles to a few levels).
+fn idempotent_in(table: &RoutingTable, config: &mesh::config::ModelConfig, depth: usize) -> bool {
+    if !idempotent(config) {
+        return false;
+    }
+    let steps = mesh::ensemble::step_models(config);
+    depth < 8
+        && steps.iter().all(|step| {
+            table
+                .model_view(step, "")
+                .map_or(true, |v| idempotent_in(table, &v.config, depth + 1))
+        })
 }
 
 /// The retry rules' view of a failed attempt, and the balancer's reaction to it.
@@ -88,6 +115,8 @@ struct Routing<'a> {
     version: Option<String>,
     /// Set once a node failed at the transport level: success afterwards is a failover.
     failed_over: bool,
+    /// The sequence the request belongs to (it is pinned to one node).
+    sequence: Option<String>,
     /// What went wrong with the last attempt, for the client's error when nothing is left to try.
     last_failure: Option<String>,
 }
@@ -98,6 +127,24 @@ impl Routing<'_> {
         match &self.last_failure {
             Some(why) => Error::new(e.code, format!("{}; last failure: {why}", e.message)),
             None => e,
+        }
+    }
+}
+
+/// One attempt on its way to a node: the link, the encoded request, and its place in the link's
+/// in-flight count (released when the attempt ends).
+struct Attempt {
+    link: Arc<Link>,
+    chunks: Vec<bytes::Bytes>,
+    name: String,
+    _permit: InflightPermit,
+}
+
+impl Attempt {
+    fn peer(&self) -> Peer<'_> {
+        Peer {
+            conn: &self.link.conn,
+            name: &self.name,
         }
     }
 }
@@ -118,7 +165,8 @@ impl RouterDispatch {
         let now = Instant::now();
         let deadline = now + timeout_of(request).unwrap_or(self.cluster.route.request_timeout);
         let mut state = RequestState::new(request.model_name.clone(), now, deadline);
-        if in_sequence(request) {
+        let sequence = sequence_of(request);
+        if sequence.is_some() {
             state = state.in_sequence();
         }
         Routing {
@@ -126,6 +174,7 @@ impl RouterDispatch {
             state,
             version: None,
             failed_over: false,
+            sequence,
             last_failure: None,
         }
     }
@@ -145,11 +194,20 @@ impl RouterDispatch {
                 Ok(resolved) => {
                     if r.version.is_none() {
                         let config = table.model_view(&r.request.model_name, &resolved.version.to_string());
-                        if config.is_ok_and(|v| !idempotent(&v.config)) {
+                        if config.is_ok_and(|v| !idempotent_in(&table, &v.config, 0)) {
                             r.state = r.state.clone().non_idempotent();
                         }
                     }
-                    let pick = {
+                    let pick = if let Some(seq) = &r.sequence {
+                        // The retry rules never move a sequence, so this is its one attempt.
+                        pinned(seq, resolved.replicas).map_or_else(
+                            || Pick::Wait {
+                                reason: "no replica".into(),
+                                until: None,
+                            },
+                            Pick::Routed,
+                        )
+                    } else {
                         let inflight = |l| self.cluster.link(l).map_or(0, |l| l.inflight());
                         let mut rng = rand::rng();
                         self.cluster.balancer().pick(
@@ -187,6 +245,20 @@ impl RouterDispatch {
             let until = until.unwrap_or(wait_until).min(wait_until);
             let _ = tokio::time::timeout_at(until.into(), changes.changed()).await;
         }
+    }
+
+    /// Picks the next node and encodes the request for it (`stream`: the answers stream back).
+    async fn attempt(&self, r: &mut Routing<'_>, stream: bool) -> Result<Attempt> {
+        let link = self.choose(r).await?;
+        let chunks = request_frame(r.request, stream, &self.cluster.limits)?;
+        r.state.sent(link.id, link.name.clone());
+        metrics::attempt(&link.name);
+        Ok(Attempt {
+            name: format!("node '{}'", link.name),
+            _permit: link.permit(),
+            link,
+            chunks,
+        })
     }
 
     /// What to do after an attempt failed: Ok to try again, or the error for the client.
@@ -227,18 +299,10 @@ impl RouterDispatch {
 
     async fn unary_attempts(&self, r: &mut Routing<'_>) -> Result<InferResponse> {
         loop {
-            let link = self.choose(r).await?;
-            let chunks = request_frame(r.request, false, &self.cluster.limits)?;
-            r.state.sent(link.id, link.name.clone());
-            metrics::attempt(&link.name);
-            let _permit = link.permit();
-            let name = format!("node '{}'", link.name);
-            let peer = Peer {
-                conn: &link.conn,
-                name: &name,
-            };
+            let mut a = self.attempt(r, false).await?;
+            let (link, chunks) = (a.link.clone(), std::mem::take(&mut a.chunks));
             let deadline = r.state.deadline();
-            match tokio::time::timeout_at(deadline.into(), call::unary(peer, chunks, &self.cluster.limits)).await {
+            match tokio::time::timeout_at(deadline.into(), call::unary(a.peer(), chunks, &self.cluster.limits)).await {
                 Ok(Ok(response)) => {
                     self.cluster.balancer().succeeded(link.id);
                     return Ok(response);
@@ -259,17 +323,10 @@ impl RouterDispatch {
         let mut r = self.begin(&mut request);
         let result = async {
             loop {
-                let link = self.choose(&mut r).await?;
-                let chunks = request_frame(r.request, true, &self.cluster.limits)?;
-                r.state.sent(link.id, link.name.clone());
-                metrics::attempt(&link.name);
-                let _permit = link.permit();
-                let name = format!("node '{}'", link.name);
-                let peer = Peer {
-                    conn: &link.conn,
-                    name: &name,
-                };
-                match call::stream(peer, chunks, &self.cluster.limits, sink).await {
+                let mut a = self.attempt(&mut r, true).await?;
+                let (link, chunks) = (a.link.clone(), std::mem::take(&mut a.chunks));
+                let first_by = r.state.deadline();
+                match call::stream(a.peer(), chunks, &self.cluster.limits, sink, first_by).await {
                     Ok(()) => {
                         self.cluster.balancer().succeeded(link.id);
                         return Ok(());
@@ -464,5 +521,61 @@ impl Dispatch for RouterDispatch {
             "statistics",
             "schedule_policy",
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::membership::Replica;
+
+    fn replica(link: u64, node: &str) -> Replica {
+        Replica {
+            link,
+            node: node.into(),
+            inflight: 0,
+            queued: 0,
+            exec_us: 0,
+        }
+    }
+
+    #[test]
+    fn a_sequence_stays_on_its_node_and_only_its_node_leaving_moves_it() {
+        let three = [replica(1, "a"), replica(2, "b"), replica(3, "c")];
+        let mut on = std::collections::BTreeMap::new();
+        for seq in 0..300 {
+            let seq = seq.to_string();
+            let first = pinned(&seq, &three).unwrap();
+            assert_eq!(pinned(&seq, &three), Some(first), "the same node every time");
+            // The order replicas come in does not matter.
+            let reversed: Vec<Replica> = three.iter().rev().cloned().collect();
+            assert_eq!(pinned(&seq, &reversed), Some(first));
+            *on.entry(first).or_insert(0) += 1;
+            // Node c leaving moves only c's sequences; a and b keep theirs.
+            let two = [replica(1, "a"), replica(2, "b")];
+            if first != 3 {
+                assert_eq!(
+                    pinned(&seq, &two),
+                    Some(first),
+                    "sequence {seq} moved off a staying node"
+                );
+            }
+        }
+        assert!(on.values().all(|&n| n > 60), "sequences spread over the nodes: {on:?}");
+        assert_eq!(pinned("7", &[]), None);
+    }
+
+    #[test]
+    fn sequence_ids_are_read_as_tritonclient_sends_them() {
+        let with = |v: Param| InferRequest {
+            parameters: vec![("sequence_id".into(), v)],
+            ..Default::default()
+        };
+        assert_eq!(sequence_of(&with(Param::Uint(42))).as_deref(), Some("42"));
+        assert_eq!(sequence_of(&with(Param::Int(-3))).as_deref(), Some("-3"));
+        assert_eq!(sequence_of(&with(Param::String("s1".into()))).as_deref(), Some("s1"));
+        assert_eq!(sequence_of(&with(Param::Uint(0))), None, "0 means no sequence");
+        assert_eq!(sequence_of(&with(Param::String(String::new()))), None);
+        assert_eq!(sequence_of(&InferRequest::default()), None);
     }
 }

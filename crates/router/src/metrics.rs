@@ -4,36 +4,16 @@
 use std::time::Duration;
 
 use metrics::{counter, gauge};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 
 /// Installs the global recorder and returns the handle that renders `/metrics`.
 pub fn install() -> Result<PrometheusHandle, String> {
-    let handle = PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
-    describe();
-    Ok(handle)
+    mesh::telemetry::install(describe)
 }
 
 fn describe() {
     use metrics::describe_counter as c;
     use metrics::describe_gauge as g;
-    c!(
-        "nv_inference_request_success",
-        "Number of successful inference requests, all batch sizes"
-    );
-    c!(
-        "nv_inference_request_failure",
-        "Number of failed inference requests, all batch sizes"
-    );
-    c!(
-        "nv_inference_count",
-        "Number of inferences performed (does not include cached requests)"
-    );
-    c!(
-        "nv_inference_request_duration_us",
-        "Cumulative inference request duration in microseconds (through the router, retries included)"
-    );
     g!(
         "mesh_router_nodes",
         "Nodes the router knows, by state (up, draining, silent, lost, left)"

@@ -10,8 +10,9 @@ use mesh::proto::{
 fn add_duration(into: &mut Option<StatisticDuration>, from: Option<StatisticDuration>) {
     if let Some(f) = from {
         let d = into.get_or_insert_with(Default::default);
-        d.count += f.count;
-        d.ns += f.ns;
+        // Peer numbers: saturate rather than overflow.
+        d.count = d.count.saturating_add(f.count);
+        d.ns = d.ns.saturating_add(f.ns);
     }
 }
 
@@ -52,8 +53,8 @@ fn add_batches(into: &mut Vec<InferBatchStatistics>, from: Vec<InferBatchStatist
 /// Adds one node's statistics of a model version into the cluster's.
 pub fn add(into: &mut ModelStatistics, from: ModelStatistics) {
     into.last_inference = into.last_inference.max(from.last_inference);
-    into.inference_count += from.inference_count;
-    into.execution_count += from.execution_count;
+    into.inference_count = into.inference_count.saturating_add(from.inference_count);
+    into.execution_count = into.execution_count.saturating_add(from.execution_count);
     if let Some(s) = from.inference_stats {
         add_infer(into.inference_stats.get_or_insert_with(Default::default), s);
     }

@@ -64,6 +64,20 @@ async fn answer(mut tx: SendStream, mut rx: RecvStream, seen: Arc<Mutex<HashMap<
         "nothing" => {
             let _ = tx.finish();
         }
+        "big" => {
+            // An answer larger than a router with a small receive budget can take.
+            let response = InferResponse {
+                model_name: "fake_add".into(),
+                model_version: "1".into(),
+                id: request.id.clone(),
+                outputs: vec![NamedTensor {
+                    name: "Y".into(),
+                    tensor: Tensor::from_values(vec![16 * 1024], &vec![0f32; 16 * 1024]),
+                }],
+                parameters: Vec::new(),
+            };
+            write(&mut tx, answer_frame(Some(&Ok(response)), true, &limits).unwrap()).await
+        }
         "stats" => {
             let reply = Message::StatsReply(StatsReply::Stats(Vec::new()));
             write(&mut tx, frame::encode(&reply, Default::default(), &limits).unwrap()).await
@@ -187,4 +201,44 @@ async fn garbled_answers_of_a_node_become_client_errors_and_good_ones_still_flow
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["outputs"][0]["name"], "Y", "{body}");
     assert_eq!(v["outputs"][0]["data"], serde_json::json!([2.5, -1.0]), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_the_routers_budget_is_a_503_and_the_node_stays_routable() {
+    let certs = Certs::new();
+    // 16 KiB of receive budget: hellos and small answers fit, a 64 KiB answer does not. A quarantine
+    // of a minute would show if the node were wrongly blamed.
+    let args = ["--max-inflight-bytes", "16384", "--quarantine-ms", "60000"];
+    let mut router = start_router(&certs, Some(&certs.router), &args).await;
+    let conn = connect_as(&certs.node, router.cluster_addr()).await.unwrap();
+    let (mut control, _control_rx, first) = say_hello(&conn, &hello("node-big", vec![fake_add()])).await.unwrap();
+    assert!(matches!(first, Message::Welcome(_)), "{first:?}");
+    tokio::spawn(async move {
+        loop {
+            send(&mut control, &Message::LoadReport(LoadReport { models: Vec::new() })).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let seen = serve(conn.clone());
+    eventually("fake_add to be ready on the router", Duration::from_secs(5), || async {
+        let r = http_get(router.http, "/v2/models/fake_add/ready").await?;
+        (r.0 == 200).then_some(())
+    })
+    .await;
+    let (status, body) = http_post(router.http, "/v2/models/fake_add/infer", &infer_body("big"))
+        .await
+        .expect("an HTTP answer");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("could not be taken"),
+        "the error says the router was short of budget: {body}"
+    );
+    // It ran once and was not run again (the answer existed; it could not be taken).
+    assert_eq!(seen.lock().unwrap().get("big").copied(), Some(1));
+    // Not the node's fault: no quarantine, so the next request goes to it at once.
+    let (status, body) = http_post(router.http, "/v2/models/fake_add/infer", &infer_body("ok"))
+        .await
+        .expect("an HTTP answer");
+    assert_eq!(status, 200, "{body}");
+    assert_live(&mut router).await;
 }

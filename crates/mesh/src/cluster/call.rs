@@ -1,12 +1,14 @@
 //! The asking side of a request stream: one attempt of a request on one link (open a stream, write
 //! the request frame, read the answers), with every failure classified by what the peer could have
 //! done, for the router's retry rules. Routers call nodes with it, and nodes call routers (BLS).
+use std::time::Instant;
+
 use bytes::Bytes;
 use quinn::{Connection, VarInt};
 
 use super::convert::{answer_from, error_from, Answered, ErrorKind};
 use super::frame::{self, FrameError, Limits};
-use super::io::{read_frame, write_frame};
+use super::io::read_frame;
 use super::msg::{Message, StatsQuery, StatsReply};
 use super::transport::stream_code;
 use crate::proto::ModelStatisticsResponse;
@@ -52,25 +54,55 @@ fn from_answer(e: Error, kind: ErrorKind) -> Failure {
     }
 }
 
-/// A broken or garbled answer stream: the request may have run, so it counts as lost.
-fn lost(link: Peer<'_>, e: FrameError) -> Failure {
-    Failure::Lost(format!("{}: {e}", link.name))
+/// An answer that could not be read. A broken or garbled stream may have run the request, so it
+/// counts as lost; an answer refused by this process's own receive budget was produced by the peer,
+/// so it is this request's error (never retried, and the peer is not to blame).
+fn unreadable(link: Peer<'_>, e: FrameError) -> Failure {
+    match e {
+        FrameError::Busy { .. } => Failure::Answered(Error::overloaded(format!(
+            "the answer of {} could not be taken: {e}; retry later",
+            link.name
+        ))),
+        e => Failure::Lost(format!("{}: {e}", link.name)),
+    }
 }
 
-async fn open(link: Peer<'_>, chunks: Vec<Bytes>) -> Result<(quinn::SendStream, quinn::RecvStream), Failure> {
+/// Why a peer stopped reading a request: its refusal, when it answered one (busy, say); else the
+/// request was not sent whole.
+async fn refusal(link: Peer<'_>, rx: &mut quinn::RecvStream, limits: &Limits) -> Failure {
+    if let Ok(Some(frame)) = read_frame(rx, limits).await {
+        if let Message::Answer(a) = frame.message {
+            if let Ok(Answered::Error(e, kind)) = answer_from(a.body, &frame.payload) {
+                if kind != ErrorKind::Answered {
+                    return from_answer(e, kind);
+                }
+            }
+        }
+    }
+    Failure::NotSent(format!("{} stopped reading the request", link.name))
+}
+
+async fn open(
+    link: Peer<'_>,
+    chunks: Vec<Bytes>,
+    limits: &Limits,
+) -> Result<(quinn::SendStream, quinn::RecvStream), Failure> {
     let not_sent = |e: String| Failure::NotSent(format!("{}: {e}", link.name));
-    let (mut tx, rx) = link.conn.open_bi().await.map_err(|e| not_sent(e.to_string()))?;
-    // Until every byte is handed to quinn the node cannot hold the whole frame, so it cannot run it.
-    write_frame(&mut tx, chunks)
-        .await
-        .map_err(|e| not_sent(e.to_string()))?;
+    let (mut tx, mut rx) = link.conn.open_bi().await.map_err(|e| not_sent(e.to_string()))?;
+    // Until every byte is handed to quinn the peer cannot hold the whole frame, so it cannot run it.
+    let mut chunks = chunks;
+    match tx.write_all_chunks(&mut chunks).await {
+        Ok(()) => {}
+        Err(quinn::WriteError::Stopped(_)) => return Err(refusal(link, &mut rx, limits).await),
+        Err(e) => return Err(not_sent(e.to_string())),
+    }
     let _ = tx.finish();
     Ok((tx, rx))
 }
 
 /// One request that answers once.
 pub async fn unary(link: Peer<'_>, chunks: Vec<Bytes>, limits: &Limits) -> Result<InferResponse, Failure> {
-    let (_tx, mut rx) = open(link, chunks).await?;
+    let (_tx, mut rx) = open(link, chunks, limits).await?;
     let frame = match read_frame(&mut rx, limits).await {
         Ok(Some(f)) => f,
         Ok(None) => {
@@ -79,15 +111,15 @@ pub async fn unary(link: Peer<'_>, chunks: Vec<Bytes>, limits: &Limits) -> Resul
                 link.name
             )))
         }
-        Err(e) => return Err(lost(link, e)),
+        Err(e) => return Err(unreadable(link, e)),
     };
     let Message::Answer(answer) = frame.message else {
-        return Err(lost(link, FrameError::Invalid("expected an answer".into())));
+        return Err(unreadable(link, FrameError::Invalid("expected an answer".into())));
     };
-    match answer_from(answer.body, &frame.payload).map_err(|e| lost(link, e))? {
+    match answer_from(answer.body, &frame.payload).map_err(|e| unreadable(link, e))? {
         Answered::Response(r) => Ok(r),
         Answered::Error(e, kind) => Err(from_answer(e, kind)),
-        Answered::Empty => Err(lost(
+        Answered::Empty => Err(unreadable(
             link,
             FrameError::Invalid("an empty answer to a unary request".into()),
         )),
@@ -96,18 +128,33 @@ pub async fn unary(link: Peer<'_>, chunks: Vec<Bytes>, limits: &Limits) -> Resul
 
 /// One request whose answers stream to `sink` as they arrive (a decoupled model sends several).
 /// On failure, also says how many answers already reached the client. A client that goes away
-/// cancels the request on the node (the stream is reset; the model sees `is_cancelled()`).
+/// cancels the request on the node (the stream is reset; the model sees `is_cancelled()`). The
+/// stream must open and give its first answer by `first_by` (the request's deadline); a decoupled
+/// model may then stream for as long as it likes.
 pub async fn stream(
     link: Peer<'_>,
     chunks: Vec<Bytes>,
     limits: &Limits,
     sink: &StreamSender,
+    first_by: Instant,
 ) -> Result<(), (Failure, u32)> {
-    let (mut tx, mut rx) = open(link, chunks).await.map_err(|f| (f, 0))?;
+    let late = || {
+        let e = Error::unavailable(format!("the request's deadline passed before {} answered", link.name));
+        (Failure::Answered(e), 0)
+    };
+    let (mut tx, mut rx) = match tokio::time::timeout_at(first_by.into(), open(link, chunks, limits)).await {
+        Ok(opened) => opened.map_err(|f| (f, 0))?,
+        Err(_) => return Err(late()),
+    };
     let mut forwarded = 0u32;
     loop {
         let next = tokio::select! {
             next = read_frame(&mut rx, limits) => next,
+            _ = tokio::time::sleep_until(first_by.into()), if forwarded == 0 => {
+                let _ = rx.stop(VarInt::from_u32(stream_code::CANCELLED));
+                let _ = tx.reset(VarInt::from_u32(stream_code::CANCELLED));
+                return Err(late());
+            }
             _ = sink.closed() => {
                 let _ = rx.stop(VarInt::from_u32(stream_code::CANCELLED));
                 let _ = tx.reset(VarInt::from_u32(stream_code::CANCELLED));
@@ -120,13 +167,16 @@ pub async fn stream(
                 let why = format!("{} ended the stream before its final answer", link.name);
                 return Err((Failure::Lost(why), forwarded));
             }
-            Err(e) => return Err((lost(link, e), forwarded)),
+            Err(e) => return Err((unreadable(link, e), forwarded)),
         };
         let Message::Answer(answer) = frame.message else {
-            return Err((lost(link, FrameError::Invalid("expected an answer".into())), forwarded));
+            return Err((
+                unreadable(link, FrameError::Invalid("expected an answer".into())),
+                forwarded,
+            ));
         };
         let last = answer.last;
-        let response = match answer_from(answer.body, &frame.payload).map_err(|e| (lost(link, e), forwarded))? {
+        let response = match answer_from(answer.body, &frame.payload).map_err(|e| (unreadable(link, e), forwarded))? {
             Answered::Response(r) => Some(Ok(r)),
             // An error before any answer may still be retried elsewhere (if the node never ran it).
             Answered::Error(e, kind) if forwarded == 0 && kind != ErrorKind::Answered => {
@@ -155,7 +205,7 @@ pub async fn stats(
         version: version.to_string(),
     });
     let chunks = frame::encode(&query, Default::default(), limits)?;
-    let (_tx, mut rx) = open(link, chunks)
+    let (_tx, mut rx) = open(link, chunks, limits)
         .await
         .map_err(|f| Error::unavailable(f.to_string()))?;
     let frame = read_frame(&mut rx, limits)

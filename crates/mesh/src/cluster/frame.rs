@@ -80,19 +80,30 @@ impl Budget {
 
     /// Admits `bytes` or says the process is busy.
     pub fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Reserved, FrameError> {
-        let before = self.used.fetch_add(bytes, Ordering::AcqRel);
-        if before.saturating_add(bytes) > self.limit {
-            self.used.fetch_sub(bytes, Ordering::AcqRel);
-            return Err(FrameError::Busy {
-                bytes,
-                held: before,
-                limit: self.limit,
-            });
+        // Compare-and-swap, so a large reservation that fails never makes a small one fail with it.
+        let mut held = self.used.load(Ordering::Acquire);
+        loop {
+            let after = held
+                .checked_add(bytes)
+                .filter(|&n| n <= self.limit)
+                .ok_or(FrameError::Busy {
+                    bytes,
+                    held,
+                    limit: self.limit,
+                })?;
+            match self
+                .used
+                .compare_exchange_weak(held, after, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    return Ok(Reserved {
+                        budget: self.clone(),
+                        bytes,
+                    })
+                }
+                Err(now) => held = now,
+            }
         }
-        Ok(Reserved {
-            budget: self.clone(),
-            bytes,
-        })
     }
 
     /// Payload bytes held now.

@@ -47,14 +47,18 @@ pub async fn read_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option
         }
     }
     let p = Prelude::decode(&prelude, limits)?;
-    // Both sizes passed the limits above; nothing is allocated from an unchecked number.
+    // Both sizes passed the limits above, and each is admitted by the receive budget before its
+    // buffer is reserved: nothing is allocated from an unchecked number, and streams that declare
+    // much and send nothing cannot pile up reservations.
+    let header_reserved = limits.budget.reserve(p.header_len.into())?;
     let mut header = rkyv::util::AlignedVec::<16>::with_capacity(p.header_len as usize);
     fill(recv, &mut header, p.header_len as usize).await?;
     let message = decode_header(&header)?;
+    drop(header);
+    drop(header_reserved);
     let payload = if p.payload_len == 0 {
         Bytes::new()
     } else {
-        // Admitted first, so frames that declare much and send nothing cannot pile up reservations.
         let reserved = limits.budget.reserve(p.payload_len)?;
         let mut buf = rkyv::util::AlignedVec::<TENSOR_ALIGN>::with_capacity(p.payload_len as usize);
         fill(recv, &mut buf, p.payload_len as usize).await?;

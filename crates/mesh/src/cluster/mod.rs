@@ -8,9 +8,12 @@ pub mod answer;
 pub mod call;
 pub mod certs;
 pub mod convert;
+pub mod flags;
 pub mod frame;
 pub mod io;
 pub mod msg;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod tls;
 pub mod transport;
 

@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use mesh::cluster::call::{self, Failure, Peer};
 use mesh::cluster::convert::request_frame;
-use mesh::cluster::frame::Budget;
-use mesh::cluster::{tls, transport, Limits};
+use mesh::cluster::{transport, Limits};
 use mesh::{Error, InferRequest, InferResponse, Result};
 use quinn::{Connection, TransportConfig};
 use tokio::sync::{watch, Notify};
@@ -53,61 +52,25 @@ impl Settings {
         if args.cluster_join.is_empty() {
             return Ok(None);
         }
-        let files = tls::TlsFiles::from_flags(
-            args.cluster_ca.clone(),
-            args.cluster_cert.clone(),
-            args.cluster_key.clone(),
-        )?;
-        let crypto = match files {
-            Some(files) => tls::client_crypto(&files)?,
-            None if args.cluster_insecure_dev => {
-                tracing::warn!(
-                    "!!! --cluster-insecure-dev: joining WITHOUT certificates; the router is not verified. \
-                     Development only. !!!"
-                );
-                tls::insecure_client_crypto()?
-            }
-            None => {
-                return Err(
-                    "--cluster-join needs --cluster-ca, --cluster-cert and --cluster-key (make them with \
-                            `mesh-ops certs init DIR` and `mesh-ops certs issue DIR NAME`), or \
-                            --cluster-insecure-dev for development"
-                        .into(),
-                )
-            }
-        };
-        let tuning = transport::Tuning {
-            keep_alive: Duration::from_millis(args.cluster_keepalive_ms),
-            idle_timeout: Duration::from_millis(args.cluster_idle_timeout_ms),
-        };
-        let transport = transport::transport_config(&tuning)?;
+        let crypto = args.link.client_crypto()?;
+        let transport = args.link.transport()?;
         let mut devices = vec!["cpu".to_string()];
         devices.extend(gpus.iter().map(|g| format!("gpu:{g}")));
-        let endpoint = |allow: bool, addr: std::net::IpAddr, port: u16| {
-            if allow {
-                std::net::SocketAddr::new(addr, port).to_string()
-            } else {
-                String::new()
-            }
-        };
+        let endpoint = |addr: Option<std::net::SocketAddr>| addr.map(|a| a.to_string()).unwrap_or_default();
         let settings = Settings {
             routers: args.cluster_join.clone(),
             name: args
                 .node_name
                 .clone()
-                .unwrap_or_else(|| format!("{}:{}", hostname(), args.http_port)),
+                .unwrap_or_else(|| format!("{}:{}", hostname(), args.listen.http_port)),
             incarnation: rand::random(),
             devices,
-            http: endpoint(args.allow_http, args.http_address, args.http_port),
-            grpc: endpoint(args.allow_grpc, args.grpc_address, args.grpc_port),
+            http: endpoint(args.listen.http_addr()),
+            grpc: endpoint(args.listen.grpc_addr()),
             client: quinn::ClientConfig::new(crypto),
             bind: args.cluster_bind,
-            limits: Limits {
-                max_payload: args.cluster_max_frame_bytes,
-                // Tensor bytes received from routers are bounded like the node's own requests.
-                budget: Arc::new(Budget::new(args.max_inflight_bytes as u64)),
-                ..Limits::default()
-            },
+            // Tensor bytes received from routers are bounded like the node's own requests.
+            limits: args.link.limits(args.max_inflight_bytes as u64),
             report_every: Duration::from_millis(args.cluster_report_ms.max(10)),
         };
         Ok(Some((settings, transport)))
@@ -115,9 +78,7 @@ impl Settings {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "node".into())
+    mesh::process::hostname().unwrap_or_else(|| "node".into())
 }
 
 /// Where the node is in its life in the cluster.

@@ -27,12 +27,16 @@ pub struct Serving {
     pub active: AtomicUsize,
 }
 
-/// Errors a node answers because it was busy never ran the request; everything else did (or may have).
-fn kind_of(e: &Error) -> ErrorKind {
-    if e.code == Code::Overloaded {
-        ErrorKind::Overloaded
-    } else {
-        ErrorKind::Answered
+/// Whether an error means the request never ran. A model's request refused as overloaded was
+/// refused at admission (the in-flight budget, a full queue), before anything ran. An ensemble's
+/// overloaded step is different: earlier steps may have run, so it counts as answered.
+fn kind_of(ensemble: bool) -> impl Fn(&Error) -> ErrorKind {
+    move |e| {
+        if e.code == Code::Overloaded && !ensemble {
+            ErrorKind::Overloaded
+        } else {
+            ErrorKind::Answered
+        }
     }
 }
 
@@ -78,8 +82,8 @@ impl Serving {
             let e = Error::unavailable("this node is leaving the cluster");
             return refuse(&mut send, e, ErrorKind::NotStarted, &self.limits).await;
         }
-        match self.table.resolve(&request.model_name, &request.model_version) {
-            Ok(v) if v.is_ready() => {}
+        let ensemble = match self.table.resolve(&request.model_name, &request.model_version) {
+            Ok(v) if v.is_ready() => v.ensemble.is_some(),
             Ok(_) => {
                 let e = Error::unavailable(format!(
                     "model '{}' has no ready instance on this node",
@@ -88,7 +92,23 @@ impl Serving {
                 return refuse(&mut send, e, ErrorKind::NotStarted, &self.limits).await;
             }
             Err(e) => return refuse(&mut send, e, ErrorKind::NotStarted, &self.limits).await,
-        }
-        serve(&*self.dispatch, request, stream, send, &self.limits, kind_of).await;
+        };
+        serve(&*self.dispatch, request, stream, send, &self.limits, kind_of(ensemble)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_model_refused_at_admission_never_ran() {
+        let busy = Error::overloaded("queue full");
+        let failed = Error::invalid("bad input");
+        assert_eq!(kind_of(false)(&busy), ErrorKind::Overloaded);
+        assert_eq!(kind_of(false)(&failed), ErrorKind::Answered);
+        // In an ensemble, earlier steps may have run before one was refused.
+        assert_eq!(kind_of(true)(&busy), ErrorKind::Answered);
+        assert_eq!(kind_of(true)(&failed), ErrorKind::Answered);
     }
 }

@@ -2,41 +2,21 @@
 use std::time::Duration;
 
 use metrics::{counter, gauge, Counter, Gauge};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 
 /// Failure reasons Triton labels `nv_inference_request_failure` with.
 const REASONS: [&str; 4] = ["REJECTED", "CANCELED", "BACKEND", "OTHER"];
 
 /// Installs the global recorder and returns the handle that renders `/metrics`.
 pub fn install() -> Result<PrometheusHandle, String> {
-    let handle = PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
-    describe();
-    Ok(handle)
+    mesh::telemetry::install(describe)
 }
 
 fn describe() {
     use metrics::describe_counter as c;
     c!(
-        "nv_inference_request_success",
-        "Number of successful inference requests, all batch sizes"
-    );
-    c!(
-        "nv_inference_request_failure",
-        "Number of failed inference requests, all batch sizes"
-    );
-    c!(
-        "nv_inference_count",
-        "Number of inferences performed (does not include cached requests)"
-    );
-    c!(
         "nv_inference_exec_count",
         "Number of model executions performed (does not include cached requests)"
-    );
-    c!(
-        "nv_inference_request_duration_us",
-        "Cumulative inference request duration in microseconds"
     );
     c!(
         "nv_inference_queue_duration_us",

@@ -2,19 +2,20 @@
 #![allow(dead_code)] // each test binary uses a subset
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mesh::cluster::certs::{CertificateAuthority, LeafRequest};
-use mesh::cluster::frame::{self, Frame};
+use mesh::cluster::certs::CertificateAuthority;
 use mesh::cluster::io::read_frame;
 use mesh::cluster::msg::{Hello, Message, Welcome};
+#[allow(unused_imports)]
+pub use mesh::cluster::testkit::{encode, eventually, free_tcp_port, free_udp_port, read_end, send, write_leaf, End};
 use mesh::cluster::tls::{self, TlsFiles};
 use mesh::cluster::transport::{self, Tuning};
 use mesh::cluster::Limits;
-use quinn::{Connection, ConnectionError, Endpoint, ReadError, ReadToEndError, RecvStream, SendStream};
+use quinn::{Connection, ConnectionError, Endpoint, RecvStream, SendStream};
 
 /// Transport timings of both ends in these tests: slower than production so a busy 2-core host does not time
 /// links out; none of the tests depends on them.
@@ -125,10 +126,6 @@ impl Drop for Proc {
     }
 }
 
-pub fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// A blocking HTTP/1.1 GET on 127.0.0.1: the status, or None when nothing answers.
 pub fn http_status_blocking(port: u16, path: &str) -> Option<u16> {
     let mut s = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(2)).ok()?;
@@ -147,25 +144,6 @@ pub async fn http_status(port: u16, path: &str) -> Option<u16> {
         .unwrap()
 }
 
-/// Polls `check` every 50 ms until it gives Some, for at most `limit`; panics naming `what` otherwise.
-pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Certificates and a model repository in a temporary directory: the cluster CA with a router and a node
 /// certificate, and a rogue CA's router certificate.
 pub struct Setup {
@@ -178,14 +156,6 @@ pub struct Setup {
     /// The rogue router: its certificate is signed by the rogue CA; it trusts both CAs, so only the node's check
     /// of the router's certificate can stop the join.
     pub rogue_router: TlsFiles,
-}
-
-fn write_leaf(dir: &Path, ca: &CertificateAuthority, name: &str) -> (PathBuf, PathBuf) {
-    let leaf = ca.issue(&LeafRequest::new(name)).expect("issue a certificate");
-    let (cert, key) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
-    std::fs::write(&cert, &leaf.cert_pem).unwrap();
-    std::fs::write(&key, &leaf.key_pem).unwrap();
-    (cert, key)
 }
 
 impl Setup {
@@ -386,55 +356,6 @@ impl Link {
             .expect("the control stream ended")
             .message
     }
-}
-
-/// A message as one frame's bytes.
-pub fn encode(message: &Message) -> Vec<u8> {
-    frame::encode(message, Default::default(), &Limits::default())
-        .unwrap()
-        .concat()
-}
-
-pub async fn send(tx: &mut SendStream, message: &Message) {
-    tx.write_all(&encode(message)).await.expect("write a frame");
-}
-
-/// How a stream the other side answered ended.
-#[derive(Debug)]
-pub enum End {
-    /// It wrote whole frames (or none) and finished.
-    Frames(Vec<Message>),
-    /// It reset the stream with this code.
-    Reset(u64),
-    /// The connection went away, or the bytes were not frames.
-    Broken(String),
-}
-
-/// Reads `rx` to its end: the frames on it, or how it broke.
-pub async fn read_end(rx: &mut RecvStream) -> End {
-    let read = tokio::time::timeout(Duration::from_secs(10), rx.read_to_end(64 << 20))
-        .await
-        .expect("the stream did not end in 10 s");
-    let bytes = match read {
-        Ok(b) => b,
-        Err(ReadToEndError::Read(ReadError::Reset(code))) => return End::Reset(code.into_inner()),
-        Err(e) => return End::Broken(e.to_string()),
-    };
-    let mut frames = Vec::new();
-    let mut rest = &bytes[..];
-    while !rest.is_empty() {
-        match frame::decode_all(rest, &Limits::default()) {
-            Ok(Frame { message, .. }) => {
-                // decode_all checked the prelude, so both lengths are there and within `rest`.
-                let header = u32::from_le_bytes(rest[4..8].try_into().unwrap()) as usize;
-                let payload = u64::from_le_bytes(rest[8..16].try_into().unwrap()) as usize;
-                frames.push(message);
-                rest = &rest[frame::PRELUDE_LEN + header + payload..];
-            }
-            Err(e) => return End::Broken(format!("not a frame: {e}")),
-        }
-    }
-    End::Frames(frames)
 }
 
 /// Opens a stream on `conn`, writes `bytes`, finishes it, and reads how the node ended it.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use mesh::cluster::answer::{message_name, reject, request_of, serve};
 use mesh::cluster::convert::ErrorKind;
-use mesh::cluster::frame;
+use mesh::cluster::frame::{self, FrameError};
 use mesh::cluster::io::{read_frame, write_frame};
 use mesh::cluster::msg::{self, Message, Welcome};
 use mesh::cluster::transport::{close, CONTROL_PRIORITY, CONTROL_WRITE_TIMEOUT};
@@ -32,6 +32,8 @@ pub enum LinkMsg {
     Control(Message),
     /// The control stream or the connection ended, with why.
     Closed(String),
+    /// The node sent a frame that breaks the protocol on the control stream.
+    Broken(String),
     /// While the node drains: release it once nothing of ours is in flight on it.
     CheckDrain,
 }
@@ -47,7 +49,12 @@ pub struct LinkState {
     tasks: Vec<JoinHandle<()>>,
     draining: Option<JoinHandle<()>>,
     quiet_checks: u32,
+    /// When the last load report was taken.
+    reported: Option<std::time::Instant>,
 }
+
+/// Load reports closer together than this are dropped (nodes report every 250 ms by default).
+const MIN_REPORT_GAP: Duration = Duration::from_millis(20);
 
 /// Writes one control frame to the node within `limit`.
 async fn write_control(state: &mut LinkState, message: &Message, limit: Duration) -> Result<(), String> {
@@ -95,8 +102,12 @@ async fn read_control(mut recv: RecvStream, actor: ActorRef<LinkMsg>, limits: me
                 let _ = actor.cast(LinkMsg::Closed("the node ended its control stream".into()));
                 return;
             }
-            Err(e) => {
+            Err(e @ (FrameError::Io(_) | FrameError::Truncated { .. })) => {
                 let _ = actor.cast(LinkMsg::Closed(format!("control stream: {e}")));
+                return;
+            }
+            Err(e) => {
+                let _ = actor.cast(LinkMsg::Broken(format!("bad control frame: {e}")));
                 return;
             }
         }
@@ -158,12 +169,23 @@ impl Actor for NodeLink {
             tasks: Vec::new(),
             draining: None,
             quiet_checks: 0,
+            reported: None,
         })
     }
 
     /// Welcomes the node from the actor's own task (the supervisor does not wait on a slow node),
     /// then tells membership, whose routing view may now send requests on the link.
     async fn post_start(&self, myself: ActorRef<LinkMsg>, state: &mut LinkState) -> Result<(), ActorProcessingErr> {
+        if let (Some(hello), Some(cert)) = (&state.hello, mesh::cluster::tls::peer_name(&state.link.conn)) {
+            if cert != hello.name {
+                tracing::warn!(
+                    node = %hello.name,
+                    certificate = %cert,
+                    "a node joined under another name than its certificate's; issue each node a \
+                     certificate under its --node-name"
+                );
+            }
+        }
         let welcome = Message::Welcome(Welcome {
             router: state.cluster.id.clone(),
             link: state.link.id,
@@ -214,7 +236,13 @@ impl Actor for NodeLink {
                 };
                 state.cluster.tell(MembershipMsg::Event(id, event));
             }
+            LinkMsg::Control(Message::LoadReport(_))
+                if state.reported.is_some_and(|t| t.elapsed() < MIN_REPORT_GAP) =>
+            {
+                // Faster than any node reports: dropped, so one node cannot flood membership.
+            }
             LinkMsg::Control(Message::LoadReport(r)) => {
+                state.reported = Some(std::time::Instant::now());
                 let loads = r
                     .models
                     .into_iter()
@@ -267,6 +295,10 @@ impl Actor for NodeLink {
                 }
             }
             LinkMsg::Closed(why) => myself.stop(Some(why)),
+            LinkMsg::Broken(why) => {
+                state.link.close(close::PROTOCOL, &why);
+                myself.stop(Some(why));
+            }
         }
         Ok(())
     }

@@ -362,22 +362,19 @@ impl Membership {
         self.changed(changed)
     }
 
-    /// The node behind `link` left cleanly: it is gone at once.
+    /// The node behind `link` left cleanly: Left (not routable), kept like a lost node for a while,
+    /// so requests for models only it served wait for it to come back.
     pub fn goodbye(&mut self, link: LinkId, now: Instant) -> bool {
-        let Some(name) = self.links.remove(&link) else {
-            return false;
-        };
-        let Some(node) = self.nodes.get_mut(&name) else {
-            return false;
-        };
-        node.link = None;
-        node.lost_at = Some(now);
-        node.left = true;
-        self.changed(true)
+        self.gone(link, now, true)
     }
 
     /// The transport lost `link`: its node is Lost (not routable) and kept for status for a while.
     pub fn link_lost(&mut self, link: LinkId, now: Instant) -> bool {
+        self.gone(link, now, false)
+    }
+
+    /// The node of `link` is gone (`left`: after a goodbye): not routable, kept for a while.
+    fn gone(&mut self, link: LinkId, now: Instant, left: bool) -> bool {
         let Some(name) = self.links.remove(&link) else {
             return false;
         };
@@ -386,6 +383,7 @@ impl Membership {
         };
         node.link = None;
         node.lost_at = Some(now);
+        node.left = left;
         self.changed(true)
     }
 

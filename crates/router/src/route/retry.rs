@@ -3,13 +3,15 @@
 //! The rules:
 //! - An attempt the node **answered** with an error (the model ran) is never retried; the error goes to
 //!   the client unchanged.
+//! - A request of a **sequence** (it carries a `sequence_id`) is pinned to one node, where the
+//!   sequence's state lives: it is never moved to another node, whatever failed; it gets UNAVAILABLE
+//!   naming the node and the failure.
 //! - An attempt the node **did not start** (it is draining, does not serve the model, or the stream could
 //!   not be opened) or refused as **overloaded** never ran, so it is always safe to retry on another node.
 //! - An attempt **lost** after it was sent (the link or stream failed) may have run. It is retried only for
-//!   an idempotent request that is not part of a sequence and has forwarded no answer yet. A decoupled
-//!   stream that already answered gets UNAVAILABLE saying the node was lost after N answers; a request of a
-//!   model marked non-idempotent, or of a sequence (its state lived on the lost node), gets UNAVAILABLE
-//!   saying why it was not retried.
+//!   an idempotent request that has forwarded no answer yet. A decoupled stream that already answered gets
+//!   UNAVAILABLE saying the node was lost after N answers; a request of a model marked non-idempotent gets
+//!   UNAVAILABLE saying why it was not retried.
 //! - Every retry stays within the attempt bound (default 3 attempts in all) and the request's deadline.
 //!   Giving up on either is UNAVAILABLE (the client may retry later), naming the nodes tried and the last
 //!   failure.
@@ -190,6 +192,13 @@ impl RetryPolicy {
             Failure::Lost(why) => format!("node '{node}' was lost: {why}"),
         };
         let model = &req.model;
+        // A sequence is pinned to one node (its state lives there): it never moves, whatever failed.
+        if req.sequence {
+            return give_up(format!(
+                "model '{model}': a sequence request stays on its node and node '{node}' failed it ({last}); \
+                 it is not moved to another node"
+            ));
+        }
         if let Failure::Lost(why) = &failure {
             if req.answers > 0 {
                 return give_up(format!(
@@ -202,12 +211,6 @@ impl RetryPolicy {
                 return give_up(format!(
                     "model '{model}': node '{node}' was lost while it had the request ({why}); the request may \
                      have run and the model is marked non-idempotent, so it is not retried"
-                ));
-            }
-            if req.sequence {
-                return give_up(format!(
-                    "model '{model}': node '{node}' was lost during a sequence request ({why}); the sequence's \
-                     state was on that node, so the request is not retried"
                 ));
             }
         }

@@ -26,7 +26,7 @@ fn given_up(d: Decision) -> Error {
 fn not_started_and_overloaded_are_retried_even_when_unsafe_to_rerun() {
     let t0 = Instant::now();
     let p = RetryPolicy::default();
-    for r in [request(t0), request(t0).non_idempotent(), request(t0).in_sequence()] {
+    for r in [request(t0), request(t0).non_idempotent()] {
         assert_eq!(
             p.decide(&r, Failure::NotStarted("draining".into()), t0),
             Decision::Retry
@@ -91,13 +91,23 @@ fn a_non_idempotent_request_is_not_retried_after_loss() {
 }
 
 #[test]
-fn a_sequence_request_is_not_retried_after_loss() {
+fn a_sequence_request_never_moves_to_another_node() {
     let t0 = Instant::now();
     let r = request(t0).in_sequence();
-    let e = given_up(RetryPolicy::default().decide(&r, Failure::Lost("reset".into()), t0));
-    assert_eq!(e.code, Code::Unavailable);
-    assert!(e.message.contains("during a sequence request (reset)"), "{}", e.message);
-    assert!(e.message.ends_with("so the request is not retried"), "{}", e.message);
+    for failure in [
+        Failure::Lost("reset".into()),
+        Failure::NotStarted("draining".into()),
+        Failure::Overloaded("queue full".into()),
+    ] {
+        let e = given_up(RetryPolicy::default().decide(&r, failure, t0));
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(
+            e.message.contains("a sequence request stays on its node"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.ends_with("it is not moved to another node"), "{}", e.message);
+    }
 }
 
 #[test]

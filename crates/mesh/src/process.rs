@@ -1,0 +1,70 @@
+//! What every mesh binary does around its work: logging, the async runtime, and SIGINT/SIGTERM.
+use std::future::Future;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Logs at `level` ("error" … "trace") for the mesh's own crates and warnings for dependencies;
+/// `MESH_LOG` (an env-filter) overrides it.
+pub fn init_logging(crates: &[&str], level: &str) {
+    let mut filter = String::from("warn");
+    for c in crates {
+        filter.push_str(&format!(",{c}={level}"));
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MESH_LOG").unwrap_or_else(|_| filter.into()))
+        .with_target(false)
+        .init();
+}
+
+/// Runs `main` on a multi-threaded runtime; an error is logged and makes the exit code a failure.
+pub fn run(main: impl Future<Output = Result<(), String>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match runtime.block_on(main) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    };
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    code
+}
+
+/// Resolves at the first SIGTERM or SIGINT.
+pub async fn wait_for_signal() -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch SIGINT: {e}"))?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    Ok(())
+}
+
+/// Waits for the listeners to drain, at most `timeout`; says so when they did not.
+pub async fn drain(servers: Vec<tokio::task::JoinHandle<()>>, timeout: Duration) {
+    let drained = tokio::time::timeout(timeout, async {
+        for s in servers {
+            let _ = s.await;
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("in-flight requests did not finish within --exit-timeout-secs; exiting anyway");
+    }
+}
+
+/// The host's name, for default node and router names.
+pub fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
