@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from cluster_util import add_sub_inputs, copy_models, wait_until
-from mesh_util import HOST, free_ports, metric, metric_sum, parse_metrics
+from mesh_util import HOST, free_ports, http_request, metric, metric_sum, parse_metrics
 from test_decoupled import Stream
 from test_dtypes import DTYPES, JSON_DTYPES, assert_same, model as identity, sample
 
@@ -372,3 +372,11 @@ def test_router_metrics_count_requests_nodes_and_links(cluster, http):
     assert metric_sum(after, "mesh_router_requests_total") - sent0 >= n + 1
     assert metric_sum(after, "mesh_router_nodes", state="lost") == 0
     assert all(v >= 0 for _, v in metric(after, "mesh_router_inflight"))
+
+
+def test_model_control_through_the_router_says_where_to_do_it(cluster):
+    """The router does not place models yet: load/unload answer UNSUPPORTED (501) naming the nodes."""
+    for path in ("/v2/repository/models/add_sub/load", "/v2/repository/models/add_sub/unload"):
+        r = http_request(cluster.router.http_port, "POST", path, body=b"")
+        assert r.status == 501, (path, r.status)
+        assert b"through mesh-router" in r.body and b"on the nodes" in r.body, r.body

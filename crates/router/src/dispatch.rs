@@ -86,6 +86,15 @@ fn idempotent_in(table: &RoutingTable, config: &mesh::config::ModelConfig, depth
         })
 }
 
+/// Model control through the router: not yet (the router does not place models); nodes load their
+/// own repositories.
+fn model_control(name: &str, what: &str) -> Error {
+    Error::unsupported(format!(
+        "cannot {what} '{name}' through mesh-router: the router does not place models yet; {what} it on the \
+         nodes that serve it (each node's own repository extension), and the router follows"
+    ))
+}
+
 /// The retry rules' view of a failed attempt, and the balancer's reaction to it.
 fn classify(cluster: &Cluster, link: &Link, failure: CallFailure) -> (Failure, Option<&'static str>) {
     let now = Instant::now();
@@ -511,6 +520,14 @@ impl Dispatch for RouterDispatch {
             }
         }
         Ok(merged)
+    }
+
+    async fn load_model(&self, name: &str, _: mesh::LoadOptions) -> Result<()> {
+        Err(model_control(name, "load"))
+    }
+
+    async fn unload_model(&self, name: &str, _: bool) -> Result<()> {
+        Err(model_control(name, "unload"))
     }
 
     fn extensions(&self) -> Vec<&'static str> {
