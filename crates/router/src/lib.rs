@@ -13,6 +13,7 @@ pub mod link;
 pub mod membership;
 pub mod membership_actor;
 pub mod metrics;
+pub mod place;
 pub mod route;
 pub mod stats;
 pub mod supervisor;
