@@ -9,6 +9,7 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod metadata;
+pub mod overrides;
 pub mod process;
 pub mod request;
 pub mod serve;

@@ -18,8 +18,13 @@ pub enum ControlMode {
     about = "Serves Triton model repositories over KServe v2 HTTP and gRPC"
 )]
 pub struct Args {
-    /// Model repository directory; give it more than once to serve several.
-    #[arg(long = "model-repository", alias = "model-store", required = true)]
+    /// Model repository directory; give it more than once to serve several. A node that joins a
+    /// cluster (`--cluster-join`) may have none: it serves what the router places on it.
+    #[arg(
+        long = "model-repository",
+        alias = "model-store",
+        required_unless_present = "cluster_join"
+    )]
     pub model_repository: Vec<PathBuf>,
 
     #[command(flatten)]
@@ -83,6 +88,54 @@ pub struct Args {
     /// How often the node reports model changes and load to its routers, in milliseconds.
     #[arg(long, default_value_t = 250)]
     pub cluster_report_ms: u64,
+    /// Memory this node offers for the models a router places on it (bytes, or with a K/M/G/T
+    /// suffix, powers of 1024); default: the machine's total memory.
+    #[arg(long, value_parser = parse_size)]
+    pub cluster_memory: Option<u64>,
+    /// Where the files of placed models are cached, one verified copy per content key (default:
+    /// the system's temporary folder, mesh-node-cache).
+    #[arg(long)]
+    pub cluster_cache: Option<PathBuf>,
+}
+
+/// Reads a byte count such as `1048576`, `512M`, `2G` or `1.5GiB` (suffixes are powers of 1024).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale: u64 = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => {
+            return Err(format!(
+                "'{text}' is not a size (a number with an optional K, M, G or T suffix)"
+            ))
+        }
+    };
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (a number with an optional K, M, G or T suffix)"))?;
+    let bytes = n * scale as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("'{text}' is out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+/// The machine's total memory from /proc/meminfo, if it can be read.
+pub fn total_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 impl Args {
@@ -105,5 +158,23 @@ impl Args {
             let (k, v) = kv.split_once('=')?;
             (b == backend && k == key).then(|| v.to_string())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("64kb"), Ok(64 << 10));
+        assert!(parse_size("lots").unwrap_err().contains("not a size"));
+        assert!(parse_size("5Q").unwrap_err().contains("not a size"));
+        assert!(parse_size("").is_err());
+        assert!(total_memory().is_some_and(|m| m > 0));
     }
 }

@@ -50,6 +50,7 @@ async fn run(args: Args) -> Result<(), String> {
             dispatch: Default::default(),
             runtime: tokio::runtime::Handle::current(),
         }),
+        placed: Default::default(),
     };
     let options = NodeOptions {
         strict_readiness: args.strict_readiness,

@@ -9,6 +9,7 @@ use crate::actors::manager::{ManagerLink, ManagerMsg};
 use crate::actors::node::{NodeSupervisor, SupervisorArgs};
 use crate::actors::table::ModelTable;
 use crate::cli::ControlMode;
+use crate::repository::placed::PlacedModels;
 use crate::serving::bls::BlsDispatch;
 use crate::serving::dispatch::{NodeDispatch, NodeOptions};
 
@@ -19,6 +20,7 @@ pub struct Node {
     pub bls: Arc<BlsDispatch>,
     supervisor: ActorRef<()>,
     manager: Arc<ManagerLink>,
+    placed: Arc<PlacedModels>,
 }
 
 impl Node {
@@ -28,6 +30,7 @@ impl Node {
         let manager = Arc::new(ManagerLink::default());
         let dispatch = Arc::new(NodeDispatch::new(&options, &repos, table.clone(), manager.clone()));
         let bls = Arc::new(BlsDispatch::new(dispatch.clone()));
+        let placed = repos.placed.clone();
         let seam: Arc<dyn mesh::Dispatch> = bls.clone();
         let _ = repos.python.dispatch.set(Arc::downgrade(&seam));
         let args = SupervisorArgs {
@@ -44,6 +47,7 @@ impl Node {
             bls,
             supervisor,
             manager,
+            placed,
         })
     }
 
@@ -57,6 +61,11 @@ impl Node {
         })
         .await
         .unwrap_or(0)
+    }
+
+    /// The models the cluster's router placed here.
+    pub fn placed(&self) -> Arc<PlacedModels> {
+        self.placed.clone()
     }
 
     /// The model table requests read (the cluster side reports and checks it).

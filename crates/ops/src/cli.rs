@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use mesh::cluster::certs::{LeafRequest, DEFAULT_CA_DAYS, DEFAULT_LEAF_DAYS};
 
-use crate::{certs, status};
+use crate::{certs, control, status};
 
 /// The operator's tool for a mesh cluster.
 #[derive(Debug, Parser)]
@@ -22,8 +22,73 @@ pub enum Command {
     /// Create the cluster CA and issue certificates for mutual TLS between routers and nodes.
     #[command(subcommand)]
     Certs(CertsCommand),
-    /// Show the router's view of the cluster: nodes and models.
+    /// Show the router's view of the cluster: nodes, models, placement and recent events.
     Status(StatusArgs),
+    /// List the cluster repository's models: replicas ready and wanted, bounds, nodes.
+    Models(StatusArgs),
+    /// Place a model of the cluster repository (or place it again after a change); waits until a replica is ready.
+    Load(LoadArgs),
+    /// Remove a model from every node; waits until none holds it.
+    Unload(ModelArgs),
+    /// Change a model's replica bounds at run time (the autoscaler stays within them).
+    Scale(ScaleArgs),
+    /// Move every placed model off a node (each new replica ready before the old one goes), then tell it it may stop.
+    Drain(DrainArgs),
+}
+
+/// Where the router is and how long to wait for it.
+#[derive(Debug, Args)]
+pub struct RouterArgs {
+    /// The router's HTTP address.
+    #[arg(long, env = "MESH_ROUTER", default_value = status::DEFAULT_ROUTER)]
+    pub router: String,
+    /// Seconds to wait for the router to finish (loads and drains wait for replicas).
+    #[arg(long, default_value_t = 120.0)]
+    pub timeout_secs: f64,
+}
+
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    pub model: String,
+    #[command(flatten)]
+    pub router: RouterArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    pub model: String,
+    /// A file with the model's config as JSON (Triton's config override), placed instead of config.pbtxt.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub router: RouterArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ScaleArgs {
+    pub model: String,
+    /// Fewest replicas.
+    #[arg(long)]
+    pub min: Option<u32>,
+    /// Most replicas.
+    #[arg(long)]
+    pub max: Option<u32>,
+    #[command(flatten)]
+    pub router: RouterArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    pub node: String,
+    #[command(flatten)]
+    pub router: RouterArgs,
+}
+
+fn wait_of(secs: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .ok_or_else(|| anyhow::anyhow!("--timeout-secs must be a positive number of seconds"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,13 +167,27 @@ pub fn run(cli: Cli) -> anyhow::Result<String> {
             };
             Ok(certs::issue(&dir, &req, force)?.to_string())
         }
-        Command::Status(args) => {
-            let timeout = Duration::try_from_secs_f64(args.timeout_secs)
-                .ok()
-                .filter(|t| !t.is_zero())
-                .ok_or_else(|| anyhow::anyhow!("--timeout-secs must be a positive number of seconds"))?;
-            status::run(&args.router, args.json, timeout)
+        Command::Status(args) => status::run(&args.router, args.json, wait_of(args.timeout_secs)?),
+        Command::Models(args) => control::models(&args.router, args.json, wait_of(args.timeout_secs)?),
+        Command::Load(a) => {
+            let config = match &a.config {
+                Some(path) => Some(
+                    std::fs::read_to_string(path)
+                        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?,
+                ),
+                None => None,
+            };
+            control::load(&a.router.router, &a.model, config, wait_of(a.router.timeout_secs)?)
         }
+        Command::Unload(a) => control::unload(&a.router.router, &a.model, wait_of(a.router.timeout_secs)?),
+        Command::Scale(a) => control::scale(
+            &a.router.router,
+            &a.model,
+            a.min,
+            a.max,
+            wait_of(a.router.timeout_secs)?,
+        ),
+        Command::Drain(a) => control::drain(&a.router.router, &a.node, wait_of(a.router.timeout_secs)?),
     }
 }
 
@@ -145,5 +224,19 @@ mod tests {
         assert!(Cli::try_parse_from(["mesh-ops", "certs", "issue", "d", "n", "--ip", "nope"]).is_err());
         let cli = Cli::try_parse_from(["mesh-ops", "status", "--json"]).expect("status");
         assert!(matches!(cli.command, Command::Status(StatusArgs { json: true, .. })));
+        let cli = Cli::try_parse_from(["mesh-ops", "scale", "m", "--min", "1", "--max", "3"]).expect("scale");
+        assert!(matches!(
+            cli.command,
+            Command::Scale(ScaleArgs {
+                min: Some(1),
+                max: Some(3),
+                ..
+            })
+        ));
+        assert!(Cli::try_parse_from(["mesh-ops", "scale", "m", "--min", "-1"]).is_err());
+        assert!(matches!(
+            Cli::try_parse_from(["mesh-ops", "drain", "node-a"]).expect("drain").command,
+            Command::Drain(DrainArgs { ref node, .. }) if node == "node-a"
+        ));
     }
 }

@@ -1,4 +1,4 @@
-//! A minimal HTTP/1.1 GET over `std::net::TcpStream` (http:// only; Content-Length, chunked or read-to-close).
+//! A minimal HTTP/1.1 GET and POST over `std::net::TcpStream` (http:// only; Content-Length, chunked or read-to-close).
 
 use std::fmt;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -125,6 +125,16 @@ impl Url {
 
 /// GETs `url`; `timeout` bounds the connect and each read and write.
 pub fn get(url: &str, timeout: Duration) -> Result<Response, Error> {
+    send("GET", url, None, timeout)
+}
+
+/// POSTs a JSON body to `url`; `timeout` bounds the connect and each read and write.
+pub fn post(url: &str, json: &str, timeout: Duration) -> Result<Response, Error> {
+    send("POST", url, Some(json.as_bytes()), timeout)
+}
+
+/// Sends one request (with a JSON body, if any) and reads the answer.
+fn send(method: &str, url: &str, body: Option<&[u8]>, timeout: Duration) -> Result<Response, Error> {
     let url = Url::parse(url)?;
     let addrs = url.socket_addrs()?;
     let mut last = None;
@@ -147,13 +157,19 @@ pub fn get(url: &str, timeout: Duration) -> Result<Response, Error> {
         80 => url.host.clone(),
         port => format!("{}:{port}", url.host),
     };
+    let content = match body {
+        Some(b) => format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()),
+        None => String::new(),
+    };
     let request = format!(
-        "GET {} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nUser-Agent: mesh-ops/{}\r\nConnection: close\r\n\r\n",
+        "{method} {} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nUser-Agent: mesh-ops/{}\r\n{content}Connection: close\r\n\r\n",
         url.path,
         env!("CARGO_PKG_VERSION")
     );
+    let mut out = request.into_bytes();
+    out.extend_from_slice(body.unwrap_or_default());
     (&stream)
-        .write_all(request.as_bytes())
+        .write_all(&out)
         .map_err(|e| Error::Protocol(format!("sending the request: {e}")))?;
     read_response(BufReader::new(stream))
 }

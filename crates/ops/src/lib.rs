@@ -1,5 +1,7 @@
-//! mesh-ops: the operator's tooling for a mesh cluster (status, certificates).
+//! mesh-ops: the operator's tooling for a mesh cluster (status, models, placement, drains, certificates).
 pub mod certs;
 pub mod cli;
+pub mod control;
 pub mod http;
+pub mod placement;
 pub mod status;

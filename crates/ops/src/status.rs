@@ -26,6 +26,8 @@ pub struct ClusterView {
     pub nodes: Vec<NodeView>,
     #[serde(deserialize_with = "lenient_list")]
     pub models: Vec<ModelView>,
+    #[serde(deserialize_with = "lenient")]
+    pub placement: crate::placement::PlacementView,
 }
 
 /// The router itself.
@@ -78,12 +80,16 @@ pub struct ModelView {
 }
 
 /// A value of type `T`, or its default when null or of another type.
-fn lenient<'de, D: Deserializer<'de>, T: Default + serde::de::DeserializeOwned>(d: D) -> Result<T, D::Error> {
+pub(crate) fn lenient<'de, D: Deserializer<'de>, T: Default + serde::de::DeserializeOwned>(
+    d: D,
+) -> Result<T, D::Error> {
     Ok(serde_json::from_value(Value::deserialize(d)?).unwrap_or_default())
 }
 
 /// The items of a list that read as `T` (objects); others are skipped. A non-list is empty.
-fn lenient_list<'de, D: Deserializer<'de>, T: serde::de::DeserializeOwned>(d: D) -> Result<Vec<T>, D::Error> {
+pub(crate) fn lenient_list<'de, D: Deserializer<'de>, T: serde::de::DeserializeOwned>(
+    d: D,
+) -> Result<Vec<T>, D::Error> {
     Ok(match Value::deserialize(d)? {
         Value::Array(items) => items
             .into_iter()
@@ -94,12 +100,12 @@ fn lenient_list<'de, D: Deserializer<'de>, T: serde::de::DeserializeOwned>(d: D)
 }
 
 /// A string; a number or boolean is written out; anything else is empty.
-fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+pub(crate) fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Ok(value_text(Value::deserialize(d)?))
 }
 
 /// A list of strings (see [`text`]); a non-list is empty.
-fn texts<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+pub(crate) fn texts<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     Ok(match Value::deserialize(d)? {
         Value::Array(items) => items.into_iter().map(value_text).collect(),
         _ => Vec::new(),
@@ -225,6 +231,7 @@ pub fn render(view: &ClusterView) -> String {
         ]
     });
     out.push_str(&table(&["NAME", "VERSION", "STATE", "NODES", "REASON"], models));
+    out.push_str(&crate::placement::render(&view.placement));
     out
 }
 
@@ -271,7 +278,7 @@ pub fn seconds(s: f64) -> String {
 }
 
 /// Rows under headers, columns padded to their widest cell; "(none)" for no rows.
-fn table(headers: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
+pub(crate) fn table(headers: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
     let rows: Vec<Vec<String>> = rows
         .map(|row| row.iter().map(|cell| empty_dash(sanitize(cell))).collect())
         .collect();
@@ -308,7 +315,7 @@ fn empty_dash(cell: String) -> String {
 }
 
 /// Text from the network made safe for a terminal: control characters become '?'.
-fn sanitize(text: &str) -> String {
+pub(crate) fn sanitize(text: &str) -> String {
     text.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
 }
 

@@ -1,13 +1,59 @@
 //! The router's own HTTP API, beside KServe v2 on the same port: `GET /mesh/v1/cluster` is the
-//! router's view of the cluster (what `mesh-ops status` shows).
+//! router's view of the cluster (what `mesh-ops status` shows); `POST /mesh/v1/models/{m}/scale`
+//! changes a model's replica bounds and `POST /mesh/v1/nodes/{n}/drain` empties a node.
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use axum::routing::get;
+use axum::extract::{Path, Query};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::dispatch::RouterDispatch;
+use crate::placement::PlacementView;
+
+/// The placement part of the status: models with their replicas, recent events, drains.
+fn placement_status(view: &PlacementView, now: Instant) -> Value {
+    let models: Vec<Value> = view
+        .models
+        .iter()
+        .map(|m| {
+            json!({
+                "name": m.name,
+                "min": m.min,
+                "max": m.max,
+                "wanted": m.wanted,
+                "ready": m.replicas.iter().filter(|r| r.state == "ready").count(),
+                "replicas": m.replicas.iter().map(|r| json!({"node": r.node, "state": r.state, "reason": r.reason})).collect::<Vec<_>>(),
+                "reason": m.reason,
+            })
+        })
+        .collect();
+    let events: Vec<Value> = view
+        .events
+        .iter()
+        .rev()
+        .take(20)
+        .map(|e| {
+            json!({
+                "age_ms": now.saturating_duration_since(e.at).as_millis() as u64,
+                "kind": e.kind,
+                "model": e.model,
+                "node": e.node,
+                "detail": e.detail,
+            })
+        })
+        .collect();
+    json!({
+        "models": models,
+        "events": events,
+        "errors": view.errors.iter().map(|(m, why)| json!({"model": m, "reason": why})).collect::<Vec<_>>(),
+        "drains": view.drains.iter().map(|(n, done)| json!({"node": n, "drained": done})).collect::<Vec<_>>(),
+    })
+}
 
 /// The JSON of `GET /mesh/v1/cluster`: the router, its nodes, and the models they serve.
 pub fn cluster_status(dispatch: &RouterDispatch) -> Value {
@@ -27,6 +73,8 @@ pub fn cluster_status(dispatch: &RouterDispatch) -> Value {
                 "inflight": inflight,
                 "last_report_ms": n.last_report_age.map(|d| d.as_millis() as u64),
                 "devices": n.devices,
+                "memory": n.memory,
+                "placed": n.models.iter().filter(|m| m.placed).map(|m| m.name.clone()).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -50,16 +98,75 @@ pub fn cluster_status(dispatch: &RouterDispatch) -> Value {
         },
         "nodes": nodes,
         "models": models,
+        "placement": placement_status(&dispatch.placement.view(), Instant::now()),
     })
+}
+
+/// An error as the router's API answers it: the mesh error's HTTP status and `{"error": ...}`.
+fn error_response(e: mesh::Error) -> Response {
+    let status = StatusCode::from_u16(e.http_status().as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(json!({ "error": e.message }))).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct ScaleBody {
+    min: Option<u32>,
+    max: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DrainQuery {
+    timeout_s: Option<u64>,
+}
+
+async fn scale(dispatch: Arc<RouterDispatch>, model: String, body: ScaleBody) -> Response {
+    if body.min.is_none() && body.max.is_none() {
+        return error_response(mesh::Error::invalid("give 'min', 'max' or both"));
+    }
+    match dispatch.placement.scale(&model, body.min, body.max).await {
+        Ok((min, max)) => Json(json!({ "model": model, "min": min, "max": max })).into_response(),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn drain(dispatch: Arc<RouterDispatch>, node: String, wait: Duration) -> Response {
+    match dispatch.placement.drain(&node, wait).await {
+        Ok(()) => Json(json!({ "node": node, "drained": true })).into_response(),
+        Err(e) => error_response(e),
+    }
 }
 
 /// The routes of the router's own API.
 pub fn routes(dispatch: Arc<RouterDispatch>) -> Router {
-    Router::new().route(
-        "/mesh/v1/cluster",
-        get(move || {
-            let d = dispatch.clone();
-            async move { Json(cluster_status(&d)) }
-        }),
-    )
+    let (d1, d2, d3) = (dispatch.clone(), dispatch.clone(), dispatch);
+    Router::new()
+        .route(
+            "/mesh/v1/cluster",
+            get(move || {
+                let d = d1.clone();
+                async move { Json(cluster_status(&d)) }
+            }),
+        )
+        .route(
+            "/mesh/v1/models/{model}/scale",
+            post(move |Path(model): Path<String>, body: axum::body::Bytes| {
+                let d = d2.clone();
+                async move {
+                    match serde_json::from_slice::<ScaleBody>(&body) {
+                        Ok(body) => scale(d, model, body).await,
+                        Err(e) => error_response(mesh::Error::invalid(format!(
+                            "the body must be JSON such as {{\"min\": 1, \"max\": 3}}: {e}"
+                        ))),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/mesh/v1/nodes/{node}/drain",
+            post(move |Path(node): Path<String>, Query(q): Query<DrainQuery>| {
+                let d = d3.clone();
+                let wait = Duration::from_secs(q.timeout_s.unwrap_or(120).clamp(1, 3600));
+                async move { drain(d, node, wait).await }
+            }),
+        )
 }

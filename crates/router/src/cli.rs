@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::placement_actor::{ControlMode, PlacementSettings};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "mesh-router",
@@ -12,10 +14,43 @@ use clap::Parser;
     about = "The mesh's cluster entrypoint: serves KServe v2 HTTP and gRPC and routes to mesh-nodes over QUIC"
 )]
 pub struct Args {
-    /// Model repository with the cluster's ensembles (repeatable); their steps run wherever their
-    /// models are served. Other models in it are ignored for now (nodes serve their own).
+    /// The cluster repository (repeatable, Triton's layout): the router places its models on the
+    /// nodes, shipping their files over the cluster link, and runs its ensembles itself.
     #[arg(long = "model-repository", alias = "model-store")]
     pub model_repository: Vec<PathBuf>,
+    /// none: place every model at start; explicit: only --load-model and repository `load`s;
+    /// poll: every model, reading the repositories again every --repository-poll-secs.
+    #[arg(long, value_enum, default_value = "none")]
+    pub model_control_mode: ControlMode,
+    /// Models to place at start in explicit mode (repeatable; `*` for all).
+    #[arg(long)]
+    pub load_model: Vec<String>,
+    #[arg(long, default_value_t = 15)]
+    pub repository_poll_secs: u64,
+    /// Replicas of a model whose config sets no `mesh.min_replicas`.
+    #[arg(long, default_value_t = 2)]
+    pub default_min_replicas: u32,
+    /// Replicas of a model whose config sets no `mesh.max_replicas`.
+    #[arg(long, default_value_t = 4)]
+    pub default_max_replicas: u32,
+    /// Autoscaling target: requests in flight per replica (Ray Serve's target_ongoing_requests).
+    #[arg(long, default_value_t = 2.0)]
+    pub target_inflight: f64,
+    /// How long load must stay above the target before a replica is added, in ms.
+    #[arg(long, default_value_t = 30_000)]
+    pub scale_up_delay_ms: u64,
+    /// How long load must stay below the target before a replica is removed, in ms.
+    #[arg(long, default_value_t = 600_000)]
+    pub scale_down_delay_ms: u64,
+    /// A replica is not evicted or moved before it served this long, in ms (no thrashing).
+    #[arg(long, default_value_t = 30_000)]
+    pub min_replica_age_ms: u64,
+    /// Moves (rebalancing, drains) in progress at once across the cluster.
+    #[arg(long, default_value_t = 2)]
+    pub max_moves: usize,
+    /// A placement that is not ready within this counts as failed on that node, in ms.
+    #[arg(long, default_value_t = 120_000)]
+    pub load_timeout_ms: u64,
 
     #[command(flatten)]
     pub listen: mesh::serve::ListenArgs,
@@ -55,6 +90,30 @@ pub struct Args {
 }
 
 impl Args {
+    /// Placement's settings from the flags.
+    pub fn placement(&self) -> PlacementSettings {
+        let ms = Duration::from_millis;
+        PlacementSettings {
+            place: crate::place::PlaceSettings {
+                default_min: self.default_min_replicas,
+                default_max: self.default_max_replicas.max(self.default_min_replicas),
+                min_age: ms(self.min_replica_age_ms),
+                max_moves: self.max_moves.max(1),
+                load_timeout: ms(self.load_timeout_ms),
+                ..Default::default()
+            },
+            scale: crate::place::ScaleSettings {
+                target_inflight: self.target_inflight,
+                up_delay: ms(self.scale_up_delay_ms),
+                down_delay: ms(self.scale_down_delay_ms),
+            },
+            mode: self.model_control_mode,
+            load_at_start: self.load_model.clone(),
+            poll_every: Duration::from_secs(self.repository_poll_secs.max(1)),
+            tick: ms(200),
+        }
+    }
+
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
     }

@@ -17,12 +17,14 @@ use crate::ensembles::Ensembles;
 use crate::link::{InflightPermit, Link};
 use crate::membership::{ResolveError, RoutingTable};
 use crate::metrics;
+use crate::placement::Placement;
 use crate::route::retry::{Decision, Failure, RequestState, RetryPolicy};
 use crate::route::Pick;
 
 pub struct RouterDispatch {
     pub cluster: Arc<Cluster>,
     pub ensembles: Ensembles,
+    pub placement: Arc<Placement>,
     retry: RetryPolicy,
 }
 
@@ -90,8 +92,9 @@ fn idempotent_in(table: &RoutingTable, config: &mesh::config::ModelConfig, depth
 /// own repositories.
 fn model_control(name: &str, what: &str) -> Error {
     Error::unsupported(format!(
-        "cannot {what} '{name}' through mesh-router: the router does not place models yet; {what} it on the \
-         nodes that serve it (each node's own repository extension), and the router follows"
+        "cannot {what} '{name}' through mesh-router: it is not a model of the router's cluster repository \
+         (--model-repository); {what} it on the nodes that serve it from their own repositories, and the \
+         router follows"
     ))
 }
 
@@ -159,18 +162,20 @@ impl Attempt {
 }
 
 impl RouterDispatch {
-    pub fn new(cluster: Arc<Cluster>, ensembles: Ensembles) -> Self {
+    pub fn new(cluster: Arc<Cluster>, ensembles: Ensembles, placement: Arc<Placement>) -> Self {
         let retry = RetryPolicy::new(crate::route::retry::RetrySettings {
             max_attempts: cluster.route.max_attempts,
         });
         RouterDispatch {
             cluster,
             ensembles,
+            placement,
             retry,
         }
     }
 
     fn begin<'a>(&self, request: &'a mut InferRequest) -> Routing<'a> {
+        self.placement.touch(&request.model_name);
         let now = Instant::now();
         let deadline = now + timeout_of(request).unwrap_or(self.cluster.route.request_timeout);
         let mut state = RequestState::new(request.model_name.clone(), now, deadline);
@@ -199,6 +204,10 @@ impl RouterDispatch {
             let version = r.version.clone().unwrap_or_else(|| r.request.model_version.clone());
             let (reason, until) = match table.resolve(&r.request.model_name, &version) {
                 Err(ResolveError::NoReplica { reason }) => (reason, None),
+                // A model of the cluster repository with no replica yet is being placed: wait for it.
+                Err(ResolveError::NotFound(_)) if self.placement.is_placing(&r.request.model_name) => {
+                    (format!("model '{}' is being placed", r.request.model_name), None)
+                }
                 Err(e) => return Err(e.into()),
                 Ok(resolved) => {
                     if r.version.is_none() {
@@ -467,6 +476,7 @@ impl Dispatch for RouterDispatch {
                 nodes: vec![],
             });
         }
+        self.placement.index_rows(&mut rows);
         rows.sort_by(|a, b| a.name.cmp(&b.name).then(a.version.cmp(&b.version)));
         rows
     }
@@ -522,12 +532,23 @@ impl Dispatch for RouterDispatch {
         Ok(merged)
     }
 
-    async fn load_model(&self, name: &str, _: mesh::LoadOptions) -> Result<()> {
-        Err(model_control(name, "load"))
+    /// Places a model of the cluster repository (with its config and `file:` overrides); answers
+    /// once a replica is ready.
+    async fn load_model(&self, name: &str, options: mesh::LoadOptions) -> Result<()> {
+        if self.placement.repo.roots.is_empty() || self.ensembles.get(name).is_some() {
+            return Err(model_control(name, "load"));
+        }
+        self.placement
+            .load(name, options, self.cluster.route.request_timeout)
+            .await
     }
 
+    /// Removes a placed model from every node; answers once none holds it.
     async fn unload_model(&self, name: &str, _: bool) -> Result<()> {
-        Err(model_control(name, "unload"))
+        if !self.placement.repo.contains(name) {
+            return Err(model_control(name, "unload"));
+        }
+        self.placement.unload(name, self.cluster.route.request_timeout).await
     }
 
     fn extensions(&self) -> Vec<&'static str> {

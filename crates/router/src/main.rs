@@ -14,6 +14,8 @@ use mesh_router::cluster::{Cluster, RouteSettings};
 use mesh_router::dispatch::RouterDispatch;
 use mesh_router::ensembles::Ensembles;
 use mesh_router::membership::MembershipSettings;
+use mesh_router::placement::Placement;
+use mesh_router::repository::ClusterRepo;
 use mesh_router::route::{BalanceSettings, Balancer};
 use mesh_router::supervisor::{RouterSupervisor, SupervisorArgs, SupervisorMsg};
 use mesh_router::{api, link, metrics};
@@ -65,13 +67,16 @@ async fn run(args: Args) -> Result<(), String> {
         limits.clone(),
         route,
     ));
-    let dispatch = Arc::new(RouterDispatch::new(cluster.clone(), ensembles));
+    let repo = Arc::new(ClusterRepo::new(args.model_repository.clone()));
+    let placement = Arc::new(Placement::new(repo));
+    let dispatch = Arc::new(RouterDispatch::new(cluster.clone(), ensembles, placement));
     let (supervisor, supervisor_task) = Actor::spawn(
         None,
         RouterSupervisor,
         SupervisorArgs {
             cluster: cluster.clone(),
             dispatch: dispatch.clone(),
+            placement: args.placement(),
         },
     )
     .await

@@ -35,6 +35,25 @@ fn describe() {
         "QUIC round-trip time of each node link, in microseconds"
     );
     g!("mesh_router_inflight", "Requests of this router in flight on each node");
+    g!(
+        "mesh_router_model_replicas",
+        "Replicas of each placed model: wanted (within its bounds, after autoscaling) and ready"
+    );
+    c!(
+        "mesh_router_placement_events_total",
+        "Placement decisions and observations, by kind (place, ready, failed, evict, move, unload, lost, scale, drained)"
+    );
+}
+
+/// One placement event.
+pub fn placement_event(kind: &str) {
+    counter!("mesh_router_placement_events_total", "kind" => kind.to_string()).increment(1);
+}
+
+/// A placed model's wanted and ready replicas.
+pub fn replicas(model: &str, wanted: u32, ready: usize) {
+    gauge!("mesh_router_model_replicas", "model" => model.to_string(), "state" => "wanted").set(f64::from(wanted));
+    gauge!("mesh_router_model_replicas", "model" => model.to_string(), "state" => "ready").set(ready as f64);
 }
 
 /// One finished client request.

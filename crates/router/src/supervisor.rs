@@ -1,5 +1,5 @@
-//! RouterSupervisor, the root of the router's actor tree: it starts the MembershipActor and one
-//! NodeLink per connected node.
+//! RouterSupervisor, the root of the router's actor tree: it starts the MembershipActor, the
+//! PlacementActor and one NodeLink per connected node.
 //! The supervisor turns a link actor's end (clean or not) into a membership event, and restarts the
 //! MembershipActor if it fails (membership itself lives in `Cluster`, so nothing is lost).
 use std::collections::HashMap;
@@ -13,6 +13,7 @@ use crate::link::actor::{LinkArgs, NodeLink};
 use crate::link::{Joining, Link};
 use crate::membership::LinkId;
 use crate::membership_actor::{MembershipActor, MembershipMsg};
+use crate::placement_actor::{PlacementActor, PlacementArgs, PlacementMsg, PlacementSettings};
 
 /// Messages to the supervisor: a connection finished its handshake.
 pub enum SupervisorMsg {
@@ -24,11 +25,13 @@ pub struct RouterSupervisor;
 pub struct SupervisorArgs {
     pub cluster: Arc<Cluster>,
     pub dispatch: Arc<RouterDispatch>,
+    pub placement: PlacementSettings,
 }
 
 pub struct SupervisorState {
     args: SupervisorArgs,
     membership: ActorRef<MembershipMsg>,
+    placement: ActorRef<PlacementMsg>,
     links: HashMap<ActorId, LinkId>,
 }
 
@@ -40,6 +43,20 @@ impl RouterSupervisor {
         let (m, _) = Actor::spawn_linked(None, MembershipActor, cluster.clone(), myself.get_cell()).await?;
         cluster.set_membership_actor(m.clone());
         Ok(m)
+    }
+
+    async fn spawn_placement(
+        myself: &ActorRef<SupervisorMsg>,
+        args: &SupervisorArgs,
+    ) -> Result<ActorRef<PlacementMsg>, ActorProcessingErr> {
+        let placement = PlacementArgs {
+            handle: args.dispatch.placement.clone(),
+            cluster: args.cluster.clone(),
+            settings: args.placement.clone(),
+        };
+        let (p, _) = Actor::spawn_linked(None, PlacementActor, placement, myself.get_cell()).await?;
+        args.dispatch.placement.set_actor(p.clone());
+        Ok(p)
     }
 }
 
@@ -54,9 +71,11 @@ impl Actor for RouterSupervisor {
         args: SupervisorArgs,
     ) -> Result<SupervisorState, ActorProcessingErr> {
         let membership = Self::spawn_membership(&myself, &args.cluster).await?;
+        let placement = Self::spawn_placement(&myself, &args).await?;
         Ok(SupervisorState {
             args,
             membership,
+            placement,
             links: HashMap::new(),
         })
     }
@@ -82,6 +101,7 @@ impl Actor for RouterSupervisor {
         cluster.add_link(link.clone());
         match Actor::spawn_linked(None, NodeLink, args, myself.get_cell()).await {
             Ok((actor, _)) => {
+                link.set_control(actor.clone());
                 state.links.insert(actor.get_id(), id);
             }
             Err(e) => {
@@ -116,6 +136,10 @@ impl Actor for RouterSupervisor {
         } else if cell.get_id() == state.membership.get_id() {
             tracing::error!("membership actor ended ({why}); starting it again");
             state.membership = Self::spawn_membership(&myself, &state.args.cluster).await?;
+        } else if cell.get_id() == state.placement.get_id() {
+            // Its state is read back from what nodes report: placed replicas are adopted.
+            tracing::error!("placement actor ended ({why}); starting it again");
+            state.placement = Self::spawn_placement(&myself, &state.args).await?;
         }
         Ok(())
     }

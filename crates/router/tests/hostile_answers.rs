@@ -31,6 +31,7 @@ fn fake_add() -> ModelStatus {
         ready: true,
         reason: String::new(),
         config: prost::Message::encode_to_vec(&config),
+        placed: false,
     }
 }
 

@@ -159,6 +159,7 @@ async fn hellos_without_a_name_or_with_an_unreadable_config_are_refused() {
         ready: true,
         reason: String::new(),
         config: vec![0xff; 12], // not a protobuf message
+        placed: false,
     };
     let (code, reason) = first_frame_closes(&router, &certs, &encode(&hello("node-bad-config", vec![broken]))).await;
     assert_eq!(code, u64::from(close::REFUSED), "reason: {reason}");

@@ -60,6 +60,13 @@ pub fn message_name(m: &Message) -> &'static str {
         Message::Answer(_) => "answer",
         Message::StatsQuery(_) => "statistics query",
         Message::StatsReply(_) => "statistics reply",
+        Message::Place(_) => "place",
+        Message::Placed(_) => "placed",
+        Message::Evict(_) => "evict",
+        Message::MayStop => "may-stop",
+        Message::Fetch(_) => "fetch",
+        Message::FileChunk(_) => "file chunk",
+        Message::FetchEnd(_) => "fetch end",
     }
 }
 

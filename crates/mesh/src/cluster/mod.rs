@@ -12,6 +12,7 @@ pub mod flags;
 pub mod frame;
 pub mod io;
 pub mod msg;
+pub mod ship;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod tls;

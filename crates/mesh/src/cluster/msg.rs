@@ -26,6 +26,80 @@ pub enum Message {
     StatsQuery(StatsQuery),
     /// Answer to a statistics query: an encoded `inference.ModelStatisticsResponse`, or an error.
     StatsReply(StatsReply),
+    /// Router → node, on the control stream: load this model of the cluster repository.
+    Place(Place),
+    /// Node → router, on the control stream: how a `Place` ended.
+    Placed(Placed),
+    /// Router → node, on the control stream: unload this model the router placed here.
+    Evict(Evict),
+    /// Router → node, on the control stream: everything the router placed here has moved away
+    /// (`mesh-ops drain`); the node may be stopped.
+    MayStop,
+    /// Node → router, opens a stream: send the files of a placed model (answered by `FileChunk`s
+    /// and a `FetchEnd`).
+    Fetch(Fetch),
+    /// One piece of one file of a model being shipped; the bytes are the payload.
+    FileChunk(FileChunk),
+    /// The last frame of a shipment: every file was sent, or why not.
+    FetchEnd(FetchEnd),
+}
+
+/// A model the router places on a node.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Place {
+    pub model: String,
+    /// The shipment's key (a hash of the model's name and every file's path and content): the
+    /// node's cache holds a complete copy under it, or fetches one.
+    pub key: String,
+    /// The files, as the router's manifest lists them (paths relative to the model directory).
+    pub files: Vec<FileEntry>,
+    /// A config override (Triton's JSON `ModelConfig`, as the repository extension's `config`
+    /// parameter); empty: the shipped config.pbtxt.
+    pub config: String,
+}
+
+/// The outcome of a `Place` on the node.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Placed {
+    pub model: String,
+    pub key: String,
+    /// Empty: the model loaded and is ready; else why it did not.
+    pub error: String,
+    /// Bytes the model takes on the node as it measured them (its files times its instances).
+    pub footprint: u64,
+}
+
+/// One file of a shipped model.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct FileEntry {
+    /// Relative to the model directory, '/'-separated, never absolute nor with `..`.
+    pub path: String,
+    pub size: u64,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Evict {
+    pub model: String,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Fetch {
+    pub model: String,
+    pub key: String,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct FileChunk {
+    /// Index of the file in the `Place` manifest; chunks come in file order, each file's in order.
+    pub file: u32,
+    /// Byte offset of this chunk in the file.
+    pub offset: u64,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum FetchEnd {
+    Done,
+    Error(WireError),
 }
 
 /// Who a node is and what it serves, sent once per connection.
@@ -42,6 +116,8 @@ pub struct Hello {
     pub grpc: String,
     /// Every served model version.
     pub models: Vec<ModelStatus>,
+    /// Bytes of memory the node offers for models the router places (`--cluster-memory`).
+    pub memory: u64,
 }
 
 /// The router's answer to a hello.
@@ -63,6 +139,8 @@ pub struct ModelStatus {
     pub reason: String,
     /// The served config, protobuf-encoded `inference.ModelConfig`.
     pub config: Vec<u8>,
+    /// The router placed it here (from the cluster repository); false: the node's own repository.
+    pub placed: bool,
 }
 
 /// A change to what a node serves.

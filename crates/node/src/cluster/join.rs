@@ -12,6 +12,7 @@ use mesh::cluster::FrameError;
 use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
 use tokio::sync::mpsc;
 
+use super::placing::{Command, Queues};
 use super::report::{diff, hello_models, snapshot, versions, LoadTracker};
 use super::{Context, Phase};
 
@@ -186,7 +187,8 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
         Err(e) => return why_closed(&e),
     };
     let _ = tx.set_priority(CONTROL_PRIORITY);
-    let mut last = snapshot(&versions(&ctx.serving.table));
+    let placed = ctx.placing.placed.clone();
+    let mut last = snapshot(&versions(&ctx.serving.table), &placed);
     let s = &ctx.settings;
     let hello = Message::Hello(Hello {
         name: s.name.clone(),
@@ -195,6 +197,7 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
         http: s.http.clone(),
         grpc: s.grpc.clone(),
         models: hello_models(&last),
+        memory: s.memory,
     });
     let (frames_tx, mut frames) = mpsc::channel(16);
     let _reader = AbortOnDrop(tokio::spawn(read_control(rx, s.limits.clone(), frames_tx)));
@@ -234,6 +237,8 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut phase = ctx.phase.subscribe();
     let mut drained = false;
+    let (placed_tx, mut placed_rx) = mpsc::unbounded_channel();
+    let mut queues = Queues::new(ctx.placing.clone(), conn.clone(), placed_tx);
     loop {
         // Read (and mark seen) before waiting, so a change made meanwhile wakes `changed()` below.
         let now = *phase.borrow_and_update();
@@ -249,7 +254,7 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
         tokio::select! {
             _ = tick.tick() => {
                 let now = versions(&ctx.serving.table);
-                let snap = snapshot(&now);
+                let snap = snapshot(&now, &placed);
                 for event in diff(&last, &snap) {
                     if let Err(e) = send(&mut tx, &Message::ModelEvent(event), ctx).await {
                         return e;
@@ -260,7 +265,21 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
                     return e;
                 }
             }
+            Some(done) = placed_rx.recv() => {
+                if let Err(e) = send(&mut tx, &Message::Placed(done), ctx).await {
+                    return e;
+                }
+            }
             frame = frames.recv() => match frame {
+                Some(Ok(Message::Place(p))) => {
+                    tracing::info!(router = %addr, model = %p.model, "the router places a model here");
+                    queues.submit(&p.model.clone(), Command::Place(p));
+                }
+                Some(Ok(Message::Evict(e))) => queues.submit(&e.model, Command::Evict(e.model.clone())),
+                Some(Ok(Message::MayStop)) => tracing::info!(
+                    router = %addr,
+                    "the router moved every placed model off this node (mesh-ops drain): it may be stopped"
+                ),
                 Some(Ok(Message::Released)) => {
                     tracing::info!(router = %addr, "the router released this node");
                     live.released.store(true, Ordering::Release);

@@ -2,10 +2,12 @@
 //! node's models and load and serves the router's requests; BLS calls for models this node does
 //! not serve leave through a router; on shutdown the node drains, is released, and says goodbye.
 pub mod join;
+pub mod placing;
 pub mod report;
 pub mod serve;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -40,6 +42,12 @@ pub struct Settings {
     pub limits: Limits,
     /// How often model changes and load are reported.
     pub report_every: Duration,
+    /// Memory offered for placed models, told to routers in the hello.
+    pub memory: u64,
+    /// Where placed models' files are cached.
+    pub cache: PathBuf,
+    /// The node's own repositories (the router does not place over their models).
+    pub roots: Vec<PathBuf>,
 }
 
 impl Settings {
@@ -72,6 +80,12 @@ impl Settings {
             // Tensor bytes received from routers are bounded like the node's own requests.
             limits: args.link.limits(args.max_inflight_bytes as u64),
             report_every: Duration::from_millis(args.cluster_report_ms.max(10)),
+            memory: args.cluster_memory.or_else(crate::cli::total_memory).unwrap_or(8 << 30),
+            cache: args
+                .cluster_cache
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join("mesh-node-cache")),
+            roots: args.model_repository.clone(),
         };
         Ok(Some((settings, transport)))
     }
@@ -100,6 +114,8 @@ pub struct Context {
     pub phase: watch::Sender<Phase>,
     /// Woken when a router releases this node.
     pub released: Notify,
+    /// Loads and evicts the models routers place here.
+    pub placing: Arc<placing::Placing>,
 }
 
 /// A router this node is joined to now.
@@ -188,6 +204,16 @@ impl ClusterNode {
         transport: Arc<quinn::TransportConfig>,
     ) -> std::result::Result<ClusterNode, String> {
         let (dispatch, table) = (node.dispatch.clone(), node.table());
+        let placing = Arc::new(placing::Placing {
+            cache: mesh::cluster::ship::Cache {
+                root: settings.cache.clone(),
+            },
+            max_model_bytes: settings.memory,
+            dispatch: dispatch.clone(),
+            placed: node.placed(),
+            roots: settings.roots.clone(),
+            limits: settings.limits.clone(),
+        });
         let mut settings = settings;
         settings.client.transport_config(transport);
         let endpoint = transport::endpoint(settings.bind, None)?;
@@ -208,6 +234,7 @@ impl ClusterNode {
             routers,
             phase: watch::channel(Phase::Serving).0,
             released: Notify::new(),
+            placing,
             settings,
         });
         let sessions = ctx
@@ -220,6 +247,8 @@ impl ClusterNode {
             node = %ctx.settings.name,
             routers = ?ctx.settings.routers,
             incarnation = format!("{:016x}", ctx.settings.incarnation),
+            memory = ctx.settings.memory,
+            cache = %ctx.settings.cache.display(),
             "joining the cluster"
         );
         Ok(ClusterNode { ctx, sessions })

@@ -8,11 +8,14 @@ use mesh::config::ModelConfig;
 
 use crate::actors::model::LoadedVersion;
 use crate::actors::table::{ModelState, ModelTable};
+use crate::repository::placed::PlacedModels;
 
 /// One served model version as routers see it.
 #[derive(Clone)]
 pub struct Served {
     pub ready: bool,
+    /// The cluster's router placed the model here.
+    pub placed: bool,
     pub reason: String,
     pub config: Arc<ModelConfig>,
 }
@@ -20,6 +23,7 @@ pub struct Served {
 impl PartialEq for Served {
     fn eq(&self, other: &Self) -> bool {
         self.ready == other.ready
+            && self.placed == other.placed
             && self.reason == other.reason
             && (Arc::ptr_eq(&self.config, &other.config) || self.config == other.config)
     }
@@ -40,13 +44,14 @@ pub fn versions(table: &ModelTable) -> Vec<Arc<LoadedVersion>> {
         .collect()
 }
 
-pub fn snapshot(versions: &[Arc<LoadedVersion>]) -> Snapshot {
+pub fn snapshot(versions: &[Arc<LoadedVersion>], placed: &PlacedModels) -> Snapshot {
     versions
         .iter()
         .map(|v| {
             let ready = v.is_ready();
             let served = Served {
                 ready,
+                placed: placed.contains(&v.config.name),
                 reason: if ready {
                     String::new()
                 } else {
@@ -66,6 +71,7 @@ fn status(name: &str, version: i64, s: &Served) -> ModelStatus {
         ready: s.ready,
         reason: s.reason.clone(),
         config: prost::Message::encode_to_vec(&*s.config),
+        placed: s.placed,
     }
 }
 
@@ -140,6 +146,7 @@ mod tests {
     fn served(ready: bool, max_batch: i32) -> Served {
         Served {
             ready,
+            placed: false,
             reason: if ready {
                 String::new()
             } else {
@@ -180,6 +187,10 @@ mod tests {
         let mut changed = old.clone();
         changed.insert(("m".into(), 1), served(true, 8));
         assert_eq!(diff(&old, &changed).len(), 1);
+        // So is a model that became (or stopped being) one the router placed.
+        let mut placed = old.clone();
+        placed.get_mut(&("m".to_string(), 1)).unwrap().placed = true;
+        assert!(matches!(&diff(&old, &placed)[..], [ModelEvent::Update(s)] if s.placed));
         // The hello carries a decodable config.
         let models = hello_models(&new);
         let config: ModelConfig = prost::Message::decode(models[0].config.as_slice()).unwrap();

@@ -1,5 +1,5 @@
 //! Model repository layout: which models exist, where, and which of their versions the policy serves.
-pub mod overrides;
+pub mod placed;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -126,6 +126,19 @@ impl NodeDispatch {
     }
 
     /// Hands a request to the RepositoryManager and waits for its answer.
+    /// Loads a model the cluster's router placed on this node, whatever the control mode.
+    pub async fn load_placed(&self, name: &str) -> Result<()> {
+        let name = name.to_string();
+        self.ask_manager(|reply| ManagerMsg::Load(name, LoadOptions::default(), reply))
+            .await
+    }
+
+    /// Unloads a model the router placed here (it moved, or the cluster no longer wants it).
+    pub async fn unload_placed(&self, name: &str) -> Result<()> {
+        let name = name.to_string();
+        self.ask_manager(|reply| ManagerMsg::Unload(name, false, reply)).await
+    }
+
     async fn ask_manager<T: Send + 'static>(
         &self,
         msg: impl FnOnce(ractor::RpcReplyPort<Result<T>>) -> ManagerMsg,

@@ -9,6 +9,7 @@ use mesh::cluster::convert::ErrorKind;
 use mesh::cluster::frame::{self, FrameError};
 use mesh::cluster::io::{read_frame, write_frame};
 use mesh::cluster::msg::{self, Message, Welcome};
+use mesh::cluster::ship;
 use mesh::cluster::transport::{close, CONTROL_PRIORITY, CONTROL_WRITE_TIMEOUT};
 use mesh::config::ModelConfig;
 use quinn::{RecvStream, SendStream};
@@ -20,6 +21,8 @@ use crate::cluster::Cluster;
 use crate::dispatch::RouterDispatch;
 use crate::membership::{ModelEvent, ModelLoad, ModelStatus, NodeHello};
 use crate::membership_actor::MembershipMsg;
+use crate::placement::Placement;
+use crate::placement_actor::PlacementMsg;
 
 pub struct LinkArgs {
     pub link: Arc<Link>,
@@ -36,10 +39,13 @@ pub enum LinkMsg {
     Broken(String),
     /// While the node drains: release it once nothing of ours is in flight on it.
     CheckDrain,
+    /// Write a command (place, evict, may-stop) on the node's control stream.
+    Send(Message),
 }
 
 pub struct LinkState {
     link: Arc<Link>,
+    placement: Arc<Placement>,
     cluster: Arc<Cluster>,
     control: SendStream,
     /// The node's hello until the welcome is written (then it goes to membership).
@@ -76,6 +82,7 @@ fn model_status(m: msg::ModelStatus) -> Result<ModelStatus, String> {
         ready: m.ready,
         reason: m.reason,
         config: Arc::new(config),
+        placed: m.placed,
     })
 }
 
@@ -86,6 +93,7 @@ fn node_hello(hello: msg::Hello, address: String) -> Result<NodeHello, String> {
         address,
         devices: hello.devices,
         models: hello.models.into_iter().map(model_status).collect::<Result<_, _>>()?,
+        memory: hello.memory,
     })
 }
 
@@ -114,7 +122,29 @@ async fn read_control(mut recv: RecvStream, actor: ActorRef<LinkMsg>, limits: me
     }
 }
 
-/// Serves the requests a node opens streams for (BLS calls leaving the node) through the router.
+fn dispatch_placed(placement: &Placement, node: &str, placed: msg::Placed) {
+    placement.tell(PlacementMsg::Placed(node.to_string(), placed));
+}
+
+/// Sends the files of a placed model a node asks for, if the key is the model's current one.
+async fn send_files(mut send: SendStream, fetch: msg::Fetch, placement: &Placement, limits: &mesh::cluster::Limits) {
+    let result = match placement.repo.by_key(&fetch.model, &fetch.key) {
+        Some(m) => ship::send_files(&mut send, &m.dir, &m.manifest, limits).await,
+        None => {
+            let why = format!(
+                "model '{}' has no files under key {} here (it changed or was unloaded)",
+                fetch.model, fetch.key
+            );
+            ship::fetch_error(&mut send, why, limits).await
+        }
+    };
+    if let Err(e) = result {
+        tracing::warn!(model = %fetch.model, "sending a model's files to a node failed: {e}");
+    }
+}
+
+/// Serves the streams a node opens: BLS calls leaving the node (through the router), and fetches
+/// of placed models' files.
 async fn accept_requests(link: Arc<Link>, dispatch: Arc<RouterDispatch>, limits: mesh::cluster::Limits) {
     loop {
         let (send, mut recv) = match link.conn.accept_bi().await {
@@ -128,6 +158,9 @@ async fn accept_requests(link: Arc<Link>, dispatch: Arc<RouterDispatch>, limits:
                 Ok(None) => return,
                 Err(e) => return reject(send, recv, e, &limits).await,
             };
+            if let Message::Fetch(fetch) = first.message {
+                return send_files(send, fetch, &dispatch.placement, &limits).await;
+            }
             match request_of(first) {
                 Ok((request, stream)) => {
                     serve(&*dispatch, request, stream, send, &limits, |_| ErrorKind::Answered).await
@@ -161,6 +194,7 @@ impl Actor for NodeLink {
             }
         };
         Ok(LinkState {
+            placement: dispatch.placement.clone(),
             link,
             cluster,
             control: control_tx,
@@ -262,6 +296,15 @@ impl Actor for NodeLink {
                 if state.draining.is_none() {
                     let cell = myself.get_cell();
                     state.draining = Some(ractor::time::send_interval(DRAIN_CHECK, cell, || LinkMsg::CheckDrain));
+                }
+            }
+            LinkMsg::Control(Message::Placed(p)) => {
+                dispatch_placed(&state.placement, &state.link.name, p);
+            }
+            LinkMsg::Send(message) => {
+                if let Err(why) = write_control(state, &message, CONTROL_WRITE_TIMEOUT).await {
+                    state.link.close(close::PROTOCOL, &why);
+                    myself.stop(Some(why));
                 }
             }
             LinkMsg::Control(Message::Goodbye) => {

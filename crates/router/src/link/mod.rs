@@ -22,6 +22,8 @@ pub struct Link {
     pub conn: Connection,
     pub address: SocketAddr,
     inflight: AtomicU32,
+    /// The link's actor, which owns the control stream (placement sends commands through it).
+    control: std::sync::OnceLock<ractor::ActorRef<actor::LinkMsg>>,
 }
 
 impl Link {
@@ -32,7 +34,17 @@ impl Link {
             address: conn.remote_address(),
             conn,
             inflight: AtomicU32::new(0),
+            control: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The link's actor, once started.
+    pub fn control(&self) -> Option<ractor::ActorRef<actor::LinkMsg>> {
+        self.control.get().cloned()
+    }
+
+    pub(crate) fn set_control(&self, actor: ractor::ActorRef<actor::LinkMsg>) {
+        let _ = self.control.set(actor);
     }
 
     /// Requests of this router in flight on this link.

@@ -31,6 +31,8 @@ pub struct NodeHello {
     pub devices: Vec<String>,
     /// Every model version the node serves, ready or not.
     pub models: Vec<ModelStatus>,
+    /// Bytes of memory the node offers for placed models.
+    pub memory: u64,
 }
 
 /// One model version on one node.
@@ -42,6 +44,8 @@ pub struct ModelStatus {
     /// Why the version is not ready (empty when it is).
     pub reason: String,
     pub config: Arc<ModelConfig>,
+    /// The router placed it (from the cluster repository); false: the node's own repository.
+    pub placed: bool,
 }
 
 /// A change to what a node serves.
@@ -151,6 +155,9 @@ pub struct NodeModel {
     pub version: i64,
     pub ready: bool,
     pub reason: String,
+    pub placed: bool,
+    /// Requests of this version running or queued on the node, as it last reported.
+    pub inflight: u32,
 }
 
 /// One node as status output shows it.
@@ -163,6 +170,7 @@ pub struct NodeSummary {
     pub link: Option<LinkId>,
     pub state: NodeState,
     pub devices: Vec<String>,
+    pub memory: u64,
     pub models: Vec<NodeModel>,
     /// Time since the router received the node's last load report (None: no report yet).
     pub last_report_age: Option<Duration>,
@@ -177,6 +185,7 @@ struct Node {
     incarnation: u64,
     address: String,
     devices: Vec<String>,
+    memory: u64,
     link: Option<LinkId>,
     draining: bool,
     silent: bool,
@@ -292,6 +301,7 @@ impl Membership {
             incarnation: hello.incarnation,
             address: hello.address,
             devices: hello.devices,
+            memory: hello.memory,
             link: Some(link),
             draining: false,
             silent: false,
@@ -436,6 +446,7 @@ impl Membership {
                 link: n.link,
                 state: n.state(),
                 devices: n.devices.clone(),
+                memory: n.memory,
                 models: n
                     .models
                     .values()
@@ -444,6 +455,8 @@ impl Membership {
                         version: s.status.version,
                         ready: s.status.ready,
                         reason: s.status.reason.clone(),
+                        placed: s.status.placed,
+                        inflight: s.load.inflight,
                     })
                     .collect(),
                 last_report_age: n.last_report.map(|t| now.saturating_duration_since(t)),

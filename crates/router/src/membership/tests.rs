@@ -22,6 +22,7 @@ fn status(name: &str, version: i64, ready: bool) -> ModelStatus {
             max_batch_size: version as i32,
             ..ModelConfig::default()
         }),
+        placed: false,
     }
 }
 
@@ -32,6 +33,7 @@ fn hello(name: &str, incarnation: u64, models: Vec<ModelStatus>) -> NodeHello {
         address: format!("10.0.0.{}:7000", name.len()),
         devices: vec!["cpu".into()],
         models,
+        memory: 1 << 30,
     }
 }
 
@@ -362,6 +364,7 @@ fn node_summaries_describe_each_node() {
         ("a", 100, "10.0.0.1:7000", NodeState::Up, Some(1))
     );
     assert_eq!(a.devices, vec!["cpu"]);
+    assert_eq!(a.memory, 1 << 30);
     assert_eq!(a.last_report_age, None);
     assert_eq!(
         a.models,
@@ -369,7 +372,9 @@ fn node_summaries_describe_each_node() {
             name: "m".into(),
             version: 1,
             ready: true,
-            reason: String::new()
+            reason: String::new(),
+            placed: false,
+            inflight: 0,
         }]
     );
     assert_eq!(NodeState::Silent.as_str(), "silent");

@@ -41,6 +41,19 @@ impl Placer {
         }
     }
 
+    /// A replica a node reports as placed by a router that this placer never asked for (this router
+    /// restarted, its state gone): taken as its own and Ready. Scale-down unloads it if it is one
+    /// too many, and it is unloaded if its model is no longer wanted.
+    pub fn adopt(&mut self, node: &str, model: &str, now: Instant) {
+        let k = key(model, node);
+        if self.replicas.contains_key(&k) {
+            return;
+        }
+        self.foreign.remove(&k);
+        self.asked.insert(k);
+        self.observed(node, model, Observed::Ready, now);
+    }
+
     fn observed_unknown(&mut self, k: Key, seen: Observed, now: Instant) {
         match seen {
             Observed::Absent => {

@@ -488,3 +488,34 @@ fn events_are_a_bounded_ring_oldest_first() {
     );
     assert_eq!(p.events()[0].at, now + ms(200));
 }
+
+#[test]
+fn a_restarted_router_adopts_the_replicas_nodes_report_and_places_only_what_is_missing() {
+    let t0 = Instant::now();
+    // A fresh placer (the router restarted) that wants 2 replicas of m and 1 of k.
+    let mut p = placer(
+        vec![node("a", 1000), node("b", 1000), node("c", 1000)],
+        vec![model("m", 2, 10), model("k", 1, 10)],
+        t0,
+    );
+    // The nodes report what the old router placed: m on a and b, k on a and c (one too many).
+    for (n, m) in [("a", "m"), ("b", "m"), ("a", "k"), ("c", "k")] {
+        p.adopt(n, m, t0);
+    }
+    p.adopt("a", "m", t0); // reported again: no change
+    assert_eq!(replicas(&p, "m"), ["a:ready", "b:ready"]);
+    let actions = show(&p.tick(t0 + ms(200)));
+    assert!(
+        !actions.iter().any(|a| a.starts_with("load")),
+        "nothing placed again: {actions:?}"
+    );
+    assert_eq!(
+        actions.iter().filter(|a| a.starts_with("unload k@")).count(),
+        1,
+        "{actions:?}"
+    );
+    // A model the new router does not want is unloaded where a node still holds it.
+    p.adopt("b", "gone", t0 + ms(300));
+    let actions = show(&p.tick(t0 + ms(400)));
+    assert!(actions.contains(&"unload gone@b".to_string()), "{actions:?}");
+}

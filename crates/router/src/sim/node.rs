@@ -112,6 +112,7 @@ impl Sim {
                     name: m.name.clone(),
                     ..ModelConfig::default()
                 }),
+                placed: false,
             })
             .collect();
         let hello = NodeHello {
@@ -120,6 +121,7 @@ impl Sim {
             address: format!("sim:{node}"),
             devices: vec![],
             models,
+            memory: 0,
         };
         self.send_up(link, Up::Hello(hello));
     }

@@ -308,6 +308,7 @@ pub fn hello(name: &str, models: Vec<ModelStatus>) -> Message {
         http: String::new(),
         grpc: String::new(),
         models,
+        memory: 1 << 30,
     })
 }
 

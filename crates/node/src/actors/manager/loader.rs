@@ -15,6 +15,7 @@ use crate::backend::python::{self, PythonContext};
 use crate::backend::Backend;
 use crate::cli::ControlMode;
 use crate::placement;
+use crate::repository::placed::PlacedModels;
 use crate::repository::{self, ModelDir};
 
 /// What the node needs to (re)load models after start-up.
@@ -24,6 +25,8 @@ pub struct Repositories {
     pub gpus: Vec<i32>,
     pub mode: ControlMode,
     pub python: Arc<PythonContext>,
+    /// Models the cluster's router placed here, loaded from its shipments instead of `roots`.
+    pub placed: Arc<PlacedModels>,
 }
 
 /// A model loaded from its directory, with what decides whether a later change applies in place.

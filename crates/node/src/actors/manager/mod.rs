@@ -13,9 +13,9 @@ use crate::actors::model::ModelHandle;
 use crate::actors::table::{ModelEntry, ModelState, ModelTable, Source};
 use crate::cli::ControlMode;
 use crate::placement;
-use crate::repository;
-use crate::repository::overrides::write_override_dir;
+use crate::repository::{self, ModelDir};
 use loader::Repositories;
+use mesh::overrides::write_override_dir;
 
 pub enum ManagerMsg {
     Load(String, LoadOptions, RpcReplyPort<Result<()>>),
@@ -134,14 +134,28 @@ impl Manager {
     }
 
     async fn load_at(&self, me: &ActorCell, name: &str, options: LoadOptions, why: Why) -> Result<()> {
-        let override_config: Option<ModelConfig> = match &options.config {
+        let placed = self.repos.placed.get(name);
+        // A placed model keeps the config override it was placed with across reloads.
+        let config = options
+            .config
+            .clone()
+            .or_else(|| placed.as_ref().and_then(|p| p.config.clone()));
+        let override_config: Option<ModelConfig> = match &config {
             Some(text) => Some(config_from_json(text).map_err(Error::invalid)?),
             None => None,
         };
         if !options.files.is_empty() && override_config.is_none() {
             return Err(Error::invalid("file overrides need a 'config' parameter as well"));
         }
-        let (_guard, dir) = if options.files.is_empty() {
+        let (_guard, dir) = if let Some(placed) = placed.filter(|_| options.files.is_empty()) {
+            let versions = repository::version_dirs(&placed.path);
+            let dir = ModelDir {
+                name: name.to_string(),
+                path: placed.path,
+                versions,
+            };
+            (None, dir)
+        } else if options.files.is_empty() {
             let (dirs, _) = repository::scan(&self.repos.roots);
             let dir = dirs.into_iter().find(|d| d.name == name).ok_or_else(|| {
                 Error::not_found(format!(
@@ -150,8 +164,14 @@ impl Manager {
             })?;
             (None, dir)
         } else {
-            let (g, d) = write_override_dir(name, &options.files)?;
-            (Some(g), d)
+            let (g, path) = write_override_dir(name, &options.files)?;
+            let versions = repository::version_dirs(&path);
+            let dir = ModelDir {
+                name: name.to_string(),
+                path,
+                versions,
+            };
+            (Some(g), dir)
         };
         let fingerprint = repository::fingerprint(&dir.path);
         // File overrides may change anything, so they always load afresh.
@@ -319,7 +339,9 @@ impl Manager {
             }
         }
         for name in self.table.names() {
-            let gone = !dirs.iter().any(|d| d.name == name) && self.table.is_ready(&name);
+            let gone = !dirs.iter().any(|d| d.name == name)
+                && self.table.is_ready(&name)
+                && !self.repos.placed.contains(&name);
             if gone && self.unload(&name, false).is_ok() {
                 self.replan_dependents(me, &name).await;
             }

@@ -1,15 +1,20 @@
-//! `file:` overrides of a repository load: written to a temporary model directory that is removed afterwards.
+//! `file:` overrides of a repository load (node or router): written to a temporary model directory
+//! that is removed when its guard drops.
 use std::path::{Component, Path, PathBuf};
 
-use mesh::{Error, Result};
-
-use crate::repository::{self, ModelDir};
+use crate::{Error, Result};
 
 /// At most this many `file:` overrides in one load request.
 const MAX_OVERRIDE_FILES: usize = 64;
 
 /// A temporary model directory built from `file:` overrides, removed when dropped.
 pub struct OverrideDir(PathBuf);
+
+impl std::fmt::Debug for OverrideDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OverrideDir({})", self.0.display())
+    }
+}
 
 impl Drop for OverrideDir {
     fn drop(&mut self) {
@@ -30,7 +35,8 @@ fn safe_relative(path: &str) -> Result<PathBuf> {
 }
 
 /// Writes `file:` overrides into a fresh directory laid out like a model directory.
-pub fn write_override_dir(name: &str, files: &[(String, bytes::Bytes)]) -> Result<(OverrideDir, ModelDir)> {
+/// Returns the guard and the model directory (`<temporary root>/<name>`).
+pub fn write_override_dir(name: &str, files: &[(String, bytes::Bytes)]) -> Result<(OverrideDir, PathBuf)> {
     if files.len() > MAX_OVERRIDE_FILES {
         return Err(Error::invalid(format!(
             "at most {MAX_OVERRIDE_FILES} file overrides per load"
@@ -38,7 +44,7 @@ pub fn write_override_dir(name: &str, files: &[(String, bytes::Bytes)]) -> Resul
     }
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let root = std::env::temp_dir().join(format!("mesh-node-{}-override-{n}", std::process::id()));
+    let root = std::env::temp_dir().join(format!("mesh-{}-override-{n}", std::process::id()));
     let guard = OverrideDir(root.clone());
     let model_dir = root.join(name);
     for (path, bytes) in files {
@@ -47,15 +53,7 @@ pub fn write_override_dir(name: &str, files: &[(String, bytes::Bytes)]) -> Resul
         std::fs::create_dir_all(target.parent().unwrap_or(&model_dir)).map_err(io)?;
         std::fs::write(&target, bytes).map_err(io)?;
     }
-    let versions = repository::version_dirs(&model_dir);
-    Ok((
-        guard,
-        ModelDir {
-            name: name.to_string(),
-            path: model_dir,
-            versions,
-        },
-    ))
+    Ok((guard, model_dir))
 }
 
 #[cfg(test)]
@@ -74,8 +72,8 @@ mod tests {
     fn override_dir_is_laid_out_and_removed() {
         let files = vec![("1/model.onnx".to_string(), bytes::Bytes::from_static(b"x"))];
         let (guard, dir) = write_override_dir("m", &files).unwrap();
-        assert_eq!(dir.versions, vec![1]);
-        assert!(dir.path.join("1/model.onnx").is_file());
+        assert!(dir.ends_with("m"));
+        assert!(dir.join("1/model.onnx").is_file());
         let root = guard.0.clone();
         drop(guard);
         assert!(!root.exists());

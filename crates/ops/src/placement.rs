@@ -1,0 +1,197 @@
+//! The placement part of the router's cluster view (replicas wanted and ready per model, recent
+//! placement and scaling events, drains) and its tables in `mesh-ops status` and `mesh-ops models`.
+use serde::Deserialize;
+
+use crate::status::{age, lenient, lenient_list, table, text};
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct PlacementView {
+    #[serde(deserialize_with = "lenient_list")]
+    pub models: Vec<PlacedModel>,
+    #[serde(deserialize_with = "lenient_list")]
+    pub events: Vec<Event>,
+    #[serde(deserialize_with = "lenient_list")]
+    pub errors: Vec<RepoError>,
+    #[serde(deserialize_with = "lenient_list")]
+    pub drains: Vec<Drain>,
+}
+
+/// A model of the cluster repository and its replicas.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct PlacedModel {
+    #[serde(deserialize_with = "text")]
+    pub name: String,
+    #[serde(deserialize_with = "lenient")]
+    pub min: u64,
+    #[serde(deserialize_with = "lenient")]
+    pub max: u64,
+    #[serde(deserialize_with = "lenient")]
+    pub wanted: u64,
+    #[serde(deserialize_with = "lenient")]
+    pub ready: u64,
+    #[serde(deserialize_with = "lenient_list")]
+    pub replicas: Vec<Replica>,
+    #[serde(deserialize_with = "text")]
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Replica {
+    #[serde(deserialize_with = "text")]
+    pub node: String,
+    #[serde(deserialize_with = "text")]
+    pub state: String,
+    #[serde(deserialize_with = "text")]
+    pub reason: String,
+}
+
+/// A placement or scaling decision, newest first.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Event {
+    #[serde(deserialize_with = "lenient")]
+    pub age_ms: Option<f64>,
+    #[serde(deserialize_with = "text")]
+    pub kind: String,
+    #[serde(deserialize_with = "text")]
+    pub model: String,
+    #[serde(deserialize_with = "text")]
+    pub node: String,
+    #[serde(deserialize_with = "text")]
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct RepoError {
+    #[serde(deserialize_with = "text")]
+    pub model: String,
+    #[serde(deserialize_with = "text")]
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Drain {
+    #[serde(deserialize_with = "text")]
+    pub node: String,
+    #[serde(deserialize_with = "lenient")]
+    pub drained: bool,
+}
+
+/// "node-a (ready), node-b (loading)".
+fn replicas_cell(replicas: &[Replica]) -> String {
+    let cells: Vec<String> = replicas
+        .iter()
+        .map(|r| match r.state.as_str() {
+            "ready" => r.node.clone(),
+            state => format!("{} ({state})", r.node),
+        })
+        .collect();
+    cells.join(", ")
+}
+
+/// The PLACEMENT table (one row per model of the cluster repository).
+pub fn models_table(view: &PlacementView) -> String {
+    let mut rows: Vec<Vec<String>> = view
+        .models
+        .iter()
+        .map(|m| {
+            vec![
+                m.name.clone(),
+                format!("{}/{}", m.ready, m.wanted),
+                format!("{}-{}", m.min, m.max),
+                replicas_cell(&m.replicas),
+                m.reason.clone(),
+            ]
+        })
+        .collect();
+    rows.extend(view.errors.iter().map(|e| {
+        vec![
+            e.model.clone(),
+            "0/0".into(),
+            "-".into(),
+            String::new(),
+            e.reason.clone(),
+        ]
+    }));
+    table(
+        &["MODEL", "READY/WANTED", "MIN-MAX", "NODES", "REASON"],
+        rows.into_iter(),
+    )
+}
+
+/// The placement sections of `mesh-ops status`; empty when the router places nothing.
+pub fn render(view: &PlacementView) -> String {
+    if view.models.is_empty() && view.errors.is_empty() && view.events.is_empty() && view.drains.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\nPLACEMENT\n");
+    out.push_str(&models_table(view));
+    if !view.drains.is_empty() {
+        out.push_str("\nDRAINS\n");
+        let rows = view.drains.iter().map(|d| {
+            let state = if d.drained {
+                "drained: may stop"
+            } else {
+                "moving models off"
+            };
+            vec![d.node.clone(), state.to_string()]
+        });
+        out.push_str(&table(&["NODE", "STATE"], rows));
+    }
+    if !view.events.is_empty() {
+        out.push_str("\nRECENT EVENTS\n");
+        let rows = view.events.iter().take(10).map(|e| {
+            vec![
+                e.age_ms.map(|ms| format!("{} ago", age(ms))).unwrap_or_default(),
+                e.kind.clone(),
+                e.model.clone(),
+                e.node.clone(),
+                e.detail.clone(),
+            ]
+        });
+        out.push_str(&table(&["WHEN", "EVENT", "MODEL", "NODE", "DETAIL"], rows));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_replicas_events_and_drains_and_nothing_without_placement() {
+        assert_eq!(render(&PlacementView::default()), "");
+        let view: PlacementView = serde_json::from_value(serde_json::json!({
+            "models": [{"name": "simple", "min": 2, "max": 4, "wanted": 3, "ready": 2,
+                        "replicas": [{"node": "a", "state": "ready"}, {"node": "b", "state": "ready"},
+                                     {"node": "c", "state": "loading"}],
+                        "reason": ""}],
+            "events": [{"age_ms": 1500, "kind": "scale", "model": "simple", "node": "", "detail": "2 → 3"}],
+            "errors": [{"model": "broken", "reason": "mesh.max_replicas must be at least 1"}],
+            "drains": [{"node": "a", "drained": false}],
+        }))
+        .unwrap();
+        let text = render(&view);
+        assert!(
+            text.contains("simple  2/3           2-4      a, b, c (loading)"),
+            "{text}"
+        );
+        assert!(text.contains("broken"), "{text}");
+        assert!(text.contains("1.5 s ago  scale"), "{text}");
+        assert!(text.contains("a     moving models off"), "{text}");
+    }
+
+    #[test]
+    fn junk_fields_read_as_defaults() {
+        let view: PlacementView =
+            serde_json::from_value(serde_json::json!({"models": [{"name": 3, "ready": "x"}], "events": 7})).unwrap();
+        assert_eq!(view.models.len(), 1);
+        assert_eq!(view.models[0].ready, 0);
+        assert!(view.events.is_empty());
+    }
+}

@@ -1,0 +1,192 @@
+//! What the request path and the router's API see of placement: the cluster repository, the
+//! PlacementActor to ask (load, unload, scale, drain), its last published view, and which models
+//! requests use (for least-recently-used eviction).
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use mesh::{Error, LoadOptions, Result};
+use ractor::{ActorRef, RpcReplyPort};
+
+use crate::place::{ModelView, PlaceEvent};
+use crate::placement_actor::PlacementMsg;
+use crate::repository::ClusterRepo;
+
+/// The PlacementActor's published state, for status and the repository index.
+#[derive(Debug, Clone, Default)]
+pub struct PlacementView {
+    pub models: Vec<ModelView>,
+    pub events: Vec<PlaceEvent>,
+    /// Models of the cluster repository that cannot be read (bad config, unreadable files).
+    pub errors: Vec<(String, String)>,
+    /// Nodes an operator drains (`mesh-ops drain`), and whether each is empty yet.
+    pub drains: Vec<(String, bool)>,
+}
+
+/// The shared handle of placement.
+pub struct Placement {
+    pub repo: Arc<ClusterRepo>,
+    actor: RwLock<Option<ActorRef<PlacementMsg>>>,
+    view: RwLock<Arc<PlacementView>>,
+    /// Last use of each cluster-repository model, in ms since `started`.
+    usage: RwLock<HashMap<String, Arc<AtomicU64>>>,
+    started: Instant,
+}
+
+impl Placement {
+    pub fn new(repo: Arc<ClusterRepo>) -> Self {
+        Placement {
+            repo,
+            actor: RwLock::default(),
+            view: RwLock::default(),
+            usage: RwLock::default(),
+            started: Instant::now(),
+        }
+    }
+
+    pub(crate) fn set_actor(&self, actor: ActorRef<PlacementMsg>) {
+        *self.actor.write().unwrap_or_else(|p| p.into_inner()) = Some(actor);
+    }
+
+    pub fn tell(&self, msg: PlacementMsg) {
+        if let Some(a) = self.actor.read().unwrap_or_else(|p| p.into_inner()).clone() {
+            let _ = a.cast(msg);
+        }
+    }
+
+    async fn ask<T: Send + 'static>(
+        &self,
+        wait: Duration,
+        msg: impl FnOnce(RpcReplyPort<Result<T>>) -> PlacementMsg,
+    ) -> Result<T> {
+        let actor = self.actor.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let actor = actor.ok_or_else(|| Error::unavailable("placement is restarting; try again"))?;
+        match actor.call(msg, Some(wait)).await {
+            Ok(ractor::rpc::CallResult::Success(r)) => r,
+            Ok(ractor::rpc::CallResult::Timeout) => Err(Error::unavailable(format!(
+                "placement did not finish within {}s; see mesh-ops status",
+                wait.as_secs()
+            ))),
+            _ => Err(Error::unavailable("placement stopped before answering; try again")),
+        }
+    }
+
+    /// Places a model of the cluster repository (or places it again after a change); answers once
+    /// a replica is ready, or why none can be.
+    pub async fn load(&self, name: &str, options: LoadOptions, wait: Duration) -> Result<()> {
+        let name = name.to_string();
+        self.ask(wait, |r| PlacementMsg::Load(name, options, r)).await
+    }
+
+    /// Removes a model from every node; answers once no node holds it.
+    pub async fn unload(&self, name: &str, wait: Duration) -> Result<()> {
+        let name = name.to_string();
+        self.ask(wait, |r| PlacementMsg::Unload(name, r)).await
+    }
+
+    /// Changes a model's replica bounds at run time; answers the bounds in effect.
+    pub async fn scale(&self, name: &str, min: Option<u32>, max: Option<u32>) -> Result<(u32, u32)> {
+        let name = name.to_string();
+        self.ask(Duration::from_secs(10), |r| PlacementMsg::Scale(name, min, max, r))
+            .await
+    }
+
+    /// Moves every placed model off a node, then tells it it may stop; answers once it is empty.
+    pub async fn drain(&self, node: &str, wait: Duration) -> Result<()> {
+        let node = node.to_string();
+        self.ask(wait, |r| PlacementMsg::Drain(node, r)).await
+    }
+
+    pub fn view(&self) -> Arc<PlacementView> {
+        self.view.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn publish(&self, view: PlacementView) {
+        *self.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(view);
+    }
+
+    /// Whether a model is one the cluster places and wants now (a request for it may wait for a
+    /// replica instead of failing as unknown).
+    pub fn is_placing(&self, model: &str) -> bool {
+        self.view().models.iter().any(|m| m.name == model)
+    }
+
+    /// Adds to the repository index the cluster's models no node reports yet (with why), and those
+    /// the router cannot read.
+    pub fn index_rows(&self, rows: &mut Vec<mesh::IndexEntry>) {
+        let view = self.view();
+        for m in &view.models {
+            if !rows.iter().any(|r| r.name == m.name) {
+                rows.push(mesh::IndexEntry {
+                    name: m.name.clone(),
+                    version: String::new(),
+                    state: if m.replicas.iter().any(|r| r.state == "loading") {
+                        "LOADING"
+                    } else {
+                        "UNAVAILABLE"
+                    }
+                    .into(),
+                    reason: if m.reason.is_empty() {
+                        "being placed".into()
+                    } else {
+                        m.reason.clone()
+                    },
+                    nodes: Vec::new(),
+                });
+            } else if !m.reason.is_empty() {
+                for r in rows.iter_mut().filter(|r| r.name == m.name && r.reason.is_empty()) {
+                    r.reason = m.reason.clone();
+                }
+            }
+        }
+        for (name, why) in &view.errors {
+            if !rows.iter().any(|r| r.name == *name) {
+                rows.push(mesh::IndexEntry {
+                    name: name.clone(),
+                    version: String::new(),
+                    state: "UNAVAILABLE".into(),
+                    reason: why.clone(),
+                    nodes: Vec::new(),
+                });
+            }
+        }
+    }
+
+    /// Notes that a request for `model` was routed (cheap: an atomic store for known models).
+    pub fn touch(&self, model: &str) {
+        let now = self.started.elapsed().as_millis() as u64;
+        if let Some(at) = self.usage.read().unwrap_or_else(|p| p.into_inner()).get(model) {
+            at.store(now, Ordering::Relaxed);
+            return;
+        }
+        // Only models of the cluster repository are tracked, so request names cannot grow the map.
+        if self.repo.contains(model) {
+            self.usage
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(model.to_string())
+                .or_default()
+                .store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// When each tracked model was last used.
+    pub(crate) fn last_used(&self) -> Vec<(String, Instant)> {
+        self.usage
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(m, at)| {
+                (
+                    m.clone(),
+                    self.started + Duration::from_millis(at.load(Ordering::Relaxed)),
+                )
+            })
+            .collect()
+    }
+
+    pub(crate) fn forget_usage(&self, model: &str) {
+        self.usage.write().unwrap_or_else(|p| p.into_inner()).remove(model);
+    }
+}

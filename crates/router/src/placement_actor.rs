@@ -1,0 +1,573 @@
+//! PlacementActor: every tick it feeds the sans-IO `place::Placer` and `Autoscaler` with the
+//! cluster repository, membership (nodes, what they report, their load) and request usage, then
+//! carries out the decisions as Place / Evict / MayStop commands on the nodes' control streams.
+//! It keeps no state that matters across a restart: placed replicas are read back from what nodes
+//! report (a node says which of its models the router placed).
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh::cluster::msg::{self, Message};
+use mesh::{Error, LoadOptions, Result};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::cluster::Cluster;
+use crate::link::actor::LinkMsg;
+use crate::membership::{NodeState as Member, NodeSummary};
+use crate::place::{
+    Action, Autoscaler, ModelSpec, NodeSpec, NodeState, Observed, PlaceSettings, Placer, ScaleSettings,
+};
+use crate::placement::{Placement, PlacementView};
+use crate::repository::{self, RepoModel};
+
+pub enum PlacementMsg {
+    Tick,
+    /// A node answered a Place.
+    Placed(String, msg::Placed),
+    Load(String, LoadOptions, RpcReplyPort<Result<()>>),
+    Unload(String, RpcReplyPort<Result<()>>),
+    Scale(String, Option<u32>, Option<u32>, RpcReplyPort<Result<(u32, u32)>>),
+    Drain(String, RpcReplyPort<Result<()>>),
+}
+
+/// Which cluster-repository models are wanted, as tritonserver's control modes say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ControlMode {
+    /// Every model, read once at start.
+    None,
+    /// Only `--load-model` and what the repository extension loads.
+    Explicit,
+    /// Every model; the repositories are read again every `--repository-poll-secs`.
+    Poll,
+}
+
+#[derive(Debug, Clone)]
+pub struct PlacementSettings {
+    pub place: PlaceSettings,
+    pub scale: ScaleSettings,
+    pub mode: ControlMode,
+    /// Explicit mode: loaded at start (`*` for every model).
+    pub load_at_start: Vec<String>,
+    pub poll_every: Duration,
+    pub tick: Duration,
+}
+
+pub struct PlacementArgs {
+    pub handle: Arc<Placement>,
+    pub cluster: Arc<Cluster>,
+    pub settings: PlacementSettings,
+}
+
+pub struct PlacementState {
+    handle: Arc<Placement>,
+    cluster: Arc<Cluster>,
+    settings: PlacementSettings,
+    placer: Placer,
+    scaler: Autoscaler,
+    /// Models the cluster wants (explicit mode: those loaded).
+    wanted: BTreeSet<String>,
+    /// Models of the repository that cannot be read, with why.
+    errors: BTreeMap<String, String>,
+    /// Evicts sent and not yet seen gone.
+    evicting: BTreeSet<(String, String)>,
+    /// The content key each replica was last shipped with (a change ships again).
+    shipped: HashMap<(String, String), String>,
+    /// Operator drains: node name → incarnation drained (a restarted node is not drained).
+    drains: BTreeMap<String, u64>,
+    drained: BTreeSet<String>,
+    load_waiters: Vec<(String, RpcReplyPort<Result<()>>)>,
+    unload_waiters: Vec<(String, RpcReplyPort<Result<()>>)>,
+    drain_waiters: Vec<(String, RpcReplyPort<Result<()>>)>,
+    last_scan: Option<Instant>,
+    logged: Option<(Instant, String, String, String)>,
+}
+
+pub struct PlacementActor;
+
+impl PlacementState {
+    /// Reads the repositories again: new and changed models (hashing their files), removed ones.
+    async fn scan(&mut self, now: Instant) {
+        self.last_scan = Some(now);
+        let roots = self.handle.repo.roots.clone();
+        let (dirs, dup) = tokio::task::spawn_blocking(move || repository::scan(&roots))
+            .await
+            .unwrap_or_default();
+        self.errors = dup;
+        if self.settings.mode != ControlMode::Explicit {
+            self.wanted = dirs.keys().cloned().collect();
+        }
+        for (name, dir) in dirs {
+            if self.wanted.contains(&name) {
+                let previous = self.handle.repo.get(&name);
+                if previous
+                    .as_ref()
+                    .is_some_and(|p| p.override_files.is_some() || !p.config_override.is_empty())
+                {
+                    continue; // loaded with overrides: kept until loaded again
+                }
+                self.read(&name, dir, String::new(), None, previous).await;
+            }
+        }
+        for m in self.handle.repo.all() {
+            let on_disk = m.override_files.is_some() || m.dir.is_dir();
+            if !on_disk && self.settings.mode == ControlMode::Poll {
+                tracing::info!(model = %m.name, "removed from the cluster repository; unloading it everywhere");
+                self.wanted.remove(&m.name);
+            }
+        }
+    }
+
+    async fn read(
+        &mut self,
+        name: &str,
+        dir: PathBuf,
+        config: String,
+        files: Option<mesh::overrides::OverrideDir>,
+        previous: Option<Arc<RepoModel>>,
+    ) -> bool {
+        let n = name.to_string();
+        let read =
+            tokio::task::spawn_blocking(move || repository::read_model(&n, &dir, config, files, previous.as_ref()))
+                .await
+                .unwrap_or_else(|e| Err(format!("reading the model failed: {e}")));
+        match read {
+            Ok(m) => {
+                self.errors.remove(name);
+                self.handle.repo.set(m);
+                true
+            }
+            Err(why) => {
+                tracing::error!(model = %name, "cannot place: {why}");
+                self.errors.insert(name.to_string(), why);
+                false
+            }
+        }
+    }
+
+    fn specs(&self) -> Vec<ModelSpec> {
+        self.handle
+            .repo
+            .all()
+            .into_iter()
+            .filter(|m| self.wanted.contains(&m.name) && !self.errors.contains_key(&m.name))
+            .map(|m| ModelSpec {
+                name: m.name.clone(),
+                min: m.min,
+                max: m.max,
+                footprint: m.footprint,
+                needs_gpu: m.needs_gpu,
+            })
+            .collect()
+    }
+
+    fn node_specs(&self, nodes: &[NodeSummary]) -> Vec<NodeSpec> {
+        nodes
+            .iter()
+            .filter(|n| n.link.is_some() && matches!(n.state, Member::Up | Member::Draining | Member::Silent))
+            .map(|n| {
+                let drained = self.drains.get(&n.name) == Some(&n.incarnation);
+                NodeSpec {
+                    name: n.name.clone(),
+                    gpus: n.devices.iter().filter(|d| d.starts_with("gpu")).count() as u32,
+                    memory: n.memory,
+                    state: if n.state == Member::Draining || drained {
+                        NodeState::Draining
+                    } else {
+                        NodeState::Up
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Feeds the placer what nodes report: a placed replica ready or gone, an eviction done, a
+    /// model the node serves from its own repository (never placed over).
+    fn observe(&mut self, nodes: &[NodeSummary], now: Instant) {
+        let known: BTreeSet<(String, String)> = self
+            .placer
+            .view()
+            .iter()
+            .flat_map(|m| m.replicas.iter().map(move |r| (m.name.clone(), r.node.clone())))
+            .collect();
+        for n in nodes.iter().filter(|n| n.link.is_some()) {
+            let mut reported: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
+            for m in &n.models {
+                let e = reported.entry(m.name.as_str()).or_default();
+                e.0 |= m.ready;
+                e.1 |= m.placed;
+            }
+            for (model, (ready, placed)) in &reported {
+                let pair = (model.to_string(), n.name.clone());
+                if *placed && !known.contains(&pair) && !self.evicting.contains(&pair) {
+                    // Placed by this router before it restarted, or by another router.
+                    self.placer.adopt(&n.name, model, now);
+                } else if *ready || !*placed {
+                    self.placer.observed(&n.name, model, Observed::Ready, now);
+                }
+            }
+            for (model, node) in known.iter().filter(|(_, node)| *node == n.name) {
+                if !reported.contains_key(model.as_str()) {
+                    self.placer.observed(node, model, Observed::Absent, now);
+                }
+            }
+        }
+        let live: BTreeSet<&str> = nodes
+            .iter()
+            .filter(|n| n.link.is_some())
+            .map(|n| n.name.as_str())
+            .collect();
+        self.evicting.retain(|(model, node)| {
+            live.contains(node.as_str())
+                && nodes
+                    .iter()
+                    .any(|n| n.name == *node && n.models.iter().any(|m| m.name == *model))
+        });
+    }
+
+    fn autoscale(&mut self, nodes: &[NodeSummary], now: Instant) {
+        let mut load: BTreeMap<String, (f64, u32)> = BTreeMap::new();
+        for n in nodes.iter().filter(|n| n.state == Member::Up) {
+            for m in n.models.iter().filter(|m| m.placed) {
+                let e = load.entry(m.name.clone()).or_default();
+                e.0 += f64::from(m.inflight);
+                e.1 += u32::from(m.ready);
+            }
+        }
+        for spec in self.specs() {
+            let (inflight, ready) = load.get(&spec.name).copied().unwrap_or_default();
+            self.scaler.observe(&spec.name, inflight, ready, now);
+            let Some((min, max)) = self.placer.bounds(&spec.name) else {
+                continue;
+            };
+            if let Some(n) = self.scaler.desired(&spec.name, min, max, now) {
+                self.placer.set_desired(&spec.name, n);
+            }
+        }
+    }
+
+    /// Sends a control message to a node's link actor; false when the node has no live link.
+    fn send(&self, node: &str, message: Message) -> bool {
+        let link = {
+            let m = self.cluster.membership();
+            m.nodes(Instant::now())
+                .into_iter()
+                .find(|n| n.name == node)
+                .and_then(|n| n.link)
+        };
+        let Some(actor) = link.and_then(|l| self.cluster.link(l)).and_then(|l| l.control()) else {
+            return false;
+        };
+        actor.cast(LinkMsg::Send(message)).is_ok()
+    }
+
+    fn place_message(&self, model: &str) -> Option<(Message, String)> {
+        let m = self.handle.repo.get(model)?;
+        let place = msg::Place {
+            model: m.name.clone(),
+            key: m.manifest.key.clone(),
+            files: m.manifest.files.clone(),
+            config: m.config_override.clone(),
+        };
+        Some((Message::Place(place), m.manifest.key.clone()))
+    }
+
+    fn act(&mut self, actions: Vec<Action>, now: Instant) {
+        for action in actions {
+            match action {
+                Action::Load { model, node } => {
+                    let Some((message, key)) = self.place_message(&model) else {
+                        continue;
+                    };
+                    if self.send(&node, message) {
+                        self.shipped.insert((model, node), key);
+                    } else {
+                        self.placer
+                            .observed(&node, &model, Observed::Failed("the node is not connected".into()), now);
+                    }
+                }
+                Action::Unload { model, node } => {
+                    self.shipped.remove(&(model.clone(), node.clone()));
+                    if self.send(&node, Message::Evict(msg::Evict { model: model.clone() })) {
+                        self.evicting.insert((model, node));
+                    }
+                }
+                Action::Drained { node } => {
+                    tracing::info!(node = %node, "drained: every placed model moved off the node");
+                    if self.drains.contains_key(&node) {
+                        self.send(&node, Message::MayStop);
+                        self.drained.insert(node);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ships a model again to replicas holding an older copy (its files or config changed).
+    fn reship(&mut self) {
+        let stale: Vec<(String, String)> = self
+            .shipped
+            .iter()
+            .filter(|((model, _), key)| self.handle.repo.get(model).is_some_and(|m| m.manifest.key != **key))
+            .map(|(pair, _)| pair.clone())
+            .collect();
+        for (model, node) in stale {
+            if let Some((message, key)) = self.place_message(&model) {
+                tracing::info!(model = %model, node = %node, "the model changed; shipping it again");
+                if self.send(&node, message) {
+                    self.shipped.insert((model, node), key);
+                }
+            }
+        }
+    }
+
+    async fn tick(&mut self, now: Instant) {
+        let due = match self.last_scan {
+            None => true,
+            Some(t) => self.settings.mode == ControlMode::Poll && now.duration_since(t) >= self.settings.poll_every,
+        };
+        if due {
+            self.scan(now).await;
+        }
+        let nodes = self.cluster.membership().nodes(now);
+        self.placer.set_nodes(self.node_specs(&nodes), now);
+        self.placer.set_models(self.specs(), now);
+        self.observe(&nodes, now);
+        for (model, at) in self.handle.last_used() {
+            self.placer.used(&model, at);
+        }
+        self.autoscale(&nodes, now);
+        let actions = self.placer.tick(now);
+        self.act(actions, now);
+        self.reship();
+        self.answer_waiters(&nodes);
+        self.publish(now);
+    }
+
+    fn answer_waiters(&mut self, nodes: &[NodeSummary]) {
+        let view = self.placer.view();
+        let find = |name: &str| view.iter().find(|m| m.name == name);
+        let mut waiting = Vec::new();
+        for (name, reply) in self.load_waiters.drain(..) {
+            let outcome = match (find(&name), self.errors.get(&name)) {
+                (_, Some(why)) => Some(Err(Error::invalid(format!("failed to load '{name}': {why}")))),
+                (Some(m), _) if m.replicas.iter().any(|r| r.state == "ready") => Some(Ok(())),
+                (Some(m), _) if !m.reason.is_empty() && !m.replicas.iter().any(|r| r.state == "loading") => Some(Err(
+                    Error::unavailable(format!("failed to load '{name}': {}", m.reason)),
+                )),
+                _ => None,
+            };
+            match outcome {
+                Some(r) => {
+                    let _ = reply.send(r);
+                }
+                None => waiting.push((name, reply)),
+            }
+        }
+        self.load_waiters = waiting;
+        let mut waiting = Vec::new();
+        for (name, reply) in self.unload_waiters.drain(..) {
+            let held = nodes
+                .iter()
+                .any(|n| n.models.iter().any(|m| m.placed && m.name == name));
+            if find(&name).is_none_or(|m| m.replicas.is_empty()) && !held {
+                let _ = reply.send(Ok(()));
+            } else {
+                waiting.push((name, reply));
+            }
+        }
+        self.unload_waiters = waiting;
+        let mut waiting = Vec::new();
+        for (node, reply) in self.drain_waiters.drain(..) {
+            if self.drained.contains(&node) {
+                let _ = reply.send(Ok(()));
+            } else {
+                waiting.push((node, reply));
+            }
+        }
+        self.drain_waiters = waiting;
+    }
+
+    fn publish(&mut self, now: Instant) {
+        let events = self.placer.events();
+        let fresh = match &self.logged {
+            Some(last) => events
+                .iter()
+                .position(|e| (e.at, e.kind.clone(), e.model.clone(), e.node.clone()) == *last)
+                .map_or(0, |i| i + 1),
+            None => 0,
+        };
+        for e in &events[fresh..] {
+            tracing::info!(kind = %e.kind, model = %e.model, node = %e.node, "placement: {}", e.detail);
+            crate::metrics::placement_event(&e.kind);
+        }
+        if let Some(e) = events.last() {
+            self.logged = Some((e.at, e.kind.clone(), e.model.clone(), e.node.clone()));
+        }
+        let models = self.placer.view();
+        for m in &models {
+            let ready = m.replicas.iter().filter(|r| r.state == "ready").count();
+            crate::metrics::replicas(&m.name, m.wanted, ready);
+        }
+        let _ = now;
+        self.handle.publish(PlacementView {
+            models,
+            events,
+            errors: self.errors.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            drains: self
+                .drains
+                .keys()
+                .map(|n| (n.clone(), self.drained.contains(n)))
+                .collect(),
+        });
+    }
+
+    async fn load(&mut self, name: String, options: LoadOptions, reply: RpcReplyPort<Result<()>>) {
+        let (dirs, _) = repository::scan(&self.handle.repo.roots);
+        let config = options.config.clone().unwrap_or_default();
+        let (dir, files) = if options.files.is_empty() {
+            match dirs.get(&name) {
+                Some(d) => (d.clone(), None),
+                None => {
+                    let _ = reply.send(Err(Error::not_found(format!(
+                        "failed to load '{name}': no such model directory in the cluster repository"
+                    ))));
+                    return;
+                }
+            }
+        } else {
+            if config.is_empty() {
+                let _ = reply.send(Err(Error::invalid("file overrides need a 'config' parameter as well")));
+                return;
+            }
+            match mesh::overrides::write_override_dir(&name, &options.files) {
+                Ok((guard, dir)) => (dir, Some(guard)),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+            }
+        };
+        let previous = self.handle.repo.get(&name);
+        if !self.read(&name, dir, config, files, previous).await {
+            let why = self.errors.get(&name).cloned().unwrap_or_default();
+            let _ = reply.send(Err(Error::invalid(format!("failed to load '{name}': {why}"))));
+            return;
+        }
+        self.wanted.insert(name.clone());
+        self.load_waiters.push((name, reply));
+    }
+
+    fn unload(&mut self, name: String, reply: RpcReplyPort<Result<()>>) {
+        if !self.wanted.remove(&name) {
+            let _ = reply.send(Err(Error::not_found(format!(
+                "failed to unload '{name}': it is not loaded in the cluster repository"
+            ))));
+            return;
+        }
+        tracing::info!(model = %name, "unloading from every node");
+        self.scaler.forget(&name);
+        self.handle.forget_usage(&name);
+        self.unload_waiters.push((name, reply));
+    }
+
+    fn drain(&mut self, node: String, reply: RpcReplyPort<Result<()>>) {
+        let found = self
+            .cluster
+            .membership()
+            .nodes(Instant::now())
+            .into_iter()
+            .find(|n| n.name == node && n.link.is_some());
+        let Some(n) = found else {
+            let _ = reply.send(Err(Error::not_found(format!("no connected node is named '{node}'"))));
+            return;
+        };
+        tracing::info!(node = %node, "draining: moving every placed model off the node");
+        self.drains.insert(node.clone(), n.incarnation);
+        self.drained.remove(&node);
+        self.drain_waiters.push((node, reply));
+    }
+}
+
+impl Actor for PlacementActor {
+    type Msg = PlacementMsg;
+    type State = PlacementState;
+    type Arguments = PlacementArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<PlacementMsg>,
+        args: PlacementArgs,
+    ) -> std::result::Result<PlacementState, ActorProcessingErr> {
+        ractor::time::send_interval(args.settings.tick, myself.get_cell(), || PlacementMsg::Tick);
+        let wanted = match args.settings.mode {
+            ControlMode::Explicit => {
+                let (dirs, _) = repository::scan(&args.handle.repo.roots);
+                let all = args.settings.load_at_start.iter().any(|m| m == "*");
+                dirs.into_keys()
+                    .filter(|n| all || args.settings.load_at_start.contains(n))
+                    .collect()
+            }
+            _ => BTreeSet::new(),
+        };
+        Ok(PlacementState {
+            placer: Placer::new(args.settings.place.clone()),
+            scaler: Autoscaler::new(args.settings.scale),
+            handle: args.handle,
+            cluster: args.cluster,
+            settings: args.settings,
+            wanted,
+            errors: BTreeMap::new(),
+            evicting: BTreeSet::new(),
+            shipped: HashMap::new(),
+            drains: BTreeMap::new(),
+            drained: BTreeSet::new(),
+            load_waiters: Vec::new(),
+            unload_waiters: Vec::new(),
+            drain_waiters: Vec::new(),
+            last_scan: None,
+            logged: None,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<PlacementMsg>,
+        msg: PlacementMsg,
+        state: &mut PlacementState,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        let now = Instant::now();
+        match msg {
+            PlacementMsg::Tick => state.tick(now).await,
+            PlacementMsg::Placed(node, p) => {
+                // Readiness comes from membership (what the node reports), never from this answer:
+                // the two travel apart, and membership is what Absent is judged against.
+                if p.error.is_empty() {
+                    state.placer.measured(&p.model, p.footprint);
+                } else {
+                    state.placer.observed(&node, &p.model, Observed::Failed(p.error), now);
+                }
+            }
+            PlacementMsg::Load(name, options, reply) => state.load(name, options, reply).await,
+            PlacementMsg::Unload(name, reply) => state.unload(name, reply),
+            PlacementMsg::Scale(name, min, max, reply) => {
+                let result = state
+                    .placer
+                    .set_bounds(&name, min, max)
+                    .map_err(Error::invalid)
+                    .and_then(|()| {
+                        state
+                            .placer
+                            .bounds(&name)
+                            .ok_or_else(|| Error::not_found(format!("model '{name}' is not placed")))
+                    });
+                if let Ok((lo, hi)) = result {
+                    tracing::info!(model = %name, min = lo, max = hi, "replica bounds changed");
+                }
+                let _ = reply.send(result);
+            }
+            PlacementMsg::Drain(node, reply) => state.drain(node, reply),
+        }
+        Ok(())
+    }
+}
