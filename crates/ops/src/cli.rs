@@ -24,6 +24,8 @@ pub enum Command {
     Certs(CertsCommand),
     /// Show the router's view of the cluster: nodes and models.
     Status(StatusArgs),
+    /// Load-test a model over HTTP or gRPC and summarize throughput and latency.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -109,6 +111,7 @@ pub fn run(cli: Cli) -> anyhow::Result<String> {
                 .ok_or_else(|| anyhow::anyhow!("--timeout-secs must be a positive number of seconds"))?;
             status::run(&args.router, args.json, timeout)
         }
+        Command::Bench(args) => crate::bench::main(args),
     }
 }
 
