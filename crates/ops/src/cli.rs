@@ -34,6 +34,8 @@ pub enum Command {
     Scale(ScaleArgs),
     /// Move every placed model off a node (each new replica ready before the old one goes), then tell it it may stop.
     Drain(DrainArgs),
+    /// Load-test a model over HTTP or gRPC and summarize throughput and latency.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Where the router is and how long to wait for it.
@@ -188,6 +190,7 @@ pub fn run(cli: Cli) -> anyhow::Result<String> {
             wait_of(a.router.timeout_secs)?,
         ),
         Command::Drain(a) => control::drain(&a.router.router, &a.node, wait_of(a.router.timeout_secs)?),
+        Command::Bench(args) => crate::bench::main(args),
     }
 }
 

@@ -1,4 +1,5 @@
-//! mesh-ops: the operator's tooling for a mesh cluster (status, models, placement, drains, certificates).
+//! mesh-ops: the operator's tooling for a mesh cluster (status, models, placement, drains, load generation, certificates).
+pub mod bench;
 pub mod certs;
 pub mod cli;
 pub mod control;
