@@ -48,7 +48,7 @@ def router_repo(repo: Path) -> Path:
         step("add_sub_x", {"INPUT0": "A", "INPUT1": "B"}, {"OUTPUT0": "SUM_ON_A"}),
         step("add_sub", {"INPUT0": "A", "INPUT1": "B"}, {"OUTPUT1": "DIFF_ON_B"}),
     ])
-    # a plain model in the router's repository is ignored (nodes serve models)
+    # a plain model in the router's repository: placed on the nodes only once loaded (explicit mode)
     copy_models(PY_MODELS, repo, ["add_sub_py"])
     return repo
 
@@ -60,7 +60,7 @@ def cluster(module_cluster_factory, models_dir, tmp_path_factory):
     copy_models(PY_MODELS, a_repo, ["bls_twice", "bls_async"])
     b_repo = copy_models(models_dir / "simple", tmp / "b", ["add_sub"])
     c = module_cluster_factory("cl-ens")
-    c.start_router([router_repo(tmp / "router")])
+    c.start_router([router_repo(tmp / "router")], ["--model-control-mode", "explicit"])
     c.start_node("A", [a_repo], PY_ARGS)
     c.start_node("B", [b_repo])
     wait_until(lambda: c.router.get("/v2/models/chain/ready").status == 200, 10, "the ensembles to be planned")
@@ -101,7 +101,7 @@ def test_each_node_serves_only_its_models(cluster):
     assert cluster.nodes["B"].get("/v2/models/add_sub_x/ready").status != 200
     rows = {r["name"]: r for r in cluster.router.index()}
     assert rows["chain"]["state"] == "READY" and rows["fork"]["state"] == "READY"
-    assert "add_sub_py" not in rows, "a plain model in the router's repository is not served"
+    assert "add_sub_py" not in rows, "in explicit mode a plain model of the router's repository waits for a load"
 
 
 @pytest.mark.parametrize("mod", [httpclient, grpcclient], ids=["http", "grpc"])

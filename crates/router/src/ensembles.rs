@@ -82,23 +82,18 @@ impl Ensembles {
             let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
             dirs.sort();
             for dir in dirs {
-                match read_ensemble(&dir)? {
-                    Some(config) => {
-                        tracing::info!(ensemble = %config.name, "router ensemble found");
-                        let version = version_of(&dir);
-                        models.insert(
-                            config.name.clone(),
-                            Ensemble {
-                                config: Arc::new(config),
-                                version,
-                                stats: Default::default(),
-                            },
-                        );
-                    }
-                    None => tracing::info!(
-                        dir = %dir.display(),
-                        "not an ensemble: nodes serve their own models, so the router leaves it to them"
-                    ),
+                // Other models are placed on nodes (see `placement_actor`).
+                if let Some(config) = read_ensemble(&dir)? {
+                    tracing::info!(ensemble = %config.name, "router ensemble found");
+                    let version = version_of(&dir);
+                    models.insert(
+                        config.name.clone(),
+                        Ensemble {
+                            config: Arc::new(config),
+                            version,
+                            stats: Default::default(),
+                        },
+                    );
                 }
             }
         }

@@ -71,12 +71,17 @@ pub struct PlacementState {
     errors: BTreeMap<String, String>,
     /// Evicts sent and not yet seen gone.
     evicting: BTreeSet<(String, String)>,
-    /// The content key each replica was last shipped with (a change ships again).
+    /// What each replica was last shipped with (content key and config override; a change ships
+    /// again).
     shipped: HashMap<(String, String), String>,
+    /// Places sent and not answered yet.
+    pending: BTreeSet<(String, String)>,
     /// Operator drains: node name → incarnation drained (a restarted node is not drained).
     drains: BTreeMap<String, u64>,
     drained: BTreeSet<String>,
-    load_waiters: Vec<(String, RpcReplyPort<Result<()>>)>,
+    load_waiters: Vec<(String, Instant, RpcReplyPort<Result<()>>)>,
+    /// The last failed placement of each model: when, on which node, why.
+    failed: HashMap<String, (Instant, String)>,
     unload_waiters: Vec<(String, RpcReplyPort<Result<()>>)>,
     drain_waiters: Vec<(String, RpcReplyPort<Result<()>>)>,
     last_scan: Option<Instant>,
@@ -269,7 +274,21 @@ impl PlacementState {
             files: m.manifest.files.clone(),
             config: m.config_override.clone(),
         };
-        Some((Message::Place(place), m.manifest.key.clone()))
+        Some((Message::Place(place), shipment(&m)))
+    }
+
+    /// Sends a Place and remembers what it shipped; false when the node has no live link.
+    fn ship(&mut self, model: &str, node: &str) -> bool {
+        let Some((message, shipped)) = self.place_message(model) else {
+            return false;
+        };
+        if !self.send(node, message) {
+            return false;
+        }
+        let pair = (model.to_string(), node.to_string());
+        self.pending.insert(pair.clone());
+        self.shipped.insert(pair, shipped);
+        true
     }
 
     fn act(&mut self, actions: Vec<Action>, now: Instant) {
@@ -288,6 +307,7 @@ impl PlacementState {
                 }
                 Action::Unload { model, node } => {
                     self.shipped.remove(&(model.clone(), node.clone()));
+                    self.pending.remove(&(model.clone(), node.clone()));
                     if self.send(&node, Message::Evict(msg::Evict { model: model.clone() })) {
                         self.evicting.insert((model, node));
                     }
@@ -308,16 +328,12 @@ impl PlacementState {
         let stale: Vec<(String, String)> = self
             .shipped
             .iter()
-            .filter(|((model, _), key)| self.handle.repo.get(model).is_some_and(|m| m.manifest.key != **key))
+            .filter(|((model, _), was)| self.handle.repo.get(model).is_some_and(|m| shipment(&m) != **was))
             .map(|(pair, _)| pair.clone())
             .collect();
         for (model, node) in stale {
-            if let Some((message, key)) = self.place_message(&model) {
-                tracing::info!(model = %model, node = %node, "the model changed; shipping it again");
-                if self.send(&node, message) {
-                    self.shipped.insert((model, node), key);
-                }
-            }
+            tracing::info!(model = %model, node = %node, "the model changed; shipping it again");
+            self.ship(&model, &node);
         }
     }
 
@@ -330,6 +346,13 @@ impl PlacementState {
             self.scan(now).await;
         }
         let nodes = self.cluster.membership().nodes(now);
+        let live: BTreeSet<String> = nodes
+            .iter()
+            .filter(|n| n.link.is_some())
+            .map(|n| n.name.clone())
+            .collect();
+        self.pending.retain(|(_, node)| live.contains(node));
+        self.shipped.retain(|(_, node), _| live.contains(node));
         self.placer.set_nodes(self.node_specs(&nodes), now);
         self.placer.set_models(self.specs(), now);
         self.observe(&nodes, now);
@@ -348,10 +371,22 @@ impl PlacementState {
         let view = self.placer.view();
         let find = |name: &str| view.iter().find(|m| m.name == name);
         let mut waiting = Vec::new();
-        for (name, reply) in self.load_waiters.drain(..) {
+        for (name, since, reply) in std::mem::take(&mut self.load_waiters) {
+            let answering = !self.pending.iter().any(|(model, _)| *model == name);
+            let failed = self
+                .failed
+                .get(&name)
+                .filter(|(at, _)| *at >= since)
+                .map(|(_, why)| why.clone());
             let outcome = match (find(&name), self.errors.get(&name)) {
                 (_, Some(why)) => Some(Err(Error::invalid(format!("failed to load '{name}': {why}")))),
-                (Some(m), _) if m.replicas.iter().any(|r| r.state == "ready") => Some(Ok(())),
+                // A node failed the load (or reload) asked for: the versions already serving stay.
+                (_, None) if answering && failed.is_some() => Some(Err(Error::invalid(format!(
+                    "failed to load '{name}': {}",
+                    failed.unwrap_or_default()
+                )))),
+                // Ready somewhere, and every replica shipped again (a reload) has answered.
+                (Some(m), _) if answering && m.replicas.iter().any(|r| r.state == "ready") => Some(Ok(())),
                 (Some(m), _) if !m.reason.is_empty() && !m.replicas.iter().any(|r| r.state == "loading") => Some(Err(
                     Error::unavailable(format!("failed to load '{name}': {}", m.reason)),
                 )),
@@ -361,7 +396,7 @@ impl PlacementState {
                 Some(r) => {
                     let _ = reply.send(r);
                 }
-                None => waiting.push((name, reply)),
+                None => waiting.push((name, since, reply)),
             }
         }
         self.load_waiters = waiting;
@@ -455,7 +490,7 @@ impl PlacementState {
             return;
         }
         self.wanted.insert(name.clone());
-        self.load_waiters.push((name, reply));
+        self.load_waiters.push((name, Instant::now(), reply));
     }
 
     fn unload(&mut self, name: String, reply: RpcReplyPort<Result<()>>) {
@@ -489,6 +524,14 @@ impl PlacementState {
     }
 }
 
+/// What a replica holds: the files' content key and the config override it was placed with.
+fn shipment(m: &RepoModel) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    m.config_override.hash(&mut h);
+    format!("{}/{:016x}", m.manifest.key, h.finish())
+}
+
 impl Actor for PlacementActor {
     type Msg = PlacementMsg;
     type State = PlacementState;
@@ -520,9 +563,11 @@ impl Actor for PlacementActor {
             errors: BTreeMap::new(),
             evicting: BTreeSet::new(),
             shipped: HashMap::new(),
+            pending: BTreeSet::new(),
             drains: BTreeMap::new(),
             drained: BTreeSet::new(),
             load_waiters: Vec::new(),
+            failed: HashMap::new(),
             unload_waiters: Vec::new(),
             drain_waiters: Vec::new(),
             last_scan: None,
@@ -540,11 +585,15 @@ impl Actor for PlacementActor {
         match msg {
             PlacementMsg::Tick => state.tick(now).await,
             PlacementMsg::Placed(node, p) => {
+                state.pending.remove(&(p.model.clone(), node.clone()));
                 // Readiness comes from membership (what the node reports), never from this answer:
                 // the two travel apart, and membership is what Absent is judged against.
                 if p.error.is_empty() {
                     state.placer.measured(&p.model, p.footprint);
                 } else {
+                    state
+                        .failed
+                        .insert(p.model.clone(), (now, format!("on {node}: {}", p.error)));
                     state.placer.observed(&node, &p.model, Observed::Failed(p.error), now);
                 }
             }

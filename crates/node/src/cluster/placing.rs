@@ -138,11 +138,18 @@ impl Placing {
             dir
         };
         let config = (!p.config.is_empty()).then(|| p.config.clone());
+        let before = self.placed.get(&p.model);
         self.placed.set(&p.model, PlacedDir { path: dir, config });
         if let Err(e) = self.dispatch.load_placed(&p.model).await {
-            // Nothing of it serves: forget it, so a later placement starts clean.
-            self.placed.remove(&p.model);
-            let _ = self.dispatch.unload_placed(&p.model).await;
+            match before {
+                // A failed reload keeps the versions already serving, as a repository load does.
+                Some(previous) if self.dispatch.table.is_ready(&p.model) => self.placed.set(&p.model, previous),
+                // Nothing of it serves: forget it, so a later placement starts clean.
+                _ => {
+                    self.placed.remove(&p.model);
+                    let _ = self.dispatch.unload_placed(&p.model).await;
+                }
+            }
             return Err(e.message);
         }
         Ok(())
