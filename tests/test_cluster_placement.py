@@ -5,6 +5,7 @@ node that joins gets replicas, a drain empties a node, load scales a model up an
 small for a model never gets it, and the repository extension against the router acts on the
 whole cluster. Loads of checked add_sub requests run through the faults: none may fail."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -332,3 +333,74 @@ def test_mesh_ops_names_an_unreachable_router(cluster_bins):
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 1
     assert "cannot reach the router at http://127.0.0.1:1" in out.stderr, out.stderr
+
+
+def test_poll_mode_places_new_models_ships_changed_ones_and_unloads_removed_ones(cluster_factory, cluster_repo,
+                                                                                  tmp_path):
+    repo = copy_models(cluster_repo, tmp_path / "repo", ["add_sub"])
+    c = cluster_factory()
+    c.start_router([repo], FAST + ["--model-control-mode", "poll", "--repository-poll-secs", "1"])
+    empty_node(c, "p1")
+    empty_node(c, "p2")
+    wait_placed(c, "add_sub", 2)
+    copy_models(cluster_repo, repo, ["mlp"])
+    wait_placed(c, "mlp", 2, timeout=30)
+    # A changed config is shipped again to the nodes that hold the model.
+    cfg = repo / "add_sub" / "config.pbtxt"
+    cfg.write_text(re.sub(r"max_batch_size:\s*\d+", "max_batch_size: 4", cfg.read_text()))
+    client = httpclient.InferenceServerClient(c.router.http_url)
+    wait_until(lambda: client.get_model_config("add_sub")["max_batch_size"] == 4, 30, "the changed config to serve")
+    check_add_sub(c.router.http_url)
+    # A removed model is unloaded everywhere.
+    shutil.rmtree(repo / "mlp")
+    wait_until(lambda: "mlp" not in placement(c) and all("mlp" not in c.node_info(n)["placed"] for n in ("p1", "p2")),
+               30, lambda: f"mlp unloaded everywhere: {c.view()['nodes']}")
+    client.close()
+
+
+def test_file_overrides_through_the_router_are_shipped_and_placed(cluster_factory, cluster_repo, tmp_path):
+    c = cluster_factory()
+    c.start_router([copy_models(cluster_repo, tmp_path / "repo", ["add_sub"])],
+                   FAST + ["--model-control-mode", "explicit"])
+    empty_node(c, "f1")
+    client = httpclient.InferenceServerClient(c.router.http_url)
+    onnx = (cluster_repo / "add_sub" / "1" / "model.onnx").read_bytes()
+    config = json.dumps({"name": "add_sub_files", "platform": "onnxruntime_onnx", "max_batch_size": 8})
+    client.load_model("add_sub_files", config=config, files={"file:1/model.onnx": onnx})
+    assert ready_nodes(c, "add_sub_files") == {"f1"}
+    a, b = add_sub_inputs(3)
+    ins = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    ins[0].set_data_from_numpy(a)
+    ins[1].set_data_from_numpy(b)
+    r = client.infer("add_sub_files", ins)
+    assert np.array_equal(r.as_numpy("OUTPUT1"), a - b)
+    with pytest.raises(InferenceServerException, match="config"):
+        client.load_model("add_sub_files", files={"file:1/model.onnx": onnx})
+    client.unload_model("add_sub_files")
+    assert "add_sub_files" not in c.node_info("f1")["placed"]
+    with pytest.raises(InferenceServerException, match="not loaded"):
+        client.unload_model("add_sub")
+    client.close()
+
+
+def test_a_restarted_router_adopts_what_the_nodes_serve_instead_of_placing_again(cluster_factory, cluster_repo):
+    from cluster_util import free_udp_port
+
+    c = cluster_factory()
+    c.start_router([cluster_repo], FAST, cluster_port=free_udp_port())
+    for name in ("r1", "r2", "r3"):
+        empty_node(c, name)
+    before = {m: wait_placed(c, m, n) for m, n in (("add_sub", 2), ("mlp", 2), ("sleep_py", 1))}
+    placed_lines = {n: c.nodes[n].log_path.read_text(errors="replace").count("the router places a model here")
+                    for n in c.nodes}
+    c.router.stop(grace=5)
+    c.router.start([], timeout=60)
+    for name in c.nodes:
+        wait_until(lambda: c.state(name) == "up", 30, f"{name} to rejoin")
+    after = {m: wait_placed(c, m, n) for m, n in (("add_sub", 2), ("mlp", 2), ("sleep_py", 1))}
+    assert after == before, "the same replicas, adopted"
+    time.sleep(1)
+    again = {n: c.nodes[n].log_path.read_text(errors="replace").count("the router places a model here")
+             for n in c.nodes}
+    assert again == placed_lines, "nothing was placed again"
+    check_add_sub(c.router.http_url)

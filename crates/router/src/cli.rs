@@ -51,6 +51,10 @@ pub struct Args {
     /// A placement that is not ready within this counts as failed on that node, in ms.
     #[arg(long, default_value_t = 120_000)]
     pub load_timeout_ms: u64,
+    /// After start, nothing is placed for this long, in ms: nodes rejoin and report what an
+    /// earlier router placed, and those replicas are adopted instead of placed again.
+    #[arg(long, default_value_t = 3_000)]
+    pub placement_grace_ms: u64,
 
     #[command(flatten)]
     pub listen: mesh::serve::ListenArgs,
@@ -111,6 +115,7 @@ impl Args {
             load_at_start: self.load_model.clone(),
             poll_every: Duration::from_secs(self.repository_poll_secs.max(1)),
             tick: ms(200),
+            startup_grace: ms(self.placement_grace_ms),
         }
     }
 

@@ -545,7 +545,8 @@ impl Dispatch for RouterDispatch {
 
     /// Removes a placed model from every node; answers once none holds it.
     async fn unload_model(&self, name: &str, _: bool) -> Result<()> {
-        if !self.placement.repo.contains(name) {
+        let in_repository = || crate::repository::scan(&self.placement.repo.roots).0.contains_key(name);
+        if !self.placement.repo.contains(name) && !in_repository() {
             return Err(model_control(name, "unload"));
         }
         self.placement.unload(name, self.cluster.route.request_timeout).await

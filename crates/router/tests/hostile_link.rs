@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use mesh::cluster::frame::{Prelude, PRELUDE_LEN};
-use mesh::cluster::msg::{AnswerBody, Message, ModelStatus, RequestHead, TensorHead};
+use mesh::cluster::msg::{AnswerBody, Fetch, FetchEnd, Message, ModelStatus, RequestHead, TensorHead};
 use mesh::cluster::transport::{close, stream_code};
 use mesh::cluster::{tls, Limits, PROTOCOL_VERSION};
 use mesh::{InferRequest, NamedTensor, Tensor};
@@ -136,7 +136,7 @@ async fn a_hello_of_another_protocol_version_is_refused_with_the_reason() {
     assert_eq!(code, u64::from(close::REFUSED), "reason: {reason}");
     assert_eq!(
         reason,
-        "cannot join: protocol version 99 is not supported; this build speaks version 1"
+        format!("cannot join: protocol version 99 is not supported; this build speaks version {PROTOCOL_VERSION}")
     );
     assert_live(&mut router).await;
     assert!(cluster_node(&router, "node-v99").await.is_none());
@@ -446,4 +446,29 @@ async fn a_node_that_grants_no_stream_credit_does_not_stall_other_joins() {
         router.proc.output()
     );
     assert_live(&mut router).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_for_files_the_router_does_not_hold_gets_a_clear_error_and_nothing_else() {
+    let certs = Certs::new();
+    let mut router = start_router(&certs, Some(&certs.router), &[]).await;
+    let node = join(&certs, &router, "node-fetch").await;
+    for (model, key) in [("nope", "0".repeat(64)), ("../../etc", "x".into())] {
+        let ask = encode(&Message::Fetch(Fetch {
+            model: model.into(),
+            key: key.clone(),
+        }));
+        match exchange(&node.conn, &ask).await {
+            End::Frames(frames) => match frames.as_slice() {
+                [Message::FetchEnd(FetchEnd::Error(e))] => {
+                    let want = format!("model '{model}' has no files under key {key}");
+                    assert!(e.message.contains(&want), "{}", e.message);
+                }
+                other => panic!("expected one fetch error, got {other:?}"),
+            },
+            other => panic!("expected a fetch error, got {other:?}"),
+        }
+    }
+    assert_live(&mut router).await;
+    assert_eq!(cluster_node(&router, "node-fetch").await.unwrap()["state"], "up");
 }

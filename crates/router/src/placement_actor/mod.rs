@@ -21,6 +21,8 @@ use crate::place::{
 use crate::placement::{Placement, PlacementView};
 use crate::repository::{self, RepoModel};
 
+mod requests;
+
 pub enum PlacementMsg {
     Tick,
     /// A node answered a Place.
@@ -51,6 +53,9 @@ pub struct PlacementSettings {
     pub load_at_start: Vec<String>,
     pub poll_every: Duration,
     pub tick: Duration,
+    /// After the router starts, nodes rejoin and report what an earlier router placed; nothing is
+    /// placed or unloaded for this long, so those replicas are adopted, not placed again.
+    pub startup_grace: Duration,
 }
 
 pub struct PlacementArgs {
@@ -86,6 +91,8 @@ pub struct PlacementState {
     drain_waiters: Vec<(String, RpcReplyPort<Result<()>>)>,
     last_scan: Option<Instant>,
     logged: Option<(Instant, String, String, String)>,
+    /// Until when nothing is placed (see `PlacementSettings::startup_grace`).
+    settle_until: Instant,
 }
 
 pub struct PlacementActor;
@@ -360,67 +367,30 @@ impl PlacementState {
             self.placer.used(&model, at);
         }
         self.autoscale(&nodes, now);
-        let actions = self.placer.tick(now);
-        self.act(actions, now);
-        self.reship();
+        if now >= self.settle_until {
+            let actions = self.placer.tick(now);
+            self.act(actions, now);
+            self.reship();
+        }
         self.answer_waiters(&nodes);
+        self.forget_unwanted(&nodes);
         self.publish(now);
     }
 
-    fn answer_waiters(&mut self, nodes: &[NodeSummary]) {
+    /// Drops a model no longer wanted from the repository view once no node holds it.
+    fn forget_unwanted(&mut self, nodes: &[NodeSummary]) {
         let view = self.placer.view();
-        let find = |name: &str| view.iter().find(|m| m.name == name);
-        let mut waiting = Vec::new();
-        for (name, since, reply) in std::mem::take(&mut self.load_waiters) {
-            let answering = !self.pending.iter().any(|(model, _)| *model == name);
-            let failed = self
-                .failed
-                .get(&name)
-                .filter(|(at, _)| *at >= since)
-                .map(|(_, why)| why.clone());
-            let outcome = match (find(&name), self.errors.get(&name)) {
-                (_, Some(why)) => Some(Err(Error::invalid(format!("failed to load '{name}': {why}")))),
-                // A node failed the load (or reload) asked for: the versions already serving stay.
-                (_, None) if answering && failed.is_some() => Some(Err(Error::invalid(format!(
-                    "failed to load '{name}': {}",
-                    failed.unwrap_or_default()
-                )))),
-                // Ready somewhere, and every replica shipped again (a reload) has answered.
-                (Some(m), _) if answering && m.replicas.iter().any(|r| r.state == "ready") => Some(Ok(())),
-                (Some(m), _) if !m.reason.is_empty() && !m.replicas.iter().any(|r| r.state == "loading") => Some(Err(
-                    Error::unavailable(format!("failed to load '{name}': {}", m.reason)),
-                )),
-                _ => None,
-            };
-            match outcome {
-                Some(r) => {
-                    let _ = reply.send(r);
-                }
-                None => waiting.push((name, since, reply)),
+        for m in self.handle.repo.all() {
+            let held = view.iter().any(|v| v.name == m.name)
+                || nodes
+                    .iter()
+                    .any(|n| n.models.iter().any(|x| x.placed && x.name == m.name));
+            if !self.wanted.contains(&m.name) && !held {
+                self.handle.repo.remove(&m.name);
+                self.handle.forget_usage(&m.name);
+                self.failed.remove(&m.name);
             }
         }
-        self.load_waiters = waiting;
-        let mut waiting = Vec::new();
-        for (name, reply) in self.unload_waiters.drain(..) {
-            let held = nodes
-                .iter()
-                .any(|n| n.models.iter().any(|m| m.placed && m.name == name));
-            if find(&name).is_none_or(|m| m.replicas.is_empty()) && !held {
-                let _ = reply.send(Ok(()));
-            } else {
-                waiting.push((name, reply));
-            }
-        }
-        self.unload_waiters = waiting;
-        let mut waiting = Vec::new();
-        for (node, reply) in self.drain_waiters.drain(..) {
-            if self.drained.contains(&node) {
-                let _ = reply.send(Ok(()));
-            } else {
-                waiting.push((node, reply));
-            }
-        }
-        self.drain_waiters = waiting;
     }
 
     fn publish(&mut self, now: Instant) {
@@ -456,72 +426,6 @@ impl PlacementState {
                 .collect(),
         });
     }
-
-    async fn load(&mut self, name: String, options: LoadOptions, reply: RpcReplyPort<Result<()>>) {
-        let (dirs, _) = repository::scan(&self.handle.repo.roots);
-        let config = options.config.clone().unwrap_or_default();
-        let (dir, files) = if options.files.is_empty() {
-            match dirs.get(&name) {
-                Some(d) => (d.clone(), None),
-                None => {
-                    let _ = reply.send(Err(Error::not_found(format!(
-                        "failed to load '{name}': no such model directory in the cluster repository"
-                    ))));
-                    return;
-                }
-            }
-        } else {
-            if config.is_empty() {
-                let _ = reply.send(Err(Error::invalid("file overrides need a 'config' parameter as well")));
-                return;
-            }
-            match mesh::overrides::write_override_dir(&name, &options.files) {
-                Ok((guard, dir)) => (dir, Some(guard)),
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                    return;
-                }
-            }
-        };
-        let previous = self.handle.repo.get(&name);
-        if !self.read(&name, dir, config, files, previous).await {
-            let why = self.errors.get(&name).cloned().unwrap_or_default();
-            let _ = reply.send(Err(Error::invalid(format!("failed to load '{name}': {why}"))));
-            return;
-        }
-        self.wanted.insert(name.clone());
-        self.load_waiters.push((name, Instant::now(), reply));
-    }
-
-    fn unload(&mut self, name: String, reply: RpcReplyPort<Result<()>>) {
-        if !self.wanted.remove(&name) {
-            let _ = reply.send(Err(Error::not_found(format!(
-                "failed to unload '{name}': it is not loaded in the cluster repository"
-            ))));
-            return;
-        }
-        tracing::info!(model = %name, "unloading from every node");
-        self.scaler.forget(&name);
-        self.handle.forget_usage(&name);
-        self.unload_waiters.push((name, reply));
-    }
-
-    fn drain(&mut self, node: String, reply: RpcReplyPort<Result<()>>) {
-        let found = self
-            .cluster
-            .membership()
-            .nodes(Instant::now())
-            .into_iter()
-            .find(|n| n.name == node && n.link.is_some());
-        let Some(n) = found else {
-            let _ = reply.send(Err(Error::not_found(format!("no connected node is named '{node}'"))));
-            return;
-        };
-        tracing::info!(node = %node, "draining: moving every placed model off the node");
-        self.drains.insert(node.clone(), n.incarnation);
-        self.drained.remove(&node);
-        self.drain_waiters.push((node, reply));
-    }
 }
 
 /// What a replica holds: the files' content key and the config override it was placed with.
@@ -553,6 +457,7 @@ impl Actor for PlacementActor {
             }
             _ => BTreeSet::new(),
         };
+        let settle_until = Instant::now() + args.settings.startup_grace;
         Ok(PlacementState {
             placer: Placer::new(args.settings.place.clone()),
             scaler: Autoscaler::new(args.settings.scale),
@@ -572,6 +477,7 @@ impl Actor for PlacementActor {
             drain_waiters: Vec::new(),
             last_scan: None,
             logged: None,
+            settle_until,
         })
     }
 

@@ -1,0 +1,134 @@
+//! The PlacementActor's answers to operators: repository loads and unloads, drains, each answered
+//! once the cluster got there (or why it cannot).
+use std::time::Instant;
+
+use mesh::{Error, LoadOptions, Result};
+use ractor::RpcReplyPort;
+
+use super::PlacementState;
+use crate::membership::NodeSummary;
+use crate::repository;
+
+impl PlacementState {
+    pub(super) fn answer_waiters(&mut self, nodes: &[NodeSummary]) {
+        let view = self.placer.view();
+        let find = |name: &str| view.iter().find(|m| m.name == name);
+        let mut waiting = Vec::new();
+        for (name, since, reply) in std::mem::take(&mut self.load_waiters) {
+            let answering = !self.pending.iter().any(|(model, _)| *model == name);
+            let failed = self
+                .failed
+                .get(&name)
+                .filter(|(at, _)| *at >= since)
+                .map(|(_, why)| why.clone());
+            let outcome = match (find(&name), self.errors.get(&name)) {
+                (_, Some(why)) => Some(Err(Error::invalid(format!("failed to load '{name}': {why}")))),
+                // A node failed the load (or reload) asked for: the versions already serving stay.
+                (_, None) if answering && failed.is_some() => Some(Err(Error::invalid(format!(
+                    "failed to load '{name}': {}",
+                    failed.unwrap_or_default()
+                )))),
+                // Ready somewhere, and every replica shipped again (a reload) has answered.
+                (Some(m), _) if answering && m.replicas.iter().any(|r| r.state == "ready") => Some(Ok(())),
+                (Some(m), _) if !m.reason.is_empty() && !m.replicas.iter().any(|r| r.state == "loading") => Some(Err(
+                    Error::unavailable(format!("failed to load '{name}': {}", m.reason)),
+                )),
+                _ => None,
+            };
+            match outcome {
+                Some(r) => {
+                    let _ = reply.send(r);
+                }
+                None => waiting.push((name, since, reply)),
+            }
+        }
+        self.load_waiters = waiting;
+        let mut waiting = Vec::new();
+        for (name, reply) in self.unload_waiters.drain(..) {
+            let held = nodes
+                .iter()
+                .any(|n| n.models.iter().any(|m| m.placed && m.name == name));
+            if find(&name).is_none_or(|m| m.replicas.is_empty()) && !held {
+                let _ = reply.send(Ok(()));
+            } else {
+                waiting.push((name, reply));
+            }
+        }
+        self.unload_waiters = waiting;
+        let mut waiting = Vec::new();
+        for (node, reply) in self.drain_waiters.drain(..) {
+            if self.drained.contains(&node) {
+                let _ = reply.send(Ok(()));
+            } else {
+                waiting.push((node, reply));
+            }
+        }
+        self.drain_waiters = waiting;
+    }
+
+    pub(super) async fn load(&mut self, name: String, options: LoadOptions, reply: RpcReplyPort<Result<()>>) {
+        let (dirs, _) = repository::scan(&self.handle.repo.roots);
+        let config = options.config.clone().unwrap_or_default();
+        let (dir, files) = if options.files.is_empty() {
+            match dirs.get(&name) {
+                Some(d) => (d.clone(), None),
+                None => {
+                    let _ = reply.send(Err(Error::not_found(format!(
+                        "failed to load '{name}': no such model directory in the cluster repository"
+                    ))));
+                    return;
+                }
+            }
+        } else {
+            if config.is_empty() {
+                let _ = reply.send(Err(Error::invalid("file overrides need a 'config' parameter as well")));
+                return;
+            }
+            match mesh::overrides::write_override_dir(&name, &options.files) {
+                Ok((guard, dir)) => (dir, Some(guard)),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+            }
+        };
+        let previous = self.handle.repo.get(&name);
+        if !self.read(&name, dir, config, files, previous).await {
+            let why = self.errors.get(&name).cloned().unwrap_or_default();
+            let _ = reply.send(Err(Error::invalid(format!("failed to load '{name}': {why}"))));
+            return;
+        }
+        self.wanted.insert(name.clone());
+        self.load_waiters.push((name, Instant::now(), reply));
+    }
+
+    pub(super) fn unload(&mut self, name: String, reply: RpcReplyPort<Result<()>>) {
+        if !self.wanted.remove(&name) {
+            let _ = reply.send(Err(Error::not_found(format!(
+                "failed to unload '{name}': it is not loaded in the cluster repository"
+            ))));
+            return;
+        }
+        tracing::info!(model = %name, "unloading from every node");
+        self.scaler.forget(&name);
+        self.handle.forget_usage(&name);
+        self.unload_waiters.push((name, reply));
+    }
+
+    pub(super) fn drain(&mut self, node: String, reply: RpcReplyPort<Result<()>>) {
+        let found = self
+            .cluster
+            .membership()
+            .nodes(Instant::now())
+            .into_iter()
+            .find(|n| n.name == node && n.link.is_some());
+        let Some(n) = found else {
+            let _ = reply.send(Err(Error::not_found(format!("no connected node is named '{node}'"))));
+            return;
+        };
+        tracing::info!(node = %node, "draining: moving every placed model off the node");
+        self.drains.insert(node.clone(), n.incarnation);
+        self.drained.remove(&node);
+        self.drain_waiters.push((node, reply));
+    }
+}
