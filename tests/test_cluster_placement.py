@@ -404,3 +404,22 @@ def test_a_restarted_router_adopts_what_the_nodes_serve_instead_of_placing_again
              for n in c.nodes}
     assert again == placed_lines, "nothing was placed again"
     check_add_sub(c.router.http_url)
+
+
+def test_a_nodes_own_models_are_routed_but_never_moved_or_placed_over(cluster_factory, cluster_repo, models_dir,
+                                                                      tmp_path):
+    own = copy_models(models_dir / "simple", tmp_path / "own", ["mlp"])
+    c = cluster_factory()
+    c.start_router([cluster_repo], FAST + ["--model-control-mode", "explicit", "--load-model", "mlp"])
+    c.start_node("own", [own], ["--cluster-cache", str(tmp_path / "own-cache")], wait_models=["mlp"])
+    empty_node(c, "e1")
+    empty_node(c, "e2")
+    # The router's mlp goes to the two empty nodes, never over the node's own mlp.
+    assert wait_placed(c, "mlp", 2) == {"e1", "e2"}
+    time.sleep(1)
+    assert c.node_info("own")["placed"] == [] and c.node_info("own")["models"] == ["mlp:1"]
+    # Unloading the router's mlp leaves the node's own one serving, and routed to.
+    httpclient.InferenceServerClient(c.router.http_url).unload_model("mlp")
+    assert c.node_info("own")["models"] == ["mlp:1"]
+    rows = {r["name"]: r for r in c.router.index()}
+    assert rows["mlp"]["state"] == "READY" and rows["mlp"]["nodes"] == ["own"], rows["mlp"]

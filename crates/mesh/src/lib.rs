@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod control;
 pub mod dispatch;
 pub mod dtype;
 pub mod ensemble;

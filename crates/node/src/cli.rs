@@ -3,13 +3,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-/// Model control modes, as tritonserver names them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ControlMode {
-    None,
-    Explicit,
-    Poll,
-}
+pub use mesh::control::ControlMode;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,14 +33,8 @@ pub struct Args {
     #[arg(long, default_value_t = 2 << 30)]
     pub max_inflight_bytes: usize,
 
-    /// none: load everything at start; explicit and poll arrive with the repository extension.
-    #[arg(long, value_enum, default_value = "none")]
-    pub model_control_mode: ControlMode,
-    /// Models to load at start in explicit mode (repeatable; `*` for all).
-    #[arg(long)]
-    pub load_model: Vec<String>,
-    #[arg(long, default_value_t = 15)]
-    pub repository_poll_secs: u64,
+    #[command(flatten)]
+    pub control: mesh::control::ControlArgs,
 
     /// Ready only when every model loaded (true), or as soon as the server runs (false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]

@@ -44,7 +44,7 @@ async fn run(args: Args) -> Result<(), String> {
         env: Arc::new(env),
         roots: args.model_repository.clone(),
         gpus,
-        mode: args.model_control_mode,
+        mode: args.control.model_control_mode,
         python: Arc::new(PythonContext {
             settings: PythonSettings::from_backend_config(&args.backend_settings("python"))?,
             dispatch: Default::default(),
@@ -54,13 +54,13 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let options = NodeOptions {
         strict_readiness: args.strict_readiness,
-        poll_secs: args.repository_poll_secs,
+        poll_secs: args.control.repository_poll_secs,
         max_inflight_bytes: args.max_inflight_bytes,
     };
     let cluster = ClusterSettings::from_args(&args, &repos.gpus)?;
     let node = Node::start(repos, options).await?;
     let dispatch = node.dispatch.clone();
-    let failed = node.load_at_start(&args.load_model).await;
+    let failed = node.load_at_start(&args.control.load_model).await;
     if failed > 0 && args.exit_on_error {
         return Err(format!("{failed} model(s) failed to load and --exit-on-error is true"));
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::placement_actor::{ControlMode, PlacementSettings};
+use crate::placement_actor::PlacementSettings;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -18,15 +18,8 @@ pub struct Args {
     /// nodes, shipping their files over the cluster link, and runs its ensembles itself.
     #[arg(long = "model-repository", alias = "model-store")]
     pub model_repository: Vec<PathBuf>,
-    /// none: place every model at start; explicit: only --load-model and repository `load`s;
-    /// poll: every model, reading the repositories again every --repository-poll-secs.
-    #[arg(long, value_enum, default_value = "none")]
-    pub model_control_mode: ControlMode,
-    /// Models to place at start in explicit mode (repeatable; `*` for all).
-    #[arg(long)]
-    pub load_model: Vec<String>,
-    #[arg(long, default_value_t = 15)]
-    pub repository_poll_secs: u64,
+    #[command(flatten)]
+    pub control: mesh::control::ControlArgs,
     /// Replicas of a model whose config sets no `mesh.min_replicas`.
     #[arg(long, default_value_t = 2)]
     pub default_min_replicas: u32,
@@ -111,9 +104,9 @@ impl Args {
                 up_delay: ms(self.scale_up_delay_ms),
                 down_delay: ms(self.scale_down_delay_ms),
             },
-            mode: self.model_control_mode,
-            load_at_start: self.load_model.clone(),
-            poll_every: Duration::from_secs(self.repository_poll_secs.max(1)),
+            mode: self.control.model_control_mode,
+            load_at_start: self.control.load_model.clone(),
+            poll_every: Duration::from_secs(self.control.repository_poll_secs.max(1)),
             tick: ms(200),
             startup_grace: ms(self.placement_grace_ms),
         }

@@ -33,16 +33,7 @@ pub enum PlacementMsg {
     Drain(String, RpcReplyPort<Result<()>>),
 }
 
-/// Which cluster-repository models are wanted, as tritonserver's control modes say.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ControlMode {
-    /// Every model, read once at start.
-    None,
-    /// Only `--load-model` and what the repository extension loads.
-    Explicit,
-    /// Every model; the repositories are read again every `--repository-poll-secs`.
-    Poll,
-}
+pub use mesh::control::ControlMode;
 
 #[derive(Debug, Clone)]
 pub struct PlacementSettings {
