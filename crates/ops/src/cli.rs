@@ -36,6 +36,9 @@ pub enum Command {
     Drain(DrainArgs),
     /// Load-test a model over HTTP or gRPC and summarize throughput and latency.
     Bench(crate::bench::BenchArgs),
+    /// Impair a link on purpose: a UDP relay with delay, jitter, loss, duplication, reordering and partitions.
+    #[command(subcommand)]
+    Chaos(crate::chaos::ChaosCommand),
 }
 
 /// Where the router is and how long to wait for it.
@@ -191,6 +194,7 @@ pub fn run(cli: Cli) -> anyhow::Result<String> {
         ),
         Command::Drain(a) => control::drain(&a.router.router, &a.node, wait_of(a.router.timeout_secs)?),
         Command::Bench(args) => crate::bench::main(args),
+        Command::Chaos(command) => crate::chaos::main(command),
     }
 }
 

@@ -1,6 +1,7 @@
-//! mesh-ops: the operator's tooling for a mesh cluster (status, models, placement, drains, load generation, certificates).
+//! mesh-ops: the operator's tooling for a mesh cluster (status, models, placement, drains, load generation, a chaos relay, certificates).
 pub mod bench;
 pub mod certs;
+pub mod chaos;
 pub mod cli;
 pub mod control;
 pub mod http;

@@ -1,0 +1,88 @@
+"""`mesh-ops chaos relay` (issue 9's fault injection) on a real cluster link: a node joins its router
+through the relay, and the relay's delay, loss and partitions reach the QUIC link as the commands on
+its standard input say, while a second node serves the same model directly. Checked add_sub requests
+through the router keep succeeding throughout."""
+import subprocess
+import time
+
+import pytest
+
+from cluster_util import AddSubLoad, copy_models, wait_until
+from mesh_util import metric_sum, parse_metrics
+
+pytestmark = [pytest.mark.server, pytest.mark.cluster]
+
+
+class Relay:
+    """One `mesh-ops chaos relay` process, driven through its standard input."""
+
+    def __init__(self, ops_bin, target: str, *args):
+        self.proc = subprocess.Popen([str(ops_bin), "chaos", "relay", "--listen", "127.0.0.1:0", "--target", target,
+                                      "--seed", "7", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        first = self.proc.stdout.readline()
+        assert first.startswith("relay 127.0.0.1:") and "seed=7" in first, first + self.proc.stderr.read()
+        self.addr = first.split()[1]
+
+    def tell(self, line: str) -> str:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def stats(self) -> dict[str, int]:
+        return {k: int(v) for k, v in (kv.split("=") for kv in self.tell("stats").split())}
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def rtt_ms(cluster, node: str) -> float:
+    return (metric_sum(parse_metrics(cluster.router.metrics()), "mesh_router_link_rtt_us", node=node) or 0) / 1000
+
+
+@pytest.fixture
+def relayed(cluster_factory, models_dir, tmp_path):
+    repo = copy_models(models_dir / "simple", tmp_path / "repo", ["add_sub"])
+    c = cluster_factory()
+    c.start_router()
+    relay = Relay(c.bins["ops"], c.router.cluster_addr)
+    c.start_node("direct", [repo])
+    c.start_node("far", [repo], join=relay.addr)
+    c.relay = relay
+    yield c
+    relay.close()
+
+
+def test_bad_settings_are_refused_at_start(cluster_bins):
+    out = subprocess.run([str(cluster_bins["ops"]), "chaos", "relay", "--listen", "127.0.0.1:0", "--target",
+                          "127.0.0.1:9", "--drop", "2"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "drop must be a probability" in out.stderr, out.stderr
+
+
+def test_delay_loss_and_a_partition_reach_the_link_and_requests_keep_succeeding(relayed):
+    c, relay = relayed, relayed.relay
+    assert relay.tell("set delay_ms=40") == "ok"
+    # Both ways: at least 80 ms round trip on the relayed link, the direct one stays fast.
+    wait_until(lambda: rtt_ms(c, "far") >= 75, 20, lambda: f"the far link's RTT to grow (now {rtt_ms(c, 'far')} ms)")
+    assert rtt_ms(c, "direct") < 40
+    assert relay.tell("set delay_ms=0 drop=0.1 duplicate=0.05 reorder=0.05") == "ok"
+    load = AddSubLoad(c.router, concurrency=4, min_requests=600).start()
+    try:
+        load.wait_done(300)
+        # Cut the relayed node off in both directions: it leaves routing, requests go to the other.
+        assert relay.tell("block both") == "ok blocked both"
+        took = c.wait_not_routable("far", timeout=15)
+        print(f"\nthe partitioned node left routing {took * 1000:.0f} ms after the cut")
+        load.wait_done(load.done + 200)
+        assert relay.tell("unblock") == "ok unblocked"
+        c.wait_joined("far", timeout=30)
+        load.wait_done(600)
+    finally:
+        load.stop()
+    print(load.summary())
+    load.assert_all_ok()
+    s = relay.stats()
+    print("relay:", s)
+    assert s["dropped"] > 0 and s["duplicated"] > 0 and s["reordered"] > 0 and s["blocked"] > 0, s
+    assert relay.tell("block sideways").startswith("error: block takes up, down or both")
