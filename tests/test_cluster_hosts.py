@@ -2,11 +2,12 @@
 each in its own network namespace with its own address on a bridge, mutual TLS with the router's
 certificate naming its address. Under a steady load of checked add_sub requests (both nodes serve
 add_sub), one node's host is partitioned (its link taken down), then healed: every request must
-succeed, the node must leave routing within a few seconds and come back as the same process."""
+succeed, the node must leave routing within a few seconds and come back as the same process. The
+checker (tests/checker.py) records every request; the seed that chose the fault's moments is printed
+and the run's report lands in tests/.work/chaos/."""
 import json
 import subprocess
 import threading
-import time
 import urllib.request
 
 import numpy as np
@@ -15,7 +16,8 @@ import tritonclient.http as httpclient
 
 import netns
 from cluster_util import add_sub_inputs, copy_models, wait_until
-from conftest import LOG_DIR
+from checker import History
+from conftest import LOG_DIR, WORK_DIR
 
 pytestmark = [pytest.mark.server, pytest.mark.cluster]
 
@@ -64,51 +66,56 @@ def node_view(url: str, name: str) -> dict | None:
     return next((n for n in get_json(url + "/mesh/v1/cluster")["nodes"] if n["name"] == name), None)
 
 
-def load(host_port: str, stop: threading.Event, results: list, k: int) -> None:
+def load(host_port: str, stop: threading.Event, history: History) -> None:
     client = httpclient.InferenceServerClient(host_port, connection_timeout=30, network_timeout=30)
-    i = k * 1_000_000
     while not stop.is_set():
-        a, b = add_sub_inputs(i)
+        op = history.begin("add_sub", deadline_s=30)
+        a, b = add_sub_inputs(op.id)
         ins = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
         ins[0].set_data_from_numpy(a)
         ins[1].set_data_from_numpy(b)
         try:
-            r = client.infer("add_sub", ins)
+            r = client.infer("add_sub", ins, timeout=30_000_000)
             ok = np.array_equal(r.as_numpy("OUTPUT0"), a + b) and np.array_equal(r.as_numpy("OUTPUT1"), a - b)
-            results.append(None if ok else f"request {i}: wrong answer")
-        except Exception as e:  # noqa: BLE001 - every failure is asserted on
-            results.append(f"request {i}: {type(e).__name__}: {e}")
-        i += 1
+            history.end(op, ok=True, correct=bool(ok))
+        except Exception as e:  # noqa: BLE001 - every failure is recorded and asserted on
+            history.end(op, ok=False, kind=type(e).__name__ + ": " + str(e)[:80])
     client.close()
 
 
-def test_a_partitioned_host_leaves_routing_and_rejoins_with_no_failed_request(hosts):
+def test_a_partitioned_host_leaves_routing_and_rejoins_with_no_failed_request(hosts, request):
     net, url = hosts
     before = node_view(url, "a")["incarnation"]
-    stop, results = threading.Event(), []
-    threads = [threading.Thread(target=load, args=(url.removeprefix("http://"), stop, results, k), daemon=True)
-               for k in range(4)]
+    history = History()
+    print(f"\nseed {history.seed}")
+    cut_after, heal_after = history.rng.randint(200, 400), history.rng.randint(200, 400)
+    stop = threading.Event()
+    threads = [threading.Thread(target=load, args=(url.removeprefix("http://"), stop, history), daemon=True)
+               for _ in range(4)]
     for t in threads:
         t.start()
     try:
-        wait_until(lambda: len(results) >= 300, 60, "300 requests before the partition")
+        wait_until(lambda: len(history.ops) >= cut_after, 60, f"{cut_after} requests before the partition")
         net.hosts["a"].cut()
-        t0 = time.monotonic()
+        history.mark("fault")
         wait_until(lambda: node_view(url, "a")["state"] != "up", 15, "node a to leave routing", 0.01)
-        took = time.monotonic() - t0
-        print(f"\nthe partitioned host left routing {took * 1000:.0f} ms after its link went down")
-        at_cut = len(results)
-        wait_until(lambda: len(results) >= at_cut + 300, 60, "300 requests during the partition")
+        history.mark("detected")
+        at_cut = len(history.ops)
+        wait_until(lambda: len(history.ops) >= at_cut + heal_after, 60, "requests during the partition")
         net.hosts["a"].heal()
-        wait_until(lambda: (n := node_view(url, "a")) and n["state"] == "up", 30, "node a to rejoin")
-        at_heal = len(results)
-        wait_until(lambda: len(results) >= at_heal + 300, 60, "300 requests after the heal")
+        history.mark("healed")
+        wait_until(lambda: (n := node_view(url, "a")) and n["state"] == "up", 30, "node a to rejoin", 0.01)
+        history.mark("recovered")
+        at_heal = len(history.ops)
+        wait_until(lambda: len(history.ops) >= at_heal + 300, 60, "300 requests after the heal")
     finally:
         stop.set()
         for t in threads:
             t.join(60)
-    failures = [r for r in results if r is not None]
-    print(f"{len(results)} requests, {len(failures)} failed")
-    assert not failures, failures[:10]
+    history.write(WORK_DIR / "chaos" / f"{request.node.name}.json")
+    print(history.table())
+    assert history.violations() == [], history.violations()[:10]
+    report = history.report()
+    assert report["success_rate"] == 1.0, report["errors"]
     assert node_view(url, "a")["incarnation"] == before, "the same process rejoined after the partition"
-    assert took < 10, f"node a left routing only after {took:.1f}s"
+    assert report["detect_ms"] < 10_000, f"node a left routing only after {report['detect_ms']:.0f} ms"
