@@ -1,7 +1,8 @@
 """`mesh-ops chaos relay` (issue 9's fault injection) on a real cluster link: a node joins its router
 through the relay, and the relay's delay, loss and partitions reach the QUIC link as the commands on
-its standard input say, while a second node serves the same model directly. Checked add_sub requests
-through the router keep succeeding throughout."""
+its standard input say, while a second node serves the same model directly. The router prefers the
+healthy node while the other's link is slow, and checked add_sub requests through the router keep
+succeeding throughout."""
 import subprocess
 import time
 
@@ -37,6 +38,12 @@ class Relay:
         self.proc.wait()
 
 
+def served(node) -> int:
+    """The node's own count of add_sub requests it ran."""
+    stats = node.get_json("/v2/models/add_sub/stats")
+    return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
 def rtt_ms(cluster, node: str) -> float:
     return (metric_sum(parse_metrics(cluster.router.metrics()), "mesh_router_link_rtt_us", node=node) or 0) / 1000
 
@@ -66,6 +73,15 @@ def test_delay_loss_and_a_partition_reach_the_link_and_requests_keep_succeeding(
     # Both ways: at least 80 ms round trip on the relayed link, the direct one stays fast.
     wait_until(lambda: rtt_ms(c, "far") >= 75, 20, lambda: f"the far link's RTT to grow (now {rtt_ms(c, 'far')} ms)")
     assert rtt_ms(c, "direct") < 40
+    # The router prefers the healthy node: the slow one holds requests longer, so it gets fewer.
+    before = {n: served(c.nodes[n]) for n in ("far", "direct")}
+    slow = AddSubLoad(c.router, concurrency=4, min_requests=400).start()
+    slow.wait_done(400)
+    slow.stop()
+    slow.assert_all_ok()
+    took = {n: served(c.nodes[n]) - before[n] for n in ("far", "direct")}
+    print(f"\nwith 80 ms on far's link: {took}")
+    assert took["direct"] > 3 * took["far"], took
     assert relay.tell("set delay_ms=0 drop=0.1 duplicate=0.05 reorder=0.05") == "ok"
     load = AddSubLoad(c.router, concurrency=4, min_requests=600).start()
     try:
