@@ -307,6 +307,12 @@ def test_repository_extension_on_the_router_acts_on_the_cluster(cluster_factory,
     with pytest.raises(InferenceServerException, match="dims"):
         client.load_model("add_sub", config=json.dumps(cfg))
     check_add_sub(c.router.http_url)
+    # A node that joins later gets what serves, not the override that failed.
+    empty_node(c, "e3")
+    out = ops(c, "scale", "add_sub", "--min", "3", "--max", "3")
+    assert out.returncode == 0, out.stderr
+    wait_until(lambda: len(ready_nodes(c, "add_sub")) == 3, 30, lambda: f"add_sub on 3 nodes: {placement(c)}")
+    assert client.get_model_config("add_sub")["max_batch_size"] == 4
     # A model no node can load fails with every node's reason in the answer and the index.
     with pytest.raises(InferenceServerException, match="broken_onnx"):
         client.load_model("broken_onnx")

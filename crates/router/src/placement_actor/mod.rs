@@ -75,7 +75,7 @@ pub struct PlacementState {
     /// Operator drains: node name → incarnation drained (a restarted node is not drained).
     drains: BTreeMap<String, u64>,
     drained: BTreeSet<String>,
-    load_waiters: Vec<(String, Instant, RpcReplyPort<Result<()>>)>,
+    load_waiters: Vec<requests::LoadWaiter>,
     /// The last failed placement of each model: when, on which node, why.
     failed: HashMap<String, (Instant, String)>,
     unload_waiters: Vec<(String, RpcReplyPort<Result<()>>)>,
@@ -153,7 +153,9 @@ impl PlacementState {
             .repo
             .all()
             .into_iter()
-            .filter(|m| self.wanted.contains(&m.name) && !self.errors.contains_key(&m.name))
+            // A model whose directory became unreadable keeps what it was last read as (a failed
+            // reload keeps the versions serving); one never read is not in the repository view.
+            .filter(|m| self.wanted.contains(&m.name))
             .map(|m| ModelSpec {
                 name: m.name.clone(),
                 min: m.min,

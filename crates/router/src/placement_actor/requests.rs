@@ -1,5 +1,6 @@
 //! The PlacementActor's answers to operators: repository loads and unloads, drains, each answered
 //! once the cluster got there (or why it cannot).
+use std::sync::Arc;
 use std::time::Instant;
 
 use mesh::{Error, LoadOptions, Result};
@@ -7,14 +8,29 @@ use ractor::RpcReplyPort;
 
 use super::PlacementState;
 use crate::membership::NodeSummary;
-use crate::repository;
+use crate::repository::{self, RepoModel};
+
+/// A load waiting for its outcome.
+pub(super) struct LoadWaiter {
+    model: String,
+    since: Instant,
+    /// What the model served before, restored if this load fails (None: it did not serve).
+    previous: Option<Arc<RepoModel>>,
+    reply: RpcReplyPort<Result<()>>,
+}
 
 impl PlacementState {
     pub(super) fn answer_waiters(&mut self, nodes: &[NodeSummary]) {
         let view = self.placer.view();
         let find = |name: &str| view.iter().find(|m| m.name == name);
         let mut waiting = Vec::new();
-        for (name, since, reply) in std::mem::take(&mut self.load_waiters) {
+        for waiter in std::mem::take(&mut self.load_waiters) {
+            let LoadWaiter {
+                model: name,
+                since,
+                previous,
+                reply,
+            } = waiter;
             let answering = !self.pending.iter().any(|(model, _)| *model == name);
             let failed = self
                 .failed
@@ -37,9 +53,19 @@ impl PlacementState {
             };
             match outcome {
                 Some(r) => {
+                    if let (Err(_), Some(previous)) = (&r, previous) {
+                        // The model keeps what served before: a node that joins later gets that,
+                        // not the files or config that failed.
+                        self.handle.repo.set(previous);
+                    }
                     let _ = reply.send(r);
                 }
-                None => waiting.push((name, since, reply)),
+                None => waiting.push(LoadWaiter {
+                    model: name,
+                    since,
+                    previous,
+                    reply,
+                }),
             }
         }
         self.load_waiters = waiting;
@@ -93,13 +119,19 @@ impl PlacementState {
             }
         };
         let previous = self.handle.repo.get(&name);
-        if !self.read(&name, dir, config, files, previous).await {
+        if !self.read(&name, dir, config, files, previous.clone()).await {
             let why = self.errors.get(&name).cloned().unwrap_or_default();
             let _ = reply.send(Err(Error::invalid(format!("failed to load '{name}': {why}"))));
             return;
         }
+        let previous = previous.filter(|_| self.wanted.contains(&name));
         self.wanted.insert(name.clone());
-        self.load_waiters.push((name, Instant::now(), reply));
+        self.load_waiters.push(LoadWaiter {
+            model: name,
+            since: Instant::now(),
+            previous,
+            reply,
+        });
     }
 
     pub(super) fn unload(&mut self, name: String, reply: RpcReplyPort<Result<()>>) {
