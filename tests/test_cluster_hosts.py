@@ -1,12 +1,15 @@
-"""A cluster across hosts you can break (issue 9's harness, tests/netns.py): a router and two nodes,
-each in its own network namespace with its own address on a bridge, mutual TLS with the router's
-certificate naming its address. Under a steady load of checked add_sub requests (both nodes serve
-add_sub), one node's host is partitioned (its link taken down), then healed: every request must
-succeed, the node must leave routing within a few seconds and come back as the same process. The
+"""A cluster across hosts you can break (issue 9's harness, tests/netns.py): a router and three
+nodes, each in its own network namespace with its own address on a bridge, mutual TLS with the
+router's certificate naming its address; add_sub has 2 replicas (a, b). Under a steady load of
+checked add_sub requests, node a's host is partitioned (its link down), its process killed (-9) or
+frozen (SIGSTOP), then the fault is undone (healed, restarted, SIGCONT): every request must succeed,
+the node must leave routing within a few seconds and come back (as the same process, except after a
+kill). The
 checker (tests/checker.py) records every request; the seed that chose the fault's moments is printed
 and the run's report lands in tests/.work/chaos/."""
 import json
-import subprocess
+import os
+import signal
 import threading
 import urllib.request
 
@@ -40,8 +43,10 @@ def network():
 
 @pytest.fixture
 def hosts(network, cluster_bins, server_env, cluster_certs, models_dir, tmp_path):
-    repo = copy_models(models_dir / "simple", tmp_path / "repo", ["add_sub"])
-    router, a, b = network.add("router"), network.add("a"), network.add("b")
+    """A router and three nodes, each on its own host: a and b serve add_sub (2 replicas), c serves mlp."""
+    repos = {"add_sub": copy_models(models_dir / "simple", tmp_path / "add_sub", ["add_sub"]),
+             "mlp": copy_models(models_dir / "simple", tmp_path / "mlp", ["mlp"])}
+    router = network.add("router")
     res = cluster_certs.ops_run("certs", "issue", str(cluster_certs.dir), "router-ns", "--ip", router.addr, "--force")
     assert res.returncode == 0, res.stderr
     ca = str(cluster_certs.dir / "ca.pem")
@@ -51,15 +56,31 @@ def hosts(network, cluster_bins, server_env, cluster_certs, models_dir, tmp_path
     tag = f"ns-{network.prefix}"
     router.popen([str(cluster_bins["router"]), *ports, "--cluster-port", "8003", *tls("router-ns")],
                  LOG_DIR / f"{tag}-router.log", server_env)
-    for node in (a, b):
-        cluster_certs.issue(node.name)
-        node.popen([str(cluster_bins["node"]), "--model-repository", str(repo), *ports, "--node-name", node.name,
-                    "--cluster-join", f"{router.addr}:8003", *tls(node.name)], LOG_DIR / f"{tag}-{node.name}.log",
-                   server_env)
+    for name, model in (("a", "add_sub"), ("b", "add_sub"), ("c", "mlp")):
+        node = network.add(name)
+        cluster_certs.issue(name)
+        cmd = [str(cluster_bins["node"]), "--model-repository", str(repos[model]), *ports, "--node-name", name,
+               "--cluster-join", f"{router.addr}:8003", *tls(name)]
+        node.start = lambda node=node, cmd=cmd: node.popen(cmd, LOG_DIR / f"{tag}-{node.name}.log", server_env)
+        node.start()
     url = f"http://{router.addr}:8000"
     wait_until(lambda: {n["name"] for n in get_json(url + "/mesh/v1/cluster")["nodes"] if n["state"] == "up"}
-               == {"a", "b"}, 60, "both nodes up in the router's view")
+               == {"a", "b", "c"}, 60, "every node up in the router's view")
     return network, url
+
+
+def kill(host) -> None:
+    os.killpg(host.procs[-1].pid, signal.SIGKILL)
+    host.procs[-1].wait(10)
+
+
+# How each fault is made and undone on node a's host, and whether the same process comes back.
+FAULTS = {
+    "partition": (lambda h: h.cut(), lambda h: h.heal(), True),
+    "kill": (kill, lambda h: h.start(), False),
+    "freeze": (lambda h: os.killpg(h.procs[-1].pid, signal.SIGSTOP),
+               lambda h: os.killpg(h.procs[-1].pid, signal.SIGCONT), True),
+}
 
 
 def node_view(url: str, name: str) -> dict | None:
@@ -83,11 +104,13 @@ def load(host_port: str, stop: threading.Event, history: History) -> None:
     client.close()
 
 
-def test_a_partitioned_host_leaves_routing_and_rejoins_with_no_failed_request(hosts, request):
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_node_host_fault_under_load_loses_no_request_and_the_node_comes_back(hosts, request, fault):
     net, url = hosts
+    make, undo, same_process = FAULTS[fault]
     before = node_view(url, "a")["incarnation"]
     history = History()
-    print(f"\nseed {history.seed}")
+    print(f"\n{fault}: seed {history.seed}")
     cut_after, heal_after = history.rng.randint(200, 400), history.rng.randint(200, 400)
     stop = threading.Event()
     threads = [threading.Thread(target=load, args=(url.removeprefix("http://"), stop, history), daemon=True)
@@ -96,13 +119,13 @@ def test_a_partitioned_host_leaves_routing_and_rejoins_with_no_failed_request(ho
         t.start()
     try:
         wait_until(lambda: len(history.ops) >= cut_after, 60, f"{cut_after} requests before the partition")
-        net.hosts["a"].cut()
+        make(net.hosts["a"])
         history.mark("fault")
         wait_until(lambda: node_view(url, "a")["state"] != "up", 15, "node a to leave routing", 0.01)
         history.mark("detected")
         at_cut = len(history.ops)
         wait_until(lambda: len(history.ops) >= at_cut + heal_after, 60, "requests during the partition")
-        net.hosts["a"].heal()
+        undo(net.hosts["a"])
         history.mark("healed")
         wait_until(lambda: (n := node_view(url, "a")) and n["state"] == "up", 30, "node a to rejoin", 0.01)
         history.mark("recovered")
@@ -117,5 +140,6 @@ def test_a_partitioned_host_leaves_routing_and_rejoins_with_no_failed_request(ho
     assert history.violations() == [], history.violations()[:10]
     report = history.report()
     assert report["success_rate"] == 1.0, report["errors"]
-    assert node_view(url, "a")["incarnation"] == before, "the same process rejoined after the partition"
+    came_back = node_view(url, "a")["incarnation"]
+    assert (came_back == before) == same_process, f"incarnation {before} then {came_back}"
     assert report["detect_ms"] < 10_000, f"node a left routing only after {report['detect_ms']:.0f} ms"
