@@ -135,18 +135,16 @@ fn serve(conn: Connection) -> Arc<Mutex<HashMap<String, u32>>> {
     seen
 }
 
-fn infer_body(id: &str) -> String {
-    format!(r#"{{"id":"{id}","inputs":[{{"name":"X","shape":[2],"datatype":"FP32","data":[1.5,-2.0]}}]}}"#)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn garbled_answers_of_a_node_become_client_errors_and_good_ones_still_flow() {
-    let certs = Certs::new();
-    let mut router = start_router(&certs, Some(&certs.router), &["--quarantine-ms", "20"]).await;
+/// Joins as `name` serving fake_add, keeps the node heard from (a silent node is not routed to),
+/// answers its requests with `serve`, and waits until the router routes fake_add.
+async fn join_serving_fake_add(
+    certs: &Certs,
+    router: &Router,
+    name: &str,
+) -> (Connection, Arc<Mutex<HashMap<String, u32>>>) {
     let conn = connect_as(&certs.node, router.cluster_addr()).await.unwrap();
-    let (mut control, _control_rx, first) = say_hello(&conn, &hello("node-liar", vec![fake_add()])).await.unwrap();
+    let (mut control, _control_rx, first) = say_hello(&conn, &hello(name, vec![fake_add()])).await.unwrap();
     assert!(matches!(first, Message::Welcome(_)), "{first:?}");
-    // Keep the fake node heard from (a silent node is not routed to).
     tokio::spawn(async move {
         loop {
             send(&mut control, &Message::LoadReport(LoadReport { models: Vec::new() })).await;
@@ -159,6 +157,18 @@ async fn garbled_answers_of_a_node_become_client_errors_and_good_ones_still_flow
         (r.0 == 200).then_some(())
     })
     .await;
+    (conn, seen)
+}
+
+fn infer_body(id: &str) -> String {
+    format!(r#"{{"id":"{id}","inputs":[{{"name":"X","shape":[2],"datatype":"FP32","data":[1.5,-2.0]}}]}}"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbled_answers_of_a_node_become_client_errors_and_good_ones_still_flow() {
+    let certs = Certs::new();
+    let mut router = start_router(&certs, Some(&certs.router), &["--quarantine-ms", "20"]).await;
+    let (conn, seen) = join_serving_fake_add(&certs, &router, "node-liar").await;
 
     for id in ["garbage", "reset", "nothing", "stats", "outside"] {
         let started = std::time::Instant::now();
@@ -211,21 +221,7 @@ async fn an_answer_over_the_routers_budget_is_a_503_and_the_node_stays_routable(
     // of a minute would show if the node were wrongly blamed.
     let args = ["--max-inflight-bytes", "16384", "--quarantine-ms", "60000"];
     let mut router = start_router(&certs, Some(&certs.router), &args).await;
-    let conn = connect_as(&certs.node, router.cluster_addr()).await.unwrap();
-    let (mut control, _control_rx, first) = say_hello(&conn, &hello("node-big", vec![fake_add()])).await.unwrap();
-    assert!(matches!(first, Message::Welcome(_)), "{first:?}");
-    tokio::spawn(async move {
-        loop {
-            send(&mut control, &Message::LoadReport(LoadReport { models: Vec::new() })).await;
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    });
-    let seen = serve(conn.clone());
-    eventually("fake_add to be ready on the router", Duration::from_secs(5), || async {
-        let r = http_get(router.http, "/v2/models/fake_add/ready").await?;
-        (r.0 == 200).then_some(())
-    })
-    .await;
+    let (_conn, seen) = join_serving_fake_add(&certs, &router, "node-big").await;
     let (status, body) = http_post(router.http, "/v2/models/fake_add/infer", &infer_body("big"))
         .await
         .expect("an HTTP answer");
