@@ -12,6 +12,7 @@ pub mod http;
 pub mod metadata;
 pub mod overrides;
 pub mod process;
+pub mod repository;
 pub mod request;
 pub mod serve;
 pub mod telemetry;

@@ -11,11 +11,7 @@ use crate::status::{fetch, parse, pretty_json, sanitize};
 
 /// The router's base URL (`http://` added when missing, no trailing slash).
 pub fn base(router: &str) -> String {
-    let router = router.trim().trim_end_matches('/');
-    match router.contains("://") {
-        true => router.to_string(),
-        false => format!("http://{router}"),
-    }
+    http::with_scheme(router.trim().trim_end_matches('/'))
 }
 
 /// A model or node name as one URL path segment (percent-encoded).

@@ -123,6 +123,14 @@ impl Url {
     }
 }
 
+/// `url` with `http://` in front when it names no scheme (`HOST:PORT` is `http://HOST:PORT`).
+pub fn with_scheme(url: &str) -> String {
+    match url.contains("://") {
+        true => url.to_string(),
+        false => format!("http://{url}"),
+    }
+}
+
 /// GETs `url`; `timeout` bounds the connect and each read and write.
 pub fn get(url: &str, timeout: Duration) -> Result<Response, Error> {
     send("GET", url, None, timeout)

@@ -123,11 +123,7 @@ fn value_text(value: Value) -> String {
 
 /// The cluster view URL for `router` (`http://HOST:PORT`; a bare `HOST:PORT` gets `http://`).
 pub fn cluster_url(router: &str) -> String {
-    let router = router.trim().trim_end_matches('/');
-    match router.contains("://") {
-        true => format!("{router}{CLUSTER_PATH}"),
-        false => format!("http://{router}{CLUSTER_PATH}"),
-    }
+    format!("{}{CLUSTER_PATH}", crate::control::base(router))
 }
 
 /// GETs the cluster view from `router`; returns the URL asked and the JSON text. Errors name the URL.

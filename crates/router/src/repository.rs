@@ -69,11 +69,7 @@ pub fn wants(config: &ModelConfig) -> Result<Wants, String> {
         min,
         max,
         needs_gpu: groups.iter().any(|g| g.kind == Kind::Gpu as i32),
-        instances: groups
-            .iter()
-            .map(|g| u64::from(g.count.max(1) as u32))
-            .sum::<u64>()
-            .max(1),
+        instances: mesh::config::instance_count(config),
         ensemble: config.platform == "ensemble",
     })
 }
@@ -130,35 +126,22 @@ pub fn read_model(
     }))
 }
 
-/// The model directories of the repositories (non-ensembles, by name); a name found in two
-/// repositories is an error for that name.
+/// The model directories of the repositories (non-ensembles, by name), and the names found in two
+/// repositories with why (`mesh::repository::scan`).
 pub fn scan(roots: &[PathBuf]) -> (BTreeMap<String, PathBuf>, BTreeMap<String, String>) {
-    let mut found: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
-    for root in roots {
-        let Ok(entries) = std::fs::read_dir(root) else { continue };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if e.path().is_dir() && !name.starts_with('.') {
-                found.entry(name).or_default().push(e.path());
-            }
-        }
-    }
-    let (mut dirs, mut errors) = (BTreeMap::new(), BTreeMap::new());
-    for (name, mut paths) in found {
-        if paths.len() > 1 {
-            errors.insert(name, "model name is found in more than one repository".to_string());
-            continue;
-        }
-        let path = paths.remove(0);
-        let ensemble = std::fs::read_to_string(path.join("config.pbtxt"))
+    let (dirs, errors) = mesh::repository::scan(roots);
+    let is_ensemble = |dir: &Path| {
+        std::fs::read_to_string(dir.join("config.pbtxt"))
             .ok()
             .and_then(|t| parse_pbtxt(&t).ok())
-            .is_some_and(|c| c.platform == "ensemble");
-        if !ensemble {
-            dirs.insert(name, path);
-        }
-    }
-    (dirs, errors)
+            .is_some_and(|c| c.platform == "ensemble")
+    };
+    let dirs = dirs
+        .into_iter()
+        .filter(|d| !is_ensemble(&d.path))
+        .map(|d| (d.name, d.path))
+        .collect();
+    (dirs, errors.into_iter().collect())
 }
 
 /// The models the router currently places, by name and by content key.

@@ -40,6 +40,17 @@ pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
     message_to_json(config, "inference.ModelConfig")
 }
 
+/// Instances a config's groups ask for, for footprint estimates: each group's count (at least 1),
+/// summed; 1 without groups.
+pub fn instance_count(config: &ModelConfig) -> u64 {
+    let n: u64 = config
+        .instance_group
+        .iter()
+        .map(|g| u64::try_from(g.count).unwrap_or(0).max(1))
+        .sum();
+    n.max(1)
+}
+
 /// Parses a config given as JSON (the repository extension's `config` override), rejecting unknown fields.
 pub fn config_from_json(text: &str) -> Result<ModelConfig, String> {
     let mut de = serde_json::Deserializer::from_str(text);

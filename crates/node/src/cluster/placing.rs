@@ -160,13 +160,7 @@ impl Placing {
         let Ok(view) = self.dispatch.model(model, "") else {
             return 1;
         };
-        let n: i64 = view
-            .config
-            .instance_group
-            .iter()
-            .map(|g| i64::from(g.count.max(1)))
-            .sum();
-        n.max(1) as u64
+        mesh::config::instance_count(&view.config)
     }
 
     /// Unloads a model the router placed here; a model of the node's own repository stays.

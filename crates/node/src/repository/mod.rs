@@ -1,20 +1,12 @@
 //! Model repository layout: which models exist, where, and which of their versions the policy serves.
 pub mod placed;
 
-use std::collections::BTreeMap;
+pub use mesh::repository::{scan, version_dirs, ModelDir};
+
 use std::path::{Path, PathBuf};
 
 use mesh::config::ModelConfig;
 use mesh::proto::model_version_policy::PolicyChoice;
-
-/// A model directory found in a repository.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelDir {
-    pub name: String,
-    pub path: PathBuf,
-    /// Numeric version folders found, ascending.
-    pub versions: Vec<i64>,
-}
 
 /// Checks that every repository is a readable directory; a bad path is a start-up error, not a model error.
 pub fn check_repositories(repos: &[PathBuf]) -> Result<(), String> {
@@ -22,58 +14,6 @@ pub fn check_repositories(repos: &[PathBuf]) -> Result<(), String> {
         std::fs::read_dir(repo).map_err(|e| format!("cannot read model repository {}: {e}", repo.display()))?;
     }
     Ok(())
-}
-
-/// Lists the models of every repository; a name found in two repositories is an error for that name.
-pub fn scan(repos: &[PathBuf]) -> (Vec<ModelDir>, Vec<(String, String)>) {
-    let mut found: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
-    let mut errors = Vec::new();
-    for repo in repos {
-        let Ok(entries) = std::fs::read_dir(repo) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if path.is_dir() && !name.starts_with('.') {
-                found.entry(name).or_default().push(path);
-            }
-        }
-    }
-    let mut models = Vec::new();
-    for (name, paths) in found {
-        if paths.len() > 1 {
-            let shown: Vec<_> = paths.iter().map(|p| p.display().to_string()).collect();
-            errors.push((
-                name,
-                format!("model name is found in more than one repository: {}", shown.join(", ")),
-            ));
-            continue;
-        }
-        let path = paths.into_iter().next().expect("one path");
-        let versions = version_dirs(&path);
-        models.push(ModelDir { name, path, versions });
-    }
-    (models, errors)
-}
-
-/// Numeric subdirectories, ascending; anything else is ignored as Triton does.
-pub fn version_dirs(model: &Path) -> Vec<i64> {
-    let mut v: Vec<i64> = std::fs::read_dir(model)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .filter_map(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| n.parse::<i64>().ok())
-                .flatten()
-        })
-        .filter(|&v| v > 0)
-        .collect();
-    v.sort_unstable();
-    v
 }
 
 /// A hash of file names, sizes and modification times under a model directory (two levels of
@@ -188,23 +128,6 @@ mod tests {
             .unwrap_err()
             .contains("version 4"));
         assert!(pick("", &[]).unwrap_err().contains("no version directories"));
-    }
-
-    #[test]
-    fn scan_ignores_non_numeric_folders_and_reports_duplicates() {
-        let a = tempfile::tempdir().unwrap();
-        let b = tempfile::tempdir().unwrap();
-        for d in ["m/1", "m/10", "m/2", "m/notes", "m/0", "dup/1"] {
-            std::fs::create_dir_all(a.path().join(d)).unwrap();
-        }
-        std::fs::create_dir_all(b.path().join("dup/1")).unwrap();
-        std::fs::write(a.path().join("stray.txt"), "x").unwrap();
-        let (models, errors) = scan(&[a.path().to_path_buf(), b.path().to_path_buf()]);
-        assert_eq!(models.len(), 1);
-        assert_eq!(models[0].name, "m");
-        assert_eq!(models[0].versions, vec![1, 2, 10]);
-        assert_eq!(errors.len(), 1);
-        assert!(errors[0].1.contains("more than one repository"));
     }
 
     #[test]

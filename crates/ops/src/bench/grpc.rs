@@ -27,11 +27,7 @@ pub struct Target {
 impl Target {
     /// Accepts `HOST:PORT` or `http://HOST:PORT`.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, SetupError> {
-        let full = if url.contains("://") {
-            url.to_string()
-        } else {
-            format!("http://{url}")
-        };
+        let full = crate::http::with_scheme(url);
         if !full.starts_with("http://") {
             return Err(SetupError::usage(format!(
                 "--grpc-url {url}: only plain HOST:PORT (or http://HOST:PORT) is supported"

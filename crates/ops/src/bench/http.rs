@@ -43,11 +43,7 @@ pub struct Body {
 impl Target {
     /// Accepts `http://HOST:PORT[/prefix]` or `HOST:PORT`.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, SetupError> {
-        let url = if url.contains("://") {
-            url.to_string()
-        } else {
-            format!("http://{url}")
-        };
+        let url = crate::http::with_scheme(url);
         let parsed = crate::http::Url::parse(&url).map_err(|e| SetupError::usage(format!("--url: {e}")))?;
         Ok(Target {
             url: url.trim_end_matches('/').to_string(),

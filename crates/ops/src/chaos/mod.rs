@@ -157,14 +157,7 @@ async fn relay(args: RelayArgs, shared: Arc<Shared>) -> Result<(), String> {
             }
         };
         let times = shared.decide(Direction::Up);
-        let bytes: Arc<[u8]> = Arc::from(&buf[..n]);
-        for at in times {
-            let (u, bytes) = (upstream.clone(), bytes.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep_until(at.into()).await;
-                let _ = u.send(&bytes).await;
-            });
-        }
+        deliver(upstream, args.target, Arc::from(&buf[..n]), times);
     }
 }
 

@@ -423,6 +423,11 @@ impl Membership {
         self.nodes.get(name).map(Node::state)
     }
 
+    /// The live link of the node named `name`.
+    pub fn link_of(&self, name: &str) -> Option<LinkId> {
+        self.nodes.get(name).and_then(|n| n.link)
+    }
+
     /// The name of the node behind a live link.
     pub fn node_of(&self, link: LinkId) -> Option<&str> {
         self.links.get(&link).map(String::as_str)

@@ -16,7 +16,7 @@ use crate::cluster::Cluster;
 use crate::link::actor::LinkMsg;
 use crate::membership::{NodeState as Member, NodeSummary};
 use crate::place::{
-    Action, Autoscaler, ModelSpec, NodeSpec, NodeState, Observed, PlaceSettings, Placer, ScaleSettings,
+    Action, Autoscaler, ModelSpec, ModelView, NodeSpec, NodeState, Observed, PlaceSettings, Placer, ScaleSettings,
 };
 use crate::placement::{Placement, PlacementView};
 use crate::repository::{self, RepoModel};
@@ -98,7 +98,11 @@ impl PlacementState {
             .unwrap_or_default();
         self.errors = dup;
         if self.settings.mode != ControlMode::Explicit {
-            self.wanted = dirs.keys().cloned().collect();
+            let now_wanted: BTreeSet<String> = dirs.keys().cloned().collect();
+            for gone in self.wanted.difference(&now_wanted) {
+                tracing::info!(model = %gone, "removed from the cluster repository; unloading it everywhere");
+            }
+            self.wanted = now_wanted;
         }
         for (name, dir) in dirs {
             if self.wanted.contains(&name) {
@@ -110,13 +114,6 @@ impl PlacementState {
                     continue; // loaded with overrides: kept until loaded again
                 }
                 self.read(&name, dir, String::new(), None, previous).await;
-            }
-        }
-        for m in self.handle.repo.all() {
-            let on_disk = m.override_files.is_some() || m.dir.is_dir();
-            if !on_disk && self.settings.mode == ControlMode::Poll {
-                tracing::info!(model = %m.name, "removed from the cluster repository; unloading it everywhere");
-                self.wanted.remove(&m.name);
             }
         }
     }
@@ -253,13 +250,7 @@ impl PlacementState {
 
     /// Sends a control message to a node's link actor; false when the node has no live link.
     fn send(&self, node: &str, message: Message) -> bool {
-        let link = {
-            let m = self.cluster.membership();
-            m.nodes(Instant::now())
-                .into_iter()
-                .find(|n| n.name == node)
-                .and_then(|n| n.link)
-        };
+        let link = self.cluster.membership().link_of(node);
         let Some(actor) = link.and_then(|l| self.cluster.link(l)).and_then(|l| l.control()) else {
             return false;
         };
@@ -277,30 +268,22 @@ impl PlacementState {
         Some((Message::Place(place), shipment(&m)))
     }
 
-    /// Sends a Place and remembers what it shipped; false when the node has no live link.
-    fn ship(&mut self, model: &str, node: &str) -> bool {
-        let Some((message, shipped)) = self.place_message(model) else {
-            return false;
-        };
+    /// Sends a Place and remembers what it shipped; None when the model is not in the repository
+    /// view, false when the node has no live link.
+    fn ship(&mut self, model: &str, node: &str) -> Option<bool> {
+        let (message, shipped) = self.place_message(model)?;
         if !self.send(node, message) {
-            return false;
+            return Some(false);
         }
-        let pair = (model.to_string(), node.to_string());
-        self.pending.insert(pair.clone());
-        self.shipped.insert(pair, shipped);
-        true
+        self.shipped.insert((model.to_string(), node.to_string()), shipped);
+        Some(true)
     }
 
     fn act(&mut self, actions: Vec<Action>, now: Instant) {
         for action in actions {
             match action {
                 Action::Load { model, node } => {
-                    let Some((message, key)) = self.place_message(&model) else {
-                        continue;
-                    };
-                    if self.send(&node, message) {
-                        self.shipped.insert((model, node), key);
-                    } else {
+                    if self.ship(&model, &node) == Some(false) {
                         self.placer
                             .observed(&node, &model, Observed::Failed("the node is not connected".into()), now);
                     }
@@ -333,7 +316,10 @@ impl PlacementState {
             .collect();
         for (model, node) in stale {
             tracing::info!(model = %model, node = %node, "the model changed; shipping it again");
-            self.ship(&model, &node);
+            if self.ship(&model, &node) == Some(true) {
+                // A reload's load request waits for this node's answer.
+                self.pending.insert((model, node));
+            }
         }
     }
 
@@ -365,14 +351,15 @@ impl PlacementState {
             self.act(actions, now);
             self.reship();
         }
-        self.answer_waiters(&nodes);
-        self.forget_unwanted(&nodes);
-        self.publish(now);
+        // One view of the placer serves the answers, the clean-up and what is published.
+        let view = self.placer.view();
+        self.answer_waiters(&view, &nodes);
+        self.forget_unwanted(&view, &nodes);
+        self.publish(view);
     }
 
     /// Drops a model no longer wanted from the repository view once no node holds it.
-    fn forget_unwanted(&mut self, nodes: &[NodeSummary]) {
-        let view = self.placer.view();
+    fn forget_unwanted(&mut self, view: &[ModelView], nodes: &[NodeSummary]) {
         for m in self.handle.repo.all() {
             let held = view.iter().any(|v| v.name == m.name)
                 || nodes
@@ -386,7 +373,7 @@ impl PlacementState {
         }
     }
 
-    fn publish(&mut self, now: Instant) {
+    fn publish(&mut self, models: Vec<ModelView>) {
         let events = self.placer.events();
         let fresh = match &self.logged {
             Some(last) => events
@@ -402,12 +389,10 @@ impl PlacementState {
         if let Some(e) = events.last() {
             self.logged = Some((e.at, e.kind.clone(), e.model.clone(), e.node.clone()));
         }
-        let models = self.placer.view();
         for m in &models {
             let ready = m.replicas.iter().filter(|r| r.state == "ready").count();
             crate::metrics::replicas(&m.name, m.wanted, ready);
         }
-        let _ = now;
         self.handle.publish(PlacementView {
             models,
             events,

@@ -8,6 +8,7 @@ use ractor::RpcReplyPort;
 
 use super::PlacementState;
 use crate::membership::NodeSummary;
+use crate::place::ModelView;
 use crate::repository::{self, RepoModel};
 
 /// A load waiting for its outcome.
@@ -20,8 +21,7 @@ pub(super) struct LoadWaiter {
 }
 
 impl PlacementState {
-    pub(super) fn answer_waiters(&mut self, nodes: &[NodeSummary]) {
-        let view = self.placer.view();
+    pub(super) fn answer_waiters(&mut self, view: &[ModelView], nodes: &[NodeSummary]) {
         let find = |name: &str| view.iter().find(|m| m.name == name);
         let mut waiting = Vec::new();
         for waiter in std::mem::take(&mut self.load_waiters) {
