@@ -23,7 +23,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import warnings
 from pathlib import Path
 
 import kubernetes_validate
@@ -38,12 +37,6 @@ NAMESPACE = "mesh"
 EXAMPLE_SECRETS = "certs-secret.example.yaml"  # not in kustomization.yaml on purpose
 BINARIES = ("mesh-router", "mesh-node")
 
-# Flags the configs may pass before the binaries have them: tolerated only while the binary lacks
-# them (then checked like any other); each entry goes once every build has it.
-PENDING_FLAGS = {
-    "mesh-router": {"--etcd-endpoints"},  # added with HA routers
-    "mesh-node": set(),
-}
 
 # The flag values of a router or node when the container does not set them (their --help defaults).
 DEFAULTS = {"--http-port": "8000", "--grpc-port": "8001", "--metrics-port": "8002",
@@ -234,14 +227,12 @@ def help_flags(cluster_bins) -> dict[str, set[str]]:
 
 
 def check_args(tokens: list[str], binary: str, help_flags, cluster_bins, where: str):
-    """Every flag in `tokens` is one `binary` knows (or is still pending), and the list parses."""
-    pending = PENDING_FLAGS[binary] - help_flags[binary]
-    unknown = [f for f, _ in parse_flags(tokens) if f not in help_flags[binary] and f not in pending]
+    """Every flag in `tokens` is one `binary` knows, and the list parses."""
+    unknown = [f for f, _ in parse_flags(tokens) if f not in help_flags[binary]]
     assert not unknown, f"{where}: {binary} has no {unknown}"
     known = []
     for flag, val in parse_flags(tokens):
-        if flag not in pending:
-            known += [flag] if val is None else [f"{flag}={val}"]
+        known += [flag] if val is None else [f"{flag}={val}"]
     bin_path = cluster_bins["router" if binary == "mesh-router" else "node"]
     run = subprocess.run([str(bin_path), *known, "--help"], capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, f"{where}: {binary} refuses its arguments {known}:\n{run.stderr}"
@@ -253,14 +244,6 @@ def test_manifest_flags_are_the_binaries(binary, help_flags, cluster_bins):
     for pod in replicas_names(workload):
         args = [expand(a, container, pod) for a in container.get("args", [])]
         check_args(args, binary, help_flags, cluster_bins, f"{workload['metadata']['name']} ({pod})")
-
-
-def test_pending_flags_are_reported_once_they_land(help_flags):
-    """A pending flag the binary has is checked like the others; a warning says to drop the entry."""
-    for binary, pending in PENDING_FLAGS.items():
-        landed = pending & help_flags[binary]
-        if landed:
-            warnings.warn(f"{binary} --help has {sorted(landed)} now: remove them from PENDING_FLAGS")
 
 
 def test_env_references_are_defined():
