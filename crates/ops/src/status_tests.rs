@@ -63,6 +63,23 @@ fn missing_null_and_odd_fields_are_tolerated() {
 }
 
 #[test]
+fn the_routers_part_in_placement_is_on_the_first_line() {
+    let line = |lead: &str| {
+        let body = format!(r#"{{"router": {{"version": "1", "lead": {lead}}}}}"#);
+        let text = render(&parse("http://x", &body).expect("view"));
+        text.lines().next().unwrap_or_default().to_string()
+    };
+    assert_eq!(
+        line(r#"{"role": "single", "epoch": 0}"#),
+        "router 1: 0 nodes (0 up), 0 models"
+    );
+    assert!(line(r#"{"role": "leader", "epoch": 7}"#).contains("placement leader (epoch 7)"));
+    assert!(line(r#"{"role": "follower", "leader": "r2"}"#).contains("placement led by r2"));
+    assert!(line(r#"{"role": "unknown", "why": "etcd: down"}"#).contains("no placement leader (etcd: down)"));
+    assert!(line(r#""garbage""#).starts_with("router 1: 0 nodes"));
+}
+
+#[test]
 fn control_characters_from_the_network_are_not_printed() {
     let view = parse("http://x", r#"{"nodes": [{"name": "evil\u001b[2J", "state": "up"}]}"#).expect("view");
     let text = render(&view);

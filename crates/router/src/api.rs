@@ -95,11 +95,23 @@ pub fn cluster_status(dispatch: &RouterDispatch) -> Value {
             "id": cluster.id,
             "version": mesh::SERVER_VERSION,
             "uptime_s": cluster.started.elapsed().as_secs_f64(),
+            "lead": lead_status(&dispatch.placement.lead.role()),
         },
         "nodes": nodes,
         "models": models,
         "placement": placement_status(&dispatch.placement.view(), Instant::now()),
     })
+}
+
+/// Whether this router decides placement: its role, the epoch it acts with, who leads.
+fn lead_status(role: &crate::lead::Role) -> Value {
+    use crate::lead::Role;
+    match role {
+        Role::Single => json!({ "role": "single", "epoch": 0 }),
+        Role::Leader { epoch, .. } => json!({ "role": "leader", "epoch": epoch }),
+        Role::Follower { leader, .. } => json!({ "role": "follower", "leader": leader }),
+        Role::Unknown { why } => json!({ "role": "unknown", "why": why }),
+    }
 }
 
 /// An error as the router's API answers it: the mesh error's HTTP status and `{"error": ...}`.

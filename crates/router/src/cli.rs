@@ -49,6 +49,22 @@ pub struct Args {
     #[arg(long, default_value_t = 3_000)]
     pub placement_grace_ms: u64,
 
+    /// etcd endpoints (`http://HOST:PORT`, comma-separated or repeated): several routers serve
+    /// the same cluster, and one of them, elected through etcd, decides placement. Without it this
+    /// router is the only one and decides alone.
+    #[arg(long, value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix in etcd; routers of one cluster share it, other clusters use another.
+    #[arg(long, default_value = "/mesh")]
+    pub etcd_prefix: String,
+    /// The placement leader's lease in etcd, in seconds: a leader that dies or is cut off is
+    /// replaced within about this long (etcd raises values below its minimum, 2 s by default).
+    #[arg(long, default_value_t = 3)]
+    pub etcd_lease_secs: u64,
+    /// This router's name for other routers and operators (default: HOSTNAME:CLUSTER_PORT).
+    #[arg(long)]
+    pub router_name: Option<String>,
+
     #[command(flatten)]
     pub listen: mesh::serve::ListenArgs,
 

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod cluster;
 pub mod dispatch;
 pub mod ensembles;
+pub mod lead;
 pub mod link;
 pub mod membership;
 pub mod membership_actor;

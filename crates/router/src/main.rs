@@ -13,6 +13,7 @@ use mesh_router::cli::Args;
 use mesh_router::cluster::{Cluster, RouteSettings};
 use mesh_router::dispatch::RouterDispatch;
 use mesh_router::ensembles::Ensembles;
+use mesh_router::lead::{self, Lead};
 use mesh_router::membership::MembershipSettings;
 use mesh_router::placement::Placement;
 use mesh_router::repository::ClusterRepo;
@@ -55,11 +56,21 @@ async fn run(args: Args) -> Result<(), String> {
         quarantine: Duration::from_millis(args.quarantine_ms),
         ..BalanceSettings::default()
     });
-    let id = format!(
-        "{}:{}",
-        mesh::process::hostname().unwrap_or_else(|| "router".into()),
-        args.cluster_port
-    );
+    let id = args.router_name.clone().unwrap_or_else(|| {
+        let host = mesh::process::hostname().unwrap_or_else(|| "router".into());
+        format!("{host}:{}", args.cluster_port)
+    });
+    let lead = if args.etcd_endpoints.is_empty() {
+        Lead::single(id.clone())
+    } else {
+        lead::etcd::start(lead::etcd::EtcdSettings {
+            endpoints: args.etcd_endpoints.clone(),
+            prefix: args.etcd_prefix.clone(),
+            ttl: Duration::from_secs(args.etcd_lease_secs.max(1)),
+            poll: Duration::from_millis(250),
+            me: id.clone(),
+        })
+    };
     let cluster = Arc::new(Cluster::new(
         id,
         MembershipSettings::default(),
@@ -68,7 +79,7 @@ async fn run(args: Args) -> Result<(), String> {
         route,
     ));
     let repo = Arc::new(ClusterRepo::new(args.model_repository.clone()));
-    let placement = Arc::new(Placement::new(repo));
+    let placement = Arc::new(Placement::new(repo, lead));
     let dispatch = Arc::new(RouterDispatch::new(cluster.clone(), ensembles, placement));
     let (supervisor, supervisor_task) = Actor::spawn(
         None,

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use mesh::{Error, LoadOptions, Result};
 use ractor::{ActorRef, RpcReplyPort};
 
+use crate::lead::Lead;
 use crate::place::{ModelView, PlaceEvent};
 use crate::placement_actor::PlacementMsg;
 use crate::repository::ClusterRepo;
@@ -27,6 +28,8 @@ pub struct PlacementView {
 /// The shared handle of placement.
 pub struct Placement {
     pub repo: Arc<ClusterRepo>,
+    /// Whether this router decides placement (always, without etcd).
+    pub lead: Arc<Lead>,
     actor: RwLock<Option<ActorRef<PlacementMsg>>>,
     view: RwLock<Arc<PlacementView>>,
     /// Last use of each cluster-repository model, in ms since `started`.
@@ -35,9 +38,10 @@ pub struct Placement {
 }
 
 impl Placement {
-    pub fn new(repo: Arc<ClusterRepo>) -> Self {
+    pub fn new(repo: Arc<ClusterRepo>, lead: Arc<Lead>) -> Self {
         Placement {
             repo,
+            lead,
             actor: RwLock::default(),
             view: RwLock::default(),
             usage: RwLock::default(),

@@ -8,6 +8,7 @@ pub mod answer;
 pub mod call;
 pub mod certs;
 pub mod convert;
+pub mod fence;
 pub mod flags;
 pub mod frame;
 pub mod io;

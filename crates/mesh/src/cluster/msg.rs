@@ -34,7 +34,10 @@ pub enum Message {
     Evict(Evict),
     /// Router → node, on the control stream: everything the router placed here has moved away
     /// (`mesh-ops drain`); the node may be stopped.
-    MayStop,
+    MayStop(Fence),
+    /// Router → node, on the control stream: this router leads placement from this epoch on; the
+    /// node refuses placement commands of any lower epoch from then on (a deposed leader's).
+    Fence(Fence),
     /// Node → router, opens a stream: send the files of a placed model (answered by `FileChunk`s
     /// and a `FetchEnd`).
     Fetch(Fetch),
@@ -56,6 +59,16 @@ pub struct Place {
     /// A config override (Triton's JSON `ModelConfig`, as the repository extension's `config`
     /// parameter); empty: the shipped config.pbtxt.
     pub config: String,
+    /// The placement leader's fencing token (see `Fence`).
+    pub epoch: u64,
+}
+
+/// The fencing token of a placement leader: the etcd revision at which it won the election (0 for
+/// a router without etcd). Tokens only grow, so a node that saw a higher one refuses the command:
+/// a lease lock alone does not stop a paused, deposed leader from acting.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub epoch: u64,
 }
 
 /// The outcome of a `Place` on the node.
@@ -80,6 +93,7 @@ pub struct FileEntry {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Evict {
     pub model: String,
+    pub epoch: u64,
 }
 
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use mesh::cluster::frame;
 use mesh::cluster::io::{read_frame, write_frame};
-use mesh::cluster::msg::{Hello, Message};
+use mesh::cluster::msg::{Hello, Message, Placed};
 use mesh::cluster::transport::{close, CONTROL_PRIORITY, CONTROL_WRITE_TIMEOUT};
 use mesh::cluster::FrameError;
 use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
@@ -271,15 +271,36 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
                 }
             }
             frame = frames.recv() => match frame {
-                Some(Ok(Message::Place(p))) => {
-                    tracing::info!(router = %addr, model = %p.model, "the router places a model here");
-                    queues.submit(&p.model.clone(), Command::Place(p));
+                Some(Ok(Message::Place(p))) => match admit(ctx, addr, p.epoch, "place") {
+                    Ok(()) => {
+                        tracing::info!(router = %addr, model = %p.model, "the router places a model here");
+                        queues.submit(&p.model.clone(), Command::Place(p));
+                    }
+                    Err(why) => {
+                        let refused = Placed { model: p.model, key: p.key, error: why, footprint: 0 };
+                        if let Err(e) = send(&mut tx, &Message::Placed(refused), ctx).await {
+                            return e;
+                        }
+                    }
+                },
+                Some(Ok(Message::Evict(e))) => {
+                    if admit(ctx, addr, e.epoch, "evict").is_ok() {
+                        queues.submit(&e.model, Command::Evict(e.model.clone()));
+                    }
                 }
-                Some(Ok(Message::Evict(e))) => queues.submit(&e.model, Command::Evict(e.model.clone())),
-                Some(Ok(Message::MayStop)) => tracing::info!(
-                    router = %addr,
-                    "the router moved every placed model off this node (mesh-ops drain): it may be stopped"
-                ),
+                Some(Ok(Message::MayStop(f))) => {
+                    if admit(ctx, addr, f.epoch, "may-stop").is_ok() {
+                        tracing::info!(
+                            router = %addr,
+                            "the router moved every placed model off this node (mesh-ops drain): it may be stopped"
+                        );
+                    }
+                }
+                Some(Ok(Message::Fence(f))) => {
+                    if admit(ctx, addr, f.epoch, "fence").is_ok() {
+                        tracing::info!(router = %addr, epoch = f.epoch, "this router leads placement now");
+                    }
+                }
                 Some(Ok(Message::Released)) => {
                     tracing::info!(router = %addr, "the router released this node");
                     live.released.store(true, Ordering::Release);
@@ -317,4 +338,15 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// Checks a placement command's epoch against the highest seen; a refused one is logged and
+/// counted (`mesh_node_fenced_commands_total`).
+fn admit(ctx: &Context, router: &str, epoch: u64, what: &'static str) -> Result<(), String> {
+    ctx.placing.fencing.admit(epoch).map_err(|seen| {
+        let why = mesh::cluster::fence::Fencing::refusal(epoch, seen);
+        tracing::warn!(router = %router, command = what, "{why}");
+        metrics::counter!("mesh_node_fenced_commands_total", "command" => what).increment(1);
+        why
+    })
 }

@@ -213,6 +213,7 @@ impl ClusterNode {
             placed: node.placed(),
             roots: settings.roots.clone(),
             limits: settings.limits.clone(),
+            fencing: Default::default(),
         });
         let mut settings = settings;
         settings.client.transport_config(transport);

@@ -26,6 +26,8 @@ pub struct Placing {
     /// The node's own repositories, whose models the router may not place over.
     pub roots: Vec<PathBuf>,
     pub limits: Limits,
+    /// The highest placement epoch seen from any router (commands of lower ones are refused).
+    pub fencing: mesh::cluster::fence::Fencing,
 }
 
 /// A router's command about one model.

@@ -21,6 +21,7 @@ use crate::place::{
 use crate::placement::{Placement, PlacementView};
 use crate::repository::{self, RepoModel};
 
+mod lead;
 mod requests;
 
 pub enum PlacementMsg {
@@ -84,6 +85,14 @@ pub struct PlacementState {
     logged: Option<(Instant, String, String, String)>,
     /// Until when nothing is placed (see `PlacementSettings::startup_grace`).
     settle_until: Instant,
+    /// The epoch this router last acted with (None: it did not lead).
+    epoch: Option<u64>,
+    /// Nodes (name, incarnation) told this leader's epoch.
+    fenced: BTreeSet<(String, u64)>,
+    /// The stored intent last applied (from etcd).
+    applied: Option<crate::lead::Desired>,
+    /// Replica bounds set at run time (`scale`), kept for the next leader.
+    scaled: BTreeMap<String, (u32, u32)>,
 }
 
 pub struct PlacementActor;
@@ -264,6 +273,7 @@ impl PlacementState {
             key: m.manifest.key.clone(),
             files: m.manifest.files.clone(),
             config: m.config_override.clone(),
+            epoch: self.epoch.unwrap_or(0),
         };
         Some((Message::Place(place), shipment(&m)))
     }
@@ -291,14 +301,21 @@ impl PlacementState {
                 Action::Unload { model, node } => {
                     self.shipped.remove(&(model.clone(), node.clone()));
                     self.pending.remove(&(model.clone(), node.clone()));
-                    if self.send(&node, Message::Evict(msg::Evict { model: model.clone() })) {
+                    if self.send(
+                        &node,
+                        Message::Evict(msg::Evict {
+                            model: model.clone(),
+                            epoch: self.epoch.unwrap_or(0),
+                        }),
+                    ) {
                         self.evicting.insert((model, node));
                     }
                 }
                 Action::Drained { node } => {
                     tracing::info!(node = %node, "drained: every placed model moved off the node");
                     if self.drains.contains_key(&node) {
-                        self.send(&node, Message::MayStop);
+                        let epoch = self.epoch.unwrap_or(0);
+                        self.send(&node, Message::MayStop(msg::Fence { epoch }));
                         self.drained.insert(node);
                     }
                 }
@@ -340,16 +357,22 @@ impl PlacementState {
         self.pending.retain(|(_, node)| live.contains(node));
         self.shipped.retain(|(_, node), _| live.contains(node));
         self.placer.set_nodes(self.node_specs(&nodes), now);
+        let epoch = self.lead(now).await;
         self.placer.set_models(self.specs(), now);
+        self.apply_bounds();
         self.observe(&nodes, now);
         for (model, at) in self.handle.last_used() {
             self.placer.used(&model, at);
         }
         self.autoscale(&nodes, now);
-        if now >= self.settle_until {
+        if let Some(epoch) = epoch.filter(|_| now >= self.settle_until) {
+            if self.handle.lead.role() != crate::lead::Role::Single {
+                self.fence(&nodes, epoch);
+            }
             let actions = self.placer.tick(now);
             self.act(actions, now);
             self.reship();
+            self.save();
         }
         // One view of the placer serves the answers, the clean-up and what is published.
         let view = self.placer.view();
@@ -456,6 +479,10 @@ impl Actor for PlacementActor {
             last_scan: None,
             logged: None,
             settle_until,
+            epoch: None,
+            fenced: BTreeSet::new(),
+            applied: None,
+            scaled: BTreeMap::new(),
         })
     }
 
@@ -481,6 +508,14 @@ impl Actor for PlacementActor {
                     state.placer.observed(&node, &p.model, Observed::Failed(p.error), now);
                 }
             }
+            PlacementMsg::Load(_, _, reply) | PlacementMsg::Unload(_, reply) | PlacementMsg::Drain(_, reply)
+                if state.refuse().is_err() =>
+            {
+                let _ = reply.send(state.refuse());
+            }
+            PlacementMsg::Scale(_, _, _, reply) if state.refuse().is_err() => {
+                let _ = reply.send(state.refuse().map(|()| (0, 0)));
+            }
             PlacementMsg::Load(name, options, reply) => state.load(name, options, reply).await,
             PlacementMsg::Unload(name, reply) => state.unload(name, reply),
             PlacementMsg::Scale(name, min, max, reply) => {
@@ -496,6 +531,7 @@ impl Actor for PlacementActor {
                     });
                 if let Ok((lo, hi)) = result {
                     tracing::info!(model = %name, min = lo, max = hi, "replica bounds changed");
+                    state.scaled.insert(name.clone(), (lo, hi));
                 }
                 let _ = reply.send(result);
             }

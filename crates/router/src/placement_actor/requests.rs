@@ -142,6 +142,7 @@ impl PlacementState {
             return;
         }
         tracing::info!(model = %name, "unloading from every node");
+        self.scaled.remove(&name);
         self.scaler.forget(&name);
         self.handle.forget_usage(&name);
         self.unload_waiters.push((name, reply));

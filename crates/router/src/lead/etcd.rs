@@ -1,0 +1,292 @@
+//! The election, run against etcd: a lease kept alive, a leader key created only if absent and
+//! bound to that lease (its creation revision is the fencing token), and the operator's intent
+//! stored in one key, written only while this router still holds the leader key. Each step feeds
+//! what etcd answered into the sans-IO `Leadership` and publishes the resulting `Role`.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
+};
+use tokio::sync::watch;
+
+use super::lease::{Leadership, Standing};
+use super::{Desired, Lead, Role};
+
+#[derive(Debug, Clone)]
+pub struct EtcdSettings {
+    pub endpoints: Vec<String>,
+    /// Keys live under this prefix (`<prefix>/leader`, `<prefix>/placement`).
+    pub prefix: String,
+    pub ttl: Duration,
+    /// How often the election is checked (and a follower reads the stored intent).
+    pub poll: Duration,
+    /// This router, as others see it in the leader key (its id and HTTP address).
+    pub me: String,
+}
+
+/// Starts the election task; the handle's role follows it.
+pub fn start(settings: EtcdSettings) -> Arc<Lead> {
+    let (role_tx, role) = watch::channel(Role::Unknown {
+        why: "connecting to etcd".into(),
+    });
+    let (save, save_rx) = watch::channel(None);
+    let me = settings.me.clone();
+    tokio::spawn(Election::new(settings, role_tx, save_rx).run());
+    Arc::new(Lead {
+        role,
+        save: Some(save),
+        id: me,
+    })
+}
+
+struct Election {
+    settings: EtcdSettings,
+    leadership: Leadership,
+    client: Option<Client>,
+    keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// The intent read from etcd (on taking over, and by followers each step).
+    state: Arc<Desired>,
+    /// The intent last written by this leader.
+    written: Option<Desired>,
+    role_tx: watch::Sender<Role>,
+    save_rx: watch::Receiver<Option<Desired>>,
+    last_error: Option<String>,
+}
+
+type Step = Result<(), etcd_client::Error>;
+
+impl Election {
+    fn new(settings: EtcdSettings, role_tx: watch::Sender<Role>, save_rx: watch::Receiver<Option<Desired>>) -> Self {
+        let margin = Duration::from_millis(500);
+        Election {
+            leadership: Leadership::new(settings.ttl, margin),
+            settings,
+            client: None,
+            keeper: None,
+            state: Arc::default(),
+            written: None,
+            role_tx,
+            save_rx,
+            last_error: None,
+        }
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}/{name}", self.settings.prefix.trim_end_matches('/'))
+    }
+
+    async fn run(mut self) {
+        tracing::info!(endpoints = ?self.settings.endpoints, prefix = %self.settings.prefix, "placement election through etcd");
+        loop {
+            let step = tokio::time::timeout(self.settings.ttl / 2, self.step()).await;
+            let failure = match step {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!("etcd did not answer within {:?}", self.settings.ttl / 2)),
+            };
+            match failure {
+                None if self.last_error.take().is_some() => tracing::info!("etcd reachable again"),
+                None => {}
+                Some(why) => {
+                    if self.last_error.as_deref() != Some(&why) {
+                        tracing::warn!("etcd: {why}; routing goes on, placement waits while this lasts");
+                    }
+                    self.keeper = None;
+                    self.last_error = Some(why);
+                }
+            }
+            self.publish(Instant::now());
+            tokio::time::sleep(self.settings.poll).await;
+        }
+    }
+
+    fn publish(&self, now: Instant) {
+        let role = match self.leadership.standing(now) {
+            Standing::Leader { epoch } => Role::Leader {
+                epoch,
+                state: self.state.clone(),
+            },
+            Standing::Follower { leader } => Role::Follower {
+                leader,
+                state: self.state.clone(),
+            },
+            Standing::Candidate => Role::Unknown {
+                why: self
+                    .last_error
+                    .clone()
+                    .map_or_else(|| "electing a placement leader".into(), |e| format!("etcd: {e}")),
+            },
+        };
+        self.role_tx.send_if_modified(|r| {
+            if *r == role {
+                return false;
+            }
+            if r.name() == "leader" && role.name() != "leader" {
+                let why = match &role {
+                    Role::Follower { leader, .. } => format!("{leader} leads now"),
+                    Role::Unknown { why } => why.clone(),
+                    _ => "a new epoch".into(),
+                };
+                tracing::warn!("this router stopped leading placement: {why}");
+            }
+            match &role {
+                Role::Leader { epoch, .. } => tracing::info!(epoch, "this router leads placement now"),
+                Role::Follower { leader, .. } if r.name() != "follower" => {
+                    tracing::info!(leader = %leader, "another router leads placement")
+                }
+                _ => {}
+            }
+            *r = role.clone();
+            true
+        });
+    }
+
+    async fn step(&mut self) -> Step {
+        if self.client.is_none() {
+            let options = ConnectOptions::new()
+                .with_connect_timeout(self.settings.ttl / 3)
+                .with_timeout(self.settings.ttl / 3)
+                .with_require_leader(true);
+            self.client = Some(Client::connect(&self.settings.endpoints, Some(options)).await?);
+        }
+        let now = Instant::now();
+        let lease = match self.leadership.lease(now) {
+            Some(id) => id,
+            None => self.grant().await?,
+        };
+        if self.leadership.keepalive_due(Instant::now()) {
+            self.keep_alive(lease).await?;
+        }
+        let Some(lease) = self.leadership.lease(Instant::now()) else {
+            return Ok(());
+        };
+        self.campaign(lease).await?;
+        match self.leadership.standing(Instant::now()) {
+            Standing::Leader { epoch } => self.store(epoch).await,
+            Standing::Follower { .. } => {
+                self.state = Arc::new(self.read_state().await?);
+                Ok(())
+            }
+            Standing::Candidate => Ok(()),
+        }
+    }
+
+    fn client(&mut self) -> &mut Client {
+        self.client.as_mut().expect("connected in step")
+    }
+
+    async fn grant(&mut self) -> Result<i64, etcd_client::Error> {
+        let sent = Instant::now();
+        let ttl = self.settings.ttl.as_secs().max(1) as i64;
+        let granted = self.client().lease_grant(ttl, None).await?;
+        let ttl = Duration::from_secs(granted.ttl().max(0) as u64);
+        self.leadership.granted(granted.id(), ttl, sent);
+        self.keeper = None;
+        Ok(granted.id())
+    }
+
+    async fn keep_alive(&mut self, lease: i64) -> Step {
+        if self.keeper.is_none() {
+            self.keeper = Some(self.client().lease_keep_alive(lease).await?);
+        }
+        let sent = Instant::now();
+        self.leadership.keepalive_sent(sent);
+        let (keeper, stream) = self.keeper.as_mut().expect("just set");
+        keeper.keep_alive().await?;
+        match stream.message().await? {
+            Some(answer) => self
+                .leadership
+                .kept_alive(Duration::from_secs(answer.ttl().max(0) as u64), sent),
+            None => {
+                self.keeper = None;
+                self.leadership.lost_lease();
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the leader key if nobody holds it; otherwise learns who does.
+    async fn campaign(&mut self, lease: i64) -> Step {
+        let key = self.key("leader");
+        let put = TxnOp::put(
+            key.clone(),
+            self.settings.me.clone(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([put])
+            .or_else([TxnOp::get(key, None)]);
+        let answer = self.client().txn(txn).await?;
+        if answer.succeeded() {
+            let epoch = answer.header().map_or(0, |h| h.revision()) as u64;
+            // What the previous leader stored, read before acting on anything.
+            self.state = Arc::new(self.read_state().await?);
+            self.written = Some((*self.state).clone());
+            self.leadership.won(epoch);
+            return Ok(());
+        }
+        let holder = answer.op_responses().into_iter().find_map(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+            _ => None,
+        });
+        match holder {
+            // This router's own key (it won in an earlier step): still the leader.
+            Some(kv) if kv.lease() == lease => {
+                let epoch = kv.create_revision() as u64;
+                if self.leadership.standing(Instant::now()) != (Standing::Leader { epoch }) {
+                    self.state = Arc::new(self.read_state().await?);
+                    self.written = Some((*self.state).clone());
+                    self.leadership.won(epoch);
+                }
+            }
+            Some(kv) => self
+                .leadership
+                .follows(String::from_utf8_lossy(kv.value()).into_owned()),
+            None => {} // deleted meanwhile: the next step campaigns again
+        }
+        Ok(())
+    }
+
+    async fn read_state(&mut self) -> Result<Desired, etcd_client::Error> {
+        let key = self.key("placement");
+        let got = self.client().get(key, None).await?;
+        Ok(match got.kvs().first() {
+            Some(kv) => serde_json::from_slice(kv.value()).unwrap_or_else(|e| {
+                tracing::error!("the placement state in etcd cannot be read ({e}); starting from none");
+                Desired::default()
+            }),
+            None => Desired::default(),
+        })
+    }
+
+    /// Writes the leader's intent if it changed, only while the leader key is still the one this
+    /// router created (a deposed leader's write is refused by etcd itself).
+    async fn store(&mut self, epoch: u64) -> Step {
+        let Some(desired) = self.save_rx.borrow_and_update().clone() else {
+            return Ok(());
+        };
+        if self.written.as_ref() == Some(&desired) {
+            return Ok(());
+        }
+        let value = serde_json::to_vec(&desired).unwrap_or_default();
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key("leader"),
+                CompareOp::Equal,
+                epoch as i64,
+            )])
+            .and_then([TxnOp::put(self.key("placement"), value, None)]);
+        if self.client().txn(txn).await?.succeeded() {
+            self.written = Some(desired);
+        } else {
+            tracing::warn!(
+                epoch,
+                "the leader key changed hands: this router no longer leads placement"
+            );
+            self.leadership.follows("(unknown)".into());
+        }
+        Ok(())
+    }
+}

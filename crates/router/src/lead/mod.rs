@@ -1,0 +1,97 @@
+//! Who decides placement when several routers serve one cluster: exactly one leader, elected
+//! through etcd (`--etcd-endpoints`) with a lease, and a fencing token (the epoch) on every command
+//! it sends. A single router needs none of this: it is always the leader, at epoch 0.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+pub mod etcd;
+pub mod lease;
+
+/// What the placement leader keeps in etcd so that the next one carries on: the operator's intent
+/// (explicitly loaded models with their config overrides, replica bounds, drains), never where
+/// replicas are (nodes report that).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Desired {
+    /// Explicit model control: the loaded models, each with its config override ("" for none).
+    #[serde(default)]
+    pub wanted: BTreeMap<String, String>,
+    /// Replica bounds set through `mesh-ops scale`.
+    #[serde(default)]
+    pub bounds: BTreeMap<String, (u32, u32)>,
+    /// Drained nodes and the incarnation drained.
+    #[serde(default)]
+    pub drains: BTreeMap<String, u64>,
+}
+
+/// This router's part in placement, as the PlacementActor reads it each tick.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Role {
+    /// No etcd: the only router, always deciding, at epoch 0.
+    Single,
+    /// Elected: decides placement with this fencing token; `state` is what the previous leader
+    /// left in etcd when this one took over.
+    Leader { epoch: u64, state: Arc<Desired> },
+    /// Another router decides; `state` is the intent it last stored.
+    Follower { leader: String, state: Arc<Desired> },
+    /// Not known (etcd unreachable, the lease lost): placement waits, routing goes on.
+    Unknown { why: String },
+}
+
+impl Role {
+    /// The epoch to stamp commands with, when this router may send placement commands.
+    pub fn epoch(&self) -> Option<u64> {
+        match self {
+            Role::Single => Some(0),
+            Role::Leader { epoch, .. } => Some(*epoch),
+            _ => None,
+        }
+    }
+
+    /// For status: "single", "leader", "follower" or "unknown".
+    pub fn name(&self) -> &'static str {
+        match self {
+            Role::Single => "single",
+            Role::Leader { .. } => "leader",
+            Role::Follower { .. } => "follower",
+            Role::Unknown { .. } => "unknown",
+        }
+    }
+}
+
+/// The shared handle: the current role, and the intent the leader wants stored.
+pub struct Lead {
+    role: watch::Receiver<Role>,
+    save: Option<watch::Sender<Option<Desired>>>,
+    /// Where to send placement changes when this router does not lead (the leader's HTTP address,
+    /// from its leader key).
+    pub id: String,
+}
+
+impl Lead {
+    /// A router without etcd.
+    pub fn single(id: String) -> Arc<Lead> {
+        let (_tx, role) = watch::channel(Role::Single);
+        Arc::new(Lead { role, save: None, id })
+    }
+
+    pub fn role(&self) -> Role {
+        self.role.borrow().clone()
+    }
+
+    /// The leader stores the operator's intent in etcd (written only while it still holds the
+    /// leader key; a deposed leader's write is refused by etcd).
+    pub fn save(&self, desired: &Desired) {
+        if let Some(tx) = &self.save {
+            tx.send_if_modified(|d| {
+                if d.as_ref() == Some(desired) {
+                    return false;
+                }
+                *d = Some(desired.clone());
+                true
+            });
+        }
+    }
+}
