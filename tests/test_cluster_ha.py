@@ -83,7 +83,7 @@ def pair(cluster_factory, models_dir, etcd, tmp_path):
         load.abort()
 
 
-def test_one_leader_places_the_follower_refuses_changes_and_names_it(pair):
+def test_one_leader_places_and_a_follower_hands_changes_to_it(pair):
     c = pair
     epoch = lead(c.r1)["epoch"]
     assert epoch > 0, lead(c.r1)
@@ -91,11 +91,17 @@ def test_one_leader_places_the_follower_refuses_changes_and_names_it(pair):
     check_add_sub(c.r1.http_url)
     check_add_sub(c.r2.http_url)
     assert all(log_has(n, "this router leads placement now") for n in c.nodes.values())
+    assert lead(c.r2)["leader_http"] == c.r1.http_url
+    # A change sent to the follower is made by the leader, and answered with the leader's answer.
     status, body = scale(c.r2, "add_sub", 1, 1)
-    assert status == 503 and "r1 does" in body["error"], (status, body)
-    status, body = scale(c.r1, "add_sub", 1, 1)
-    assert status == 200 and (body["min"], body["max"]) == (1, 1), body
-    # The follower shadows the leader's stored intent.
+    assert status == 200 and (body["min"], body["max"]) == (1, 1), (status, body)
+    wait_until(lambda: (placement(c.r1)["add_sub"]["min"], placement(c.r1)["add_sub"]["max"]) == (1, 1), 5,
+               lambda: f"r1's bounds of add_sub: {placement(c.r1).get('add_sub')}")
+    wait_until(lambda: len(ready(c.r1, "add_sub")) == 1, 20, lambda: f"one replica: {placement(c.r1)}")
+    # The leader's errors come back as they are.
+    status, body = scale(c.r2, "add_sub", 3, 2)
+    assert status == 400 and "more than max" in body["error"], (status, body)
+    # The follower shadows the intent the leader stored in etcd.
     wait_until(lambda: (placement(c.r2)["add_sub"]["min"], placement(c.r2)["add_sub"]["max"]) == (1, 1), 10,
                lambda: f"r2's view of add_sub bounds: {placement(c.r2).get('add_sub')}")
 
@@ -150,8 +156,10 @@ def test_frozen_leader_is_deposed_and_its_epoch_fenced(pair):
     wait_until(lambda: lead(c.r1)["role"] == "follower", 15, lambda: f"r1 to follow: {lead(c.r1)}")
     assert lead(c.r1)["leader"] == "r2"
     assert log_has(c.r1, "stopped leading placement")
-    status, body = scale(c.r1, "add_sub", 1, 1)
-    assert status == 503 and "r2 does" in body["error"], body
+    status, body = scale(c.r1, "add_sub", 1, 1)  # handed to r2, the leader now
+    assert status == 200, body
+    wait_until(lambda: (placement(c.r2)["add_sub"]["min"], placement(c.r2)["add_sub"]["max"]) == (1, 1), 10,
+               lambda: f"r2 applied the change sent to r1: {placement(c.r2).get('add_sub')}")
     load.stop()
     load.assert_all_ok()
     fenced = sum(metric_sum(parse_metrics(n.metrics()), "mesh_node_fenced_commands_total") or 0
@@ -188,3 +196,18 @@ def test_etcd_unreachable_routing_goes_on_placement_waits(pair, etcd):
         load.assert_all_ok()
     # Nothing was re-placed while placement waited.
     assert {r.name: ready(r, "add_sub") for r in (c.r1, c.r2)} == before
+
+
+def test_leader_stopped_gracefully_hands_placement_over_at_once(pair):
+    c = pair
+    load = AddSubLoad(c.r2, concurrency=4, min_requests=500)
+    c.loads.append(load)
+    load.start()
+    load.wait_done(100)
+    stopping = time.monotonic()
+    c.r1.stop(grace=20)
+    wait_until(lambda: lead(c.r2)["role"] == "leader", TAKEOVER_BOUND_S, lambda: f"r2 to lead: {lead(c.r2)}")
+    print(f"\ntakeover after SIGTERM of the leader: {time.monotonic() - stopping:.2f}s (lease {LEASE_S}s)")
+    assert log_has(c.r1, "handed placement leadership back")
+    load.stop()
+    load.assert_all_ok()

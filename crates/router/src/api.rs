@@ -109,7 +109,7 @@ fn lead_status(role: &crate::lead::Role) -> Value {
     match role {
         Role::Single => json!({ "role": "single", "epoch": 0 }),
         Role::Leader { epoch, .. } => json!({ "role": "leader", "epoch": epoch }),
-        Role::Follower { leader, .. } => json!({ "role": "follower", "leader": leader }),
+        Role::Follower { leader, http, .. } => json!({ "role": "follower", "leader": leader, "leader_http": http }),
         Role::Unknown { why } => json!({ "role": "unknown", "why": why }),
     }
 }

@@ -64,6 +64,11 @@ pub struct Args {
     /// This router's name for other routers and operators (default: HOSTNAME:CLUSTER_PORT).
     #[arg(long)]
     pub router_name: Option<String>,
+    /// Where other routers reach this one's HTTP API (HOST:PORT) to hand it placement changes
+    /// while it leads (default: --http-address and --http-port, or HOSTNAME and the port when it
+    /// listens on every address).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise_http: Option<String>,
 
     #[command(flatten)]
     pub listen: mesh::serve::ListenArgs,

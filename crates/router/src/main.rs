@@ -68,7 +68,21 @@ async fn run(args: Args) -> Result<(), String> {
             prefix: args.etcd_prefix.clone(),
             ttl: Duration::from_secs(args.etcd_lease_secs.max(1)),
             poll: Duration::from_millis(250),
-            me: id.clone(),
+            me: lead::LeaderInfo {
+                name: id.clone(),
+                http: args.advertise_http.clone().unwrap_or_else(|| {
+                    let port = args.listen.http_port;
+                    match args.listen.http_address {
+                        a if a.is_unspecified() => {
+                            format!(
+                                "{}:{port}",
+                                mesh::process::hostname().unwrap_or_else(|| "localhost".into())
+                            )
+                        }
+                        a => std::net::SocketAddr::new(a, port).to_string(),
+                    }
+                }),
+            },
         })
     };
     let cluster = Arc::new(Cluster::new(
@@ -146,6 +160,8 @@ async fn run(args: Args) -> Result<(), String> {
         "shutting down: no new requests, finishing in-flight ones"
     );
     let _ = stop_tx.send(true);
+    // Another router takes placement over now, while this one finishes its requests.
+    dispatch.placement.lead.resign().await;
     mesh::process::drain(servers, Duration::from_secs(args.exit_timeout_secs)).await;
     accept.abort();
     sampler.abort();

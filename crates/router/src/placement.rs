@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use mesh::{Error, LoadOptions, Result};
 use ractor::{ActorRef, RpcReplyPort};
 
-use crate::lead::Lead;
+use crate::lead::forward::Forward;
+use crate::lead::{Lead, Role};
 use crate::place::{ModelView, PlaceEvent};
 use crate::placement_actor::PlacementMsg;
 use crate::repository::ClusterRepo;
@@ -79,18 +80,31 @@ impl Placement {
     /// Places a model of the cluster repository (or places it again after a change); answers once
     /// a replica is ready, or why none can be.
     pub async fn load(&self, name: &str, options: LoadOptions, wait: Duration) -> Result<()> {
+        if let Some((leader, http)) = self.leader_elsewhere() {
+            return Forward::load(name, &options).send(&leader, &http, wait).await.map(drop);
+        }
         let name = name.to_string();
         self.ask(wait, |r| PlacementMsg::Load(name, options, r)).await
     }
 
     /// Removes a model from every node; answers once no node holds it.
     pub async fn unload(&self, name: &str, wait: Duration) -> Result<()> {
+        if let Some((leader, http)) = self.leader_elsewhere() {
+            return Forward::unload(name).send(&leader, &http, wait).await.map(drop);
+        }
         let name = name.to_string();
         self.ask(wait, |r| PlacementMsg::Unload(name, r)).await
     }
 
     /// Changes a model's replica bounds at run time; answers the bounds in effect.
     pub async fn scale(&self, name: &str, min: Option<u32>, max: Option<u32>) -> Result<(u32, u32)> {
+        if let Some((leader, http)) = self.leader_elsewhere() {
+            let answer = Forward::scale(name, min, max)
+                .send(&leader, &http, Duration::from_secs(10))
+                .await?;
+            let bound = |k: &str| answer.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0) as u32;
+            return Ok((bound("min"), bound("max")));
+        }
         let name = name.to_string();
         self.ask(Duration::from_secs(10), |r| PlacementMsg::Scale(name, min, max, r))
             .await
@@ -98,8 +112,19 @@ impl Placement {
 
     /// Moves every placed model off a node, then tells it it may stop; answers once it is empty.
     pub async fn drain(&self, node: &str, wait: Duration) -> Result<()> {
+        if let Some((leader, http)) = self.leader_elsewhere() {
+            return Forward::drain(node, wait).send(&leader, &http, wait).await.map(drop);
+        }
         let node = node.to_string();
         self.ask(wait, |r| PlacementMsg::Drain(node, r)).await
+    }
+
+    /// The leader to hand an operator's change to, when another router leads: (name, HOST:PORT).
+    fn leader_elsewhere(&self) -> Option<(String, String)> {
+        match self.lead.role() {
+            Role::Follower { leader, http, .. } if !http.is_empty() => Some((leader, http)),
+            _ => None,
+        }
     }
 
     pub fn view(&self) -> Arc<PlacementView> {

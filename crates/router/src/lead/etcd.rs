@@ -21,8 +21,8 @@ pub struct EtcdSettings {
     pub ttl: Duration,
     /// How often the election is checked (and a follower reads the stored intent).
     pub poll: Duration,
-    /// This router, as others see it in the leader key (its id and HTTP address).
-    pub me: String,
+    /// This router, as others see it in the leader key (its name and HTTP address).
+    pub me: super::LeaderInfo,
 }
 
 /// Starts the election task; the handle's role follows it.
@@ -31,11 +31,13 @@ pub fn start(settings: EtcdSettings) -> Arc<Lead> {
         why: "connecting to etcd".into(),
     });
     let (save, save_rx) = watch::channel(None);
-    let me = settings.me.clone();
-    tokio::spawn(Election::new(settings, role_tx, save_rx).run());
+    let (resign, resign_rx) = tokio::sync::mpsc::channel(1);
+    let me = settings.me.name.clone();
+    tokio::spawn(Election::new(settings, role_tx, save_rx).run(resign_rx));
     Arc::new(Lead {
         role,
         save: Some(save),
+        resign: Some(resign),
         id: me,
     })
 }
@@ -76,7 +78,7 @@ impl Election {
         format!("{}/{name}", self.settings.prefix.trim_end_matches('/'))
     }
 
-    async fn run(mut self) {
+    async fn run(mut self, mut resign: tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<()>>) {
         tracing::info!(endpoints = ?self.settings.endpoints, prefix = %self.settings.prefix, "placement election through etcd");
         loop {
             let step = tokio::time::timeout(self.settings.ttl / 2, self.step()).await;
@@ -97,7 +99,14 @@ impl Election {
                 }
             }
             self.publish(Instant::now());
-            tokio::time::sleep(self.settings.poll).await;
+            tokio::select! {
+                _ = tokio::time::sleep(self.settings.poll) => {}
+                Some(done) = resign.recv() => {
+                    self.resign().await;
+                    let _ = done.send(());
+                    return;
+                }
+            }
         }
     }
 
@@ -107,8 +116,9 @@ impl Election {
                 epoch,
                 state: self.state.clone(),
             },
-            Standing::Follower { leader } => Role::Follower {
+            Standing::Follower { leader, http } => Role::Follower {
                 leader,
+                http,
                 state: self.state.clone(),
             },
             Standing::Candidate => Role::Unknown {
@@ -140,6 +150,23 @@ impl Election {
             *r = role.clone();
             true
         });
+    }
+
+    /// Revokes the lease (deleting the leader key with it) and stops acting.
+    async fn resign(&mut self) {
+        let lease = self.leadership.lease(Instant::now());
+        let was_leader = matches!(self.leadership.standing(Instant::now()), Standing::Leader { .. });
+        self.leadership.lost_lease();
+        let _ = self.role_tx.send(Role::Unknown {
+            why: "this router is stopping".into(),
+        });
+        if let (Some(id), Some(client)) = (lease, self.client.as_mut()) {
+            match tokio::time::timeout(self.settings.ttl / 2, client.lease_revoke(id)).await {
+                Ok(Ok(_)) if was_leader => tracing::info!("handed placement leadership back (lease revoked)"),
+                Ok(Ok(_)) => {}
+                _ => tracing::warn!("could not revoke the lease; another router leads once it runs out"),
+            }
+        }
     }
 
     async fn step(&mut self) -> Step {
@@ -209,11 +236,8 @@ impl Election {
     /// Creates the leader key if nobody holds it; otherwise learns who does.
     async fn campaign(&mut self, lease: i64) -> Step {
         let key = self.key("leader");
-        let put = TxnOp::put(
-            key.clone(),
-            self.settings.me.clone(),
-            Some(PutOptions::new().with_lease(lease)),
-        );
+        let me = serde_json::to_vec(&self.settings.me).unwrap_or_default();
+        let put = TxnOp::put(key.clone(), me, Some(PutOptions::new().with_lease(lease)));
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([put])
@@ -241,9 +265,10 @@ impl Election {
                     self.leadership.won(epoch);
                 }
             }
-            Some(kv) => self
-                .leadership
-                .follows(String::from_utf8_lossy(kv.value()).into_owned()),
+            Some(kv) => {
+                let leader = super::LeaderInfo::parse(kv.value());
+                self.leadership.follows(leader.name, leader.http);
+            }
             None => {} // deleted meanwhile: the next step campaigns again
         }
         Ok(())
@@ -285,7 +310,7 @@ impl Election {
                 epoch,
                 "the leader key changed hands: this router no longer leads placement"
             );
-            self.leadership.follows("(unknown)".into());
+            self.leadership.follows("(unknown)".into(), String::new());
         }
         Ok(())
     }

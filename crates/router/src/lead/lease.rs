@@ -11,8 +11,8 @@ pub enum Standing {
     Candidate,
     /// It holds the leader key; `epoch` is the revision that created it (the fencing token).
     Leader { epoch: u64 },
-    /// Another router holds the leader key.
-    Follower { leader: String },
+    /// Another router holds the leader key (its name and HTTP address).
+    Follower { leader: String, http: String },
 }
 
 #[derive(Debug)]
@@ -87,8 +87,8 @@ impl Leadership {
     }
 
     /// The leader key belongs to someone else (or, for a leader, no longer to it).
-    pub fn follows(&mut self, leader: String) {
-        self.standing = Standing::Follower { leader };
+    pub fn follows(&mut self, leader: String, http: String) {
+        self.standing = Standing::Follower { leader, http };
     }
 
     /// What this router may do now: a leader whose lease may be about to run out is a candidate.
@@ -155,13 +155,12 @@ mod tests {
         let t0 = Instant::now();
         let mut l = Leadership::new(3 * S, 5 * S);
         l.granted(1, 3 * S, t0);
-        l.follows("router-b".into());
-        assert_eq!(
-            l.standing(t0 + 10 * S),
-            Standing::Follower {
-                leader: "router-b".into()
-            }
-        );
+        l.follows("router-b".into(), "b:8000".into());
+        let b = Standing::Follower {
+            leader: "router-b".into(),
+            http: "b:8000".into(),
+        };
+        assert_eq!(l.standing(t0 + 10 * S), b);
         l.won(9);
         // The margin is capped at half the TTL.
         assert_eq!(l.standing(t0 + 1400 * MS), Standing::Leader { epoch: 9 });

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 pub mod etcd;
+pub mod forward;
 pub mod lease;
 
 /// What the placement leader keeps in etcd so that the next one carries on: the operator's intent
@@ -34,8 +35,13 @@ pub enum Role {
     /// Elected: decides placement with this fencing token; `state` is what the previous leader
     /// left in etcd when this one took over.
     Leader { epoch: u64, state: Arc<Desired> },
-    /// Another router decides; `state` is the intent it last stored.
-    Follower { leader: String, state: Arc<Desired> },
+    /// Another router decides (`leader`, whose HTTP API is at `http`, HOST:PORT); `state` is the
+    /// intent it last stored.
+    Follower {
+        leader: String,
+        http: String,
+        state: Arc<Desired>,
+    },
     /// Not known (etcd unreachable, the lease lost): placement waits, routing goes on.
     Unknown { why: String },
 }
@@ -61,10 +67,31 @@ impl Role {
     }
 }
 
+/// What the leader key holds: who leads, and where its HTTP API is (followers forward changes
+/// there).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderInfo {
+    pub name: String,
+    #[serde(default)]
+    pub http: String,
+}
+
+impl LeaderInfo {
+    /// Reads a leader key's value (a bare name from another build reads as a name alone).
+    pub fn parse(value: &[u8]) -> LeaderInfo {
+        serde_json::from_slice(value).unwrap_or_else(|_| LeaderInfo {
+            name: String::from_utf8_lossy(value).into_owned(),
+            http: String::new(),
+        })
+    }
+}
+
 /// The shared handle: the current role, and the intent the leader wants stored.
 pub struct Lead {
     role: watch::Receiver<Role>,
     save: Option<watch::Sender<Option<Desired>>>,
+    /// Asks the election to hand leadership back (revoke its lease) and answers when it did.
+    resign: Option<tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>>,
     /// Where to send placement changes when this router does not lead (the leader's HTTP address,
     /// from its leader key).
     pub id: String,
@@ -74,11 +101,26 @@ impl Lead {
     /// A router without etcd.
     pub fn single(id: String) -> Arc<Lead> {
         let (_tx, role) = watch::channel(Role::Single);
-        Arc::new(Lead { role, save: None, id })
+        Arc::new(Lead {
+            role,
+            save: None,
+            resign: None,
+            id,
+        })
     }
 
     pub fn role(&self) -> Role {
         self.role.borrow().clone()
+    }
+
+    /// On shutdown: gives the lease back, so another router leads at once instead of after the
+    /// lease runs out (bounded wait; a router that cannot reach etcd just stops).
+    pub async fn resign(&self) {
+        let Some(tx) = &self.resign else { return };
+        let (done, answered) = tokio::sync::oneshot::channel();
+        if tx.send(done).await.is_ok() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), answered).await;
+        }
     }
 
     /// The leader stores the operator's intent in etcd (written only while it still holds the

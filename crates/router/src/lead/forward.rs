@@ -1,0 +1,171 @@
+//! A follower router hands an operator's placement change (load, unload, scale, drain) to the
+//! leader over the leader's own HTTP API, and answers with the leader's answer: a Triton client
+//! may send `load_model` to any router of the cluster.
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use mesh::{Code, Error, LoadOptions, Result};
+use serde_json::{json, Map, Value};
+
+/// The HTTP request that carries a change to the leader.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forward {
+    pub path: String,
+    pub body: Value,
+}
+
+impl Forward {
+    /// Triton's repository extension: `POST /v2/repository/models/{m}/load` with the config and
+    /// `file:` overrides as parameters (files base64-encoded, as the protocol has them).
+    pub fn load(model: &str, options: &LoadOptions) -> Forward {
+        let mut params = Map::new();
+        if let Some(config) = &options.config {
+            params.insert("config".into(), Value::String(config.clone()));
+        }
+        for (path, bytes) in &options.files {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+            params.insert(format!("file:{path}"), Value::String(encoded));
+        }
+        let body = if params.is_empty() {
+            json!({})
+        } else {
+            json!({ "parameters": params })
+        };
+        Forward {
+            path: format!("/v2/repository/models/{}/load", escape(model)),
+            body,
+        }
+    }
+
+    pub fn unload(model: &str) -> Forward {
+        Forward {
+            path: format!("/v2/repository/models/{}/unload", escape(model)),
+            body: json!({}),
+        }
+    }
+
+    pub fn scale(model: &str, min: Option<u32>, max: Option<u32>) -> Forward {
+        Forward {
+            path: format!("/mesh/v1/models/{}/scale", escape(model)),
+            body: json!({ "min": min, "max": max }),
+        }
+    }
+
+    pub fn drain(node: &str, wait: Duration) -> Forward {
+        Forward {
+            path: format!(
+                "/mesh/v1/nodes/{}/drain?timeout_s={}",
+                escape(node),
+                wait.as_secs().max(1)
+            ),
+            body: json!({}),
+        }
+    }
+
+    /// Sends it to the leader at `addr` (HOST:PORT); the leader's error answers come back as the
+    /// same kind of error, with its message.
+    pub async fn send(&self, leader: &str, addr: &str, wait: Duration) -> Result<Value> {
+        let unreachable = |why: String| {
+            Error::unavailable(format!(
+                "the placement leader {leader} ({addr}) cannot be reached to make this change: {why}"
+            ))
+        };
+        let exchange = async {
+            let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+            let driver = tokio::spawn(conn);
+            let request = Request::post(&self.path)
+                .header("host", addr)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(self.body.to_string())))
+                .map_err(|e| e.to_string())?;
+            let answer = sender.send_request(request).await.map_err(|e| e.to_string())?;
+            let status = answer.status().as_u16();
+            let body = answer
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            driver.abort();
+            Ok::<_, String>((status, body))
+        };
+        let (status, body) = tokio::time::timeout(wait + Duration::from_secs(5), exchange)
+            .await
+            .map_err(|_| unreachable(format!("no answer within {}s", wait.as_secs() + 5)))?
+            .map_err(unreachable)?;
+        answer(status, &body)
+    }
+}
+
+/// The leader's answer as this router's result.
+fn answer(status: u16, body: &[u8]) -> Result<Value> {
+    let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if (200..300).contains(&status) {
+        return Ok(value);
+    }
+    let message = value.get("error").and_then(Value::as_str).map_or_else(
+        || format!("the placement leader answered HTTP {status}"),
+        str::to_string,
+    );
+    let code = match status {
+        400 => Code::InvalidArgument,
+        404 => Code::NotFound,
+        409 => Code::AlreadyExists,
+        413 => Code::PayloadTooLarge,
+        501 => Code::Unsupported,
+        502..=504 => Code::Unavailable,
+        _ => Code::Internal,
+    };
+    Err(Error::new(code, message))
+}
+
+/// A model or node name as one path segment.
+fn escape(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_load_carries_its_config_and_files_as_trition_parameters() {
+        let options = LoadOptions {
+            config: Some("{\"backend\":\"onnxruntime\"}".into()),
+            files: vec![("1/model.onnx".into(), Bytes::from_static(b"\x00\x01onnx"))],
+        };
+        let f = Forward::load("add sub/x", &options);
+        assert_eq!(f.path, "/v2/repository/models/add%20sub%2Fx/load");
+        assert_eq!(f.body["parameters"]["config"], "{\"backend\":\"onnxruntime\"}");
+        assert_eq!(f.body["parameters"]["file:1/model.onnx"], "AAFvbm54");
+        assert_eq!(Forward::load("m", &LoadOptions::default()).body, json!({}));
+        assert_eq!(Forward::scale("m", Some(1), None).body, json!({"min": 1, "max": null}));
+    }
+
+    #[test]
+    fn the_leaders_errors_keep_their_kind_and_message() {
+        let e = answer(404, br#"{"error": "failed to load 'x': no such model directory"}"#).unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (Code::NotFound, "failed to load 'x': no such model directory")
+        );
+        assert_eq!(answer(503, b"{}").unwrap_err().code, Code::Unavailable);
+        assert_eq!(answer(400, b"not json").unwrap_err().code, Code::InvalidArgument);
+        assert_eq!(answer(200, br#"{"min": 1}"#).unwrap(), json!({"min": 1}));
+    }
+}
