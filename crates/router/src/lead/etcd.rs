@@ -32,10 +32,12 @@ pub fn start(settings: EtcdSettings) -> Arc<Lead> {
     });
     let (save, save_rx) = watch::channel(None);
     let (resign, resign_rx) = tokio::sync::mpsc::channel(1);
+    let (until_tx, until) = watch::channel(None);
     let me = settings.me.name.clone();
-    tokio::spawn(Election::new(settings, role_tx, save_rx).run(resign_rx));
+    tokio::spawn(Election::new(settings, role_tx, until_tx, save_rx).run(resign_rx));
     Arc::new(Lead {
         role,
+        until,
         save: Some(save),
         resign: Some(resign),
         id: me,
@@ -52,6 +54,7 @@ struct Election {
     /// The intent last written by this leader.
     written: Option<Desired>,
     role_tx: watch::Sender<Role>,
+    until_tx: watch::Sender<Option<Instant>>,
     save_rx: watch::Receiver<Option<Desired>>,
     last_error: Option<String>,
 }
@@ -59,7 +62,12 @@ struct Election {
 type Step = Result<(), etcd_client::Error>;
 
 impl Election {
-    fn new(settings: EtcdSettings, role_tx: watch::Sender<Role>, save_rx: watch::Receiver<Option<Desired>>) -> Self {
+    fn new(
+        settings: EtcdSettings,
+        role_tx: watch::Sender<Role>,
+        until_tx: watch::Sender<Option<Instant>>,
+        save_rx: watch::Receiver<Option<Desired>>,
+    ) -> Self {
         let margin = Duration::from_millis(500);
         Election {
             leadership: Leadership::new(settings.ttl, margin),
@@ -69,6 +77,7 @@ impl Election {
             state: Arc::default(),
             written: None,
             role_tx,
+            until_tx,
             save_rx,
             last_error: None,
         }
@@ -111,6 +120,7 @@ impl Election {
     }
 
     fn publish(&self, now: Instant) {
+        self.until_tx.send_replace(self.leadership.acts_until());
         let role = match self.leadership.standing(now) {
             Standing::Leader { epoch } => Role::Leader {
                 epoch,

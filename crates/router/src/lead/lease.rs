@@ -91,6 +91,14 @@ impl Leadership {
         self.standing = Standing::Follower { leader, http };
     }
 
+    /// Until when a leader may act (its lease's end minus the margin); None when it does not lead.
+    pub fn acts_until(&self) -> Option<Instant> {
+        match self.standing {
+            Standing::Leader { .. } => self.expires.map(|e| e.checked_sub(self.margin).unwrap_or(e)),
+            _ => None,
+        }
+    }
+
     /// What this router may do now: a leader whose lease may be about to run out is a candidate.
     pub fn standing(&self, now: Instant) -> Standing {
         match &self.standing {
@@ -118,6 +126,7 @@ mod tests {
         assert_eq!(l.standing(t0 + 2499 * MS), Standing::Leader { epoch: 17 });
         // No keep-alive answered: it steps down half a second before the server could expire it.
         assert_eq!(l.standing(t0 + 2500 * MS), Standing::Candidate);
+        assert_eq!(l.acts_until(), Some(t0 + 2500 * MS));
         assert_eq!(l.lease(t0 + 2500 * MS), Some(42), "the lease itself still lives");
         assert_eq!(l.lease(t0 + 3 * S), None);
     }

@@ -89,6 +89,9 @@ impl LeaderInfo {
 /// The shared handle: the current role, and the intent the leader wants stored.
 pub struct Lead {
     role: watch::Receiver<Role>,
+    /// A leader acts only until then (its lease's end minus a margin), checked at every read, so a
+    /// router paused past its lease stops even before the election task runs again.
+    until: watch::Receiver<Option<std::time::Instant>>,
     save: Option<watch::Sender<Option<Desired>>>,
     /// Asks the election to hand leadership back (revoke its lease) and answers when it did.
     resign: Option<tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>>,
@@ -101,8 +104,10 @@ impl Lead {
     /// A router without etcd.
     pub fn single(id: String) -> Arc<Lead> {
         let (_tx, role) = watch::channel(Role::Single);
+        let (_tx, until) = watch::channel(None);
         Arc::new(Lead {
             role,
+            until,
             save: None,
             resign: None,
             id,
@@ -110,7 +115,15 @@ impl Lead {
     }
 
     pub fn role(&self) -> Role {
-        self.role.borrow().clone()
+        let role = self.role.borrow().clone();
+        if let Role::Leader { .. } = role {
+            if self.until.borrow().is_none_or(|u| std::time::Instant::now() >= u) {
+                return Role::Unknown {
+                    why: "its lease in etcd may have run out: etcd has not answered the renewal".into(),
+                };
+            }
+        }
+        role
     }
 
     /// On shutdown: gives the lease back, so another router leads at once instead of after the

@@ -24,6 +24,14 @@ impl PlacementState {
                 tracing::info!(epoch, "taking over placement from what etcd holds");
                 self.fenced.clear();
                 self.apply(state, now).await;
+                // The autoscaler's decisions lived on the old leader: keep the replicas there are
+                // (within the bounds) until this one's own autoscaler decides, after its delays.
+                for m in self.placer.view() {
+                    let ready = self.placer.ready(&m.name);
+                    if ready > 0 {
+                        self.placer.set_desired(&m.name, ready);
+                    }
+                }
             }
             Role::Follower { state, .. } if self.applied.as_ref() != Some(&**state) => self.apply(state, now).await,
             _ => {}
