@@ -80,7 +80,7 @@ impl Balancer {
         }
     }
 
-    /// Chooses a replica not in `tried`. Quarantined links are left out; busy links are used only when no
+    /// Chooses a replica not in `tried` (none left: wait for one to appear). Quarantined links are left out; busy links are used only when no
     /// other untried one is left. One candidate is taken without drawing; otherwise two distinct candidates
     /// are drawn and the lower [`score`] wins.
     pub fn pick<R: Rng + ?Sized>(
@@ -101,11 +101,16 @@ impl Balancer {
         if untried.is_empty() {
             let mut names: Vec<&str> = replicas.iter().map(|r| r.node.as_str()).collect();
             names.sort();
-            return Pick::Unavailable(Error::unavailable(format!(
-                "every replica was tried ({} tried: {})",
-                replicas.len(),
-                names.join(", ")
-            )));
+            // Every replica failed this request already, but it may get another one (a replica being
+            // placed, a node rejoining): wait for the routing to change, within the route wait.
+            return Pick::Wait {
+                reason: format!(
+                    "every replica was tried ({} tried: {})",
+                    replicas.len(),
+                    names.join(", ")
+                ),
+                until: None,
+            };
         }
         let marks = |r: &Replica| self.marks.get(&r.link).copied().unwrap_or_default();
         let open: Vec<&Replica> = untried.iter().copied().filter(|r| !marks(r).quarantined(now)).collect();

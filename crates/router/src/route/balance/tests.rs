@@ -101,18 +101,15 @@ fn the_most_loaded_of_many_is_never_picked_and_ties_spread() {
 }
 
 #[test]
-fn tried_links_are_excluded_and_all_tried_is_unavailable() {
+fn tried_links_are_excluded_and_all_tried_waits_for_another() {
     let b = Balancer::default();
     let now = Instant::now();
     let mut rng = StdRng::seed_from_u64(3);
     let replicas = [replica(1, 0), replica(2, 9)];
     assert_eq!(b.pick(&replicas, none, &[1], now, &mut rng), Pick::Routed(2));
     match b.pick(&replicas, none, &[2, 1], now, &mut rng) {
-        Pick::Unavailable(e) => {
-            assert_eq!(e.code, mesh::Code::Unavailable);
-            assert_eq!(e.message, "every replica was tried (2 tried: n1, n2)");
-        }
-        other => panic!("expected unavailable, got {other:?}"),
+        Pick::Wait { reason, until: None } => assert_eq!(reason, "every replica was tried (2 tried: n1, n2)"),
+        other => panic!("expected a wait, got {other:?}"),
     }
 }
 
