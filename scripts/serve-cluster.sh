@@ -23,12 +23,21 @@ if [ ! -f "$CERTS/ca.pem" ]; then
 fi
 tls() { echo --cluster-ca "$CERTS/ca.pem" --cluster-cert "$CERTS/$1.pem" --cluster-key "$CERTS/$1.key"; }
 mkdir -p .cluster/logs
-trap 'kill -TERM $(jobs -p) 2>/dev/null; wait' EXIT INT TERM
+ETCD_PID=
+# Nodes and routers stop first (a leader hands its lease back to etcd), then etcd.
+stop() {
+  kill -TERM $(jobs -p | grep -vx "${ETCD_PID:-none}") 2>/dev/null
+  wait $(jobs -p | grep -vx "${ETCD_PID:-none}") 2>/dev/null
+  [ -n "$ETCD_PID" ] && kill -TERM "$ETCD_PID" 2>/dev/null
+  wait
+}
+trap stop EXIT INT TERM
 joins=(--cluster-join 127.0.0.1:8003)
 if [ "$HA" = 1 ]; then
   etcd --name mesh --data-dir .cluster/etcd --listen-client-urls http://127.0.0.1:2379 \
     --advertise-client-urls http://127.0.0.1:2379 --listen-peer-urls http://127.0.0.1:2380 \
     >.cluster/logs/etcd.log 2>&1 &
+  ETCD_PID=$!
   ha=(--etcd-endpoints http://127.0.0.1:2379)
   "$BIN/mesh-router" --model-repository configs/example-repo $(tls router) "${ha[@]}" --router-name router-1 &
   "$BIN/mesh-router" --model-repository configs/example-repo $(tls router) "${ha[@]}" --router-name router-2 \
