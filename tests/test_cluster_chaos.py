@@ -102,3 +102,27 @@ def test_delay_loss_and_a_partition_reach_the_link_and_requests_keep_succeeding(
     print("relay:", s)
     assert s["dropped"] > 0 and s["duplicated"] > 0 and s["reordered"] > 0 and s["blocked"] > 0, s
     assert relay.tell("block sideways").startswith("error: block takes up, down or both")
+
+
+@pytest.mark.parametrize("direction", ["up", "down"])
+def test_a_one_way_partition_takes_the_node_out_and_it_rejoins_as_itself(relayed, direction):
+    """Only one direction blocked (the node's datagrams to the router, or the router's to the node):
+    both ends stop hearing acknowledgements, the link times out, requests go to the other replica;
+    unblocked, the same process rejoins."""
+    c, relay = relayed, relayed.relay
+    before = c.node_info("far")["incarnation"]
+    load = AddSubLoad(c.router, concurrency=4, min_requests=600).start()
+    try:
+        load.wait_done(200)
+        assert relay.tell(f"block {direction}") == f"ok blocked {direction}"
+        took = c.wait_not_routable("far", timeout=15)
+        print(f"\none-way ({direction}) partition: the node left routing {took * 1000:.0f} ms after the cut")
+        load.wait_done(load.done + 200)
+        assert relay.tell("unblock") == "ok unblocked"
+        c.wait_joined("far", timeout=30)
+        load.wait_done(600)
+    finally:
+        load.stop()
+    load.assert_all_ok()
+    assert c.node_info("far")["incarnation"] == before, "the same process rejoins"
+    assert relay.stats()["blocked"] > 0

@@ -33,12 +33,15 @@ pub fn start(settings: EtcdSettings) -> Arc<Lead> {
     let (save, save_rx) = watch::channel(None);
     let (resign, resign_rx) = tokio::sync::mpsc::channel(1);
     let (until_tx, until) = watch::channel(None);
+    let (stored_tx, stored) = watch::channel(0);
     let me = settings.me.name.clone();
-    tokio::spawn(Election::new(settings, role_tx, until_tx, save_rx).run(resign_rx));
+    tokio::spawn(Election::new(settings, role_tx, until_tx, stored_tx, save_rx).run(resign_rx));
     Arc::new(Lead {
         role,
         until,
         save: Some(save),
+        seq: Default::default(),
+        stored: Some(stored),
         resign: Some(resign),
         id: me,
     })
@@ -55,7 +58,8 @@ struct Election {
     written: Option<Desired>,
     role_tx: watch::Sender<Role>,
     until_tx: watch::Sender<Option<Instant>>,
-    save_rx: watch::Receiver<Option<Desired>>,
+    save_rx: watch::Receiver<Option<(u64, Desired)>>,
+    stored_tx: watch::Sender<u64>,
     last_error: Option<String>,
 }
 
@@ -66,7 +70,8 @@ impl Election {
         settings: EtcdSettings,
         role_tx: watch::Sender<Role>,
         until_tx: watch::Sender<Option<Instant>>,
-        save_rx: watch::Receiver<Option<Desired>>,
+        stored_tx: watch::Sender<u64>,
+        save_rx: watch::Receiver<Option<(u64, Desired)>>,
     ) -> Self {
         let margin = Duration::from_millis(500);
         Election {
@@ -78,6 +83,7 @@ impl Election {
             written: None,
             role_tx,
             until_tx,
+            stored_tx,
             save_rx,
             last_error: None,
         }
@@ -110,6 +116,8 @@ impl Election {
             self.publish(Instant::now());
             tokio::select! {
                 _ = tokio::time::sleep(self.settings.poll) => {}
+                // A change to store: write it now, not at the next poll.
+                Ok(()) = self.save_rx.changed() => {}
                 Some(done) = resign.recv() => {
                     self.resign().await;
                     let _ = done.send(());
@@ -299,10 +307,11 @@ impl Election {
     /// Writes the leader's intent if it changed, only while the leader key is still the one this
     /// router created (a deposed leader's write is refused by etcd itself).
     async fn store(&mut self, epoch: u64) -> Step {
-        let Some(desired) = self.save_rx.borrow_and_update().clone() else {
+        let Some((seq, desired)) = self.save_rx.borrow_and_update().clone() else {
             return Ok(());
         };
         if self.written.as_ref() == Some(&desired) {
+            self.stored_tx.send_replace(seq);
             return Ok(());
         }
         let value = serde_json::to_vec(&desired).unwrap_or_default();
@@ -315,6 +324,7 @@ impl Election {
             .and_then([TxnOp::put(self.key("placement"), value, None)]);
         if self.client().txn(txn).await?.succeeded() {
             self.written = Some(desired);
+            self.stored_tx.send_replace(seq);
         } else {
             tracing::warn!(
                 epoch,

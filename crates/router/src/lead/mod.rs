@@ -92,7 +92,10 @@ pub struct Lead {
     /// A leader acts only until then (its lease's end minus a margin), checked at every read, so a
     /// router paused past its lease stops even before the election task runs again.
     until: watch::Receiver<Option<std::time::Instant>>,
-    save: Option<watch::Sender<Option<Desired>>>,
+    save: Option<watch::Sender<Option<(u64, Desired)>>>,
+    /// Versions of the intent: the last one handed to `save`, the last one etcd confirmed.
+    seq: std::sync::atomic::AtomicU64,
+    stored: Option<watch::Receiver<u64>>,
     /// Asks the election to hand leadership back (revoke its lease) and answers when it did.
     resign: Option<tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>>,
     /// Where to send placement changes when this router does not lead (the leader's HTTP address,
@@ -109,6 +112,8 @@ impl Lead {
             role,
             until,
             save: None,
+            seq: Default::default(),
+            stored: None,
             resign: None,
             id,
         })
@@ -138,15 +143,36 @@ impl Lead {
 
     /// The leader stores the operator's intent in etcd (written only while it still holds the
     /// leader key; a deposed leader's write is refused by etcd).
-    pub fn save(&self, desired: &Desired) {
-        if let Some(tx) = &self.save {
-            tx.send_if_modified(|d| {
-                if d.as_ref() == Some(desired) {
-                    return false;
-                }
-                *d = Some(desired.clone());
-                true
-            });
+    /// Answers the intent's version, to wait for with `stored`.
+    pub fn save(&self, desired: &Desired) -> u64 {
+        use std::sync::atomic::Ordering;
+        let Some(tx) = &self.save else { return 0 };
+        tx.send_if_modified(|d| {
+            if d.as_ref().is_some_and(|(_, was)| was == desired) {
+                return false;
+            }
+            *d = Some((self.seq.fetch_add(1, Ordering::AcqRel) + 1, desired.clone()));
+            true
+        });
+        self.seq.load(Ordering::Acquire)
+    }
+
+    /// Waits until etcd holds the intent of version `seq` (at once without etcd), so an operator's
+    /// change is answered only once the next leader would know it.
+    pub async fn stored(&self, seq: u64) -> mesh::Result<()> {
+        let Some(stored) = &self.stored else { return Ok(()) };
+        let mut stored = stored.clone();
+        let wait = std::time::Duration::from_secs(5);
+        let confirmed = tokio::time::timeout(wait, stored.wait_for(|s| *s >= seq))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if confirmed {
+            return Ok(());
         }
+        Err(mesh::Error::unavailable(format!(
+            "the change was made, but etcd did not confirm storing it within {}s: a new placement \
+             leader may not know it; check mesh-ops status and repeat it",
+            wait.as_secs()
+        )))
     }
 }

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use mesh::cluster::msg::{self, Message};
 use mesh::{Error, Result};
+use ractor::RpcReplyPort;
 
 use super::{ControlMode, PlacementState};
 use crate::lead::{Desired, Role};
@@ -99,7 +100,7 @@ impl PlacementState {
     }
 
     /// The leader stores the operator's intent for the next one.
-    pub(super) fn save(&self) {
+    pub(super) fn save(&self) -> u64 {
         let wanted = match self.settings.mode {
             ControlMode::Explicit => self
                 .wanted
@@ -115,6 +116,21 @@ impl PlacementState {
             wanted,
             bounds: self.scaled.clone(),
             drains: self.drains.clone(),
+        })
+    }
+
+    /// Answers an operator's change once etcd holds it (at once without etcd); a failed change is
+    /// answered at once.
+    pub(super) fn confirm<T: Send + 'static>(&self, reply: RpcReplyPort<Result<T>>, result: Result<T>) {
+        if result.is_err() || self.handle.lead.role() == Role::Single {
+            let _ = reply.send(result);
+            return;
+        }
+        let seq = self.save();
+        let lead = self.handle.lead.clone();
+        tokio::spawn(async move {
+            let stored = lead.stored(seq).await;
+            let _ = reply.send(stored.and(result));
         });
     }
 

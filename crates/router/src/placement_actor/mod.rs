@@ -533,7 +533,7 @@ impl Actor for PlacementActor {
                     tracing::info!(model = %name, min = lo, max = hi, "replica bounds changed");
                     state.scaled.insert(name.clone(), (lo, hi));
                 }
-                let _ = reply.send(result);
+                state.confirm(reply, result);
             }
             PlacementMsg::Drain(node, reply) => state.drain(node, reply),
         }

@@ -58,7 +58,7 @@ impl PlacementState {
                         // not the files or config that failed.
                         self.handle.repo.set(previous);
                     }
-                    let _ = reply.send(r);
+                    self.confirm(reply, r);
                 }
                 None => waiting.push(LoadWaiter {
                     model: name,
@@ -70,21 +70,21 @@ impl PlacementState {
         }
         self.load_waiters = waiting;
         let mut waiting = Vec::new();
-        for (name, reply) in self.unload_waiters.drain(..) {
+        for (name, reply) in std::mem::take(&mut self.unload_waiters) {
             let held = nodes
                 .iter()
                 .any(|n| n.models.iter().any(|m| m.placed && m.name == name));
             if find(&name).is_none_or(|m| m.replicas.is_empty()) && !held {
-                let _ = reply.send(Ok(()));
+                self.confirm(reply, Ok(()));
             } else {
                 waiting.push((name, reply));
             }
         }
         self.unload_waiters = waiting;
         let mut waiting = Vec::new();
-        for (node, reply) in self.drain_waiters.drain(..) {
+        for (node, reply) in std::mem::take(&mut self.drain_waiters) {
             if self.drained.contains(&node) {
-                let _ = reply.send(Ok(()));
+                self.confirm(reply, Ok(()));
             } else {
                 waiting.push((node, reply));
             }
