@@ -48,6 +48,18 @@ def rtt_ms(cluster, node: str) -> float:
     return (metric_sum(parse_metrics(cluster.router.metrics()), "mesh_router_link_rtt_us", node=node) or 0) / 1000
 
 
+def cut_and_heal(c, load: AddSubLoad, direction: str, who: str) -> None:
+    """Blocks the relayed link (`direction`: both, up or down) under `load` until node far leaves
+    routing (the time is printed; benches/faults.py reads it), then unblocks it until far is back."""
+    assert c.relay.tell(f"block {direction}") == f"ok blocked {direction}"
+    took = c.wait_not_routable("far", timeout=15)
+    print(f"\n{who} left routing {took * 1000:.0f} ms after the cut")
+    load.wait_done(load.done + 200)
+    assert c.relay.tell("unblock") == "ok unblocked"
+    c.wait_joined("far", timeout=30)
+    load.wait_done(600)
+
+
 @pytest.fixture
 def relayed(cluster_factory, models_dir, tmp_path):
     repo = copy_models(models_dir / "simple", tmp_path / "repo", ["add_sub"])
@@ -87,13 +99,7 @@ def test_delay_loss_and_a_partition_reach_the_link_and_requests_keep_succeeding(
     try:
         load.wait_done(300)
         # Cut the relayed node off in both directions: it leaves routing, requests go to the other.
-        assert relay.tell("block both") == "ok blocked both"
-        took = c.wait_not_routable("far", timeout=15)
-        print(f"\nthe partitioned node left routing {took * 1000:.0f} ms after the cut")
-        load.wait_done(load.done + 200)
-        assert relay.tell("unblock") == "ok unblocked"
-        c.wait_joined("far", timeout=30)
-        load.wait_done(600)
+        cut_and_heal(c, load, "both", "the partitioned node")
     finally:
         load.stop()
     print(load.summary())
@@ -114,13 +120,7 @@ def test_a_one_way_partition_takes_the_node_out_and_it_rejoins_as_itself(relayed
     load = AddSubLoad(c.router, concurrency=4, min_requests=600).start()
     try:
         load.wait_done(200)
-        assert relay.tell(f"block {direction}") == f"ok blocked {direction}"
-        took = c.wait_not_routable("far", timeout=15)
-        print(f"\none-way ({direction}) partition: the node left routing {took * 1000:.0f} ms after the cut")
-        load.wait_done(load.done + 200)
-        assert relay.tell("unblock") == "ok unblocked"
-        c.wait_joined("far", timeout=30)
-        load.wait_done(600)
+        cut_and_heal(c, load, direction, f"one-way ({direction}) partition: the node")
     finally:
         load.stop()
     load.assert_all_ok()
