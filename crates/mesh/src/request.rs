@@ -26,9 +26,34 @@ impl Param {
 pub type Params = Vec<(String, Param)>;
 
 /// An output the client asked for by name.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RequestedOutput {
     pub name: String,
+    /// The classification extension: answer the top this many classes (see `classify`).
+    pub class_count: Option<u32>,
+}
+
+impl RequestedOutput {
+    pub fn named(name: impl Into<String>) -> Self {
+        RequestedOutput {
+            name: name.into(),
+            class_count: None,
+        }
+    }
+
+    /// Reads the `classification` parameter of an output request (a positive class count).
+    pub fn class_count_of(output: &str, value: &Param) -> crate::Result<u32> {
+        let n = match value {
+            Param::Int(i) => u32::try_from(*i).ok(),
+            Param::Uint(u) => u32::try_from(*u).ok(),
+            _ => None,
+        };
+        n.filter(|n| *n > 0).ok_or_else(|| {
+            crate::Error::invalid(format!(
+                "output '{output}': 'classification' must be a positive integer class count, got {value:?}"
+            ))
+        })
+    }
 }
 
 /// One inference request, decoded from HTTP, gRPC or the cluster link.

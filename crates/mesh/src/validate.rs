@@ -121,10 +121,7 @@ mod tests {
                     tensor: t,
                 })
                 .collect(),
-            outputs: outputs
-                .iter()
-                .map(|n| RequestedOutput { name: n.to_string() })
-                .collect(),
+            outputs: outputs.iter().map(|n| RequestedOutput::named(n.to_string())).collect(),
             ..Default::default()
         }
     }

@@ -407,8 +407,13 @@ impl RouterDispatch {
             return Err(Error::not_found(format!("unknown model: '{name}' is not found")));
         };
         let started = Instant::now();
-        let result = match mesh::validate::check_request(&ensemble.config, &request) {
-            Ok(()) => mesh::ensemble::run(&plan, self, request).await,
+        let wanted = request.outputs.clone();
+        let checked = mesh::validate::check_request(&ensemble.config, &request)
+            .and_then(|()| mesh::classify::check(&ensemble.config, &wanted, false));
+        let result = match checked {
+            Ok(()) => mesh::ensemble::run(&plan, self, request).await.and_then(|mut r| {
+                mesh::classify::apply(&mut r, &wanted, &ensemble.config, &ensemble.labels).map(|()| r)
+            }),
             Err(e) => Err(e),
         };
         self.ensembles.record(&name, result.is_ok(), started.elapsed());
@@ -559,6 +564,7 @@ impl Dispatch for RouterDispatch {
             "parameters",
             "statistics",
             "schedule_policy",
+            "classification",
         ]
     }
 }

@@ -16,6 +16,8 @@ use mesh::{Error, ModelView, Result};
 pub struct Ensemble {
     pub config: Arc<ModelConfig>,
     pub version: i64,
+    /// Its outputs' class labels (`label_filename`), for the classification extension.
+    pub labels: mesh::classify::Labels,
     stats: EnsembleStats,
 }
 
@@ -86,11 +88,14 @@ impl Ensembles {
                 if let Some(config) = read_ensemble(&dir)? {
                     tracing::info!(ensemble = %config.name, "router ensemble found");
                     let version = version_of(&dir);
+                    let labels = mesh::classify::Labels::load(&dir, &config)
+                        .map_err(|e| format!("{}: {}", dir.display(), e.message))?;
                     models.insert(
                         config.name.clone(),
                         Ensemble {
                             config: Arc::new(config),
                             version,
+                            labels,
                             stats: Default::default(),
                         },
                     );

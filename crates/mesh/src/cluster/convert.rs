@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use super::frame::{self, FrameError, Limits, Payload, MAX_DIMS};
-use super::msg::{self, Answer, AnswerBody, Message, RequestHead, ResponseHead, TensorHead, WireError};
+use super::msg::{self, Answer, AnswerBody, Message, OutputWanted, RequestHead, ResponseHead, TensorHead, WireError};
 use crate::dtype::DataType;
 use crate::error::{Code, Error, Result};
 use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
@@ -169,7 +169,14 @@ pub fn request_frame(request: &InferRequest, stream: bool, limits: &Limits) -> R
         model: request.model_name.clone(),
         version: request.model_version.clone(),
         id: request.id.clone(),
-        outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
+        outputs: request
+            .outputs
+            .iter()
+            .map(|o| OutputWanted {
+                name: o.name.clone(),
+                class_count: o.class_count.unwrap_or(0),
+            })
+            .collect(),
         parameters: params_to_wire(&request.parameters),
         inputs,
         stream,
@@ -185,7 +192,14 @@ pub fn request_from(head: RequestHead, payload: &Bytes) -> Result<(InferRequest,
         model_version: head.version,
         id: head.id,
         inputs,
-        outputs: head.outputs.into_iter().map(|name| RequestedOutput { name }).collect(),
+        outputs: head
+            .outputs
+            .into_iter()
+            .map(|o| RequestedOutput {
+                name: o.name,
+                class_count: (o.class_count > 0).then_some(o.class_count),
+            })
+            .collect(),
         parameters: params_from_wire(head.parameters),
     };
     Ok((request, head.stream))

@@ -37,7 +37,10 @@ fn sample_request() -> InferRequest {
         model_version: "3".into(),
         id: "req-1".into(),
         inputs,
-        outputs: vec![RequestedOutput { name: "y".into() }],
+        outputs: vec![RequestedOutput {
+            name: "y".into(),
+            class_count: Some(5),
+        }],
         parameters: vec![
             ("priority".into(), Param::Uint(2)),
             ("timeout".into(), Param::Int(-1)),

@@ -217,11 +217,19 @@ pub struct RequestHead {
     pub version: String,
     pub id: String,
     /// Empty: every output.
-    pub outputs: Vec<String>,
+    pub outputs: Vec<OutputWanted>,
     pub parameters: Vec<Param>,
     pub inputs: Vec<TensorHead>,
     /// The sender takes several answers (a decoupled model's stream); otherwise exactly one comes.
     pub stream: bool,
+}
+
+/// An output a request asks for.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct OutputWanted {
+    pub name: String,
+    /// The classification extension's class count; 0: the output itself.
+    pub class_count: u32,
 }
 
 /// A successful answer; its tensors are in the payload.

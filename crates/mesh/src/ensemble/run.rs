@@ -32,7 +32,7 @@ fn step_request(step: &Step, tensors: &HashMap<String, Tensor>, id: &str, params
         outputs: step
             .outputs
             .iter()
-            .map(|(o, _)| RequestedOutput { name: o.clone() })
+            .map(|(o, _)| RequestedOutput::named(o.clone()))
             .collect(),
         // The ensemble applies the timeout as a whole.
         parameters: params.iter().filter(|(k, _)| k != "timeout").cloned().collect(),

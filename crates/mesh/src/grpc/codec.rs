@@ -83,13 +83,14 @@ pub fn decode_request(msg: proto::ModelInferRequest) -> Result<InferRequest> {
         .outputs
         .into_iter()
         .map(|o| {
-            if o.parameters.contains_key("classification") {
-                return Err(Error::unsupported(format!(
-                    "output '{}': the classification extension is not supported",
-                    o.name
-                )));
-            }
-            Ok(RequestedOutput { name: o.name })
+            let class_count = match params_in(o.parameters).iter().find(|(k, _)| k == "classification") {
+                Some((_, v)) => Some(RequestedOutput::class_count_of(&o.name, v)?),
+                None => None,
+            };
+            Ok(RequestedOutput {
+                name: o.name,
+                class_count,
+            })
         })
         .collect::<Result<_>>()?;
     Ok(InferRequest {

@@ -107,11 +107,6 @@ fn reject_unsupported(params: &Params, what: &str) -> Result<()> {
             )));
         }
     }
-    if params.iter().any(|(k, _)| k == "classification") {
-        return Err(Error::unsupported(format!(
-            "{what}: the classification extension is not supported"
-        )));
-    }
     Ok(())
 }
 
@@ -190,7 +185,14 @@ pub fn decode_request(
         if let Some(b) = take_bool(&mut params, "binary_data")? {
             format.per_output.push((out.name.clone(), b));
         }
-        outputs.push(RequestedOutput { name: out.name });
+        let class_count = match params.iter().find(|(k, _)| k == "classification") {
+            Some((_, v)) => Some(RequestedOutput::class_count_of(&out.name, v)?),
+            None => None,
+        };
+        outputs.push(RequestedOutput {
+            name: out.name,
+            class_count,
+        });
     }
     let request = InferRequest {
         model_name: model.to_string(),

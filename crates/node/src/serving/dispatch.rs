@@ -207,12 +207,22 @@ impl NodeDispatch {
                 request.model_name
             )));
         }
-        if let Err(e) = check_request(&model.config, &request) {
+        let checked = check_request(&model.config, &request)
+            .and_then(|()| mesh::classify::check(&model.config, &request.outputs, decoupled));
+        if let Err(e) = checked {
             model.stats.failure(e.metric_reason(), start.elapsed());
             return Err(e);
         }
+        let wanted = request.outputs.clone();
+        let classified = |mut response: InferResponse| {
+            mesh::classify::apply(&mut response, &wanted, &model.config, &model.labels).map(|()| response)
+        };
         if let Some(plan) = model.ensemble.clone() {
-            return self.run_ensemble(&model, &plan, request, start).await.map(Some);
+            return self
+                .run_ensemble(&model, &plan, request, start)
+                .await
+                .and_then(classified)
+                .map(Some);
         }
         let rows = request_rows(&model, &request);
         let (priority, timeout) = scheduling_params(&request)?;
@@ -261,13 +271,17 @@ impl NodeDispatch {
                 model
                     .stats
                     .success(rows as u64, start.elapsed(), done.queued, &done.timings, execution);
-                Ok((!streamed).then(|| InferResponse {
+                let response = InferResponse {
                     model_name: request.model_name,
                     model_version: model.version_label.clone(),
                     id: request.id,
                     outputs: done.outputs,
                     parameters: Vec::new(),
-                }))
+                };
+                if streamed {
+                    return Ok(None);
+                }
+                classified(response).map(Some)
             }
             Err(e) => {
                 model.stats.failure(e.metric_reason(), start.elapsed());
@@ -347,6 +361,7 @@ impl Dispatch for NodeDispatch {
             "parameters",
             "statistics",
             "schedule_policy",
+            "classification",
         ];
         if self.mode == ControlMode::Explicit {
             e.push("model_repository");

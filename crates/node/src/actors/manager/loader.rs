@@ -103,9 +103,15 @@ pub fn load_ensemble(
         ));
     }
     let config = Arc::new(written.clone());
+    let labels = Arc::new(mesh::classify::Labels::load(&dir.path, &written).map_err(|e| e.message)?);
     let versions = repository::select_versions(&written, &dir.versions)?
         .into_iter()
-        .map(|v| (v, ModelHandle::ensemble(config.clone(), v, plan.clone())))
+        .map(|v| {
+            (
+                v,
+                ModelHandle::ensemble(config.clone(), v, plan.clone(), labels.clone()),
+            )
+        })
         .collect();
     Ok(LoadedModel {
         versions,

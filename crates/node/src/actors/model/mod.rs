@@ -33,6 +33,8 @@ pub struct LoadedVersion {
     pub stats: Arc<ModelStats>,
     /// Set for ensembles, which have no instances: requests run through the plan's steps.
     pub ensemble: Option<Arc<mesh::ensemble::Plan>>,
+    /// The outputs' class labels (`label_filename`), for the classification extension.
+    pub labels: Arc<mesh::classify::Labels>,
 }
 
 impl LoadedVersion {
@@ -79,7 +81,12 @@ impl ModelHandle {
     }
 
     /// An ensemble version: a fixed snapshot with its plan and statistics.
-    pub fn ensemble(config: Arc<ModelConfig>, version: i64, plan: Arc<mesh::ensemble::Plan>) -> Arc<Self> {
+    pub fn ensemble(
+        config: Arc<ModelConfig>,
+        version: i64,
+        plan: Arc<mesh::ensemble::Plan>,
+        labels: Arc<mesh::classify::Labels>,
+    ) -> Arc<Self> {
         let version_label = version.to_string();
         let loaded = LoadedVersion {
             stats: Arc::new(ModelStats::new(&config.name, version)),
@@ -89,6 +96,7 @@ impl ModelHandle {
             instances: Vec::new(),
             rotation: AtomicUsize::new(0),
             ensemble: Some(plan),
+            labels,
         };
         Arc::new(ModelHandle {
             slot: Arc::new(RwLock::new(Arc::new(loaded))),
@@ -216,6 +224,7 @@ impl Supervised {
             rotation: AtomicUsize::new(0),
             stats: old.stats.clone(),
             ensemble: None,
+            labels: old.labels.clone(),
         });
         *self.slot.write().unwrap_or_else(|p| p.into_inner()) = next;
     }
@@ -274,6 +283,8 @@ impl Actor for ModelActor {
             placements,
             ready,
         } = args;
+        let labels = mesh::classify::Labels::load(&source.dir, &config)
+            .map_err(|e| format!("version {}: {}", source.version, e.message))?;
         let mut instances = Vec::with_capacity(placements.len());
         let mut devices = HashMap::new();
         for (p, first) in placements {
@@ -294,6 +305,7 @@ impl Actor for ModelActor {
             rotation: AtomicUsize::new(0),
             stats: Arc::new(ModelStats::new(&source.model, v)),
             ensemble: None,
+            labels: Arc::new(labels),
         })));
         let _ = ready.send(slot.clone());
         Ok(Supervised {

@@ -30,7 +30,7 @@ fn request_from(frame: &Value, blob: &[u8], shm: &Shm) -> Result<InferRequest> {
         .map(|v| {
             v.iter()
                 .filter_map(|n| n.as_str())
-                .map(|n| RequestedOutput { name: n.to_string() })
+                .map(|n| RequestedOutput::named(n.to_string()))
                 .collect()
         })
         .unwrap_or_default();
