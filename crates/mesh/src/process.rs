@@ -6,14 +6,28 @@ use std::time::Duration;
 /// Logs at `level` ("error" … "trace") for the mesh's own crates and warnings for dependencies;
 /// `MESH_LOG` (an env-filter) overrides it.
 pub fn init_logging(crates: &[&str], level: &str) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    // The mesh's crates pass every level here; the logging extension's settings decide at each
+    // line (`crate::logging::allows`), so `/v2/logging` can change them at run time. MESH_LOG
+    // (EnvFilter syntax) still narrows what is written, with every level allowed.
+    let env = tracing_subscriber::EnvFilter::try_from_env("MESH_LOG");
+    crate::logging::set_verbose(match (env.is_ok(), level) {
+        (true, _) | (false, "trace") => 2,
+        (false, "debug") => 1,
+        _ => 0,
+    });
     let mut filter = String::from("warn");
     for c in crates {
-        filter.push_str(&format!(",{c}={level}"));
+        filter.push_str(&format!(",{c}=trace"));
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MESH_LOG").unwrap_or_else(|_| filter.into()))
-        .with_target(false)
-        .init();
+    // A dynamic filter: asked at every line, never cached per callsite (a plain filter_fn is).
+    let live = tracing_subscriber::filter::dynamic_filter_fn(|meta, _| crate::logging::allows(meta.level()));
+    let _ = tracing_subscriber::registry()
+        .with(env.unwrap_or_else(|_| filter.into()))
+        .with(tracing_subscriber::fmt::layer().with_target(false).with_filter(live))
+        .try_init();
 }
 
 /// Runs `main` on a multi-threaded runtime; an error is logged and makes the exit code a failure.

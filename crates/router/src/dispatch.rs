@@ -565,6 +565,7 @@ impl Dispatch for RouterDispatch {
             "statistics",
             "schedule_policy",
             "classification",
+            "logging",
         ]
     }
 }

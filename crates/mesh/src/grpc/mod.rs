@@ -341,8 +341,43 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
 
     async fn log_settings(
         &self,
-        _: Request<proto::LogSettingsRequest>,
+        request: Request<proto::LogSettingsRequest>,
     ) -> Result<Response<proto::LogSettingsResponse>, Status> {
-        unimplemented("LogSettings")
+        use crate::logging::SettingValue;
+        use proto::log_settings_request::setting_value::ParameterChoice as In;
+        use proto::log_settings_response::{setting_value::ParameterChoice as Out, SettingValue as OutValue};
+        let changes: Vec<(String, SettingValue)> = request
+            .into_inner()
+            .settings
+            .into_iter()
+            .map(|(k, v)| {
+                let value = match v.parameter_choice {
+                    Some(In::BoolParam(b)) => SettingValue::Bool(b),
+                    Some(In::Uint32Param(n)) => SettingValue::Uint(u64::from(n)),
+                    Some(In::StringParam(s)) => SettingValue::Str(s),
+                    None => SettingValue::Str(String::new()),
+                };
+                (k, value)
+            })
+            .collect();
+        let s = if changes.is_empty() {
+            crate::logging::settings()
+        } else {
+            crate::logging::update(&changes)?
+        };
+        let value = |c| OutValue {
+            parameter_choice: Some(c),
+        };
+        let settings = [
+            ("log_file", value(Out::StringParam(s.log_file))),
+            ("log_info", value(Out::BoolParam(s.log_info))),
+            ("log_warning", value(Out::BoolParam(s.log_warning))),
+            ("log_error", value(Out::BoolParam(s.log_error))),
+            ("log_verbose_level", value(Out::Uint32Param(s.log_verbose_level))),
+            ("log_format", value(Out::StringParam(s.log_format))),
+        ];
+        Ok(Response::new(proto::LogSettingsResponse {
+            settings: settings.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        }))
     }
 }

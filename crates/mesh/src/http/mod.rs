@@ -61,6 +61,7 @@ pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions) -> Router {
         .route("/v2/models/{model}/stats", get(model_stats::<D>))
         .route("/v2/models/{model}/versions/{version}/stats", get(model_stats_v::<D>))
         .route("/v2/repository/index", post(repository_index::<D>))
+        .route("/v2/logging", get(get_logging).post(post_logging))
         .route("/v2/repository/models/{model}/load", post(load::<D>))
         .route("/v2/repository/models/{model}/unload", post(unload::<D>))
         .fallback(|| async { error_response(&Error::not_found("unknown request path")) })
@@ -76,6 +77,40 @@ pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions) -> Router {
 }
 
 type St<D> = State<Arc<AppState<D>>>;
+
+/// The logging extension: the current settings.
+async fn get_logging() -> Response {
+    Json(crate::logging::settings()).into_response()
+}
+
+/// The logging extension: changes some settings (a JSON object), answers them all.
+async fn post_logging(body: Bytes) -> Response {
+    use crate::logging::SettingValue;
+    use serde_json::Value;
+    let parsed: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error_response(&Error::invalid(format!("the log settings are not JSON: {e}"))),
+    };
+    let Value::Object(map) = parsed else {
+        return error_response(&Error::invalid("the log settings must be a JSON object"));
+    };
+    let changes: Vec<(String, SettingValue)> = map
+        .into_iter()
+        .map(|(k, v)| {
+            let value = match v {
+                Value::Bool(b) => SettingValue::Bool(b),
+                Value::Number(n) if n.as_u64().is_some() => SettingValue::Uint(n.as_u64().unwrap_or(0)),
+                Value::String(s) => SettingValue::Str(s),
+                other => SettingValue::Str(other.to_string()),
+            };
+            (k, value)
+        })
+        .collect();
+    match crate::logging::update(&changes) {
+        Ok(s) => Json(s).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
 
 /// Renders an error as Triton does: `{"error": "..."}` with the mapped status.
 pub fn error_response(e: &Error) -> Response {

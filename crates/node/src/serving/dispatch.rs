@@ -362,6 +362,7 @@ impl Dispatch for NodeDispatch {
             "statistics",
             "schedule_policy",
             "classification",
+            "logging",
         ];
         if self.mode == ControlMode::Explicit {
             e.push("model_repository");
