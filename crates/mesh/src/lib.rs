@@ -16,6 +16,7 @@ pub mod overrides;
 pub mod process;
 pub mod repository;
 pub mod request;
+pub mod restrict;
 pub mod serve;
 pub mod telemetry;
 pub mod tensor;

@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use crate::dispatch::Dispatch;
 use crate::grpc::GrpcFrontend;
 use crate::http::HttpOptions;
+use crate::restrict::{GrpcGuard, Restrictions};
 
 /// Resolves when shutdown has been requested.
 pub fn shutdown_signal(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
@@ -34,6 +35,7 @@ pub async fn http<D: Dispatch>(
     dispatch: Arc<D>,
     options: HttpOptions,
     extra: Option<axum::Router>,
+    rules: Arc<Restrictions>,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
     let listener = bind("HTTP", addr).await?.tap_io(|tcp| {
@@ -43,6 +45,9 @@ pub async fn http<D: Dispatch>(
     let mut app = crate::http::router(dispatch, options);
     if let Some(extra) = extra {
         app = extra.merge(app);
+    }
+    if !rules.is_empty() {
+        app = app.layer(axum::middleware::from_fn_with_state(rules, crate::restrict::http_guard));
     }
     let signal = shutdown_signal(stop);
     Ok(tokio::spawn(async move {
@@ -57,6 +62,7 @@ pub async fn grpc<D: Dispatch>(
     addr: SocketAddr,
     dispatch: Arc<D>,
     max_message: usize,
+    rules: Arc<Restrictions>,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
     let listener = bind("gRPC", addr).await?;
@@ -68,7 +74,10 @@ pub async fn grpc<D: Dispatch>(
             let _ = s.set_nodelay(true);
         })
     });
-    let service = GrpcFrontend::server(dispatch, max_message);
+    let service = GrpcGuard {
+        inner: GrpcFrontend::server(dispatch, max_message),
+        rules,
+    };
     let signal = shutdown_signal(stop);
     Ok(tokio::spawn(async move {
         let server = tonic::transport::Server::builder().add_service(service);
@@ -133,6 +142,14 @@ pub struct ListenArgs {
     /// Largest accepted HTTP body (and gRPC message), in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub http_max_input_size: usize,
+    /// Puts HTTP API groups behind a header, as tritonserver's flag: `<api>[,<api>...]:<key>=<value>`
+    /// (repeatable; groups: health, metadata, inference, shared-memory, model-config,
+    /// model-repository, statistics, trace, logging).
+    #[arg(long, value_name = "APIS:KEY=VALUE")]
+    pub http_restricted_api: Vec<String>,
+    /// The same for gRPC methods (the header is gRPC metadata).
+    #[arg(long, value_name = "PROTOCOLS:KEY=VALUE")]
+    pub grpc_restricted_protocol: Vec<String>,
 }
 
 impl ListenArgs {
@@ -157,15 +174,17 @@ impl ListenArgs {
         render: RenderMetrics,
         stop: &watch::Receiver<bool>,
     ) -> Result<Vec<JoinHandle<()>>, String> {
+        let http_rules = Arc::new(Restrictions::parse(&self.http_restricted_api, "api")?);
+        let grpc_rules = Arc::new(Restrictions::parse(&self.grpc_restricted_protocol, "protocol")?);
         let mut servers = Vec::new();
         if let Some(addr) = self.http_addr() {
             let options = HttpOptions {
                 max_input_size: self.http_max_input_size,
             };
-            servers.push(http(addr, dispatch.clone(), options, extra, stop).await?);
+            servers.push(http(addr, dispatch.clone(), options, extra, http_rules, stop).await?);
         }
         if let Some(addr) = self.grpc_addr() {
-            servers.push(grpc(addr, dispatch, self.http_max_input_size, stop).await?);
+            servers.push(grpc(addr, dispatch, self.http_max_input_size, grpc_rules, stop).await?);
         }
         if self.allow_metrics {
             let addr = SocketAddr::new(self.metrics_address.unwrap_or(self.http_address), self.metrics_port);
