@@ -56,8 +56,9 @@ async fn run(args: Args) -> Result<(), String> {
         quarantine: Duration::from_millis(args.quarantine_ms),
         ..BalanceSettings::default()
     });
+    let host = mesh::process::hostname();
     let id = args.router_name.clone().unwrap_or_else(|| {
-        let host = mesh::process::hostname().unwrap_or_else(|| "router".into());
+        let host = host.as_deref().unwrap_or("router");
         format!("{host}:{}", args.cluster_port)
     });
     let lead = if args.etcd_endpoints.is_empty() {
@@ -73,12 +74,7 @@ async fn run(args: Args) -> Result<(), String> {
                 http: args.advertise_http.clone().unwrap_or_else(|| {
                     let port = args.listen.http_port;
                     match args.listen.http_address {
-                        a if a.is_unspecified() => {
-                            format!(
-                                "{}:{port}",
-                                mesh::process::hostname().unwrap_or_else(|| "localhost".into())
-                            )
-                        }
+                        a if a.is_unspecified() => format!("{}:{port}", host.as_deref().unwrap_or("localhost")),
                         a => std::net::SocketAddr::new(a, port).to_string(),
                     }
                 }),

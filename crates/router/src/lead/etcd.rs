@@ -263,11 +263,7 @@ impl Election {
         let answer = self.client().txn(txn).await?;
         if answer.succeeded() {
             let epoch = answer.header().map_or(0, |h| h.revision()) as u64;
-            // What the previous leader stored, read before acting on anything.
-            self.state = Arc::new(self.read_state().await?);
-            self.written = Some((*self.state).clone());
-            self.leadership.won(epoch);
-            return Ok(());
+            return self.take_over(epoch).await;
         }
         let holder = answer.op_responses().into_iter().find_map(|r| match r {
             etcd_client::TxnOpResponse::Get(g) => g.kvs().first().cloned(),
@@ -278,9 +274,7 @@ impl Election {
             Some(kv) if kv.lease() == lease => {
                 let epoch = kv.create_revision() as u64;
                 if self.leadership.standing(Instant::now()) != (Standing::Leader { epoch }) {
-                    self.state = Arc::new(self.read_state().await?);
-                    self.written = Some((*self.state).clone());
-                    self.leadership.won(epoch);
+                    self.take_over(epoch).await?;
                 }
             }
             Some(kv) => {
@@ -289,6 +283,14 @@ impl Election {
             }
             None => {} // deleted meanwhile: the next step campaigns again
         }
+        Ok(())
+    }
+
+    /// Leads from `epoch` on, with what the previous leader stored, read before acting on anything.
+    async fn take_over(&mut self, epoch: u64) -> Step {
+        self.state = Arc::new(self.read_state().await?);
+        self.written = Some((*self.state).clone());
+        self.leadership.won(epoch);
         Ok(())
     }
 

@@ -40,10 +40,6 @@ impl Leadership {
         }
     }
 
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
     /// The lease to campaign and keep alive with, while it still lives.
     pub fn lease(&self, now: Instant) -> Option<i64> {
         self.lease.filter(|_| self.expires.is_some_and(|e| now < e))
@@ -99,10 +95,10 @@ impl Leadership {
         }
     }
 
-    /// What this router may do now: a leader whose lease may be about to run out is a candidate.
+    /// What this router may do now: a leader past `acts_until` is a candidate.
     pub fn standing(&self, now: Instant) -> Standing {
         match &self.standing {
-            Standing::Leader { .. } if self.expires.is_none_or(|e| now + self.margin >= e) => Standing::Candidate,
+            Standing::Leader { .. } if self.acts_until().is_none_or(|until| now >= until) => Standing::Candidate,
             s => s.clone(),
         }
     }

@@ -98,8 +98,7 @@ pub struct Lead {
     stored: Option<watch::Receiver<u64>>,
     /// Asks the election to hand leadership back (revoke its lease) and answers when it did.
     resign: Option<tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>>,
-    /// Where to send placement changes when this router does not lead (the leader's HTTP address,
-    /// from its leader key).
+    /// This router's name (`--router-name`), as errors show it.
     pub id: String,
 }
 
@@ -117,6 +116,11 @@ impl Lead {
             resign: None,
             id,
         })
+    }
+
+    /// Whether placement is elected through etcd (false: the only router, always deciding).
+    pub fn elected(&self) -> bool {
+        self.save.is_some()
     }
 
     pub fn role(&self) -> Role {

@@ -3,7 +3,6 @@
 //! its epoch (so a deposed leader's late commands are refused), then carries on from the intent
 //! the previous one stored; followers shadow that intent so their index and status agree.
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
 
 use mesh::cluster::msg::{self, Message};
 use mesh::{Error, Result};
@@ -17,14 +16,14 @@ use crate::repository;
 impl PlacementState {
     /// Follows the role this tick: applies the stored intent on taking over (or as a follower,
     /// when it changed); answers the epoch to act with, None when this router must not act.
-    pub(super) async fn lead(&mut self, now: Instant) -> Option<u64> {
+    pub(super) async fn lead(&mut self) -> Option<u64> {
         let role = self.handle.lead.role();
         let epoch = role.epoch();
         match &role {
             Role::Leader { epoch, state } if self.epoch != Some(*epoch) => {
                 tracing::info!(epoch, "taking over placement from what etcd holds");
                 self.fenced.clear();
-                self.apply(state, now).await;
+                self.apply(state).await;
                 // The autoscaler's decisions lived on the old leader: keep the replicas there are
                 // (within the bounds) until this one's own autoscaler decides, after its delays.
                 for m in self.placer.view() {
@@ -34,7 +33,7 @@ impl PlacementState {
                     }
                 }
             }
-            Role::Follower { state, .. } if self.applied.as_ref() != Some(&**state) => self.apply(state, now).await,
+            Role::Follower { state, .. } if self.applied.as_ref() != Some(&**state) => self.apply(state).await,
             _ => {}
         }
         self.epoch = epoch;
@@ -42,7 +41,7 @@ impl PlacementState {
     }
 
     /// Takes the stored intent as this router's own.
-    async fn apply(&mut self, state: &Desired, _now: Instant) {
+    async fn apply(&mut self, state: &Desired) {
         self.applied = Some(state.clone());
         if self.settings.mode == ControlMode::Explicit {
             let (dirs, _) = repository::scan(&self.handle.repo.roots);
@@ -122,7 +121,7 @@ impl PlacementState {
     /// Answers an operator's change once etcd holds it (at once without etcd); a failed change is
     /// answered at once.
     pub(super) fn confirm<T: Send + 'static>(&self, reply: RpcReplyPort<Result<T>>, result: Result<T>) {
-        if result.is_err() || self.handle.lead.role() == Role::Single {
+        if result.is_err() || !self.handle.lead.elected() {
             let _ = reply.send(result);
             return;
         }

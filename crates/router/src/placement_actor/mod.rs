@@ -357,7 +357,7 @@ impl PlacementState {
         self.pending.retain(|(_, node)| live.contains(node));
         self.shipped.retain(|(_, node), _| live.contains(node));
         self.placer.set_nodes(self.node_specs(&nodes), now);
-        let epoch = self.lead(now).await;
+        let epoch = self.lead().await;
         self.placer.set_models(self.specs(), now);
         self.apply_bounds();
         self.observe(&nodes, now);
@@ -366,7 +366,7 @@ impl PlacementState {
         }
         self.autoscale(&nodes, now);
         if let Some(epoch) = epoch.filter(|_| now >= self.settle_until) {
-            if self.handle.lead.role() != crate::lead::Role::Single {
+            if self.handle.lead.elected() {
                 self.fence(&nodes, epoch);
             }
             let actions = self.placer.tick(now);
@@ -493,6 +493,23 @@ impl Actor for PlacementActor {
         state: &mut PlacementState,
     ) -> std::result::Result<(), ActorProcessingErr> {
         let now = Instant::now();
+        // An operator's change on a router that must not make it now: refused once, with why.
+        let change = matches!(
+            msg,
+            PlacementMsg::Load(..) | PlacementMsg::Unload(..) | PlacementMsg::Scale(..) | PlacementMsg::Drain(..)
+        );
+        if let Some(why) = change.then(|| state.refuse().err()).flatten() {
+            match msg {
+                PlacementMsg::Load(_, _, reply) | PlacementMsg::Unload(_, reply) | PlacementMsg::Drain(_, reply) => {
+                    let _ = reply.send(Err(why));
+                }
+                PlacementMsg::Scale(_, _, _, reply) => {
+                    let _ = reply.send(Err(why));
+                }
+                _ => {}
+            }
+            return Ok(());
+        }
         match msg {
             PlacementMsg::Tick => state.tick(now).await,
             PlacementMsg::Placed(node, p) => {
@@ -507,14 +524,6 @@ impl Actor for PlacementActor {
                         .insert(p.model.clone(), (now, format!("on {node}: {}", p.error)));
                     state.placer.observed(&node, &p.model, Observed::Failed(p.error), now);
                 }
-            }
-            PlacementMsg::Load(_, _, reply) | PlacementMsg::Unload(_, reply) | PlacementMsg::Drain(_, reply)
-                if state.refuse().is_err() =>
-            {
-                let _ = reply.send(state.refuse());
-            }
-            PlacementMsg::Scale(_, _, _, reply) if state.refuse().is_err() => {
-                let _ = reply.send(state.refuse().map(|()| (0, 0)));
             }
             PlacementMsg::Load(name, options, reply) => state.load(name, options, reply).await,
             PlacementMsg::Unload(name, reply) => state.unload(name, reply),
