@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use anyhow::bail;
+use mesh::http::path_segment;
 use serde_json::{json, Value};
 
 use crate::http;
@@ -12,16 +13,6 @@ use crate::status::{fetch, parse, pretty_json, sanitize};
 /// The router's base URL (`http://` added when missing, no trailing slash).
 pub fn base(router: &str) -> String {
     http::with_scheme(router.trim().trim_end_matches('/'))
-}
-
-/// A model or node name as one URL path segment (percent-encoded).
-fn segment(name: &str) -> String {
-    name.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            b => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// POSTs `body` to the router; the answer's JSON, or an error naming the URL and the router's reason.
@@ -77,7 +68,7 @@ pub fn models(router: &str, json: bool, timeout: Duration) -> anyhow::Result<Str
 /// `mesh-ops load MODEL [--config FILE]`: places (or places again) a model of the cluster
 /// repository; returns once a replica is ready.
 pub fn load(router: &str, model: &str, config: Option<String>, timeout: Duration) -> anyhow::Result<String> {
-    let url = format!("{}/v2/repository/models/{}/load", base(router), segment(model));
+    let url = format!("{}/v2/repository/models/{}/load", base(router), path_segment(model));
     let body = match config {
         Some(c) => json!({"parameters": {"config": c}}),
         None => json!({}),
@@ -88,7 +79,7 @@ pub fn load(router: &str, model: &str, config: Option<String>, timeout: Duration
 
 /// `mesh-ops unload MODEL`: removes a model from every node.
 pub fn unload(router: &str, model: &str, timeout: Duration) -> anyhow::Result<String> {
-    let url = format!("{}/v2/repository/models/{}/unload", base(router), segment(model));
+    let url = format!("{}/v2/repository/models/{}/unload", base(router), path_segment(model));
     post(&url, &json!({}), timeout)?;
     Ok(format!("model '{model}' is unloaded from every node"))
 }
@@ -104,7 +95,7 @@ pub fn scale(
     if min.is_none() && max.is_none() {
         bail!("give --min, --max or both");
     }
-    let url = format!("{}/mesh/v1/models/{}/scale", base(router), segment(model));
+    let url = format!("{}/mesh/v1/models/{}/scale", base(router), path_segment(model));
     let answer = post(&url, &json!({"min": min, "max": max}), timeout)?;
     let bound = |k: &str| {
         answer
@@ -124,7 +115,7 @@ pub fn drain(router: &str, node: &str, timeout: Duration) -> anyhow::Result<Stri
     let url = format!(
         "{}/mesh/v1/nodes/{}/drain?timeout_s={}",
         base(router),
-        segment(node),
+        path_segment(node),
         timeout.as_secs().max(1)
     );
     // The router answers within the drain's own timeout; give the socket a little more.
@@ -142,8 +133,8 @@ mod tests {
     fn urls_are_built_and_names_encoded() {
         assert_eq!(base("localhost:8000/"), "http://localhost:8000");
         assert_eq!(base("http://r:1"), "http://r:1");
-        assert_eq!(segment("model a/b"), "model%20a%2Fb");
-        assert_eq!(segment("ok_name-1.2"), "ok_name-1.2");
+        assert_eq!(path_segment("model a/b"), "model%20a%2Fb");
+        assert_eq!(path_segment("ok_name-1.2"), "ok_name-1.2");
     }
 
     #[test]

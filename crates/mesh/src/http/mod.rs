@@ -112,6 +112,17 @@ async fn post_logging(body: Bytes) -> Response {
     }
 }
 
+/// A model or node name as one URL path segment: everything but RFC 3986's unreserved characters
+/// percent-encoded (the clients of the mesh's own APIs use it).
+pub fn path_segment(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            b => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// Renders an error as Triton does: `{"error": "..."}` with the mapped status.
 pub fn error_response(e: &Error) -> Response {
     (e.http_status(), Json(serde_json::json!({ "error": e.message }))).into_response()

@@ -8,6 +8,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
+use mesh::http::path_segment;
 use serde_json::{json, Value};
 
 use super::inputs::{InputSpec, ModelInfo, RequestTensor};
@@ -155,20 +156,9 @@ impl Target {
 /// `/v2/models/M` or `/v2/models/M/versions/V`, names percent-encoded.
 fn model_path(model: &str, version: Option<&str>) -> String {
     match version {
-        Some(v) => format!("/v2/models/{}/versions/{}", encode(model), encode(v)),
-        None => format!("/v2/models/{}", encode(model)),
+        Some(v) => format!("/v2/models/{}/versions/{}", path_segment(model), path_segment(v)),
+        None => format!("/v2/models/{}", path_segment(model)),
     }
-}
-
-/// Percent-encodes everything but unreserved characters.
-fn encode(segment: &str) -> String {
-    segment
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// The inputs from metadata JSON and max_batch_size from config JSON (absent means 0).

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
+use mesh::http::path_segment;
 use mesh::{Code, Error, LoadOptions, Result};
 use serde_json::{json, Map, Value};
 
@@ -36,21 +37,21 @@ impl Forward {
             json!({ "parameters": params })
         };
         Forward {
-            path: format!("/v2/repository/models/{}/load", escape(model)),
+            path: format!("/v2/repository/models/{}/load", path_segment(model)),
             body,
         }
     }
 
     pub fn unload(model: &str) -> Forward {
         Forward {
-            path: format!("/v2/repository/models/{}/unload", escape(model)),
+            path: format!("/v2/repository/models/{}/unload", path_segment(model)),
             body: json!({}),
         }
     }
 
     pub fn scale(model: &str, min: Option<u32>, max: Option<u32>) -> Forward {
         Forward {
-            path: format!("/mesh/v1/models/{}/scale", escape(model)),
+            path: format!("/mesh/v1/models/{}/scale", path_segment(model)),
             body: json!({ "min": min, "max": max }),
         }
     }
@@ -59,7 +60,7 @@ impl Forward {
         Forward {
             path: format!(
                 "/mesh/v1/nodes/{}/drain?timeout_s={}",
-                escape(node),
+                path_segment(node),
                 wait.as_secs().max(1)
             ),
             body: json!({}),
@@ -124,19 +125,6 @@ fn answer(status: u16, body: &[u8]) -> Result<Value> {
         _ => Code::Internal,
     };
     Err(Error::new(code, message))
-}
-
-/// A model or node name as one path segment.
-fn escape(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
