@@ -34,23 +34,25 @@ pub fn check(config: &ModelConfig, wanted: &[RequestedOutput], decoupled: bool) 
 /// Replaces each output asked for with a class count by its top classes.
 pub fn apply(
     response: &mut InferResponse,
-    wanted: &[RequestedOutput],
+    wanted: &[(String, u32)],
     config: &ModelConfig,
     labels: &Labels,
 ) -> Result<()> {
-    for w in wanted {
-        let Some(count) = w.class_count else { continue };
-        if let Some(out) = response.outputs.iter_mut().find(|o| o.name == w.name) {
-            out.tensor = classify(
-                &w.name,
-                &out.tensor,
-                count,
-                config.max_batch_size > 0,
-                labels.of(&w.name),
-            )?;
+    for (name, count) in wanted {
+        if let Some(out) = response.outputs.iter_mut().find(|o| o.name == *name) {
+            out.tensor = classify(name, &out.tensor, *count, config.max_batch_size > 0, labels.of(name))?;
         }
     }
     Ok(())
+}
+
+/// The outputs a request asks to classify, with their class counts (empty, and allocating
+/// nothing, for the usual request that asks for none).
+pub fn wanted(outputs: &[RequestedOutput]) -> Vec<(String, u32)> {
+    outputs
+        .iter()
+        .filter_map(|o| Some((o.name.clone(), o.class_count?)))
+        .collect()
 }
 
 /// The labels of a model's outputs, read from their `label_filename`s (one label per line).
@@ -174,6 +176,19 @@ mod tests {
         assert_eq!((c.dtype, c.shape.clone()), (DataType::Bytes, vec![3]));
         // Ties keep the lower index first; a class without a label line has none.
         assert_eq!(strings(&c), ["2.500000:1:one", "2.500000:3", "0.100000:0:zero"]);
+    }
+
+    #[test]
+    fn only_outputs_with_a_class_count_are_classified() {
+        let outputs = [
+            RequestedOutput::named("plain"),
+            RequestedOutput {
+                name: "top".into(),
+                class_count: Some(2),
+            },
+        ];
+        assert_eq!(wanted(&outputs), [("top".to_string(), 2)]);
+        assert!(wanted(&outputs[..1]).is_empty());
     }
 
     #[test]

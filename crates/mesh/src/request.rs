@@ -41,8 +41,16 @@ impl RequestedOutput {
         }
     }
 
+    /// The class count an output request's parameters ask for (`classification`), if any.
+    pub fn class_count_in(output: &str, params: &Params) -> crate::Result<Option<u32>> {
+        match params.iter().find(|(k, _)| k == "classification") {
+            Some((_, v)) => Self::class_count_of(output, v).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Reads the `classification` parameter of an output request (a positive class count).
-    pub fn class_count_of(output: &str, value: &Param) -> crate::Result<u32> {
+    fn class_count_of(output: &str, value: &Param) -> crate::Result<u32> {
         let n = match value {
             Param::Int(i) => u32::try_from(*i).ok(),
             Param::Uint(u) => u32::try_from(*u).ok(),

@@ -407,9 +407,9 @@ impl RouterDispatch {
             return Err(Error::not_found(format!("unknown model: '{name}' is not found")));
         };
         let started = Instant::now();
-        let wanted = request.outputs.clone();
+        let wanted = mesh::classify::wanted(&request.outputs);
         let checked = mesh::validate::check_request(&ensemble.config, &request)
-            .and_then(|()| mesh::classify::check(&ensemble.config, &wanted, false));
+            .and_then(|()| mesh::classify::check(&ensemble.config, &request.outputs, false));
         let result = match checked {
             Ok(()) => mesh::ensemble::run(&plan, self, request).await.and_then(|mut r| {
                 mesh::classify::apply(&mut r, &wanted, &ensemble.config, &ensemble.labels).map(|()| r)

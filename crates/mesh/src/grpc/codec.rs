@@ -83,10 +83,7 @@ pub fn decode_request(msg: proto::ModelInferRequest) -> Result<InferRequest> {
         .outputs
         .into_iter()
         .map(|o| {
-            let class_count = match params_in(o.parameters).iter().find(|(k, _)| k == "classification") {
-                Some((_, v)) => Some(RequestedOutput::class_count_of(&o.name, v)?),
-                None => None,
-            };
+            let class_count = RequestedOutput::class_count_in(&o.name, &params_in(o.parameters))?;
             Ok(RequestedOutput {
                 name: o.name,
                 class_count,

@@ -185,10 +185,7 @@ pub fn decode_request(
         if let Some(b) = take_bool(&mut params, "binary_data")? {
             format.per_output.push((out.name.clone(), b));
         }
-        let class_count = match params.iter().find(|(k, _)| k == "classification") {
-            Some((_, v)) => Some(RequestedOutput::class_count_of(&out.name, v)?),
-            None => None,
-        };
+        let class_count = RequestedOutput::class_count_in(&out.name, &params)?;
         outputs.push(RequestedOutput {
             name: out.name,
             class_count,

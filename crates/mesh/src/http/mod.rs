@@ -99,7 +99,9 @@ async fn post_logging(body: Bytes) -> Response {
         .map(|(k, v)| {
             let value = match v {
                 Value::Bool(b) => SettingValue::Bool(b),
-                Value::Number(n) if n.as_u64().is_some() => SettingValue::Uint(n.as_u64().unwrap_or(0)),
+                Value::Number(n) => n
+                    .as_u64()
+                    .map_or_else(|| SettingValue::Str(n.to_string()), SettingValue::Uint),
                 Value::String(s) => SettingValue::Str(s),
                 other => SettingValue::Str(other.to_string()),
             };

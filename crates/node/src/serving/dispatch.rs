@@ -213,7 +213,7 @@ impl NodeDispatch {
             model.stats.failure(e.metric_reason(), start.elapsed());
             return Err(e);
         }
-        let wanted = request.outputs.clone();
+        let wanted = mesh::classify::wanted(&request.outputs);
         let classified = |mut response: InferResponse| {
             mesh::classify::apply(&mut response, &wanted, &model.config, &model.labels).map(|()| response)
         };
