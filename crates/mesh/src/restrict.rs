@@ -143,27 +143,28 @@ pub struct GrpcGuard<S> {
 impl<S, B> tower::Service<http::Request<B>> for GrpcGuard<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
-    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+    // Either the refusal, ready at once, or the service's own future: no allocation per call.
+    type Future = futures::future::Either<std::future::Ready<Result<Self::Response, Self::Error>>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let refused = grpc_group(request.uri().path())
+        let refused = (!self.rules.is_empty())
+            .then(|| grpc_group(request.uri().path()))
+            .flatten()
             .and_then(|group| self.rules.refuses(group, |k| header_text(request.headers(), k)));
         match refused {
             Some(key) => {
                 let status =
                     tonic::Status::unavailable(format!("This protocol is restricted, expecting header '{key}'"));
-                Box::pin(std::future::ready(Ok(status.into_http())))
+                futures::future::Either::Left(std::future::ready(Ok(status.into_http())))
             }
-            None => Box::pin(self.inner.call(request)),
+            None => futures::future::Either::Right(self.inner.call(request)),
         }
     }
 }
