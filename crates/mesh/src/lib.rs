@@ -18,6 +18,7 @@ pub mod repository;
 pub mod request;
 pub mod restrict;
 pub mod serve;
+pub mod shm;
 pub mod telemetry;
 pub mod tensor;
 pub mod validate;

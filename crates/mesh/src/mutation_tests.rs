@@ -84,7 +84,7 @@ fn mutated_infer_bodies_never_panic() {
             1 => Some(json.len()),
             _ => Some(rng.below(mutated.len() + 8)),
         };
-        let _ = decode_request("m", "", Bytes::from(mutated), header_len);
+        let _ = decode_request("m", "", Bytes::from(mutated), header_len, &Default::default());
     }
 }
 
@@ -115,6 +115,6 @@ fn random_grpc_requests_never_panic() {
             raw_input_contents: raw,
             ..Default::default()
         };
-        let _ = crate::grpc::codec::decode_request(msg);
+        let _ = crate::grpc::codec::decode_request(msg, &Default::default());
     }
 }

@@ -13,6 +13,7 @@ use crate::dispatch::Dispatch;
 use crate::grpc::GrpcFrontend;
 use crate::http::HttpOptions;
 use crate::restrict::{GrpcGuard, Restrictions};
+use crate::shm::SharedMemory;
 
 /// Resolves when shutdown has been requested.
 pub fn shutdown_signal(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
@@ -36,13 +37,14 @@ pub async fn http<D: Dispatch>(
     options: HttpOptions,
     extra: Option<axum::Router>,
     rules: Arc<Restrictions>,
+    shm: Arc<SharedMemory>,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
     let listener = bind("HTTP", addr).await?.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
     tracing::info!(%addr, "HTTP service started");
-    let mut app = crate::http::router(dispatch, options);
+    let mut app = crate::http::router(dispatch, options, shm);
     if let Some(extra) = extra {
         app = extra.merge(app);
     }
@@ -63,6 +65,7 @@ pub async fn grpc<D: Dispatch>(
     dispatch: Arc<D>,
     max_message: usize,
     rules: Arc<Restrictions>,
+    shm: Arc<SharedMemory>,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
     let listener = bind("gRPC", addr).await?;
@@ -75,7 +78,7 @@ pub async fn grpc<D: Dispatch>(
         })
     });
     let service = GrpcGuard {
-        inner: GrpcFrontend::server(dispatch, max_message),
+        inner: GrpcFrontend::server(dispatch, max_message, shm),
         rules,
     };
     let signal = shutdown_signal(stop);
@@ -177,14 +180,16 @@ impl ListenArgs {
         let http_rules = Arc::new(Restrictions::parse(&self.http_restricted_api, "api")?);
         let grpc_rules = Arc::new(Restrictions::parse(&self.grpc_restricted_protocol, "protocol")?);
         let mut servers = Vec::new();
+        // One registry: a region registered over HTTP serves gRPC requests too.
+        let shm = Arc::new(SharedMemory::default());
         if let Some(addr) = self.http_addr() {
             let options = HttpOptions {
                 max_input_size: self.http_max_input_size,
             };
-            servers.push(http(addr, dispatch.clone(), options, extra, http_rules, stop).await?);
+            servers.push(http(addr, dispatch.clone(), options, extra, http_rules, shm.clone(), stop).await?);
         }
         if let Some(addr) = self.grpc_addr() {
-            servers.push(grpc(addr, dispatch, self.http_max_input_size, grpc_rules, stop).await?);
+            servers.push(grpc(addr, dispatch, self.http_max_input_size, grpc_rules, shm, stop).await?);
         }
         if self.allow_metrics {
             let addr = SocketAddr::new(self.metrics_address.unwrap_or(self.http_address), self.metrics_port);

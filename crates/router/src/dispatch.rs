@@ -566,6 +566,8 @@ impl Dispatch for RouterDispatch {
             "schedule_policy",
             "classification",
             "logging",
+            "system_shared_memory",
+            "cuda_shared_memory",
         ]
     }
 }

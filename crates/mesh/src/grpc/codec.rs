@@ -7,6 +7,7 @@ use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::proto::{self, infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor};
 use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
+use crate::shm::{SharedMemory, ShmOutputs};
 use crate::tensor::{NamedTensor, Tensor};
 
 fn params_in(map: HashMap<String, proto::InferParameter>) -> Params {
@@ -45,59 +46,82 @@ fn params_out(params: &Params) -> HashMap<String, proto::InferParameter> {
         .collect()
 }
 
-/// Builds an InferRequest; inputs come from `raw_input_contents` by position, or from typed `contents`.
-pub fn decode_request(msg: proto::ModelInferRequest) -> Result<InferRequest> {
+/// Builds an InferRequest; inputs come from a shared-memory region their parameters name, from
+/// `raw_input_contents` by position (the inputs without a region, in order), or from typed
+/// `contents`. Also answers the outputs to be written to shared memory.
+pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Result<(InferRequest, ShmOutputs)> {
     let raw = msg.raw_input_contents;
-    if !raw.is_empty() && raw.len() != msg.inputs.len() {
+    let mut inputs = Vec::with_capacity(msg.inputs.len());
+    let mut regions = Vec::with_capacity(msg.inputs.len());
+    for input in &msg.inputs {
+        let mut params = if input.parameters.is_empty() {
+            Vec::new()
+        } else {
+            params_in(input.parameters.clone())
+        };
+        regions.push(shm.take_ref("input", &input.name, &mut params)?);
+    }
+    let carried = regions.iter().filter(|r| r.is_none()).count();
+    if !raw.is_empty() && raw.len() != carried {
         return Err(Error::invalid(format!(
-            "{} raw_input_contents were given for {} inputs; give one per input or none",
+            "{} raw_input_contents were given for {carried} inputs not in shared memory; give one per such input or none",
             raw.len(),
-            msg.inputs.len()
         )));
     }
     let mut raw = raw.into_iter();
-    let mut inputs = Vec::with_capacity(msg.inputs.len());
-    for input in msg.inputs {
+    for (input, region) in msg.inputs.into_iter().zip(regions) {
         let name = input.name;
         let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
-        if input.parameters.keys().any(|k| k.starts_with("shared_memory")) {
-            return Err(Error::unsupported(format!(
-                "input '{name}': shared memory is not supported"
-            )));
-        }
-        let data = match (raw.next(), input.contents) {
+        let data = match (region, input.contents) {
             (Some(_), Some(_)) => {
                 return Err(Error::invalid(format!(
-                    "input '{name}' has both raw_input_contents and typed contents"
+                    "input '{name}' has both a shared memory region and typed contents"
                 )))
             }
-            (Some(bytes), None) => bytes,
-            (None, Some(c)) => typed_contents(&name, dtype, c)?,
-            (None, None) => return Err(Error::invalid(format!("input '{name}' has no data"))),
+            (Some(region), None) => region.read()?,
+            (None, contents) => match (raw.next(), contents) {
+                (Some(_), Some(_)) => {
+                    return Err(Error::invalid(format!(
+                        "input '{name}' has both raw_input_contents and typed contents"
+                    )))
+                }
+                (Some(bytes), None) => bytes,
+                (None, Some(c)) => typed_contents(&name, dtype, c)?,
+                (None, None) => return Err(Error::invalid(format!("input '{name}' has no data"))),
+            },
         };
         let tensor =
             Tensor::new(dtype, input.shape, data).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
         inputs.push(NamedTensor { name, tensor });
     }
-    let outputs = msg
-        .outputs
-        .into_iter()
-        .map(|o| {
-            let class_count = RequestedOutput::class_count_in(&o.name, &params_in(o.parameters))?;
-            Ok(RequestedOutput {
-                name: o.name,
-                class_count,
-            })
-        })
-        .collect::<Result<_>>()?;
-    Ok(InferRequest {
+    let mut written = ShmOutputs::new();
+    let mut outputs = Vec::with_capacity(msg.outputs.len());
+    for o in msg.outputs {
+        let mut params = params_in(o.parameters);
+        let class_count = RequestedOutput::class_count_in(&o.name, &params)?;
+        if let Some(region) = shm.take_ref("output", &o.name, &mut params)? {
+            if class_count.is_some() {
+                return Err(Error::invalid(format!(
+                    "output '{}': Output can't set both 'shared_memory_region' and 'classification'",
+                    o.name
+                )));
+            }
+            written.push((o.name.clone(), region));
+        }
+        outputs.push(RequestedOutput {
+            name: o.name,
+            class_count,
+        });
+    }
+    let request = InferRequest {
         model_name: msg.model_name,
         model_version: msg.model_version,
         id: msg.id,
         inputs,
         outputs,
         parameters: params_in(msg.parameters),
-    })
+    };
+    Ok((request, written))
 }
 
 /// Typed `contents` to wire bytes, with range checks for narrow integer types.
@@ -168,11 +192,20 @@ pub fn load_options(params: HashMap<String, proto::ModelRepositoryParameter>) ->
     Ok(options)
 }
 
-/// Builds the reply with every output in `raw_output_contents`, as tritonclient expects.
-pub fn encode_response(resp: InferResponse) -> proto::ModelInferResponse {
+/// Builds the reply with every output in `raw_output_contents`, as tritonclient expects; an
+/// output the request put in shared memory is written there and its entry left empty (Triton's
+/// answer).
+pub fn encode_response(resp: InferResponse, shm: &ShmOutputs) -> Result<proto::ModelInferResponse> {
     let mut outputs = Vec::with_capacity(resp.outputs.len());
     let mut raw = Vec::with_capacity(resp.outputs.len());
     for o in resp.outputs {
+        let data = match shm.iter().find(|(n, _)| *n == o.name) {
+            Some((_, region)) => {
+                region.write(&o.name, &o.tensor.data)?;
+                Bytes::new()
+            }
+            None => o.tensor.data,
+        };
         outputs.push(InferOutputTensor {
             name: o.name,
             datatype: o.tensor.dtype.wire_name().to_string(),
@@ -180,16 +213,16 @@ pub fn encode_response(resp: InferResponse) -> proto::ModelInferResponse {
             parameters: HashMap::new(),
             contents: None,
         });
-        raw.push(o.tensor.data);
+        raw.push(data);
     }
-    proto::ModelInferResponse {
+    Ok(proto::ModelInferResponse {
         model_name: resp.model_name,
         model_version: resp.model_version,
         id: resp.id,
         parameters: params_out(&resp.parameters),
         outputs,
         raw_output_contents: raw,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -215,7 +248,7 @@ mod tests {
             raw_input_contents: vec![Bytes::from_static(&[1, 2]), Bytes::from_static(&[1, 0, 0, 0, 0])],
             ..Default::default()
         };
-        let r = decode_request(msg).unwrap();
+        let r = decode_request(msg, &SharedMemory::default()).unwrap().0;
         assert_eq!(r.inputs[0].tensor.data.as_ref(), &[1, 2]);
         assert_eq!(
             r.inputs[1].tensor.bytes_elements().collect::<Vec<_>>(),
@@ -234,7 +267,10 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            decode_request(msg).unwrap().inputs[0].tensor.data.as_ref(),
+            decode_request(msg, &SharedMemory::default()).unwrap().0.inputs[0]
+                .tensor
+                .data
+                .as_ref(),
             &[1, 0, 0xfe, 0xff]
         );
 
@@ -246,7 +282,7 @@ mod tests {
             inputs: vec![input("a", "INT8", vec![1], Some(c))],
             ..Default::default()
         };
-        assert!(decode_request(msg)
+        assert!(decode_request(msg, &SharedMemory::default())
             .unwrap_err()
             .message
             .contains("out of range for INT8"));
@@ -259,7 +295,7 @@ mod tests {
             inputs: vec![input("a", "FP32", vec![2], Some(c))],
             ..Default::default()
         };
-        assert!(decode_request(msg)
+        assert!(decode_request(msg, &SharedMemory::default())
             .unwrap_err()
             .message
             .contains("needs 8 bytes, got 4"));
@@ -269,7 +305,7 @@ mod tests {
             raw_input_contents: vec![Bytes::from_static(&[0; 4])],
             ..Default::default()
         };
-        assert!(decode_request(msg)
+        assert!(decode_request(msg, &SharedMemory::default())
             .unwrap_err()
             .message
             .contains("1 raw_input_contents were given for 2 inputs"));
@@ -278,7 +314,10 @@ mod tests {
             inputs: vec![input("a", "FP16", vec![1], Some(Default::default()))],
             ..Default::default()
         };
-        assert!(decode_request(msg).unwrap_err().message.contains("raw_input_contents"));
+        assert!(decode_request(msg, &SharedMemory::default())
+            .unwrap_err()
+            .message
+            .contains("raw_input_contents"));
     }
 
     #[test]
@@ -292,7 +331,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let m = encode_response(resp);
+        let m = encode_response(resp, &Vec::new()).unwrap();
         assert_eq!(m.outputs[0].datatype, "UINT16");
         assert_eq!(m.raw_output_contents[0].as_ref(), &[3, 0]);
     }

@@ -1,5 +1,6 @@
 //! KServe v2 gRPC frontend (`inference.GRPCInferenceService`), generic over `Dispatch`.
 pub mod codec;
+mod shm;
 
 use std::sync::Arc;
 
@@ -9,18 +10,25 @@ use crate::config::ModelConfig;
 use crate::dispatch::Dispatch;
 use crate::metadata::ModelMetadata;
 use crate::proto::{self, grpc_inference_service_server::GrpcInferenceService};
+use crate::shm::SharedMemory;
 
 pub use proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 
 /// The gRPC service over a dispatcher.
 pub struct GrpcFrontend<D> {
     dispatch: Arc<D>,
+    shm: Arc<SharedMemory>,
 }
 
 impl<D: Dispatch> GrpcFrontend<D> {
-    /// Wraps the service with message limits matching the HTTP body limit.
-    pub fn server(dispatch: Arc<D>, max_message_size: usize) -> GrpcInferenceServiceServer<Self> {
-        GrpcInferenceServiceServer::new(GrpcFrontend { dispatch })
+    /// Wraps the service with message limits matching the HTTP body limit; `shm` is the server's
+    /// shared-memory registry (the HTTP frontend's too).
+    pub fn server(
+        dispatch: Arc<D>,
+        max_message_size: usize,
+        shm: Arc<SharedMemory>,
+    ) -> GrpcInferenceServiceServer<Self> {
+        GrpcInferenceServiceServer::new(GrpcFrontend { dispatch, shm })
             .max_decoding_message_size(max_message_size)
             .max_encoding_message_size(usize::MAX)
     }
@@ -70,7 +78,7 @@ fn stream_message(
 
 /// Runs one request of a stream and sends its answers (several for a decoupled model) or its error
 /// in `error_message`, each carrying the request's id.
-async fn stream_answers<D: Dispatch>(dispatch: &D, msg: proto::ModelInferRequest, tx: &StreamTx) {
+async fn stream_answers<D: Dispatch>(dispatch: &D, shm: &SharedMemory, msg: proto::ModelInferRequest, tx: &StreamTx) {
     let flagged = wants_final_flag(&msg);
     let echo = proto::ModelInferResponse {
         model_name: msg.model_name.clone(),
@@ -78,8 +86,8 @@ async fn stream_answers<D: Dispatch>(dispatch: &D, msg: proto::ModelInferRequest
         id: msg.id.clone(),
         ..Default::default()
     };
-    let request = match codec::decode_request(msg) {
-        Ok(request) => request,
+    let (request, written) = match codec::decode_request(msg, shm) {
+        Ok(decoded) => decoded,
         Err(e) => {
             let _ = tx.send(Ok(stream_message(e.message, echo, true))).await;
             return;
@@ -98,7 +106,10 @@ async fn stream_answers<D: Dispatch>(dispatch: &D, msg: proto::ModelInferRequest
                 _ = tx.closed() => return,
             };
             let message = match item.response {
-                Some(Ok(response)) => stream_message(String::new(), codec::encode_response(response), item.last),
+                Some(Ok(response)) => match codec::encode_response(response, &written) {
+                    Ok(encoded) => stream_message(String::new(), encoded, item.last),
+                    Err(e) => stream_message(e.message, echo.clone(), item.last),
+                },
                 Some(Err(e)) => stream_message(e.message, echo.clone(), item.last),
                 // A bare final flag becomes an empty answer only for clients that asked for one.
                 None if item.last && flagged => stream_message(String::new(), echo.clone(), true),
@@ -184,9 +195,9 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         &self,
         r: Request<proto::ModelInferRequest>,
     ) -> Result<Response<proto::ModelInferResponse>, Status> {
-        let request = codec::decode_request(r.into_inner())?;
+        let (request, written) = codec::decode_request(r.into_inner(), &self.shm)?;
         let response = self.dispatch.infer(request).await?;
-        Ok(Response::new(codec::encode_response(response)))
+        Ok(Response::new(codec::encode_response(response, &written)?))
     }
 
     type ModelStreamInferStream = StreamOf<proto::ModelStreamInferResponse>;
@@ -200,7 +211,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         r: Request<tonic::Streaming<proto::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
         let mut inbound = r.into_inner();
-        let dispatch = self.dispatch.clone();
+        let (dispatch, shm) = (self.dispatch.clone(), self.shm.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_WINDOW);
         tokio::spawn(async move {
             let mut running = tokio::task::JoinSet::new();
@@ -208,8 +219,8 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                 tokio::select! {
                     next = inbound.message() => match next {
                         Ok(Some(msg)) => {
-                            let (d, tx) = (dispatch.clone(), tx.clone());
-                            running.spawn(async move { stream_answers(&*d, msg, &tx).await });
+                            let (d, shm, tx) = (dispatch.clone(), shm.clone(), tx.clone());
+                            running.spawn(async move { stream_answers(&*d, &shm, msg, &tx).await });
                         }
                         Ok(None) => break,
                         Err(_) => {
@@ -292,44 +303,48 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
 
     async fn system_shared_memory_status(
         &self,
-        _: Request<proto::SystemSharedMemoryStatusRequest>,
+        r: Request<proto::SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<proto::SystemSharedMemoryStatusResponse>, Status> {
-        unimplemented("system shared memory")
+        Ok(Response::new(shm::system_status(&self.shm, &r.into_inner().name)?))
     }
 
     async fn system_shared_memory_register(
         &self,
-        _: Request<proto::SystemSharedMemoryRegisterRequest>,
+        r: Request<proto::SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<proto::SystemSharedMemoryRegisterResponse>, Status> {
-        unimplemented("system shared memory")
+        shm::system_register(&self.shm, r.into_inner())?;
+        Ok(Response::new(proto::SystemSharedMemoryRegisterResponse {}))
     }
 
     async fn system_shared_memory_unregister(
         &self,
-        _: Request<proto::SystemSharedMemoryUnregisterRequest>,
+        r: Request<proto::SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<proto::SystemSharedMemoryUnregisterResponse>, Status> {
-        unimplemented("system shared memory")
+        self.shm.unregister_system(&r.into_inner().name)?;
+        Ok(Response::new(proto::SystemSharedMemoryUnregisterResponse {}))
     }
 
     async fn cuda_shared_memory_status(
         &self,
-        _: Request<proto::CudaSharedMemoryStatusRequest>,
+        r: Request<proto::CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<proto::CudaSharedMemoryStatusResponse>, Status> {
-        unimplemented("CUDA shared memory")
+        Ok(Response::new(shm::cuda_status(&self.shm, &r.into_inner().name)?))
     }
 
     async fn cuda_shared_memory_register(
         &self,
-        _: Request<proto::CudaSharedMemoryRegisterRequest>,
+        r: Request<proto::CudaSharedMemoryRegisterRequest>,
     ) -> Result<Response<proto::CudaSharedMemoryRegisterResponse>, Status> {
-        unimplemented("CUDA shared memory")
+        shm::cuda_register(&self.shm, r.into_inner())?;
+        Ok(Response::new(proto::CudaSharedMemoryRegisterResponse {}))
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
-        _: Request<proto::CudaSharedMemoryUnregisterRequest>,
+        r: Request<proto::CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<proto::CudaSharedMemoryUnregisterResponse>, Status> {
-        unimplemented("CUDA shared memory")
+        self.shm.unregister_cuda(&r.into_inner().name)?;
+        Ok(Response::new(proto::CudaSharedMemoryUnregisterResponse {}))
     }
 
     async fn trace_setting(

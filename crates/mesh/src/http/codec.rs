@@ -9,6 +9,7 @@ use super::json_data;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
+use crate::shm::{SharedMemory, ShmRef};
 use crate::tensor::{NamedTensor, Tensor};
 
 #[derive(Deserialize)]
@@ -44,14 +45,20 @@ struct JsonOutput {
     parameters: Option<HashMap<String, serde_json::Value>>,
 }
 
-/// How the client wants each output returned: binary (true) or JSON data (false).
+/// How the client wants each output returned: binary (true) or JSON data (false), or written to
+/// a shared-memory region.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OutputFormat {
     pub default_binary: bool,
     pub per_output: Vec<(String, bool)>,
+    pub shm: Vec<(String, ShmRef)>,
 }
 
 impl OutputFormat {
+    fn shm_target(&self, name: &str) -> Option<&ShmRef> {
+        self.shm.iter().find(|(n, _)| n == name).map(|(_, r)| r)
+    }
+
     fn is_binary(&self, name: &str) -> bool {
         self.per_output
             .iter()
@@ -95,27 +102,14 @@ fn take_bool(params: &mut Params, key: &str) -> Result<Option<bool>> {
     }
 }
 
-fn reject_unsupported(params: &Params, what: &str) -> Result<()> {
-    for key in [
-        "shared_memory_region",
-        "shared_memory_byte_size",
-        "shared_memory_offset",
-    ] {
-        if params.iter().any(|(k, _)| k == key) {
-            return Err(Error::unsupported(format!(
-                "{what}: shared memory is not supported ('{key}')"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Decodes an infer body. `header_len` is the `Inference-Header-Content-Length` value, if any.
+/// Decodes an infer body. `header_len` is the `Inference-Header-Content-Length` value, if any;
+/// inputs that name a region of `shm` are read from it.
 pub fn decode_request(
     model: &str,
     version: &str,
     body: Bytes,
     header_len: Option<usize>,
+    shm: &SharedMemory,
 ) -> Result<(InferRequest, OutputFormat)> {
     let json_len = header_len.unwrap_or(body.len());
     if json_len > body.len() {
@@ -137,7 +131,7 @@ pub fn decode_request(
         let name = input.name;
         let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
         let mut params = params_from_json(input.parameters)?;
-        reject_unsupported(&params, &format!("input '{name}'"))?;
+        let region = shm.take_ref("input", &name, &mut params)?;
         let bin_size = match params.iter().position(|(k, _)| k == "binary_data_size") {
             None => None,
             Some(i) => Some(params.remove(i).1.as_u64().ok_or_else(|| {
@@ -146,14 +140,20 @@ pub fn decode_request(
                 ))
             })?),
         };
-        let data = match (bin_size, input.data) {
-            (Some(_), Some(_)) => {
+        let data = match (region, bin_size, input.data) {
+            (Some(region), None, None) => region.read()?,
+            (Some(_), _, _) => {
+                return Err(Error::invalid(format!(
+                    "input '{name}' has both a shared memory region and data in the body"
+                )))
+            }
+            (None, Some(_), Some(_)) => {
                 return Err(Error::invalid(format!(
                     "input '{name}' has both binary_data_size and JSON data"
                 )))
             }
-            (None, None) => return Err(Error::invalid(format!("input '{name}' has no data"))),
-            (Some(n), None) => {
+            (None, None, None) => return Err(Error::invalid(format!("input '{name}' has no data"))),
+            (None, Some(n), None) => {
                 let n = usize::try_from(n).ok().filter(|&n| n <= binary.len()).ok_or_else(|| {
                     Error::invalid(format!(
                         "input '{name}': binary_data_size {n} overruns the {} bytes of binary data left in the body",
@@ -162,7 +162,7 @@ pub fn decode_request(
                 })?;
                 binary.split_to(n)
             }
-            (None, Some(raw)) => json_data::parse_data(&name, dtype, raw)?.freeze(),
+            (None, None, Some(raw)) => json_data::parse_data(&name, dtype, raw)?.freeze(),
         };
         let tensor =
             Tensor::new(dtype, input.shape, data).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
@@ -177,15 +177,30 @@ pub fn decode_request(
     let mut format = OutputFormat {
         default_binary,
         per_output: Vec::new(),
+        shm: Vec::new(),
     };
     let mut outputs = Vec::new();
     for out in parsed.outputs.into_iter().flatten() {
         let mut params = params_from_json(out.parameters)?;
-        reject_unsupported(&params, &format!("output '{}'", out.name))?;
-        if let Some(b) = take_bool(&mut params, "binary_data")? {
+        let region = shm.take_ref("output", &out.name, &mut params)?;
+        let binary = take_bool(&mut params, "binary_data")?;
+        let class_count = RequestedOutput::class_count_in(&out.name, &params)?;
+        if let Some(region) = region {
+            // tritonclient sends binary_data false with a region; Triton refuses true.
+            let clash = [
+                (binary == Some(true), "binary_data"),
+                (class_count.is_some(), "classification"),
+            ];
+            if let Some((_, what)) = clash.iter().find(|(c, _)| *c) {
+                return Err(Error::invalid(format!(
+                    "output '{}': Output can't set both 'shared_memory_region' and '{what}'",
+                    out.name
+                )));
+            }
+            format.shm.push((out.name.clone(), region));
+        } else if let Some(b) = binary {
             format.per_output.push((out.name.clone(), b));
         }
-        let class_count = RequestedOutput::class_count_in(&out.name, &params)?;
         outputs.push(RequestedOutput {
             name: out.name,
             class_count,
@@ -233,7 +248,12 @@ pub fn encode_response(resp: &InferResponse, format: &OutputFormat) -> Result<(B
     let mut binary_parts = Vec::new();
     for o in &resp.outputs {
         let t = &o.tensor;
-        let (parameters, data) = if format.is_binary(&o.name) {
+        // An output written to shared memory is described by name, type and shape alone, as
+        // Triton answers it.
+        let (parameters, data) = if let Some(region) = format.shm_target(&o.name) {
+            region.write(&o.name, &t.data)?;
+            (None, None)
+        } else if format.is_binary(&o.name) {
             binary_parts.push(&t.data);
             (
                 Some(BinaryParam {
@@ -287,7 +307,7 @@ mod tests {
         let body = r#"{"id":"r1","parameters":{"binary_data_output":true,"priority":2},
             "inputs":[{"name":"a","shape":[2],"datatype":"INT32","data":[1,2]}],
             "outputs":[{"name":"y","parameters":{"binary_data":false}},{"name":"z"}]}"#;
-        let (r, f) = decode_request("m", "1", Bytes::from(body), None).unwrap();
+        let (r, f) = decode_request("m", "1", Bytes::from(body), None, &SharedMemory::default()).unwrap();
         assert_eq!(r.id, "r1");
         assert_eq!(r.model_version, "1");
         assert_eq!(r.inputs[0].tensor.data.as_ref(), &[1, 0, 0, 0, 2, 0, 0, 0]);
@@ -304,7 +324,7 @@ mod tests {
         bin.extend_from_slice(&[0, 0, 0, 0, 1, 0, 0, 0, 0xff]);
         let (body, hl) = with_binary(json, &bin);
         let base = body.as_ptr() as usize;
-        let (r, _) = decode_request("m", "", body, hl).unwrap();
+        let (r, _) = decode_request("m", "", body, hl, &SharedMemory::default()).unwrap();
         assert_eq!(r.inputs[0].tensor.data.as_ptr() as usize, base + json.len(), "no copy");
         let elems: Vec<&[u8]> = r.inputs[1].tensor.bytes_elements().collect();
         assert_eq!(elems, vec![&b""[..], &[0xff][..]]);
@@ -380,7 +400,7 @@ mod tests {
             ),
         ];
         for ((body, hl), want) in cases {
-            let e = decode_request("m", "", body, hl).unwrap_err();
+            let e = decode_request("m", "", body, hl, &SharedMemory::default()).unwrap_err();
             assert!(e.message.contains(want), "want '{want}' in '{}'", e.message);
         }
     }
@@ -406,6 +426,7 @@ mod tests {
         let fmt = OutputFormat {
             default_binary: false,
             per_output: vec![("b".into(), true)],
+            shm: vec![],
         };
         let (body, hl) = encode_response(&resp, &fmt).unwrap();
         let hl = hl.unwrap();

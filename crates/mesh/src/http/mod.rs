@@ -2,6 +2,7 @@
 pub mod codec;
 mod compress;
 pub mod json_data;
+mod shm;
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use crate::config::{config_to_json, message_to_json};
 use crate::dispatch::Dispatch;
 use crate::error::{Code, Error};
 use crate::metadata::ModelMetadata;
+use crate::shm::SharedMemory;
 
 /// The header that tells where the JSON part of a binary-extension body ends.
 pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
@@ -40,11 +42,17 @@ impl Default for HttpOptions {
 struct AppState<D> {
     dispatch: Arc<D>,
     options: HttpOptions,
+    shm: Arc<SharedMemory>,
 }
 
-/// Builds the `/v2` router over a dispatcher.
-pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions) -> Router {
-    let state = Arc::new(AppState { dispatch, options });
+/// Builds the `/v2` router over a dispatcher; `shm` is the server's shared-memory registry (the
+/// gRPC frontend's too).
+pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions, shm: Arc<SharedMemory>) -> Router {
+    let state = Arc::new(AppState {
+        dispatch,
+        options,
+        shm: shm.clone(),
+    });
     Router::new()
         .route("/v2", get(server_metadata::<D>))
         .route("/v2/health/live", get(|| async { StatusCode::OK }))
@@ -74,6 +82,7 @@ pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions) -> Router {
                 .into_response()
         })
         .with_state(state)
+        .merge(shm::routes(shm))
 }
 
 type St<D> = State<Arc<AppState<D>>>;
@@ -343,7 +352,7 @@ async fn try_infer<D: Dispatch>(
                 .ok_or_else(|| Error::invalid("Inference-Header-Content-Length must be a non-negative integer"))?,
         ),
     };
-    let (request, format) = codec::decode_request(model, version, body, header_len)?;
+    let (request, format) = codec::decode_request(model, version, body, header_len, &s.shm)?;
     let response = s.dispatch.infer(request).await?;
     let (out, json_len) = codec::encode_response(&response, &format)?;
     let accept = compress::choose(headers.get(header::ACCEPT_ENCODING));

@@ -363,6 +363,8 @@ impl Dispatch for NodeDispatch {
             "schedule_policy",
             "classification",
             "logging",
+            "system_shared_memory",
+            "cuda_shared_memory",
         ];
         if self.mode == ControlMode::Explicit {
             e.push("model_repository");

@@ -1,0 +1,233 @@
+"""Triton's shared-memory extensions (issue 15) with tritonclient's own shared-memory utilities:
+inputs read from and outputs written to system shared memory over HTTP and gRPC, one registry for
+both protocols, on a node and through the router; bad regions, sizes and offsets are clear 400s and
+the server keeps serving; CUDA shared memory answers a clear error on a machine without CUDA."""
+import base64
+import json
+import os
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
+
+from cluster_util import add_sub_inputs
+
+pytestmark = [pytest.mark.server]
+
+PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
+NBYTES = 16 * 4  # one [1, 16] FP32 tensor
+
+
+@pytest.fixture(scope="module")
+def node(server_factory, models_dir):
+    return server_factory([models_dir / "simple", models_dir / "dtypes"], name="shm")
+
+
+@pytest.fixture
+def regions(request):
+    """Client-side regions (created with tritonclient's utilities), destroyed after the test."""
+    made = []
+
+    def make(tag, size):
+        key = f"/mesh_shm_{os.getpid()}_{request.node.name[:40]}_{tag}".replace("[", "_").replace("]", "_")
+        h = shm.create_shared_memory_region(tag, key, size)
+        made.append(h)
+        return h, key
+
+    yield make
+    for h in made:
+        shm.destroy_shared_memory_region(h)
+
+
+def client(proto, url):
+    return PROTOCOLS[proto].InferenceServerClient(url)
+
+
+def url_of(target, proto):
+    return target.http_url if proto == "http" else target.grpc_url
+
+
+def add_sub_in_shm(target, proto, regions, tag):
+    """add_sub with both inputs in one region (the second at an offset) and OUTPUT0 in another;
+    OUTPUT1 comes back in the response. Returns what the out region holds, the response and the inputs."""
+    mod = PROTOCOLS[proto]
+    a, b = add_sub_inputs(11)
+    h_in, k_in = regions(f"in_{tag}", 2 * NBYTES)
+    h_out, k_out = regions(f"out_{tag}", NBYTES + 64)
+    shm.set_shared_memory_region(h_in, [a, b])
+    c = client(proto, url_of(target, proto))
+    c.register_system_shared_memory(f"in_{tag}", k_in, 2 * NBYTES)
+    c.register_system_shared_memory(f"out_{tag}", k_out, NBYTES + 64)
+    ins = [mod.InferInput("INPUT0", [1, 16], "FP32"), mod.InferInput("INPUT1", [1, 16], "FP32")]
+    ins[0].set_shared_memory(f"in_{tag}", NBYTES)
+    ins[1].set_shared_memory(f"in_{tag}", NBYTES, offset=NBYTES)
+    outs = [mod.InferRequestedOutput("OUTPUT0"), mod.InferRequestedOutput("OUTPUT1")]
+    outs[0].set_shared_memory(f"out_{tag}", NBYTES + 64, offset=0)
+    r = c.infer("add_sub", ins, outputs=outs)
+    out0 = shm.get_contents_as_numpy(h_out, np.float32, [1, 16])
+    c.unregister_system_shared_memory(f"in_{tag}")
+    c.unregister_system_shared_memory(f"out_{tag}")
+    c.close()
+    return out0, r, (a, b)
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS)
+def test_inputs_and_an_output_in_system_shared_memory(node, regions, proto):
+    out0, r, (a, b) = add_sub_in_shm(node, proto, regions, proto)
+    np.testing.assert_array_equal(out0, a + b)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+    # The shared-memory output is described by name, type and shape only, as Triton answers it.
+    o = r.get_output("OUTPUT0")
+    if proto == "http":
+        assert o == {"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 16]}
+    else:
+        assert o.name == "OUTPUT0" and list(o.shape) == [1, 16] and not o.parameters
+        assert r.get_response().raw_output_contents[0] == b""
+
+
+def test_one_registry_for_both_protocols_and_status(node, regions):
+    h, key = regions("both", 128)
+    hc, gc = client("http", node.http_url), client("grpc", node.grpc_url)
+    hc.register_system_shared_memory("both", key, 64, offset=32)
+    assert hc.get_system_shared_memory_status() == [{"name": "both", "key": key, "offset": 32, "byte_size": 64}]
+    status = gc.get_system_shared_memory_status(as_json=True)["regions"]
+    assert status["both"]["key"] == key and int(status["both"]["byte_size"]) == 64
+    # Registered over HTTP, used over gRPC (the region starts at byte 32 of the object).
+    x = np.arange(6, dtype=np.float32).reshape(1, 6)
+    shm.set_shared_memory_region(h, [np.zeros(8, np.float32), x])
+    i = grpcclient.InferInput("INPUT0", [1, 6], "FP32")
+    i.set_shared_memory("both", 24)
+    r = gc.infer("identity_fp32", [i])
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x)
+    gc.unregister_system_shared_memory("both")
+    assert hc.get_system_shared_memory_status() == []
+    with pytest.raises(InferenceServerException) as e:
+        hc.get_system_shared_memory_status("both")
+    assert "Unable to find system shared memory region: 'both'" in str(e.value)
+    hc.close(), gc.close()
+
+
+def test_bytes_tensors_through_shared_memory(node, regions):
+    words = np.array([[b"", b"shared", b"memory\x00ok"]], dtype=np.object_)
+    data = serialize_byte_tensor(words)
+    size = serialized_byte_size(data)
+    h_in, k_in = regions("bin", size)
+    h_out, k_out = regions("bout", size)
+    shm.set_shared_memory_region(h_in, [data])
+    c = client("http", node.http_url)
+    c.register_system_shared_memory("bin", k_in, size)
+    c.register_system_shared_memory("bout", k_out, size)
+    i = httpclient.InferInput("INPUT0", [1, 3], "BYTES")
+    i.set_shared_memory("bin", size)
+    o = httpclient.InferRequestedOutput("OUTPUT0")
+    o.set_shared_memory("bout", size)
+    c.infer("identity_bytes", [i], outputs=[o])
+    got = shm.get_contents_as_numpy(h_out, np.object_, [1, 3])
+    assert got.tolist() == words.tolist()
+    c.unregister_system_shared_memory()
+    c.close()
+
+
+def post(target, path, body) -> tuple[int, str]:
+    req = urllib.request.Request(f"http://{target.http_url}{path}", data=json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def infer_body(region, size, offset=0, out=None):
+    ins = [{"name": n, "shape": [1, 16], "datatype": "FP32",
+            "parameters": {"shared_memory_region": region, "shared_memory_byte_size": size,
+                           "shared_memory_offset": offset}} for n in ("INPUT0", "INPUT1")]
+    body = {"inputs": ins}
+    if out:
+        body["outputs"] = [{"name": "OUTPUT0", "parameters": out}]
+    return body
+
+
+def test_bad_regions_sizes_and_offsets_are_clear_errors(node, regions):
+    h, key = regions("bad", 2 * NBYTES)
+    shm.set_shared_memory_region(h, list(add_sub_inputs(1)))
+    c = client("http", node.http_url)
+    c.register_system_shared_memory("bad", key, 2 * NBYTES)
+    infer = "/v2/models/add_sub/infer"
+    cases = [
+        (infer_body("bad", NBYTES, offset=NBYTES + 4), f"offset {NBYTES + 4} + byte size {NBYTES} is beyond"),
+        (infer_body("bad", NBYTES - 4), f"needs {NBYTES} bytes, got {NBYTES - 4}"),
+        (infer_body("bad", NBYTES, out={"shared_memory_region": "bad", "shared_memory_byte_size": 8}),
+         "output 'OUTPUT0' is 64 bytes, larger than the 8 bytes"),
+        (infer_body("bad", NBYTES, out={"shared_memory_byte_size": 8}), "without 'shared_memory_region'"),
+        (infer_body("bad", NBYTES, out={"shared_memory_region": "bad", "shared_memory_byte_size": 64,
+                                        "binary_data": True}),
+         "Output can't set both 'shared_memory_region' and 'binary_data'"),
+    ]
+    for body, want in cases:
+        status, text = post(node, infer, body)
+        assert status == 400 and want in text, (want, status, text)
+    # An unregistered region is 404 with Triton's message.
+    status, text = post(node, infer, infer_body("nope", NBYTES))
+    assert status == 404 and "Unable to find shared memory region: 'nope'" in text, (status, text)
+    for path, body, want in [
+        ("/v2/systemsharedmemory/region/bad/register", {"key": key, "byte_size": 8}, "already registered"),
+        ("/v2/systemsharedmemory/region/k/register", {"key": "/mesh_no_such_key", "byte_size": 8}, "cannot be opened"),
+        ("/v2/systemsharedmemory/region/k/register", {"key": key, "offset": 100, "byte_size": 100}, "is beyond"),
+        ("/v2/systemsharedmemory/region/k/register", {"key": key, "byte_size": "8"}, "failed to parse"),
+    ]:
+        status, text = post(node, path, body)
+        assert status == 400 and want in text, (path, want, status, text)
+    # Nothing above was registered, and the server serves the good request.
+    assert [r["name"] for r in c.get_system_shared_memory_status()] == ["bad"]
+    status, text = post(node, infer, infer_body("bad", NBYTES))
+    assert status == 200, text
+    c.unregister_system_shared_memory("bad")
+    status, text = post(node, infer, infer_body("bad", NBYTES))
+    assert status == 404 and "Unable to find shared memory region: 'bad'" in text
+    c.close()
+
+
+def test_grpc_errors_carry_the_code_and_message(node):
+    c = client("grpc", node.grpc_url)
+    i = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    i.set_shared_memory("missing", 16)
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("identity_fp32", [i])
+    assert e.value.status() == "StatusCode.NOT_FOUND"
+    assert "Unable to find shared memory region: 'missing'" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        c.register_system_shared_memory("x", "/mesh_no_such_key", 8)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "cannot be opened" in e.value.message()
+    c.close()
+
+
+def test_cuda_shared_memory_without_cuda_is_a_clear_error(node):
+    for proto in PROTOCOLS:
+        c = client(proto, url_of(node, proto))
+        extensions = c.get_server_metadata()
+        extensions = extensions["extensions"] if proto == "http" else extensions.extensions
+        assert {"system_shared_memory", "cuda_shared_memory"} <= set(extensions)
+        with pytest.raises(InferenceServerException) as e:
+            # A handle as tritonclient's cuda_shared_memory.get_raw_handle gives it: base64.
+            c.register_cuda_shared_memory("c", base64.b64encode(b"\x00" * 64), 0, 16)
+        assert "no CUDA driver" in str(e.value), e.value
+        status = c.get_cuda_shared_memory_status()
+        assert (status if proto == "http" else list(status.regions)) == []
+        c.close()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("proto", PROTOCOLS)
+def test_through_the_router(cluster_factory, models_dir, regions, proto):
+    """The router reads the client's regions and writes the outputs; the node sees plain tensors."""
+    cl = cluster_factory()
+    cl.start_router()
+    cl.start_node("n1", [models_dir / "simple"])
+    out0, r, (a, b) = add_sub_in_shm(cl.router, proto, regions, f"r{proto}")
+    np.testing.assert_array_equal(out0, a + b)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
