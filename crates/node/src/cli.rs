@@ -33,6 +33,11 @@ pub struct Args {
     #[arg(long, default_value_t = 2 << 30)]
     pub max_inflight_bytes: usize,
 
+    /// The response cache, as tritonserver's flag: `local,size=<bytes>` (the last one given wins).
+    /// Models with `response_cache { enable: true }` answer repeated requests from it.
+    #[arg(long, value_name = "CACHE,SETTING=VALUE")]
+    pub cache_config: Vec<String>,
+
     #[command(flatten)]
     pub control: mesh::control::ControlArgs,
 

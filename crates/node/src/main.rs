@@ -56,6 +56,7 @@ async fn run(args: Args) -> Result<(), String> {
         strict_readiness: args.strict_readiness,
         poll_secs: args.control.repository_poll_secs,
         max_inflight_bytes: args.max_inflight_bytes,
+        cache: mesh_node::serving::cache::CacheConfig::parse(&args.cache_config)?,
     };
     let cluster = ClusterSettings::from_args(&args, &repos.gpus)?;
     let node = Node::start(repos, options).await?;

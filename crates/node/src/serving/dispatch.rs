@@ -18,6 +18,7 @@ use crate::actors::table::ModelTable;
 use crate::backend::{ResponseSink, Timings};
 use crate::cli::ControlMode;
 use crate::serving::budget::InflightBudget;
+use crate::serving::cache::{self, ResponseCache};
 
 /// Counts a request as pending while it runs; if its future is dropped first (the client went
 /// away), records it as a CANCELED failure so the gauge and statistics stay true.
@@ -93,6 +94,8 @@ pub struct NodeDispatch {
     roots: Vec<PathBuf>,
     pub(crate) manager: Arc<ManagerLink>,
     budget: InflightBudget,
+    /// The response cache (`--cache-config`), for models whose config enables it.
+    cache: Option<Arc<ResponseCache>>,
 }
 
 /// How the node serves, beyond where its models are.
@@ -101,6 +104,7 @@ pub struct NodeOptions {
     pub strict_readiness: bool,
     pub poll_secs: u64,
     pub max_inflight_bytes: usize,
+    pub cache: Option<cache::CacheConfig>,
 }
 
 impl NodeDispatch {
@@ -112,6 +116,7 @@ impl NodeDispatch {
             roots: repos.roots.clone(),
             manager,
             budget: InflightBudget::new(options.max_inflight_bytes),
+            cache: options.cache.map(|c| Arc::new(ResponseCache::new(c))),
         }
     }
 
@@ -217,14 +222,56 @@ impl NodeDispatch {
         let classified = |mut response: InferResponse| {
             mesh::classify::apply(&mut response, &wanted, &model.config, &model.labels).map(|()| response)
         };
-        if let Some(plan) = model.ensemble.clone() {
-            return self
-                .run_ensemble(&model, &plan, request, start)
-                .await
-                .and_then(classified)
-                .map(Some);
+        let cache = self
+            .cache
+            .as_deref()
+            .filter(|_| !decoupled && cache::enabled(&model.config));
+        let Some(cache) = cache else {
+            let response = self.compute(&model, request, stream, start, decoupled).await?;
+            return response.map(classified).transpose();
+        };
+        let lookup = Instant::now();
+        let key = cache::key(&request.model_name, &model.version_label, &request.inputs);
+        if let Some(outputs) = cache.lookup(&key) {
+            let took = lookup.elapsed();
+            cache.record(took, Duration::ZERO);
+            model.stats.cache_hit(start.elapsed(), took);
+            let response = InferResponse {
+                model_name: request.model_name,
+                model_version: model.version_label.clone(),
+                id: request.id,
+                outputs: cache::select(outputs, &request.outputs)?,
+                parameters: Vec::new(),
+            };
+            return classified(response).map(Some);
         }
-        let rows = request_rows(&model, &request);
+        let looked = lookup.elapsed();
+        // A miss computes every output, so the entry answers later requests for any of them.
+        let requested = std::mem::take(&mut request.outputs);
+        let Some(mut response) = self.compute(&model, request, stream, start, decoupled).await? else {
+            return Ok(None);
+        };
+        let insert = Instant::now();
+        cache.insert(key, &response.outputs);
+        cache.record(looked, insert.elapsed());
+        model.stats.cache_miss(looked + insert.elapsed());
+        response.outputs = cache::select(response.outputs, &requested)?;
+        classified(response).map(Some)
+    }
+
+    /// Runs a checked request on the model's instance (or its ensemble's steps).
+    async fn compute(
+        &self,
+        model: &LoadedVersion,
+        mut request: InferRequest,
+        stream: Option<StreamSender>,
+        start: Instant,
+        decoupled: bool,
+    ) -> Result<Option<InferResponse>> {
+        if let Some(plan) = model.ensemble.clone() {
+            return self.run_ensemble(model, &plan, request, start).await.map(Some);
+        }
+        let rows = request_rows(model, &request);
         let (priority, timeout) = scheduling_params(&request)?;
         let bytes = request.inputs.iter().map(|i| i.tensor.data.len()).sum();
         let _admitted = match self.budget.admit(bytes) {
@@ -256,9 +303,9 @@ impl NodeDispatch {
             .pick()
             .ok_or_else(|| Error::unavailable(format!("model '{}' has no instances", request.model_name)))?;
         let streamed = submission.sink.is_some();
-        InFlight::begin(&model);
+        InFlight::begin(model);
         let mut guard = InFlight {
-            model: &model,
+            model,
             start,
             finished: false,
         };
@@ -271,17 +318,16 @@ impl NodeDispatch {
                 model
                     .stats
                     .success(rows as u64, start.elapsed(), done.queued, &done.timings, execution);
-                let response = InferResponse {
+                if streamed {
+                    return Ok(None);
+                }
+                Ok(Some(InferResponse {
                     model_name: request.model_name,
                     model_version: model.version_label.clone(),
                     id: request.id,
                     outputs: done.outputs,
                     parameters: Vec::new(),
-                };
-                if streamed {
-                    return Ok(None);
-                }
-                classified(response).map(Some)
+                }))
             }
             Err(e) => {
                 model.stats.failure(e.metric_reason(), start.elapsed());

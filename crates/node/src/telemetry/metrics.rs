@@ -42,6 +42,16 @@ fn describe() {
         "mesh_instance_executions_total",
         "Executions (batches) run by each model instance"
     );
+    c!("nv_cache_num_hits_per_model", "Number of cache hits per model");
+    c!(
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds"
+    );
+    c!("nv_cache_num_misses_per_model", "Number of cache misses per model");
+    c!(
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert+lookup) duration per model, in microseconds"
+    );
     metrics::describe_gauge!("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]");
     metrics::describe_gauge!("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes");
     metrics::describe_gauge!("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes");
@@ -59,10 +69,19 @@ pub struct ModelMetrics {
     infer_us: Counter,
     output_us: Counter,
     pub pending: Gauge,
+    /// Only for models whose config enables the response cache, as Triton exports them.
+    cache: Option<CacheCounters>,
+}
+
+struct CacheCounters {
+    hits: Counter,
+    hit_us: Counter,
+    misses: Counter,
+    miss_us: Counter,
 }
 
 impl ModelMetrics {
-    pub fn new(model: &str, version: i64) -> Self {
+    pub fn new(model: &str, version: i64, caches: bool) -> Self {
         let (m, v) = (model.to_string(), version.to_string());
         let l = || [("model", m.clone()), ("version", v.clone())];
         ModelMetrics {
@@ -81,6 +100,30 @@ impl ModelMetrics {
             infer_us: counter!("nv_inference_compute_infer_duration_us", &l()),
             output_us: counter!("nv_inference_compute_output_duration_us", &l()),
             pending: gauge!("nv_inference_pending_request_count", &l()),
+            cache: caches.then(|| CacheCounters {
+                hits: counter!("nv_cache_num_hits_per_model", &l()),
+                hit_us: counter!("nv_cache_hit_duration_per_model", &l()),
+                misses: counter!("nv_cache_num_misses_per_model", &l()),
+                miss_us: counter!("nv_cache_miss_duration_per_model", &l()),
+            }),
+        }
+    }
+
+    /// A request answered from the cache: a success (with its duration) and a hit.
+    pub fn cache_hit(&self, total: Duration, lookup: Duration) {
+        self.success.increment(1);
+        self.request_us.increment(total.as_micros() as u64);
+        if let Some(c) = &self.cache {
+            c.hits.increment(1);
+            c.hit_us.increment(lookup.as_micros() as u64);
+        }
+    }
+
+    /// A request the cache did not hold: the lookup and insertion time.
+    pub fn cache_miss(&self, took: Duration) {
+        if let Some(c) = &self.cache {
+            c.misses.increment(1);
+            c.miss_us.increment(took.as_micros() as u64);
         }
     }
 

@@ -46,6 +46,8 @@ pub struct ModelStats {
     compute_input: Duration64,
     compute_infer: Duration64,
     compute_output: Duration64,
+    cache_hit: Duration64,
+    cache_miss: Duration64,
     inference_count: AtomicU64,
     execution_count: AtomicU64,
     last_inference_ms: AtomicU64,
@@ -60,7 +62,8 @@ fn now_ms() -> u64 {
 }
 
 impl ModelStats {
-    pub fn new(name: &str, version: i64) -> Self {
+    /// `caches`: the model's config enables the response cache (its cache metrics are exported).
+    pub fn new(name: &str, version: i64, caches: bool) -> Self {
         ModelStats {
             name: name.to_string(),
             version: version.to_string(),
@@ -70,11 +73,13 @@ impl ModelStats {
             compute_input: Duration64::default(),
             compute_infer: Duration64::default(),
             compute_output: Duration64::default(),
+            cache_hit: Duration64::default(),
+            cache_miss: Duration64::default(),
             inference_count: AtomicU64::new(0),
             execution_count: AtomicU64::new(0),
             last_inference_ms: AtomicU64::new(0),
             batches: Mutex::new(BTreeMap::new()),
-            metrics: ModelMetrics::new(name, version),
+            metrics: ModelMetrics::new(name, version, caches),
         }
     }
 
@@ -98,6 +103,21 @@ impl ModelStats {
             b.output_ns += t.output.as_nanos() as u64;
         }
         self.metrics.success(rows, total, queue, t, execution.is_some());
+    }
+
+    /// Records a request answered from the response cache, as Triton counts one: a success and a
+    /// queue pass (so no compute, inference or execution, and `last_inference` stays), plus the hit.
+    pub fn cache_hit(&self, total: Duration, lookup: Duration) {
+        self.success.add(total);
+        self.queue.add(Duration::ZERO);
+        self.cache_hit.add(lookup);
+        self.metrics.cache_hit(total, lookup);
+    }
+
+    /// Records the cache's share of a request it did not hold (lookup plus insertion).
+    pub fn cache_miss(&self, took: Duration) {
+        self.cache_miss.add(took);
+        self.metrics.cache_miss(took);
     }
 
     /// Records a failed request under Triton's failure reason.
@@ -124,8 +144,8 @@ impl ModelStats {
                 compute_input: self.compute_input.snapshot(),
                 compute_infer: self.compute_infer.snapshot(),
                 compute_output: self.compute_output.snapshot(),
-                cache_hit: d(0, 0),
-                cache_miss: d(0, 0),
+                cache_hit: self.cache_hit.snapshot(),
+                cache_miss: self.cache_miss.snapshot(),
             }),
             batch_stats: batches
                 .iter()
@@ -148,7 +168,7 @@ mod tests {
 
     #[test]
     fn snapshot_counts_requests_batches_and_failures() {
-        let s = ModelStats::new("m", 1);
+        let s = ModelStats::new("m", 1, false);
         let t = Timings {
             input: Duration::from_micros(1),
             infer: Duration::from_micros(10),
@@ -174,5 +194,22 @@ mod tests {
         assert_eq!(sizes, vec![1, 3, 4]);
         assert_eq!(snap.batch_stats[2].compute_infer.unwrap().count, 2);
         assert!(snap.last_inference > 0);
+    }
+
+    #[test]
+    fn a_cache_hit_is_a_success_without_compute_and_a_miss_only_adds_its_time() {
+        let s = ModelStats::new("m", 1, true);
+        s.cache_miss(Duration::from_micros(3));
+        s.cache_hit(Duration::from_micros(9), Duration::from_micros(2));
+        let snap = s.snapshot();
+        let st = snap.inference_stats.unwrap();
+        assert_eq!((st.cache_hit.unwrap().count, st.cache_hit.unwrap().ns), (1, 2_000));
+        assert_eq!((st.cache_miss.unwrap().count, st.cache_miss.unwrap().ns), (1, 3_000));
+        assert_eq!((st.success.unwrap().count, st.queue.unwrap().count), (1, 1));
+        assert_eq!(st.compute_infer.unwrap().count, 0);
+        assert_eq!(
+            (snap.inference_count, snap.execution_count, snap.last_inference),
+            (0, 0, 0)
+        );
     }
 }

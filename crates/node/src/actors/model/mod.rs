@@ -89,7 +89,11 @@ impl ModelHandle {
     ) -> Arc<Self> {
         let version_label = version.to_string();
         let loaded = LoadedVersion {
-            stats: Arc::new(ModelStats::new(&config.name, version)),
+            stats: Arc::new(ModelStats::new(
+                &config.name,
+                version,
+                crate::serving::cache::enabled(&config),
+            )),
             config,
             version,
             version_label,
@@ -297,13 +301,14 @@ impl Actor for ModelActor {
         warmup::run(&config, &source.dir, &instances)
             .await
             .map_err(|e| format!("version {v}: {e}"))?;
+        let caches = crate::serving::cache::enabled(&config);
         let slot = Arc::new(RwLock::new(Arc::new(LoadedVersion {
             config,
             version: v,
             version_label: v.to_string(),
             instances,
             rotation: AtomicUsize::new(0),
-            stats: Arc::new(ModelStats::new(&source.model, v)),
+            stats: Arc::new(ModelStats::new(&source.model, v, caches)),
             ensemble: None,
             labels: Arc::new(labels),
         })));
