@@ -123,6 +123,63 @@ async fn stream_answers<D: Dispatch>(dispatch: &D, shm: &SharedMemory, msg: prot
     tokio::join!(dispatch.infer_stream(request, sink), forward);
 }
 
+/// The requests of one stream that belong to sequences: each waits for the previous request of
+/// its sequence (same model and `sequence_id`) to be answered, so a sequence runs in stream order
+/// while other requests overlap.
+#[derive(Default)]
+struct SequenceOrder {
+    last: std::collections::HashMap<
+        (String, String),
+        (tokio::sync::oneshot::Receiver<()>, Arc<std::sync::atomic::AtomicBool>),
+    >,
+}
+
+/// Marks a sequence request answered (also when its task is dropped).
+struct Done(
+    Option<tokio::sync::oneshot::Sender<()>>,
+    Arc<std::sync::atomic::AtomicBool>,
+);
+
+impl Done {
+    fn finish(mut self) {
+        self.1.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.1.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl SequenceOrder {
+    /// What a request must wait for (the previous request of its sequence) and how it signals its end.
+    fn enter(&mut self, msg: &proto::ModelInferRequest) -> (Option<tokio::sync::oneshot::Receiver<()>>, Done) {
+        use proto::infer_parameter::ParameterChoice as P;
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let id = match msg
+            .parameters
+            .get("sequence_id")
+            .and_then(|p| p.parameter_choice.as_ref())
+        {
+            Some(P::Int64Param(i)) if *i != 0 => i.to_string(),
+            Some(P::Uint64Param(u)) if *u != 0 => u.to_string(),
+            Some(P::StringParam(s)) if !s.is_empty() => format!("'{s}"),
+            _ => return (None, Done(None, flag)),
+        };
+        if self.last.len() >= 1024 {
+            self.last
+                .retain(|_, (_, done)| !done.load(std::sync::atomic::Ordering::Relaxed));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let previous = self.last.insert((msg.model_name.clone(), id), (rx, flag.clone()));
+        (previous.map(|(rx, _)| rx), Done(Some(tx), flag))
+    }
+}
+
 type StreamOf<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -215,12 +272,21 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_WINDOW);
         tokio::spawn(async move {
             let mut running = tokio::task::JoinSet::new();
+            let mut sequences = SequenceOrder::default();
             loop {
                 tokio::select! {
                     next = inbound.message() => match next {
                         Ok(Some(msg)) => {
                             let (d, shm, tx) = (dispatch.clone(), shm.clone(), tx.clone());
-                            running.spawn(async move { stream_answers(&*d, &shm, msg, &tx).await });
+                            // Requests of one sequence run one after the other, in stream order.
+                            let (after, done) = sequences.enter(&msg);
+                            running.spawn(async move {
+                                if let Some(previous) = after {
+                                    let _ = previous.await;
+                                }
+                                stream_answers(&*d, &shm, msg, &tx).await;
+                                done.finish();
+                            });
                         }
                         Ok(None) => break,
                         Err(_) => {

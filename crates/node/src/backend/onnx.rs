@@ -10,6 +10,7 @@ use ort::session::Session;
 
 use super::ort_values::{self, InputList};
 use super::{Backend, Timings};
+use crate::serving::sequence::SequenceSetup;
 
 /// Batch size Triton's ONNX backend gives a batchable model whose config omits max_batch_size.
 pub const DEFAULT_MAX_BATCH_SIZE: i32 = 4;
@@ -37,6 +38,8 @@ pub struct OnnxBackend {
     session: Session,
     inputs: Vec<IoSpec>,
     outputs: Vec<IoSpec>,
+    /// Implicit state outputs of a sequence model: produced only when named.
+    state_outputs: Vec<IoSpec>,
     batched: bool,
     /// Test-only (cargo feature `fault-injection`): panic on a batch of this many rows, from the
     /// model parameter `mesh_fault_panic_on_batch`, so supervision can be shown on a real failure.
@@ -135,8 +138,13 @@ pub fn auto_complete(config: &mut ModelConfig, session: &Session, sets_max_batch
                 .ok_or_else(|| format!("model tensor '{name}' has type {et:?}, which Triton cannot serve"))?;
             Ok((d, shape))
         };
+    let supplied = SequenceSetup::supplied_inputs(config);
+    let state_outputs: Vec<String> = SequenceSetup::state_outputs(config)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     if config.input.is_empty() {
-        for (name, t) in &ins {
+        for (name, t) in ins.iter().filter(|(n, _)| !supplied.contains(n)) {
             let (d, shape) = ty(name, t)?;
             config.input.push(ModelInput {
                 name: name.clone(),
@@ -147,7 +155,7 @@ pub fn auto_complete(config: &mut ModelConfig, session: &Session, sets_max_batch
         }
     }
     if config.output.is_empty() {
-        for (name, t) in &outs {
+        for (name, t) in outs.iter().filter(|(n, _)| !state_outputs.contains(n)) {
             let (d, shape) = ty(name, t)?;
             config.output.push(ModelOutput {
                 name: name.clone(),
@@ -212,8 +220,10 @@ pub fn check_against_model(config: &ModelConfig, session: &Session) -> Result<()
     for o in &config.output {
         check("output", &o.name, o.data_type, &o.dims, &o.reshape, session.outputs())?;
     }
+    // Sequence control and state inputs are the node's to supply.
+    let supplied = SequenceSetup::supplied_inputs(config);
     for outlet in session.inputs() {
-        if !config.input.iter().any(|i| i.name == outlet.name()) {
+        if !config.input.iter().any(|i| i.name == outlet.name()) && !supplied.iter().any(|s| s == outlet.name()) {
             return Err(format!(
                 "the model needs input '{}', which config.pbtxt does not list",
                 outlet.name()
@@ -241,6 +251,10 @@ impl OnnxBackend {
                 .output
                 .iter()
                 .map(|o| spec(&o.name, &o.dims, &o.reshape))
+                .collect(),
+            state_outputs: SequenceSetup::state_outputs(config)
+                .into_iter()
+                .map(|(name, dims)| spec(&name, &dims, &None))
                 .collect(),
             batched: config.max_batch_size > 0,
             #[cfg(feature = "fault-injection")]
@@ -297,7 +311,7 @@ impl Backend for OnnxBackend {
         } else {
             outputs
                 .iter()
-                .filter_map(|n| self.outputs.iter().find(|s| &s.name == n))
+                .filter_map(|n| self.outputs.iter().chain(&self.state_outputs).find(|s| &s.name == n))
                 .collect()
         };
         let mut out = Vec::with_capacity(wanted.len());

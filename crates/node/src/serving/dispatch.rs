@@ -19,6 +19,7 @@ use crate::backend::{ResponseSink, Timings};
 use crate::cli::ControlMode;
 use crate::serving::budget::InflightBudget;
 use crate::serving::cache::{self, ResponseCache};
+use crate::serving::sequence;
 
 /// Counts a request as pending while it runs; if its future is dropped first (the client went
 /// away), records it as a CANCELED failure so the gauge and statistics stay true.
@@ -222,10 +223,9 @@ impl NodeDispatch {
         let classified = |mut response: InferResponse| {
             mesh::classify::apply(&mut response, &wanted, &model.config, &model.labels).map(|()| response)
         };
-        let cache = self
-            .cache
-            .as_deref()
-            .filter(|_| !decoupled && cache::enabled(&model.config));
+        // Not for decoupled or sequence models: their answers depend on more than the inputs.
+        let cacheable = !decoupled && model.sequences.is_none() && cache::enabled(&model.config);
+        let cache = self.cache.as_deref().filter(|_| cacheable);
         let Some(cache) = cache else {
             let response = self.compute(&model, request, stream, start, decoupled).await?;
             return response.map(classified).transpose();
@@ -281,9 +281,36 @@ impl NodeDispatch {
                 return Err(e);
             }
         };
+        let batched = model.config.max_batch_size > 0;
+        let mut outputs: Vec<String> = request.outputs.iter().map(|o| o.name.clone()).collect();
+        // A sequence request runs on its sequence's instance, in its turn, with its controls and state.
+        let step = match &model.sequences {
+            Some(table) => {
+                let ready: Vec<&str> = model
+                    .instances
+                    .iter()
+                    .filter(|i| i.is_ready())
+                    .map(|i| &*i.label)
+                    .collect();
+                Some(sequence::Step::begin(table, &request, rows, &ready).inspect_err(|e| {
+                    model.stats.failure(e.metric_reason(), start.elapsed());
+                })?)
+            }
+            None => None,
+        };
+        let _turn = match &step {
+            Some(step) => {
+                let turn = step.ticket.turn.clone().lock_owned().await;
+                step.add_inputs(&request.model_name, batched, &mut request.inputs)?;
+                let config_outputs: Vec<String> = model.config.output.iter().map(|o| o.name.clone()).collect();
+                outputs = step.outputs(outputs, &config_outputs);
+                Some(turn)
+            }
+            None => None,
+        };
         let submission = Submission {
             inputs: std::mem::take(&mut request.inputs),
-            outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
+            outputs,
             rows,
             priority,
             timeout,
@@ -299,9 +326,21 @@ impl NodeDispatch {
                 Box::new(ResponseSink::new(tx, template))
             }),
         };
-        let instance = model
-            .pick()
-            .ok_or_else(|| Error::unavailable(format!("model '{}' has no instances", request.model_name)))?;
+        let instance = match &step {
+            Some(step) => model
+                .instances
+                .iter()
+                .find(|i| i.label == step.ticket.instance)
+                .map(|i| &**i),
+            None => model.pick(),
+        };
+        let instance = instance.ok_or_else(|| match &step {
+            Some(step) => Error::unavailable(format!(
+                "model '{}': instance {} that held sequence {} is gone; start the sequence again",
+                request.model_name, step.ticket.instance, step.flags.id
+            )),
+            None => Error::unavailable(format!("model '{}' has no instances", request.model_name)),
+        })?;
         let streamed = submission.sink.is_some();
         InFlight::begin(model);
         let mut guard = InFlight {
@@ -313,7 +352,12 @@ impl NodeDispatch {
         guard.finished = true;
         drop(guard);
         match result {
-            Ok(done) => {
+            Ok(mut done) => {
+                if let Some(step) = step {
+                    if !streamed {
+                        step.finish(batched, &mut done.outputs)?;
+                    }
+                }
                 let execution = done.counts_execution.then_some(done.batch_rows as u64);
                 model
                     .stats

@@ -3,3 +3,4 @@ pub mod bls;
 pub mod budget;
 pub mod cache;
 pub mod dispatch;
+pub mod sequence;

@@ -19,6 +19,7 @@ use crate::actors::instance::{self, FailureNotice, InstanceHandle, InstanceSpec}
 use crate::backend::onnx::Device;
 use crate::backend::Backend;
 use crate::placement::InstancePlacement;
+use crate::serving::sequence::{SequenceSetup, Sequences};
 use crate::telemetry::stats::ModelStats;
 use source::VersionSource;
 
@@ -35,6 +36,8 @@ pub struct LoadedVersion {
     pub ensemble: Option<Arc<mesh::ensemble::Plan>>,
     /// The outputs' class labels (`label_filename`), for the classification extension.
     pub labels: Arc<mesh::classify::Labels>,
+    /// The active sequences of a model with `sequence_batching` (kept across snapshots).
+    pub sequences: Option<Arc<std::sync::Mutex<Sequences>>>,
 }
 
 impl LoadedVersion {
@@ -101,6 +104,7 @@ impl ModelHandle {
             rotation: AtomicUsize::new(0),
             ensemble: Some(plan),
             labels,
+            sequences: None,
         };
         Arc::new(ModelHandle {
             slot: Arc::new(RwLock::new(Arc::new(loaded))),
@@ -229,6 +233,7 @@ impl Supervised {
             stats: old.stats.clone(),
             ensemble: None,
             labels: old.labels.clone(),
+            sequences: old.sequences.clone(),
         });
         *self.slot.write().unwrap_or_else(|p| p.into_inner()) = next;
     }
@@ -289,6 +294,9 @@ impl Actor for ModelActor {
         } = args;
         let labels = mesh::classify::Labels::load(&source.dir, &config)
             .map_err(|e| format!("version {}: {}", source.version, e.message))?;
+        let sequences = SequenceSetup::from_config(&config, &source.dir)
+            .map_err(|e| format!("version {}: {e}", source.version))?
+            .map(|setup| Arc::new(std::sync::Mutex::new(Sequences::new(Arc::new(setup)))));
         let mut instances = Vec::with_capacity(placements.len());
         let mut devices = HashMap::new();
         for (p, first) in placements {
@@ -311,6 +319,7 @@ impl Actor for ModelActor {
             stats: Arc::new(ModelStats::new(&source.model, v, caches)),
             ensemble: None,
             labels: Arc::new(labels),
+            sequences,
         })));
         let _ = ready.send(slot.clone());
         Ok(Supervised {

@@ -101,8 +101,23 @@ impl BatchConfig {
     /// Builds the batcher's config from the model's protobuf config, once at load time.
     pub fn from_model_config(cfg: &mesh::config::ModelConfig) -> Self {
         let max_batch_size = cfg.max_batch_size.max(0) as usize;
-        let Some(SchedulingChoice::DynamicBatching(db)) = &cfg.scheduling_choice else {
-            return Self::unbatched(max_batch_size);
+        let db = match &cfg.scheduling_choice {
+            Some(SchedulingChoice::DynamicBatching(db)) => db,
+            // Sequences batch with each other (one request of each at a time), after the
+            // strategy's delay, towards its preferred sizes.
+            Some(SchedulingChoice::SequenceBatching(sb)) if max_batch_size > 0 => {
+                let (delay, preferred) = crate::serving::sequence::setup::strategy(sb);
+                return Self {
+                    dynamic: true,
+                    preferred_batch_sizes: preferred
+                        .into_iter()
+                        .filter(|&s| s > 0 && s <= max_batch_size)
+                        .collect(),
+                    max_queue_delay: delay,
+                    ..Self::unbatched(max_batch_size)
+                };
+            }
+            _ => return Self::unbatched(max_batch_size),
         };
         let sizes = db.preferred_batch_size.iter().map(|&s| s.max(0) as usize);
         let preferred = sizes.filter(|&s| s > 0 && s <= max_batch_size).collect();

@@ -1,0 +1,294 @@
+//! Sequence batching (stateful models): which requests belong to which sequence, the instance a
+//! sequence is pinned to, its order (one request at a time, in arrival order), its implicit state,
+//! and its end by END, by idleness or by a new START. The table is sans-IO (time is passed in).
+pub mod inputs;
+pub mod setup;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use mesh::{Error, InferRequest, Param, Result, Tensor};
+
+pub use setup::SequenceSetup;
+
+/// A sequence's correlation id as the client sent it (`sequence_id`: an integer or a string).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SequenceId {
+    Int(u64),
+    Str(String),
+}
+
+impl std::fmt::Display for SequenceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SequenceId::Int(i) => write!(f, "{i}"),
+            SequenceId::Str(s) => write!(f, "'{s}'"),
+        }
+    }
+}
+
+/// The sequence parameters of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Flags {
+    pub id: SequenceId,
+    pub start: bool,
+    pub end: bool,
+}
+
+impl Flags {
+    /// Reads `sequence_id`, `sequence_start` and `sequence_end` as tritonclient sends them; a
+    /// sequence model needs a non-zero, non-empty id.
+    pub fn of(model: &str, request: &InferRequest) -> Result<Flags> {
+        let mut id = None;
+        let (mut start, mut end) = (false, false);
+        for (key, value) in &request.parameters {
+            let flag = |v: &Param| match v {
+                Param::Bool(b) => Ok(*b),
+                other => Err(Error::invalid(format!(
+                    "parameter '{key}' must be a boolean, got {other:?}"
+                ))),
+            };
+            match key.as_str() {
+                "sequence_id" => {
+                    id = match value {
+                        Param::Int(i) if *i > 0 => Some(SequenceId::Int(*i as u64)),
+                        Param::Uint(u) if *u > 0 => Some(SequenceId::Int(*u)),
+                        Param::String(s) if !s.is_empty() => Some(SequenceId::Str(s.clone())),
+                        Param::Int(0) | Param::Uint(0) | Param::String(_) => None,
+                        other => {
+                            return Err(Error::invalid(format!(
+                                "parameter 'sequence_id' must be a positive integer or a string, got {other:?}"
+                            )))
+                        }
+                    }
+                }
+                "sequence_start" => start = flag(value)?,
+                "sequence_end" => end = flag(value)?,
+                _ => {}
+            }
+        }
+        let id = id.ok_or_else(|| {
+            Error::invalid(format!(
+                "inference request to model '{model}' must specify a non-zero or non-empty correlation ID (sequence_id)"
+            ))
+        })?;
+        Ok(Flags { id, start, end })
+    }
+}
+
+struct Active {
+    instance: String,
+    /// One tensor per implicit state, for one row.
+    state: Vec<Tensor>,
+    last: Instant,
+    /// Requests admitted and not yet finished; a busy sequence never idles out.
+    running: u32,
+    /// Held by the request of the sequence that runs; later ones wait their turn in order.
+    turn: Arc<tokio::sync::Mutex<()>>,
+    /// Bumped by each START, so an answer of the previous sequence cannot overwrite the new state.
+    generation: u64,
+}
+
+/// A request's place in its sequence, from [`Sequences::begin`].
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    pub instance: String,
+    pub turn: Arc<tokio::sync::Mutex<()>>,
+    generation: u64,
+}
+
+/// The active sequences of one model version.
+pub struct Sequences {
+    setup: Arc<SequenceSetup>,
+    active: HashMap<SequenceId, Active>,
+    generations: u64,
+}
+
+impl Sequences {
+    pub fn new(setup: Arc<SequenceSetup>) -> Self {
+        Sequences {
+            setup,
+            active: HashMap::new(),
+            generations: 0,
+        }
+    }
+
+    pub fn setup(&self) -> &Arc<SequenceSetup> {
+        &self.setup
+    }
+
+    fn expired(&self, a: &Active, now: Instant) -> bool {
+        a.running == 0 && now.saturating_duration_since(a.last) > self.setup.idle
+    }
+
+    /// Admits a request of a sequence. START begins (or restarts) the sequence on the instance
+    /// holding the fewest sequences among `instances`; any other request needs the sequence active.
+    pub fn begin(&mut self, model: &str, flags: &Flags, instances: &[&str], now: Instant) -> Result<Ticket> {
+        let idle = self.setup.idle;
+        self.active
+            .retain(|_, a| a.running > 0 || now.saturating_duration_since(a.last) <= idle);
+        if flags.start {
+            self.generations += 1;
+            let generation = self.generations;
+            let initial: Vec<Tensor> = self.setup.states.iter().map(|s| s.initial.clone()).collect();
+            if let Some(a) = self.active.get_mut(&flags.id) {
+                // A new START for an active sequence restarts it where it is, after what is running.
+                a.state = initial;
+                a.generation = generation;
+                a.running += 1;
+                a.last = now;
+                return Ok(Ticket {
+                    instance: a.instance.clone(),
+                    turn: a.turn.clone(),
+                    generation,
+                });
+            }
+            let instance = self
+                .least_loaded(instances)
+                .ok_or_else(|| Error::unavailable(format!("model '{model}' has no ready instance")))?;
+            let turn = Arc::new(tokio::sync::Mutex::new(()));
+            let active = Active {
+                instance: instance.clone(),
+                state: initial,
+                last: now,
+                running: 1,
+                turn: turn.clone(),
+                generation,
+            };
+            self.active.insert(flags.id.clone(), active);
+            return Ok(Ticket {
+                instance,
+                turn,
+                generation,
+            });
+        }
+        match self.active.get_mut(&flags.id) {
+            Some(a) => {
+                a.running += 1;
+                a.last = now;
+                Ok(Ticket {
+                    instance: a.instance.clone(),
+                    turn: a.turn.clone(),
+                    generation: a.generation,
+                })
+            }
+            None => Err(Error::invalid(format!(
+                "inference request for sequence {} to model '{model}' must specify the START flag on the first request of the sequence \
+                 (the sequence is not active here: it never started, it ended, it was idle longer than max_sequence_idle_microseconds, \
+                 or the node that held it was lost)",
+                flags.id
+            ))),
+        }
+    }
+
+    /// The state to feed the sequence's next request (taken when its turn has come).
+    pub fn state(&self, id: &SequenceId) -> Vec<Tensor> {
+        self.active.get(id).map(|a| a.state.clone()).unwrap_or_default()
+    }
+
+    /// Ends a request's part: stores the state it produced (None: it failed, the state stays),
+    /// and ends the sequence after its END request.
+    pub fn finish(&mut self, id: &SequenceId, ticket: &Ticket, state: Option<Vec<Tensor>>, end: bool, now: Instant) {
+        let Some(a) = self.active.get_mut(id) else { return };
+        a.running = a.running.saturating_sub(1);
+        a.last = now;
+        if a.generation != ticket.generation {
+            return; // a later START took the sequence over
+        }
+        if let Some(state) = state {
+            a.state = state;
+        }
+        if end {
+            self.active.remove(id);
+        }
+    }
+
+    fn least_loaded(&self, instances: &[&str]) -> Option<String> {
+        instances
+            .iter()
+            .min_by_key(|i| self.active.values().filter(|a| a.instance == **i).count())
+            .map(|i| i.to_string())
+    }
+
+    /// How many sequences are active (for tests and metrics).
+    pub fn len(&self, now: Instant) -> usize {
+        self.active.values().filter(|a| !self.expired(a, now)).count()
+    }
+}
+
+/// One request's passage through its sequence: admitted by [`Step::begin`], its controls and
+/// state added when its turn comes, its next state stored by [`Step::finish`]. Dropped unfinished
+/// (it failed, or its client went away), it leaves the state as it was.
+pub struct Step {
+    table: Arc<std::sync::Mutex<Sequences>>,
+    pub flags: Flags,
+    pub ticket: Ticket,
+    finished: bool,
+}
+
+fn lock(table: &std::sync::Mutex<Sequences>) -> std::sync::MutexGuard<'_, Sequences> {
+    table.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Step {
+    /// Admits a request of `rows` rows to its sequence among the model's ready `instances`.
+    pub fn begin(
+        table: &Arc<std::sync::Mutex<Sequences>>,
+        request: &InferRequest,
+        rows: usize,
+        instances: &[&str],
+    ) -> Result<Step> {
+        let model = &request.model_name;
+        let flags = Flags::of(model, request)?;
+        if rows != 1 {
+            return Err(Error::invalid(format!(
+                "inference request to model '{model}' must specify batch-size 1 due to requirements of sequence batcher"
+            )));
+        }
+        let ticket = lock(table).begin(model, &flags, instances, Instant::now())?;
+        Ok(Step {
+            table: table.clone(),
+            flags,
+            ticket,
+            finished: false,
+        })
+    }
+
+    /// Adds the controls and the sequence's current state (call once the turn is held).
+    pub fn add_inputs(&self, model: &str, batched: bool, inputs: &mut Vec<mesh::NamedTensor>) -> Result<()> {
+        let (setup, state) = {
+            let t = lock(&self.table);
+            (t.setup().clone(), t.state(&self.flags.id))
+        };
+        inputs::add(model, &setup, &self.flags, state, batched, inputs)
+    }
+
+    /// The outputs to ask the backend for (see [`inputs::outputs`]).
+    pub fn outputs(&self, requested: Vec<String>, config_outputs: &[String]) -> Vec<String> {
+        let setup = lock(&self.table).setup().clone();
+        inputs::outputs(&setup, requested, config_outputs)
+    }
+
+    /// Takes the next state out of the answer and stores it; ends the sequence after END.
+    pub fn finish(mut self, batched: bool, outputs: &mut Vec<mesh::NamedTensor>) -> Result<()> {
+        let mut t = lock(&self.table);
+        let setup = t.setup().clone();
+        let state = inputs::take_states(&setup, outputs, batched);
+        let ok = state.as_ref().ok().cloned();
+        t.finish(&self.flags.id, &self.ticket, ok, self.flags.end, Instant::now());
+        self.finished = true;
+        state.map(|_| ())
+    }
+}
+
+impl Drop for Step {
+    fn drop(&mut self) {
+        if !self.finished {
+            lock(&self.table).finish(&self.flags.id, &self.ticket, None, self.flags.end, Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,237 @@
+use std::time::Duration;
+
+use super::setup::{ControlKind, ControlSpec, StateSpec};
+use super::*;
+use mesh::proto::model_sequence_batching::control::Kind;
+use mesh::{DataType, NamedTensor};
+
+fn setup(idle_ms: u64) -> Arc<SequenceSetup> {
+    let flag = |input: &str, kind| ControlSpec {
+        input: input.into(),
+        kind: ControlKind::Flag {
+            kind,
+            dtype: DataType::Int32,
+            values: [
+                bytes::Bytes::from_static(&[0; 4]),
+                bytes::Bytes::from_static(&[1, 0, 0, 0]),
+            ],
+        },
+    };
+    Arc::new(SequenceSetup {
+        idle: Duration::from_millis(idle_ms),
+        controls: vec![
+            flag("START", Kind::ControlSequenceStart),
+            flag("END", Kind::ControlSequenceEnd),
+            flag("READY", Kind::ControlSequenceReady),
+            ControlSpec {
+                input: "CORRID".into(),
+                kind: ControlKind::CorrId {
+                    dtype: DataType::Uint64,
+                },
+            },
+        ],
+        states: vec![StateSpec {
+            input: "S_IN".into(),
+            output: "S_OUT".into(),
+            initial: Tensor::from_values(vec![1], &[0f32]),
+        }],
+        max_queue_delay: Duration::ZERO,
+        preferred_batch_sizes: vec![],
+    })
+}
+
+fn flags(id: u64, start: bool, end: bool) -> Flags {
+    Flags {
+        id: SequenceId::Int(id),
+        start,
+        end,
+    }
+}
+
+fn request(params: Vec<(&str, Param)>) -> InferRequest {
+    InferRequest {
+        parameters: params.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn flags_are_read_as_tritonclient_sends_them() {
+    let f = Flags::of(
+        "m",
+        &request(vec![
+            ("sequence_id", Param::Int(7)),
+            ("sequence_start", Param::Bool(true)),
+            ("sequence_end", Param::Bool(false)),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(f, flags(7, true, false));
+    let s = Flags::of("m", &request(vec![("sequence_id", Param::String("abc".into()))])).unwrap();
+    assert_eq!((s.id, s.start, s.end), (SequenceId::Str("abc".into()), false, false));
+    for bad in [
+        vec![],
+        vec![("sequence_id", Param::Int(0))],
+        vec![("sequence_id", Param::String("".into()))],
+    ] {
+        let e = Flags::of("m", &request(bad)).unwrap_err();
+        assert!(
+            e.message
+                .contains("must specify a non-zero or non-empty correlation ID"),
+            "{e}"
+        );
+    }
+    let e = Flags::of("m", &request(vec![("sequence_id", Param::Int(-4))])).unwrap_err();
+    assert!(e.message.contains("positive integer or a string"), "{e}");
+    let e = Flags::of(
+        "m",
+        &request(vec![("sequence_id", Param::Int(1)), ("sequence_end", Param::Int(1))]),
+    )
+    .unwrap_err();
+    assert!(e.message.contains("'sequence_end' must be a boolean"), "{e}");
+}
+
+#[test]
+fn a_sequence_needs_start_keeps_its_instance_and_state_and_ends_with_end() {
+    let t0 = Instant::now();
+    let mut s = Sequences::new(setup(1000));
+    let e = s.begin("m", &flags(1, false, false), &["i0", "i1"], t0).unwrap_err();
+    assert!(e.message.contains("must specify the START flag"), "{e}");
+
+    let first = s.begin("m", &flags(1, true, false), &["i0", "i1"], t0).unwrap();
+    assert_eq!(
+        s.state(&SequenceId::Int(1)),
+        vec![Tensor::from_values(vec![1], &[0f32])]
+    );
+    s.finish(
+        &SequenceId::Int(1),
+        &first,
+        Some(vec![Tensor::from_values(vec![1], &[5f32])]),
+        false,
+        t0,
+    );
+    // A second sequence goes to the other instance (fewest sequences).
+    let other = s.begin("m", &flags(2, true, false), &["i0", "i1"], t0).unwrap();
+    assert_ne!(other.instance, first.instance);
+
+    let next = s.begin("m", &flags(1, false, false), &["i0", "i1"], t0).unwrap();
+    assert_eq!(next.instance, first.instance, "pinned");
+    assert_eq!(
+        s.state(&SequenceId::Int(1)),
+        vec![Tensor::from_values(vec![1], &[5f32])]
+    );
+    // A failed request keeps the state.
+    s.finish(&SequenceId::Int(1), &next, None, false, t0);
+    assert_eq!(
+        s.state(&SequenceId::Int(1)),
+        vec![Tensor::from_values(vec![1], &[5f32])]
+    );
+
+    let last = s.begin("m", &flags(1, false, true), &["i0", "i1"], t0).unwrap();
+    s.finish(&SequenceId::Int(1), &last, Some(vec![]), true, t0);
+    assert!(s.begin("m", &flags(1, false, false), &["i0"], t0).is_err(), "ended");
+    assert_eq!(s.len(t0), 1);
+}
+
+#[test]
+fn an_idle_sequence_expires_but_not_while_a_request_runs() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let mut s = Sequences::new(setup(100));
+    let a = s.begin("m", &flags(1, true, false), &["i0"], t0).unwrap();
+    // Running for longer than the idle time: still active.
+    let b = s.begin("m", &flags(2, true, false), &["i0"], t0 + ms(500)).unwrap();
+    s.finish(&SequenceId::Int(1), &a, None, false, t0 + ms(600));
+    s.finish(&SequenceId::Int(2), &b, None, false, t0 + ms(600));
+    assert!(s.begin("m", &flags(1, false, false), &["i0"], t0 + ms(690)).is_ok());
+    // Sequence 2 has been idle 101 ms.
+    let e = s
+        .begin("m", &flags(2, false, false), &["i0"], t0 + ms(701))
+        .unwrap_err();
+    assert!(
+        e.message.contains("idle longer than max_sequence_idle_microseconds"),
+        "{e}"
+    );
+    assert_eq!(s.len(t0 + ms(701)), 1);
+}
+
+#[test]
+fn a_new_start_restarts_the_sequence_and_an_older_answer_cannot_overwrite_it() {
+    let t0 = Instant::now();
+    let mut s = Sequences::new(setup(1000));
+    let old = s.begin("m", &flags(1, true, false), &["i0", "i1"], t0).unwrap();
+    let restarted = s.begin("m", &flags(1, true, false), &["i0", "i1"], t0).unwrap();
+    assert_eq!(restarted.instance, old.instance);
+    assert!(
+        Arc::ptr_eq(&restarted.turn, &old.turn),
+        "waits behind the running request"
+    );
+    s.finish(
+        &SequenceId::Int(1),
+        &old,
+        Some(vec![Tensor::from_values(vec![1], &[9f32])]),
+        true,
+        t0,
+    );
+    assert_eq!(
+        s.state(&SequenceId::Int(1)),
+        vec![Tensor::from_values(vec![1], &[0f32])],
+        "fresh state kept"
+    );
+    assert!(
+        s.begin("m", &flags(1, false, false), &["i0"], t0).is_ok(),
+        "the old END did not end the new one"
+    );
+}
+
+#[test]
+fn controls_and_state_are_added_and_the_next_state_taken_back() {
+    let setup = setup(1000);
+    let mut inputs = vec![];
+    inputs::add(
+        "m",
+        &setup,
+        &flags(42, true, false),
+        vec![Tensor::from_values(vec![1], &[3f32])],
+        true,
+        &mut inputs,
+    )
+    .unwrap();
+    let get = |n: &str| inputs.iter().find(|i| i.name == n).unwrap().tensor.clone();
+    assert_eq!(get("START"), Tensor::from_values(vec![1, 1], &[1i32]));
+    assert_eq!(get("END"), Tensor::from_values(vec![1, 1], &[0i32]));
+    assert_eq!(get("READY"), Tensor::from_values(vec![1, 1], &[1i32]));
+    assert_eq!(get("CORRID"), Tensor::from_values(vec![1, 1], &[42u64]));
+    assert_eq!(get("S_IN"), Tensor::from_values(vec![1, 1], &[3f32]));
+
+    let names = inputs::outputs(&setup, vec![], &["Y".to_string()]);
+    assert_eq!(names, ["Y", "S_OUT"]);
+    let mut outs = vec![
+        NamedTensor {
+            name: "Y".into(),
+            tensor: Tensor::from_values(vec![1, 1], &[1f32]),
+        },
+        NamedTensor {
+            name: "S_OUT".into(),
+            tensor: Tensor::from_values(vec![1, 1], &[4f32]),
+        },
+    ];
+    let next = inputs::take_states(&setup, &mut outs, true).unwrap();
+    assert_eq!(next, vec![Tensor::from_values(vec![1], &[4f32])]);
+    assert_eq!(outs.len(), 1, "the state is not returned to the client");
+
+    let e = inputs::add(
+        "m",
+        &setup,
+        &Flags {
+            id: SequenceId::Str("x".into()),
+            start: true,
+            end: false,
+        },
+        vec![],
+        true,
+        &mut vec![],
+    )
+    .unwrap_err();
+    assert!(e.message.contains("takes integer correlation IDs"), "{e}");
+}
