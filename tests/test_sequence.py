@@ -148,7 +148,8 @@ def test_sequence_errors_are_clear_and_lose_nothing(node):
     with pytest.raises(InferenceServerException) as e:
         c.infer("seq_accumulate", [i], sequence_id=9, sequence_start=True)
     assert "must specify batch-size 1" in str(e.value)
-    # A failed request leaves its sequence as it was.
+    # A request refused (a wrong shape) leaves its sequence as it was; a request that fails after
+    # its turn came is the sequence table's unit test (Step dropped unfinished keeps the state).
     step(c, httpclient, "seq_accumulate", 2, 4244, start=True)
     bad = httpclient.InferInput("INPUT", [1, 2], "FP32")
     bad.set_data_from_numpy(np.ones((1, 2), np.float32))

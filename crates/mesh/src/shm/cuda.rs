@@ -93,6 +93,21 @@ impl CudaRegion {
                 .map(|()| pointer)
                 .map_err(|e| driver_error(name, "opening the IPC handle", e))
             };
+            // The claimed size must lie within the exported allocation.
+            let opened = opened.and_then(|pointer| {
+                let (mut base, mut size) = (0, 0usize);
+                // SAFETY: queries the allocation that contains the pointer just opened.
+                let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, pointer) }.result();
+                let fits = r.is_ok() && (pointer - base).checked_add(byte_size).is_some_and(|end| end <= size as u64);
+                if fits {
+                    return Ok(pointer);
+                }
+                // SAFETY: closes the mapping opened above, used by nothing else.
+                let _ = unsafe { sys::cuIpcCloseMemHandle(pointer) }.result();
+                Err(Error::invalid(format!(
+                    "CUDA shared memory region '{name}': byte_size {byte_size} is beyond the {size} bytes of the exported allocation"
+                )))
+            });
             match opened {
                 Ok(pointer) => Ok(CudaRegion {
                     device_id,
@@ -112,7 +127,7 @@ impl CudaRegion {
 
     /// Copies `len` bytes at `at` to the host (the caller checked the bounds).
     pub fn read(&self, name: &str, at: usize, len: usize) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; len];
+        let mut out = super::system::buffer(name, len)?;
         // SAFETY: the pointer is an open IPC mapping of at least byte_size bytes; at + len <= byte_size.
         unsafe {
             result::ctx::set_current(self.context).map_err(|e| driver_error(name, "using the context", e))?;

@@ -5,6 +5,9 @@
 mod cuda;
 mod system;
 
+/// Regions one server holds at most (each keeps a descriptor open).
+pub const MAX_REGIONS: usize = 512;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -57,12 +60,26 @@ pub struct CudaStatus {
 }
 
 /// Every registered region of the server, by name (system and CUDA share one namespace).
-#[derive(Default)]
 pub struct SharedMemory {
     regions: Mutex<BTreeMap<String, Arc<Region>>>,
+    limit: usize,
+}
+
+impl Default for SharedMemory {
+    fn default() -> Self {
+        SharedMemory::with_limit(MAX_REGIONS)
+    }
 }
 
 impl SharedMemory {
+    /// A registry holding at most `limit` regions.
+    pub fn with_limit(limit: usize) -> Self {
+        SharedMemory {
+            regions: Mutex::default(),
+            limit,
+        }
+    }
+
     fn regions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Region>>> {
         self.regions.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -71,18 +88,25 @@ impl SharedMemory {
         if name.is_empty() {
             return Err(Error::invalid("a shared memory region needs a name"));
         }
-        if self.regions().contains_key(name) {
+        let regions = self.regions();
+        if regions.contains_key(name) {
             return Err(Error::new(
                 Code::AlreadyExists,
                 format!("shared memory region '{name}' is already registered"),
             ));
+        }
+        if regions.len() >= self.limit {
+            return Err(Error::invalid(format!(
+                "cannot register shared memory region '{name}': {} regions are registered already; unregister some",
+                self.limit
+            )));
         }
         Ok(())
     }
 
     fn insert(&self, name: &str, memory: Memory) -> Result<()> {
         let mut regions = self.regions();
-        if regions.contains_key(name) {
+        if regions.contains_key(name) || regions.len() >= self.limit {
             return Err(Error::new(
                 Code::AlreadyExists,
                 format!("shared memory region '{name}' is already registered"),
@@ -252,7 +276,21 @@ impl PartialEq for ShmRef {
 }
 
 impl ShmRef {
-    /// The bytes this reference covers, copied out of the region (an input's data).
+    /// An input's bytes: its size is checked against its type and shape first (for types of
+    /// fixed size), so nothing is read, or allocated, for a size the tensor cannot have.
+    pub fn read_input(&self, input: &str, dtype: crate::DataType, shape: &[i64]) -> Result<Bytes> {
+        let want =
+            crate::tensor::byte_size(dtype, shape).map_err(|e| Error::invalid(format!("input '{input}': {e}")))?;
+        if let Some(want) = want.filter(|&n| n != self.byte_size) {
+            return Err(Error::invalid(format!(
+                "input byte size mismatch for input '{input}'. Expected {want}, got {}",
+                self.byte_size
+            )));
+        }
+        self.read()
+    }
+
+    /// The bytes this reference covers, copied out of the region.
     pub fn read(&self) -> Result<Bytes> {
         let name = &self.region.name;
         let data = match &self.region.memory {

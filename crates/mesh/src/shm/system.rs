@@ -1,9 +1,9 @@
 //! System shared memory: a POSIX shared-memory object (`/dev/shm/<key>`) a client created and
-//! registered, mapped once at registration and read or written at each use.
+//! registered. It is read and written with `pread`/`pwrite` on the descriptor kept from
+//! registration, never through a mapping: an object the client shrank, or a sparse one whose
+//! file system is full, then gives a short read or an error instead of killing the server (SIGBUS).
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
-
-use memmap2::{MmapOptions, MmapRaw};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 
 use crate::error::{Error, Result};
 
@@ -16,8 +16,6 @@ pub struct SystemRegion {
     pub offset: u64,
     pub byte_size: u64,
     file: File,
-    /// The object's first `offset + byte_size` bytes.
-    map: MmapRaw,
 }
 
 /// The file name `shm_open` uses for a key: one leading '/' dropped, nothing that leaves the directory.
@@ -31,8 +29,20 @@ fn object_name(key: &str) -> Result<&str> {
     Ok(name)
 }
 
+/// A buffer of `len` bytes, or an error when memory for it cannot be had (never an abort).
+pub(super) fn buffer(name: &str, len: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len).map_err(|_| {
+        Error::invalid(format!(
+            "shared memory region '{name}': cannot allocate {len} bytes to read"
+        ))
+    })?;
+    out.resize(len, 0);
+    Ok(out)
+}
+
 impl SystemRegion {
-    /// Opens and maps the object; the region must lie within it.
+    /// Opens the object; the region must lie within it.
     pub fn open(name: &str, key: &str, offset: u64, byte_size: u64) -> Result<SystemRegion> {
         let path = std::path::Path::new(SHM_DIR).join(object_name(key)?);
         let file = OpenOptions::new()
@@ -62,52 +72,42 @@ impl SystemRegion {
                 "shared memory region '{name}': byte_size must be positive"
             )));
         }
-        let len = usize::try_from(end)
-            .map_err(|_| Error::invalid(format!("shared memory region '{name}' is too large to map")))?;
-        let map = MmapOptions::new()
-            .len(len)
-            .map_raw(&file)
-            .map_err(|e| Error::invalid(format!("unable to map shared memory region '{name}': {e}")))?;
         Ok(SystemRegion {
             key: key.to_string(),
             offset,
             byte_size,
             file,
-            map,
         })
     }
 
-    /// Refuses to touch the mapping when its object has shrunk since registration: reading or
-    /// writing past the end of a shared-memory object kills the process (SIGBUS).
-    fn still_whole(&self, name: &str) -> Result<()> {
+    fn shrank(&self, name: &str) -> Error {
         let size = self.file.metadata().map(|m| m.len()).unwrap_or(0);
-        if size < self.offset + self.byte_size {
-            return Err(Error::invalid(format!(
-                "shared memory region '{name}': key '{}' shrank to {size} bytes after it was registered",
-                self.key
-            )));
-        }
-        Ok(())
+        Error::invalid(format!(
+            "shared memory region '{name}': key '{}' shrank to {size} bytes after it was registered",
+            self.key
+        ))
     }
 
     /// Copies `len` bytes at `at` (relative to the region's start; the caller checked the bounds).
     pub fn read(&self, name: &str, at: usize, len: usize) -> Result<Vec<u8>> {
-        self.still_whole(name)?;
-        let start = self.offset as usize + at;
-        let mut out = vec![0u8; len];
-        // SAFETY: start + len <= offset + byte_size == the mapping's length (checked by the caller
-        // against byte_size) and the object still covers it; another process may write the bytes
-        // concurrently, which is the shared-memory contract (a copy of whatever they hold).
-        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(start), out.as_mut_ptr(), len) };
+        let mut out = buffer(name, len)?;
+        self.file
+            .read_exact_at(&mut out, self.offset + at as u64)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => self.shrank(name),
+                _ => Error::invalid(format!("shared memory region '{name}': cannot read it ({e})")),
+            })?;
         Ok(out)
     }
 
     /// Writes `data` at `at` (relative to the region's start; the caller checked the bounds).
     pub fn write(&self, name: &str, at: usize, data: &[u8]) -> Result<()> {
-        self.still_whole(name)?;
-        let start = self.offset as usize + at;
-        // SAFETY: as in `read`; the mapping is writable (opened read-write, mapped shared).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.as_mut_ptr().add(start), data.len()) };
-        Ok(())
+        let end = self.offset + at as u64 + data.len() as u64;
+        if self.file.metadata().map(|m| m.len()).unwrap_or(0) < end {
+            return Err(self.shrank(name)); // writing would grow the client's object
+        }
+        self.file
+            .write_all_at(data, self.offset + at as u64)
+            .map_err(|e| Error::internal(format!("shared memory region '{name}': cannot write the output ({e})")))
     }
 }

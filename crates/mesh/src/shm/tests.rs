@@ -208,10 +208,43 @@ fn a_shrunken_object_is_an_error_not_a_crash() {
         .unwrap()
         .set_len(16)
         .unwrap();
-    // Touching the second page now would be SIGBUS; the size check answers instead.
+    // Reads and writes go through the descriptor, never a mapping: no SIGBUS, whenever it shrinks.
     let e = r.read().unwrap_err();
     assert!(e.message.contains("shrank to 16 bytes"), "{e}");
-    assert!(r.write("y", &[0; 4]).unwrap_err().message.contains("shrank"));
+    assert!(r.write("y", &[0; 4096 + 1]).unwrap_err().message.contains("shrank"));
+    assert_eq!(
+        std::fs::metadata(obj.path()).unwrap().len(),
+        16,
+        "a write never grows the client's object"
+    );
+}
+
+#[test]
+fn an_input_size_is_checked_against_its_shape_before_anything_is_read() {
+    let obj = Object::new("insize", &[0; 64]);
+    let shm = SharedMemory::default();
+    shm.register_system("r", &obj.0, 0, 64).unwrap();
+    let r = shm.take_ref("input", "a", &mut params("r", 64, None)).unwrap().unwrap();
+    let e = r.read_input("a", mesh_dtype(), &[1, 4]).unwrap_err();
+    assert_eq!(e.message, "input byte size mismatch for input 'a'. Expected 16, got 64");
+    assert_eq!(r.read_input("a", mesh_dtype(), &[4, 4]).unwrap().len(), 64);
+}
+
+fn mesh_dtype() -> crate::DataType {
+    crate::DataType::Fp32
+}
+
+#[test]
+fn registrations_are_bounded() {
+    let obj = Object::new("many", &[0; 8]);
+    let shm = SharedMemory::with_limit(8);
+    for i in 0..8 {
+        shm.register_system(&format!("r{i}"), &obj.0, 0, 8).unwrap();
+    }
+    let e = shm.register_system("one-more", &obj.0, 0, 8).unwrap_err();
+    assert!(e.message.contains("regions are registered already"), "{e}");
+    shm.unregister_system("").unwrap();
+    shm.register_system("one-more", &obj.0, 0, 8).unwrap();
 }
 
 #[test]

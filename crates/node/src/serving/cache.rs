@@ -66,9 +66,10 @@ pub fn enabled(config: &mesh::config::ModelConfig) -> bool {
 /// A request's identity for the cache.
 pub type Key = [u8; 32];
 
-/// The key of a request to `model` version `version` with these inputs, in any order.
-pub fn key(model: &str, version: &str, inputs: &[NamedTensor]) -> Key {
+/// The key of a request to `model` version `version` (its load `load`) with these inputs, in any order.
+pub fn key(model: &str, version: &str, load: u64, inputs: &[NamedTensor]) -> Key {
     let mut h = Sha256::new();
+    h.update(load.to_le_bytes());
     let mut field = |bytes: &[u8]| {
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(bytes);
@@ -295,18 +296,23 @@ mod tests {
     #[test]
     fn the_key_is_the_model_and_inputs_in_any_order() {
         let (a, b) = (t("a", &[1.0]), t("b", &[2.0]));
-        let k = key("m", "1", &[a.clone(), b.clone()]);
-        assert_eq!(k, key("m", "1", &[b.clone(), a.clone()]));
-        assert_ne!(k, key("m", "2", &[a.clone(), b.clone()]));
-        assert_ne!(k, key("n", "1", &[a.clone(), b.clone()]));
-        assert_ne!(k, key("m", "1", &[a.clone(), t("b", &[2.5])]));
+        let k = key("m", "1", 0, &[a.clone(), b.clone()]);
+        assert_eq!(k, key("m", "1", 0, &[b.clone(), a.clone()]));
+        assert_ne!(k, key("m", "2", 0, &[a.clone(), b.clone()]));
+        assert_ne!(k, key("n", "1", 0, &[a.clone(), b.clone()]));
+        assert_ne!(
+            k,
+            key("m", "1", 1, &[a.clone(), b.clone()]),
+            "another load of the version"
+        );
+        assert_ne!(k, key("m", "1", 0, &[a.clone(), t("b", &[2.5])]));
         // The same bytes under another shape or type are another request.
         let mut reshaped = b.clone();
         reshaped.tensor.shape = vec![1, 1];
-        assert_ne!(k, key("m", "1", &[a.clone(), reshaped]));
+        assert_ne!(k, key("m", "1", 0, &[a.clone(), reshaped]));
         let mut retyped = b.clone();
         retyped.tensor.dtype = mesh::DataType::Int32;
-        assert_ne!(k, key("m", "1", &[a, retyped]));
+        assert_ne!(k, key("m", "1", 0, &[a, retyped]));
     }
 
     #[test]

@@ -231,7 +231,12 @@ impl NodeDispatch {
             return response.map(classified).transpose();
         };
         let lookup = Instant::now();
-        let key = cache::key(&request.model_name, &model.version_label, &request.inputs);
+        let key = cache::key(
+            &request.model_name,
+            &model.version_label,
+            model.stats.load,
+            &request.inputs,
+        );
         if let Some(outputs) = cache.lookup(&key) {
             let took = lookup.elapsed();
             cache.record(took, Duration::ZERO);
@@ -273,17 +278,14 @@ impl NodeDispatch {
         }
         let rows = request_rows(model, &request);
         let (priority, timeout) = scheduling_params(&request)?;
-        let bytes = request.inputs.iter().map(|i| i.tensor.data.len()).sum();
-        let _admitted = match self.budget.admit(bytes) {
-            Ok(permit) => permit,
-            Err(e) => {
-                model.stats.failure(e.metric_reason(), start.elapsed());
-                return Err(e);
-            }
-        };
         let batched = model.config.max_batch_size > 0;
         let mut outputs: Vec<String> = request.outputs.iter().map(|o| o.name.clone()).collect();
-        // A sequence request runs on its sequence's instance, in its turn, with its controls and state.
+        let failed = |e: Error| {
+            model.stats.failure(e.metric_reason(), start.elapsed());
+            e
+        };
+        // A sequence request runs on its sequence's instance, in its turn (waiting for it holds no
+        // budget), with its controls and state.
         let step = match &model.sequences {
             Some(table) => {
                 let ready: Vec<&str> = model
@@ -292,22 +294,23 @@ impl NodeDispatch {
                     .filter(|i| i.is_ready())
                     .map(|i| &*i.label)
                     .collect();
-                Some(sequence::Step::begin(table, &request, rows, &ready).inspect_err(|e| {
-                    model.stats.failure(e.metric_reason(), start.elapsed());
-                })?)
+                Some(sequence::Step::begin(table, &request, rows, &ready).map_err(failed)?)
             }
             None => None,
         };
         let _turn = match &step {
             Some(step) => {
                 let turn = step.ticket.turn.clone().lock_owned().await;
-                step.add_inputs(&request.model_name, batched, &mut request.inputs)?;
+                step.add_inputs(&request.model_name, batched, &mut request.inputs)
+                    .map_err(failed)?;
                 let config_outputs: Vec<String> = model.config.output.iter().map(|o| o.name.clone()).collect();
                 outputs = step.outputs(outputs, &config_outputs);
                 Some(turn)
             }
             None => None,
         };
+        let bytes = request.inputs.iter().map(|i| i.tensor.data.len()).sum();
+        let _admitted = self.budget.admit(bytes).map_err(failed)?;
         let submission = Submission {
             inputs: std::mem::take(&mut request.inputs),
             outputs,
@@ -355,7 +358,7 @@ impl NodeDispatch {
             Ok(mut done) => {
                 if let Some(step) = step {
                     if !streamed {
-                        step.finish(batched, &mut done.outputs)?;
+                        step.finish(batched, &mut done.outputs).map_err(failed)?;
                     }
                 }
                 let execution = done.counts_execution.then_some(done.batch_rows as u64);
@@ -397,10 +400,7 @@ impl Dispatch for NodeDispatch {
             Ok(Some(response)) => Ok(response),
             Err(e) => Err(e),
         };
-        let _ = sink.send(StreamItem {
-            response: Some(response),
-            last: true,
-        });
+        let _ = sink.send(StreamItem::new(Some(response), true));
     }
 
     fn ready(&self) -> bool {

@@ -113,6 +113,7 @@ impl ModelMetrics {
     pub fn cache_hit(&self, total: Duration, lookup: Duration) {
         self.success.increment(1);
         self.request_us.increment(total.as_micros() as u64);
+        self.queue_us.increment(0); // a queue pass of no time, as the statistics count it
         if let Some(c) = &self.cache {
             c.hits.increment(1);
             c.hit_us.increment(lookup.as_micros() as u64);

@@ -53,6 +53,9 @@ pub struct ModelStats {
     last_inference_ms: AtomicU64,
     batches: Mutex<BTreeMap<u64, BatchTotals>>,
     pub metrics: ModelMetrics,
+    /// Unique to this load of the version: a reload (new weights, same version) starts afresh,
+    /// in the response cache's keys too.
+    pub load: u64,
 }
 
 fn now_ms() -> u64 {
@@ -80,6 +83,10 @@ impl ModelStats {
             last_inference_ms: AtomicU64::new(0),
             batches: Mutex::new(BTreeMap::new()),
             metrics: ModelMetrics::new(name, version, caches),
+            load: {
+                static LOADS: AtomicU64 = AtomicU64::new(0);
+                LOADS.fetch_add(1, Relaxed)
+            },
         }
     }
 

@@ -23,9 +23,11 @@ fn corrid(model: &str, input: &str, id: &SequenceId, dtype: DataType) -> Result<
     let bytes = match (id, dtype) {
         (SequenceId::Str(s), DataType::Bytes) => mesh::tensor::encode_bytes_elements([s.as_bytes()]),
         (SequenceId::Int(i), DataType::Bytes) => mesh::tensor::encode_bytes_elements([i.to_string().as_bytes()]),
-        (SequenceId::Str(_), _) => return Err(Error::invalid(format!(
+        (SequenceId::Str(_), _) => {
+            return Err(Error::invalid(format!(
             "model '{model}' takes integer correlation IDs (control input '{input}' is {dtype}), got the string {id}"
-        ))),
+        )))
+        }
         (SequenceId::Int(i), DataType::Uint64) => Bytes::copy_from_slice(&i.to_le_bytes()),
         (SequenceId::Int(i), DataType::Int64) => {
             Bytes::copy_from_slice(&i64::try_from(*i).map_err(|_| out_of_range())?.to_le_bytes())
@@ -107,6 +109,8 @@ pub fn take_states(setup: &SequenceSetup, outputs: &mut Vec<NamedTensor>, batche
         if batched && tensor.shape.first() == Some(&1) {
             tensor.shape.remove(0);
         }
+        // A copy: the answer's bytes may be a slice of the whole batch's output.
+        tensor.data = bytes::Bytes::copy_from_slice(&tensor.data);
         states.push(tensor);
     }
     Ok(states)

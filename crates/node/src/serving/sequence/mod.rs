@@ -88,6 +88,17 @@ struct Active {
     turn: Arc<tokio::sync::Mutex<()>>,
     /// Bumped by each START, so an answer of the previous sequence cannot overwrite the new state.
     generation: u64,
+    /// Its END has run; requests admitted behind it fail as not active, and the entry goes once
+    /// they are done.
+    ended: bool,
+}
+
+fn not_active(model: &str, id: &SequenceId) -> Error {
+    Error::invalid(format!(
+        "inference request for sequence {id} to model '{model}' must specify the START flag on the first request of the sequence \
+         (the sequence is not active here: it never started, it ended, it was idle longer than max_sequence_idle_microseconds, \
+         or the node that held it was lost)"
+    ))
 }
 
 /// A request's place in its sequence, from [`Sequences::begin`].
@@ -131,30 +142,33 @@ impl Sequences {
         if flags.start {
             self.generations += 1;
             let generation = self.generations;
-            let initial: Vec<Tensor> = self.setup.states.iter().map(|s| s.initial.clone()).collect();
             if let Some(a) = self.active.get_mut(&flags.id) {
-                // A new START for an active sequence restarts it where it is, after what is running.
-                a.state = initial;
-                a.generation = generation;
-                a.running += 1;
-                a.last = now;
-                return Ok(Ticket {
-                    instance: a.instance.clone(),
-                    turn: a.turn.clone(),
-                    generation,
-                });
+                if !a.ended && instances.contains(&a.instance.as_str()) {
+                    // A new START for an active sequence restarts it where it is, after what is
+                    // running; the initial state is taken when its turn comes.
+                    a.generation = generation;
+                    a.running += 1;
+                    a.last = now;
+                    return Ok(Ticket {
+                        instance: a.instance.clone(),
+                        turn: a.turn.clone(),
+                        generation,
+                    });
+                }
             }
+            // New, or replacing one that ended or whose instance is gone (its waiters fail).
             let instance = self
                 .least_loaded(instances)
                 .ok_or_else(|| Error::unavailable(format!("model '{model}' has no ready instance")))?;
             let turn = Arc::new(tokio::sync::Mutex::new(()));
             let active = Active {
                 instance: instance.clone(),
-                state: initial,
+                state: Vec::new(),
                 last: now,
                 running: 1,
                 turn: turn.clone(),
                 generation,
+                ended: false,
             };
             self.active.insert(flags.id.clone(), active);
             return Ok(Ticket {
@@ -163,7 +177,7 @@ impl Sequences {
                 generation,
             });
         }
-        match self.active.get_mut(&flags.id) {
+        match self.active.get_mut(&flags.id).filter(|a| !a.ended) {
             Some(a) => {
                 a.running += 1;
                 a.last = now;
@@ -173,33 +187,40 @@ impl Sequences {
                     generation: a.generation,
                 })
             }
-            None => Err(Error::invalid(format!(
-                "inference request for sequence {} to model '{model}' must specify the START flag on the first request of the sequence \
-                 (the sequence is not active here: it never started, it ended, it was idle longer than max_sequence_idle_microseconds, \
-                 or the node that held it was lost)",
-                flags.id
-            ))),
+            None => Err(not_active(model, &flags.id)),
         }
     }
 
-    /// The state to feed the sequence's next request (taken when its turn has come).
-    pub fn state(&self, id: &SequenceId) -> Vec<Tensor> {
-        self.active.get(id).map(|a| a.state.clone()).unwrap_or_default()
+    /// The state to feed a request whose turn has come: the initial state for a START, else what
+    /// the sequence's previous request left. A request admitted behind its sequence's END (or
+    /// behind a START that replaced it) finds it not active.
+    pub fn state(&self, model: &str, flags: &Flags, ticket: &Ticket) -> Result<Vec<Tensor>> {
+        let a = self
+            .active
+            .get(&flags.id)
+            .filter(|a| Arc::ptr_eq(&a.turn, &ticket.turn) && !a.ended)
+            .ok_or_else(|| not_active(model, &flags.id))?;
+        if flags.start {
+            return Ok(self.setup.states.iter().map(|s| s.initial.clone()).collect());
+        }
+        Ok(a.state.clone())
     }
 
     /// Ends a request's part: stores the state it produced (None: it failed, the state stays),
     /// and ends the sequence after its END request.
     pub fn finish(&mut self, id: &SequenceId, ticket: &Ticket, state: Option<Vec<Tensor>>, end: bool, now: Instant) {
-        let Some(a) = self.active.get_mut(id) else { return };
+        let Some(a) = self.active.get_mut(id).filter(|a| Arc::ptr_eq(&a.turn, &ticket.turn)) else {
+            return; // the sequence was replaced meanwhile
+        };
         a.running = a.running.saturating_sub(1);
         a.last = now;
-        if a.generation != ticket.generation {
-            return; // a later START took the sequence over
+        if a.generation == ticket.generation {
+            if let Some(state) = state {
+                a.state = state;
+            }
+            a.ended |= end;
         }
-        if let Some(state) = state {
-            a.state = state;
-        }
-        if end {
+        if a.ended && a.running == 0 {
             self.active.remove(id);
         }
     }
@@ -259,7 +280,7 @@ impl Step {
     pub fn add_inputs(&self, model: &str, batched: bool, inputs: &mut Vec<mesh::NamedTensor>) -> Result<()> {
         let (setup, state) = {
             let t = lock(&self.table);
-            (t.setup().clone(), t.state(&self.flags.id))
+            (t.setup().clone(), t.state(model, &self.flags, &self.ticket)?)
         };
         inputs::add(model, &setup, &self.flags, state, batched, inputs)
     }

@@ -91,6 +91,10 @@ fn flags_are_read_as_tritonclient_sends_them() {
     assert!(e.message.contains("'sequence_end' must be a boolean"), "{e}");
 }
 
+fn v(x: f32) -> Vec<Tensor> {
+    vec![Tensor::from_values(vec![1], &[x])]
+}
+
 #[test]
 fn a_sequence_needs_start_keeps_its_instance_and_state_and_ends_with_end() {
     let t0 = Instant::now();
@@ -100,37 +104,45 @@ fn a_sequence_needs_start_keeps_its_instance_and_state_and_ends_with_end() {
 
     let first = s.begin("m", &flags(1, true, false), &["i0", "i1"], t0).unwrap();
     assert_eq!(
-        s.state(&SequenceId::Int(1)),
-        vec![Tensor::from_values(vec![1], &[0f32])]
+        s.state("m", &flags(1, true, false), &first).unwrap(),
+        v(0.0),
+        "initial state"
     );
-    s.finish(
-        &SequenceId::Int(1),
-        &first,
-        Some(vec![Tensor::from_values(vec![1], &[5f32])]),
-        false,
-        t0,
-    );
+    s.finish(&SequenceId::Int(1), &first, Some(v(5.0)), false, t0);
     // A second sequence goes to the other instance (fewest sequences).
     let other = s.begin("m", &flags(2, true, false), &["i0", "i1"], t0).unwrap();
     assert_ne!(other.instance, first.instance);
 
     let next = s.begin("m", &flags(1, false, false), &["i0", "i1"], t0).unwrap();
     assert_eq!(next.instance, first.instance, "pinned");
-    assert_eq!(
-        s.state(&SequenceId::Int(1)),
-        vec![Tensor::from_values(vec![1], &[5f32])]
-    );
+    assert_eq!(s.state("m", &flags(1, false, false), &next).unwrap(), v(5.0));
     // A failed request keeps the state.
     s.finish(&SequenceId::Int(1), &next, None, false, t0);
-    assert_eq!(
-        s.state(&SequenceId::Int(1)),
-        vec![Tensor::from_values(vec![1], &[5f32])]
-    );
-
     let last = s.begin("m", &flags(1, false, true), &["i0", "i1"], t0).unwrap();
+    assert_eq!(s.state("m", &flags(1, false, true), &last).unwrap(), v(5.0));
     s.finish(&SequenceId::Int(1), &last, Some(vec![]), true, t0);
     assert!(s.begin("m", &flags(1, false, false), &["i0"], t0).is_err(), "ended");
     assert_eq!(s.len(t0), 1);
+}
+
+#[test]
+fn requests_admitted_behind_an_end_find_the_sequence_ended() {
+    let t0 = Instant::now();
+    let mut s = Sequences::new(setup(1000));
+    let start = s.begin("m", &flags(1, true, false), &["i0"], t0).unwrap();
+    s.finish(&SequenceId::Int(1), &start, Some(v(1.0)), false, t0);
+    let end = s.begin("m", &flags(1, false, true), &["i0"], t0).unwrap();
+    let behind = s.begin("m", &flags(1, false, false), &["i0"], t0).unwrap();
+    s.finish(&SequenceId::Int(1), &end, Some(v(2.0)), true, t0);
+    let e = s.state("m", &flags(1, false, false), &behind).unwrap_err();
+    assert!(e.message.contains("must specify the START flag"), "{e}");
+    // A START now makes a new sequence; the late request's end does not touch it.
+    let again = s.begin("m", &flags(1, true, false), &["i0"], t0).unwrap();
+    s.finish(&SequenceId::Int(1), &behind, None, false, t0);
+    assert_eq!(s.state("m", &flags(1, true, false), &again).unwrap(), v(0.0));
+    s.finish(&SequenceId::Int(1), &again, Some(v(7.0)), false, t0);
+    let more = s.begin("m", &flags(1, false, false), &["i0"], t0).unwrap();
+    assert_eq!(s.state("m", &flags(1, false, false), &more).unwrap(), v(7.0));
 }
 
 #[test]
@@ -166,22 +178,29 @@ fn a_new_start_restarts_the_sequence_and_an_older_answer_cannot_overwrite_it() {
         Arc::ptr_eq(&restarted.turn, &old.turn),
         "waits behind the running request"
     );
-    s.finish(
-        &SequenceId::Int(1),
-        &old,
-        Some(vec![Tensor::from_values(vec![1], &[9f32])]),
-        true,
-        t0,
-    );
+    s.finish(&SequenceId::Int(1), &old, Some(v(9.0)), true, t0);
     assert_eq!(
-        s.state(&SequenceId::Int(1)),
-        vec![Tensor::from_values(vec![1], &[0f32])],
-        "fresh state kept"
+        s.state("m", &flags(1, true, false), &restarted).unwrap(),
+        v(0.0),
+        "fresh state"
     );
-    assert!(
-        s.begin("m", &flags(1, false, false), &["i0"], t0).is_ok(),
-        "the old END did not end the new one"
+    s.finish(&SequenceId::Int(1), &restarted, Some(v(3.0)), false, t0);
+    let next = s.begin("m", &flags(1, false, false), &["i0"], t0).unwrap();
+    assert_eq!(
+        s.state("m", &flags(1, false, false), &next).unwrap(),
+        v(3.0),
+        "the old END did not end it"
     );
+}
+
+#[test]
+fn a_start_whose_instance_is_gone_moves_to_one_that_is_there() {
+    let t0 = Instant::now();
+    let mut s = Sequences::new(setup(1000));
+    let a = s.begin("m", &flags(1, true, false), &["i0"], t0).unwrap();
+    s.finish(&SequenceId::Int(1), &a, None, false, t0);
+    let b = s.begin("m", &flags(1, true, false), &["i1"], t0).unwrap();
+    assert_eq!(b.instance, "i1");
 }
 
 #[test]
