@@ -188,9 +188,9 @@ def test_unknown_method_is_unimplemented(main_server):
 
 
 def test_declared_but_unimplemented_rpc(grpc_client):
-    """CUDA shared memory cannot exist on this server: UNIMPLEMENTED."""
+    """An RPC of the protocol the server does not implement yet (trace settings): UNIMPLEMENTED."""
     with pytest.raises(InferenceServerException) as ei:
-        grpc_client.register_cuda_shared_memory("region", b"\0" * 64, 0, 64)
+        grpc_client.get_trace_settings()
     assert status_of(ei.value) == "StatusCode.UNIMPLEMENTED"
 
 

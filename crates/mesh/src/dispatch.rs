@@ -50,10 +50,7 @@ pub trait Dispatch: Send + Sync + 'static {
     /// answer to `sink` as it is produced; returns once the request is finished. Others answer once.
     async fn infer_stream(&self, request: InferRequest, sink: StreamSender) {
         let response = self.infer(request).await;
-        let _ = sink.send(StreamItem {
-            response: Some(response),
-            last: true,
-        });
+        let _ = sink.send(StreamItem::new(Some(response), true));
     }
 
     /// Whether the server is ready for inference.

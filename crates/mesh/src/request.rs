@@ -100,6 +100,65 @@ pub struct StreamItem {
     pub response: Option<crate::error::Result<InferResponse>>,
     /// The request's final flag: nothing follows for this request.
     pub last: bool,
+    /// Held until the item is consumed, for producers that must not run ahead of their reader.
+    pub credit: Option<Credit>,
+}
+
+impl StreamItem {
+    pub fn new(response: Option<crate::error::Result<InferResponse>>, last: bool) -> Self {
+        StreamItem {
+            response,
+            last,
+            credit: None,
+        }
+    }
+}
+
+/// A bound on the answers of one stream that are sent and not yet consumed: a producer takes a
+/// [`Credit`] per answer (waiting while all are out) and consuming the answer returns it, so a
+/// slow reader slows the producer instead of growing a queue.
+#[derive(Debug)]
+pub struct Window {
+    out: std::sync::Mutex<usize>,
+    returned: std::sync::Condvar,
+    size: usize,
+}
+
+impl Window {
+    pub fn new(size: usize) -> std::sync::Arc<Window> {
+        std::sync::Arc::new(Window {
+            out: std::sync::Mutex::new(0),
+            returned: std::sync::Condvar::new(),
+            size: size.max(1),
+        })
+    }
+
+    /// Takes a credit, blocking the calling (non-async) thread while every credit is out.
+    pub fn take(self: &std::sync::Arc<Self>) -> Credit {
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        while *out >= self.size {
+            out = self.returned.wait(out).unwrap_or_else(|p| p.into_inner());
+        }
+        *out += 1;
+        Credit(self.clone())
+    }
+
+    /// Credits out now.
+    pub fn out(&self) -> usize {
+        *self.out.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One unit of a [`Window`], returned when dropped.
+#[derive(Debug)]
+pub struct Credit(std::sync::Arc<Window>);
+
+impl Drop for Credit {
+    fn drop(&mut self) {
+        let mut out = self.0.out.lock().unwrap_or_else(|p| p.into_inner());
+        *out = out.saturating_sub(1);
+        self.0.returned.notify_one();
+    }
 }
 
 /// Where the answers of one streamed request go, as they are produced.

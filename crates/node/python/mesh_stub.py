@@ -95,6 +95,8 @@ class Host:
         self.model = None
         self.model_name = ""
         self.inbox = None  # decoupled models: frames the reader thread took for the main thread
+        self.cancelled = set()  # decoupled models: (seq, index) of requests whose client went away
+        self.decoupled = False
 
     def start_reader(self):
         """Decoupled models answer from their own threads, which may also make BLS calls while the
@@ -105,8 +107,12 @@ class Host:
         def read():
             while True:
                 header, blob = self.recv()
-                if header is not None and header.get("op") == "bls_response":
+                op = header.get("op") if header is not None else None
+                if op in ("bls_response", "bls_stream"):
                     self.complete(header, blob)
+                    continue
+                if op == "cancel":
+                    self.cancelled.add((header.get("seq"), header.get("index")))
                     continue
                 self.inbox.put((header, blob))
                 if header is None:
@@ -165,15 +171,25 @@ class Host:
                 self.buf += self.chunk_view[:data]
 
     def complete(self, header, blob):
-        """A BLS answer arrived: hand it to its call."""
+        """A BLS answer arrived: hand it to its call (a decoupled call's answers one by one, each
+        with its final flag)."""
+        streamed = header.get("op") == "bls_stream"
+        last = bool(header.get("last")) if streamed else True
         with self.pending_lock:
-            done = self.pending.pop(header["call_id"], None)
-        if done is not None:
-            try:
-                result = self.bls_result(header, blob)
-            except Exception as e:  # noqa: BLE001 - the caller gets the error; the reader lives on
-                import triton_python_backend_utils as pb_utils
-                result = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"cannot read the BLS answer: {e}"))
+            if last:
+                done = self.pending.pop(header["call_id"], None)
+            else:
+                done = self.pending.get(header["call_id"])
+        if done is None:
+            return
+        try:
+            result = None if header.get("empty") else self.bls_result(header, blob)
+        except Exception as e:  # noqa: BLE001 - the caller gets the error; the reader lives on
+            import triton_python_backend_utils as pb_utils
+            result = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"cannot read the BLS answer: {e}"))
+        if streamed:
+            done(result, last)
+        else:
             done(result)
 
     def on_readable(self):
@@ -204,8 +220,10 @@ class Host:
             self.next_free = start + n
             return start
 
-    def encode(self, tensor, blobs, blob_len):
-        """Writes one pb_utils.Tensor to shared memory (or the frame blob if it does not fit)."""
+    def encode(self, tensor, blobs, blob_len, inline=False):
+        """Writes one pb_utils.Tensor to shared memory (or the frame blob if it does not fit, or
+        when `inline`: answers sent from a decoupled model's threads, which may outlive the execute
+        whose shared memory they would use)."""
         array = tensor.as_numpy()
         dtype = tensor.triton_dtype()
         if dtype == "BYTES":
@@ -214,7 +232,7 @@ class Host:
         else:
             raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         desc = {"name": tensor.name(), "datatype": dtype, "shape": list(array.shape)}
-        off = self.alloc(raw.nbytes)
+        off = None if inline else self.alloc(raw.nbytes)
         if off is not None:
             self.shm_view[off:off + raw.nbytes] = raw
             desc["shm"] = [off, raw.nbytes]
@@ -286,7 +304,7 @@ class Host:
             frame, blob = self.recv(self.spin, until=box)
             if frame is None:
                 raise RuntimeError("mesh-node closed the link")
-            if frame.get("op") == "bls_response":
+            if frame.get("op") in ("bls_response", "bls_stream"):
                 self.complete(frame, blob)
         return box[0]
 
@@ -311,6 +329,57 @@ class Host:
             with self.pending_lock:
                 idle = not self.pending
             if idle and self.watching:
+                loop.remove_reader(self.sock.fileno())
+                self.watching = False
+
+    def bls_stream(self, request):
+        """A decoupled BLS call: yields the responses as they arrive; a bare final flag ends it."""
+        call_id, header, blobs = self.bls_message(request)
+        header["decoupled"] = True
+        answers = queue.SimpleQueue()
+        with self.pending_lock:
+            self.pending[call_id] = lambda result, last: answers.put((result, last))
+        self.send(header, blobs)
+        while True:
+            if self.inbox is None:  # no reader thread: read frames here until ours is in
+                while answers.empty():
+                    frame, blob = self.recv(self.spin)
+                    if frame is None:
+                        raise RuntimeError("mesh-node closed the link")
+                    if frame.get("op") in ("bls_response", "bls_stream"):
+                        self.complete(frame, blob)
+            result, last = answers.get()
+            if result is not None:
+                yield result
+            if last:
+                return
+
+    async def bls_stream_async(self, request):
+        """async_exec(decoupled=True): every response, once the final flag has come."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        call_id, header, blobs = self.bls_message(request)
+        header["decoupled"] = True
+        got = []
+
+        def on_answer(result, last):
+            if result is not None:
+                got.append(result)
+            if last:
+                loop.call_soon_threadsafe(done.set_result, got)
+
+        with self.pending_lock:
+            self.pending[call_id] = on_answer
+        if self.inbox is None and not self.watching:
+            loop.add_reader(self.sock.fileno(), self.on_readable)
+            self.watching = True
+        self.send(header, blobs)
+        try:
+            return await done
+        finally:
+            with self.pending_lock:
+                idle = not self.pending
+            if self.inbox is None and idle and self.watching:
                 loop.remove_reader(self.sock.fileno())
                 self.watching = False
 
@@ -348,6 +417,8 @@ class Host:
             if inspect.iscoroutine(result):
                 self.loop.run_until_complete(result)
         if header.get("decoupled"):
+            # Its requests outlive execute(): their inputs are copied out of shared memory.
+            self.decoupled = True
             self.start_reader()
         return {"op": "ok"}
 
@@ -358,12 +429,12 @@ class Host:
         for r in header["requests"]:
             req = pb_utils.InferenceRequest(
                 model_name=self.model_name, requested_output_names=r["outputs"],
-                inputs=[self.decode(d, blob, copy=False) for d in r["inputs"]], request_id=r["id"],
+                inputs=[self.decode(d, blob, copy=self.decoupled) for d in r["inputs"]], request_id=r["id"],
                 correlation_id=r.get("correlation_id", 0), flags=r.get("flags", 0), parameters=r["parameters"])
             requests.append(req)
         return requests
 
-    def response_desc(self, response, blobs, blob_len, wanted):
+    def response_desc(self, response, blobs, blob_len, wanted, inline=False):
         """One InferenceResponse as mesh-node reads it: its outputs (only those in `wanted`, the
         request's requested outputs, when it names any, so the rest is never copied), or its error."""
         import triton_python_backend_utils as pb_utils
@@ -373,14 +444,14 @@ class Host:
             return {"error": response.error().message(), "code": response.error().code()}
         try:
             tensors = [t for t in response.output_tensors() if not wanted or t.name() in wanted]
-            return {"outputs": [self.encode(t, blobs, blob_len) for t in tensors]}
+            return {"outputs": [self.encode(t, blobs, blob_len, inline) for t in tensors]}
         except Exception as e:  # noqa: BLE001
             return {"error": f"cannot send the outputs: {e}"}
 
     def stream(self, seq, index, wanted, response, flags):
         """One answer of a decoupled model's response sender, sent at once."""
         blobs, blob_len = [], [0]
-        desc = None if response is None else self.response_desc(response, blobs, blob_len, wanted)
+        desc = None if response is None else self.response_desc(response, blobs, blob_len, wanted, inline=True)
         self.send({"op": "stream", "seq": seq, "index": index, "flags": flags, "response": desc}, blobs)
 
     def execute_decoupled(self, header, blob):
@@ -389,10 +460,9 @@ class Host:
         import triton_python_backend_utils as pb_utils
         seq = header["seq"]
         requests = self.requests_of(header, blob)
-        flags = header.get("cancel_flags")
         senders = []
         for i, req in enumerate(requests):
-            cancelled = (lambda at=flags + i: self.shm[at] != 0) if flags is not None else (lambda: False)
+            cancelled = lambda key=(seq, i): key in self.cancelled
             wanted = req.requested_output_names()
             sender = pb_utils.ResponseSender(lambda r, f, i=i, w=wanted: self.stream(seq, i, w, r, f), cancelled)
             req._sender, req._cancelled = sender, cancelled

@@ -37,6 +37,11 @@ def numpy_to_triton_type(dtype):
     return _BY_NUMPY.get(dtype)
 
 
+def using_decoupled_model_transaction_policy(model_config):
+    """Whether a model's config (the dict json.loads(args["model_config"]) gives) makes it decoupled."""
+    return bool((model_config.get("model_transaction_policy") or {}).get("decoupled", False))
+
+
 def get_input_config_by_name(model_config, name):
     for i in model_config.get("input", []):
         if i["name"] == name:
@@ -256,13 +261,21 @@ class InferenceRequest:
         return bool(self._cancelled and self._cancelled())
 
     def exec(self, decoupled=False):
+        """Runs the request on another model. With decoupled=True, an iterator of the responses
+        the model sends (zero or more; a bare final flag ends it), as they arrive."""
         if decoupled:
-            raise TritonModelException("decoupled BLS calls are not supported by the mesh yet")
+            return _host().bls_stream(self)
         return _host().bls(self)
 
+    def stream_exec(self):
+        """The older name of exec(decoupled=True)."""
+        return _host().bls_stream(self)
+
     async def async_exec(self, decoupled=False):
+        """exec() as a coroutine; with decoupled=True it resolves to every response, once the
+        model has sent its final flag."""
         if decoupled:
-            raise TritonModelException("decoupled BLS calls are not supported by the mesh yet")
+            return await _host().bls_stream_async(self)
         return await _host().bls_async(self)
 
 

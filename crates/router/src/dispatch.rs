@@ -436,17 +436,11 @@ impl Dispatch for RouterDispatch {
     async fn infer_stream(&self, request: InferRequest, sink: StreamSender) {
         if self.ensembles.get(&request.model_name).is_some() {
             let response = self.infer(request).await;
-            let _ = sink.send(StreamItem {
-                response: Some(response),
-                last: true,
-            });
+            let _ = sink.send(StreamItem::new(Some(response), true));
             return;
         }
         if let Err(e) = self.route_stream(request, &sink).await {
-            let _ = sink.send(StreamItem {
-                response: Some(Err(e)),
-                last: true,
-            });
+            let _ = sink.send(StreamItem::new(Some(Err(e)), true));
         }
     }
 

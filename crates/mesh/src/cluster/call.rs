@@ -185,7 +185,7 @@ pub async fn stream(
             Answered::Error(e, _) => Some(Err(e)),
             Answered::Empty => None,
         };
-        let _ = sink.send(StreamItem { response, last });
+        let _ = sink.send(StreamItem::new(response, last));
         forwarded += 1;
         if last {
             return Ok(());

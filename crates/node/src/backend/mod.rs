@@ -39,19 +39,31 @@ pub struct RequestView<'a> {
     pub sink: Option<&'a ResponseSink>,
 }
 
-/// Where a decoupled model's answers to one request go, as they are sent.
+/// Answers of one decoupled request sent and not yet taken by its client: past this, the model's
+/// next send waits, so a slow client slows its model instead of growing the node's memory.
+pub const STREAM_WINDOW: usize = 16;
+
+/// Where a decoupled model's answers to one request go, as they are sent. Clones share the
+/// request's stream and window.
+#[derive(Clone)]
 pub struct ResponseSink {
     tx: StreamSender,
     /// Model name, version and request id every answer carries.
     template: InferResponse,
+    window: std::sync::Arc<mesh::request::Window>,
 }
 
 impl ResponseSink {
     pub fn new(tx: StreamSender, template: InferResponse) -> Self {
-        ResponseSink { tx, template }
+        ResponseSink {
+            tx,
+            template,
+            window: mesh::request::Window::new(STREAM_WINDOW),
+        }
     }
 
     /// Sends one answer (None: only the final flag); a client that went away is not an error.
+    /// Blocks (this is never an async thread) while the window is full and the client reads.
     pub fn send(&self, outputs: Option<Result<Vec<NamedTensor>>>, last: bool) {
         // The backend sends only the requested outputs (the stub leaves the rest out).
         let response = outputs.map(|r| {
@@ -60,7 +72,8 @@ impl ResponseSink {
                 ..self.template.clone()
             })
         });
-        let _ = self.tx.send(StreamItem { response, last });
+        let credit = (!self.tx.is_closed()).then(|| self.window.take());
+        let _ = self.tx.send(StreamItem { response, last, credit });
     }
 
     /// True once nobody reads the answers any more (the client cancelled or disconnected).

@@ -55,10 +55,7 @@ impl Dispatch for BlsDispatch {
         match self.remote_for(&request) {
             Some(remote) => {
                 let response = remote.infer(request).await;
-                let _ = sink.send(mesh::StreamItem {
-                    response: Some(response),
-                    last: true,
-                });
+                let _ = sink.send(mesh::StreamItem::new(Some(response), true));
             }
             None => self.local.infer_stream(request, sink).await,
         }

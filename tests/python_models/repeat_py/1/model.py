@@ -1,5 +1,6 @@
 import json
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -22,6 +23,7 @@ class TritonPythonModel:
 
     def answer(self, sender, values, params):
         for i, v in enumerate(values):
+            time.sleep(params.get("delay_ms", 0) / 1000)
             if params.get("error_at") == i:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"no answer for element {i}")))
                 continue

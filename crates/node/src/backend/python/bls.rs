@@ -7,7 +7,6 @@ use mesh::{Error, InferRequest, NamedTensor, Param, Params, RequestedOutput, Res
 use serde_json::{json, Value};
 
 use super::ipc::{decode_tensor, encode_tensor, write_frame, Shm};
-use super::stub::Stub;
 use super::{triton_code, PythonContext};
 
 /// Turns the stub's description of `pb_utils.InferenceRequest` into a request.
@@ -77,46 +76,113 @@ fn reply(writer: &Mutex<UnixStream>, header: &Value, blob: &[u8]) {
     }
 }
 
-/// Writes the answer of one call: outputs into the node's half of shared memory, or the error.
-fn answer(shm: &Shm, writer: &Mutex<UnixStream>, call_id: Value, result: Result<mesh::InferResponse>) {
-    let mut blob = Vec::new();
-    let header = match result {
-        Ok(response) => {
-            let outputs: Vec<Value> = response
-                .outputs
-                .iter()
-                .map(|t| encode_tensor(shm, t, &mut blob))
-                .collect();
-            json!({"op": "bls_response", "call_id": call_id, "outputs": outputs, "error": null})
-        }
-        Err(e) => json!({"op": "bls_response", "call_id": call_id, "error": e.message, "code": triton_code(e.code)}),
-    };
-    reply(writer, &header, &blob);
+/// Where a stub's BLS answers go.
+#[derive(Clone)]
+pub struct Answers {
+    pub writer: Arc<Mutex<UnixStream>>,
+    pub shm: Arc<Shm>,
+    /// A decoupled model's stub, read by its own thread: answers travel inline (its shared memory
+    /// is reused by executions they may outlive) and no call runs on the reading thread.
+    pub routed: bool,
+}
+
+impl Answers {
+    fn encode(&self, outputs: &[NamedTensor], blob: &mut Vec<u8>) -> Vec<Value> {
+        outputs
+            .iter()
+            .map(|t| {
+                if self.routed {
+                    encode_inline(t, blob)
+                } else {
+                    encode_tensor(&self.shm, t, blob)
+                }
+            })
+            .collect()
+    }
+
+    /// Writes the answer of one call: its outputs, or the error.
+    fn answer(&self, call_id: Value, result: Result<mesh::InferResponse>) {
+        let mut blob = Vec::new();
+        let header = match result {
+            Ok(response) => {
+                let outputs = self.encode(&response.outputs, &mut blob);
+                json!({"op": "bls_response", "call_id": call_id, "outputs": outputs, "error": null})
+            }
+            Err(e) => {
+                json!({"op": "bls_response", "call_id": call_id, "error": e.message, "code": triton_code(e.code)})
+            }
+        };
+        reply(&self.writer, &header, &blob);
+    }
+
+    /// Writes one answer of a decoupled call, with its final flag (`empty`: the flag alone).
+    fn stream(&self, call_id: &Value, item: mesh::StreamItem) {
+        let mut blob = Vec::new();
+        let last = item.last;
+        let header = match item.response {
+            None => json!({"op": "bls_stream", "call_id": call_id, "last": last, "empty": true}),
+            Some(Ok(response)) => {
+                let outputs = self.encode(&response.outputs, &mut blob);
+                json!({"op": "bls_stream", "call_id": call_id, "last": last, "outputs": outputs, "error": null})
+            }
+            Some(Err(e)) => json!({
+                "op": "bls_stream", "call_id": call_id, "last": last, "error": e.message, "code": triton_code(e.code),
+            }),
+        };
+        reply(&self.writer, &header, &blob);
+    }
+}
+
+/// A tensor in the frame's blob, never in shared memory.
+fn encode_inline(t: &NamedTensor, blob: &mut Vec<u8>) -> Value {
+    let desc = json!({
+        "name": t.name, "datatype": t.tensor.dtype.wire_name(), "shape": t.tensor.shape,
+        "inline": [blob.len(), t.tensor.data.len()],
+    });
+    blob.extend_from_slice(&t.tensor.data);
+    desc
 }
 
 /// Runs one BLS call through the node's Dispatch. The inputs are copied out of shared memory now.
-/// A blocking `exec()` runs right here on the instance's thread, which waits for it anyway: the
-/// model it calls (ONNX, or Python when its instance is idle) then runs on this thread too, with no
-/// hand-off. `async_exec()` calls go to the runtime so they overlap.
-pub fn start(ctx: &Arc<PythonContext>, stub: &Stub, frame: Value, blob: &[u8]) {
+/// A blocking `exec()` of a model that is not routed runs right here on the instance's thread,
+/// which waits for it anyway: the model it calls (ONNX, or Python when its instance is idle) then
+/// runs on this thread too, with no hand-off. Other calls go to the runtime so they overlap. A
+/// decoupled call (`exec(decoupled=True)`) streams each answer back as it comes.
+pub fn start(ctx: &Arc<PythonContext>, to: &Answers, frame: Value, blob: &[u8]) {
     let call_id = frame["call_id"].clone();
-    let writer = stub.writer.clone();
-    let request = match request_from(&frame, blob, &stub.shm) {
+    let to = to.clone();
+    let request = match request_from(&frame, blob, &to.shm) {
         Ok(r) => r,
-        Err(e) => return answer(&stub.shm, &writer, call_id, Err(e)),
+        Err(e) => return to.answer(call_id, Err(e)),
     };
     let dispatch = ctx.dispatch.get().and_then(|w| w.upgrade());
-    let shm = stub.shm.clone();
-    let call = async move {
-        let result = match dispatch {
-            Some(d) => d.infer(request).await,
-            None => Err(Error::unavailable(
+    let Some(dispatch) = dispatch else {
+        return to.answer(
+            call_id,
+            Err(Error::unavailable(
                 "the node is not serving (starting or shutting down)",
             )),
-        };
-        answer(&shm, &writer, call_id, result);
+        );
     };
-    if frame["sync"].as_bool() == Some(true) {
+    if frame["decoupled"].as_bool() == Some(true) {
+        ctx.runtime.spawn(async move {
+            let (sink, mut answers) = tokio::sync::mpsc::unbounded_channel();
+            let run = dispatch.infer_stream(request, sink);
+            let forward = async {
+                while let Some(item) = answers.recv().await {
+                    to.stream(&call_id, item);
+                }
+            };
+            tokio::join!(run, forward);
+        });
+        return;
+    }
+    let sync = frame["sync"].as_bool() == Some(true) && !to.routed;
+    let call = async move {
+        let result = dispatch.infer(request).await;
+        to.answer(call_id, result);
+    };
+    if sync {
         // This thread may already wait in a blocking BLS call whose target runs inline here and
         // calls BLS in turn, so the wait must nest; unconstrained: no task budget runs out.
         let _runtime = ctx.runtime.enter();

@@ -1,106 +1,270 @@
-//! Decoupled Python models: each request's answers stream back as the model sends them (from
-//! `execute` or from its own threads), and a client that goes away reaches `is_cancelled()`
-//! through a flag byte in shared memory, with no round trip.
+//! Decoupled Python models: an `execute` returns as soon as the model's `execute` does, and each
+//! request's answers reach its client whenever the model sends them, from `execute` or later from
+//! its own threads, while the instance already runs its next `execute`. A reading thread takes
+//! every frame of the stub: stream answers go straight to their requests, BLS calls to the node,
+//! and the rest to the instance's thread. A client that goes away reaches `is_cancelled()` as a
+//! `cancel` frame.
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mesh::{Error, Result};
+use mesh::{Error, NamedTensor, Result};
 use serde_json::{json, Value};
 
-use super::{stub_error, PythonBackend};
-use crate::backend::{PerRequest, RequestView, Timings};
+use super::bls::{self, Answers};
+use super::ipc::read_frame;
+use super::{decode_response, log, stub_error, PythonBackend, PythonContext};
+use crate::backend::{PerRequest, RequestView, ResponseSink, Timings};
 
-/// How often a running decoupled execution looks for requests whose client went away.
+/// How often the reading thread looks for requests whose client went away.
 const CANCEL_POLL: Duration = Duration::from_millis(20);
 
 /// Triton's TRITONSERVER_RESPONSE_COMPLETE_FINAL.
 const FINAL: u64 = 1;
 
-/// Where one execution stands: which requests still wait for their final flag.
-struct Progress {
-    open: Vec<bool>,
-    executed: bool,
+/// A request by its execution's number and its place in it.
+type Key = (u64, usize);
+
+struct Open {
+    sink: ResponseSink,
+    cancel_sent: bool,
 }
 
-impl Progress {
-    fn done(&self) -> bool {
-        self.executed && !self.open.contains(&true)
+/// The requests of a decoupled instance that have not sent their final flag yet.
+#[derive(Default)]
+pub(super) struct Streams {
+    open: Mutex<HashMap<Key, Open>>,
+}
+
+impl Streams {
+    fn open(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Open>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Fails every request still open (execute raised, or the stub broke) and closes it.
-    fn fail_open(&mut self, results: &mut PerRequest, error: &Error) {
-        for (open, result) in self.open.iter_mut().zip(results.iter_mut()) {
-            if *open {
-                *result = Err(error.clone());
-                *open = false;
+    fn insert(&self, key: Key, sink: ResponseSink) {
+        self.open().insert(
+            key,
+            Open {
+                sink,
+                cancel_sent: false,
+            },
+        );
+    }
+
+    /// Sends one answer to its request (the lock is not held while the send waits for the client).
+    fn deliver(&self, key: Key, answer: Option<Result<Vec<NamedTensor>>>, last: bool) -> bool {
+        let sink = {
+            let mut open = self.open();
+            match last {
+                true => open.remove(&key).map(|o| o.sink),
+                false => open.get(&key).map(|o| o.sink.clone()),
+            }
+        };
+        match sink {
+            Some(sink) => {
+                sink.send(answer, last);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes a request that is still open; false when it had already finished.
+    fn close(&self, key: Key) -> bool {
+        self.open().remove(&key).is_some()
+    }
+
+    /// Requests whose client went away since the last look.
+    fn newly_cancelled(&self) -> Vec<Key> {
+        let mut open = self.open();
+        open.iter_mut()
+            .filter(|(_, o)| !o.cancel_sent && o.sink.is_cancelled())
+            .map(|(k, o)| {
+                o.cancel_sent = true;
+                *k
+            })
+            .collect()
+    }
+
+    /// Ends every open request with `error` (the stub died).
+    fn fail_all(&self, error: &Error) {
+        let all: Vec<Open> = self.open().drain().map(|(_, o)| o).collect();
+        for o in all {
+            o.sink.send(Some(Err(error.clone())), true);
+        }
+    }
+}
+
+/// Whether a frame has started arriving within `wait` (nothing is consumed, so no frame is cut).
+fn readable_within(reader: &mut BufReader<UnixStream>, wait: Duration) -> std::io::Result<bool> {
+    if !reader.buffer().is_empty() {
+        return Ok(true);
+    }
+    reader.get_ref().set_read_timeout(Some(wait))?;
+    match reader.fill_buf() {
+        Ok(_) => Ok(true), // data, or end of stream, which the next read reports
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The reading thread of a decoupled instance's stub; ends when the stub's socket closes.
+pub(super) fn read_stub(
+    mut reader: BufReader<UnixStream>,
+    streams: Arc<Streams>,
+    replies: mpsc::Sender<std::io::Result<(Value, Vec<u8>)>>,
+    ctx: Arc<PythonContext>,
+    answers: Answers,
+    label: String,
+) {
+    let failed = |e: std::io::Error| {
+        streams.fail_all(&Error::unavailable(format!("python stub {label} is gone ({e})")));
+        let _ = replies.send(Err(e));
+    };
+    let mut looked = Instant::now();
+    loop {
+        // Cancellations are looked for every CANCEL_POLL, whether the stub is quiet or streaming.
+        let readable = readable_within(&mut reader, CANCEL_POLL);
+        if looked.elapsed() >= CANCEL_POLL {
+            looked = Instant::now();
+            for (seq, index) in streams.newly_cancelled() {
+                let frame = json!({"op": "cancel", "seq": seq, "index": index});
+                let mut w = answers.writer.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = super::ipc::write_frame(&mut *w, &frame, &[]);
+            }
+        }
+        match readable {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(e) => return failed(e),
+        }
+        let frame = reader
+            .get_ref()
+            .set_read_timeout(None)
+            .and_then(|()| read_frame(&mut reader));
+        let (frame, blob) = match frame {
+            Ok(f) => f,
+            Err(e) => return failed(e),
+        };
+        match frame["op"].as_str() {
+            Some("stream") => {
+                let key = (
+                    frame["seq"].as_u64().unwrap_or(0),
+                    frame["index"].as_u64().unwrap_or(0) as usize,
+                );
+                let last = frame["flags"].as_u64().unwrap_or(0) & FINAL != 0;
+                let answer = match &frame["response"] {
+                    Value::Null => None,
+                    response => Some(decode_response(&answers.shm, response, &blob)),
+                };
+                if !streams.deliver(key, answer, last) {
+                    tracing::warn!(instance = %label, "ignoring an answer for request {key:?}, which is not open");
+                }
+            }
+            Some("bls") => bls::start(&ctx, &answers, frame, &blob),
+            Some("log") => log(&label, &frame),
+            _ => {
+                if replies.send(Ok((frame, blob))).is_err() {
+                    return; // the instance is gone
+                }
             }
         }
     }
 }
 
 impl PythonBackend {
-    /// Runs one execute of a decoupled model: it is finished once `execute` has returned and every
-    /// request has sent its final flag, so the instance takes no other work meanwhile. Requests with
-    /// no sink (warm-up) keep their last answer as their result.
+    /// Hands the stub's socket to its reading thread (once, after `initialize`).
+    pub(super) fn route_frames(&mut self) -> std::result::Result<(), String> {
+        let (tx, rx) = mpsc::channel();
+        let reader = self.stub.route(rx).ok_or("the stub is already routed")?;
+        let (streams, ctx, answers, label) = (
+            self.streams.clone(),
+            self.ctx.clone(),
+            self.stub.answers(),
+            self.stub.label.clone(),
+        );
+        std::thread::Builder::new()
+            .name(format!("{label}-reader"))
+            .spawn(move || read_stub(reader, streams, tx, ctx, answers, label))
+            .map(|_| ())
+            .map_err(|e| format!("cannot start the stub's reading thread: {e}"))
+    }
+
+    /// Runs one execute of a decoupled model, returning once the model's `execute` has: answers
+    /// still to come reach their clients from the reading thread. Requests with no client
+    /// (warm-up) wait here for their final flag and keep their last answer as their result.
     pub(super) fn execute_decoupled(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
         let t0 = Instant::now();
         self.seq += 1;
         let seq = self.seq;
-        self.stub.shm.reset();
-        let flags = self.stub.shm.alloc_flags(requests.len());
+        self.stub.shm.reset(); // the stub copies its inputs before execute() sees them
         let (encoded, blob) = self.encode_requests(requests);
-        let header = json!({
-            "op": "execute", "seq": seq, "decoupled": true, "cancel_flags": flags, "requests": encoded,
-        });
-        self.send(&header, &blob)?;
-        let t1 = Instant::now();
-        let mut progress = Progress {
-            open: vec![true; requests.len()],
-            executed: false,
-        };
-        let mut results: PerRequest = requests.iter().map(|_| Ok(Vec::new())).collect();
-        let timeout = self.ctx.settings.execute_timeout;
-        let mut deadline = Instant::now() + timeout;
-        while !progress.done() {
-            if let Some(off) = flags {
-                for (i, r) in requests.iter().enumerate() {
-                    if progress.open[i] && r.sink.is_some_and(|s| s.is_cancelled()) {
-                        self.stub.shm.raise_flag(off + i); // raising it again changes nothing
-                    }
-                }
-            }
-            let now = Instant::now();
-            let wait = CANCEL_POLL.min(deadline.saturating_duration_since(now));
-            if now < deadline && !self.stub.readable_within(wait).unwrap_or(true) {
-                continue;
-            }
-            let (frame, blob) = match self.next_reply(deadline) {
-                Ok(f) => f,
-                Err(e) => {
-                    progress.fail_open(&mut results, &e); // finished requests keep their answers
-                    break;
+        let mut local = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            let sink = match r.sink {
+                Some(sink) => sink.clone(),
+                None => {
+                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                    local.push((i, rx));
+                    ResponseSink::new(tx, Default::default())
                 }
             };
-            deadline = Instant::now() + timeout; // the timeout is on silence, not on the stream
-            if frame["op"] == "error" {
-                progress.fail_open(&mut results, &stub_error(&frame));
-                break;
+            self.streams.insert((seq, i), sink);
+        }
+        let close_all = |streams: &Streams| {
+            for i in 0..requests.len() {
+                streams.close((seq, i));
             }
-            if frame["seq"].as_u64() != Some(seq) {
+        };
+        let header = json!({"op": "execute", "seq": seq, "decoupled": true, "requests": encoded});
+        if let Err(e) = self.send(&header, &blob) {
+            close_all(&self.streams);
+            return Err(e);
+        }
+        let t1 = Instant::now();
+        let deadline = t1 + self.ctx.settings.execute_timeout;
+        let mut results: PerRequest = requests.iter().map(|_| Ok(Vec::new())).collect();
+        loop {
+            let frame = match self.next_reply(deadline) {
+                Ok((frame, _)) => frame,
+                Err(e) => {
+                    close_all(&self.streams);
+                    return Err(e);
+                }
+            };
+            if frame["op"] == "error" {
+                close_all(&self.streams);
+                return Err(stub_error(&frame));
+            }
+            if frame["op"] != "executed" || frame["seq"].as_u64() != Some(seq) {
                 continue; // a late frame of an earlier execution
             }
-            match frame["op"].as_str() {
-                Some("stream") => self.take_answer(requests, &frame, &blob, &mut progress, &mut results),
-                Some("executed") => {
-                    progress.executed = true;
-                    if let Some(message) = frame["error"].as_str() {
-                        progress.fail_open(&mut results, &Error::internal(message.trim_end().to_string()));
+            if let Some(message) = frame["error"].as_str() {
+                // execute() raised: the requests it left open fail with its message.
+                let e = Error::internal(message.trim_end().to_string());
+                for (i, result) in results.iter_mut().enumerate() {
+                    if self.streams.close((seq, i)) {
+                        *result = Err(e.clone());
                     }
                 }
-                other => {
-                    let e = Error::internal(format!("unexpected frame from the python stub: {other:?}"));
-                    progress.fail_open(&mut results, &e);
+            }
+            break;
+        }
+        for (i, mut rx) in local {
+            let mut last = None;
+            while let Some(item) = rx.blocking_recv() {
+                if let Some(answer) = item.response {
+                    last = Some(answer.map(|r| r.outputs));
+                }
+                if item.last {
                     break;
                 }
+            }
+            if let (Some(answer), Ok(_)) = (last, &results[i]) {
+                results[i] = answer;
             }
         }
         let timings = Timings {
@@ -110,58 +274,71 @@ impl PythonBackend {
         };
         Ok((results, timings))
     }
-
-    /// One answer a request's response sender sent: streamed to its client as it arrives.
-    fn take_answer(
-        &self,
-        requests: &[RequestView<'_>],
-        frame: &Value,
-        blob: &[u8],
-        progress: &mut Progress,
-        results: &mut PerRequest,
-    ) {
-        let index = frame["index"].as_u64().map(|i| i as usize);
-        let Some(i) = index.filter(|&i| i < requests.len() && progress.open[i]) else {
-            tracing::warn!(instance = %self.stub.label, "ignoring an answer for request {index:?}, which is not open");
-            return;
-        };
-        let last = frame["flags"].as_u64().unwrap_or(0) & FINAL != 0;
-        let answer = match &frame["response"] {
-            Value::Null => None,
-            response => Some(self.response_from(response, blob)),
-        };
-        match requests[i].sink {
-            Some(sink) => sink.send(answer, last),
-            None => {
-                if let Some(answer) = answer {
-                    results[i] = answer;
-                }
-            }
-        }
-        if last {
-            progress.open[i] = false;
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn sink() -> (ResponseSink, tokio::sync::mpsc::UnboundedReceiver<mesh::StreamItem>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (ResponseSink::new(tx, Default::default()), rx)
+    }
+
     #[test]
-    fn an_execution_ends_when_executed_and_every_request_is_final() {
-        let mut p = Progress {
-            open: vec![true, true],
-            executed: false,
-        };
-        assert!(!p.done());
-        p.open[0] = false;
-        p.executed = true;
-        assert!(!p.done(), "request 1 has not sent its final flag");
-        let mut results: PerRequest = vec![Ok(Vec::new()), Ok(Vec::new())];
-        p.fail_open(&mut results, &Error::internal("boom"));
-        assert!(p.done());
-        assert!(results[0].is_ok(), "a finished request keeps its result");
-        assert_eq!(results[1].as_ref().unwrap_err().message, "boom");
+    fn answers_reach_open_requests_until_their_final_flag() {
+        let streams = Streams::default();
+        let (a, mut rx) = sink();
+        streams.insert((1, 0), a);
+        assert!(streams.deliver((1, 0), Some(Ok(vec![])), false));
+        assert!(streams.deliver((1, 0), None, true));
+        assert!(
+            !streams.deliver((1, 0), Some(Ok(vec![])), false),
+            "closed by its final flag"
+        );
+        let first = rx.try_recv().unwrap();
+        assert!(!first.last && first.response.is_some());
+        assert!(rx.try_recv().unwrap().last);
+        assert!(rx.try_recv().is_err(), "the sender is dropped with the request");
+    }
+
+    #[test]
+    fn a_cancelled_request_is_reported_once_and_a_dead_stub_fails_the_rest() {
+        let streams = Streams::default();
+        let (a, rx_a) = sink();
+        let (b, mut rx_b) = sink();
+        streams.insert((1, 0), a);
+        streams.insert((2, 0), b);
+        drop(rx_a);
+        assert_eq!(streams.newly_cancelled(), vec![(1, 0)]);
+        assert!(streams.newly_cancelled().is_empty());
+        streams.fail_all(&Error::unavailable("gone"));
+        let item = rx_b.try_recv().unwrap();
+        assert!(item.last && item.response.unwrap().unwrap_err().message == "gone");
+        assert!(!streams.close((2, 0)));
+    }
+
+    #[test]
+    fn a_slow_client_holds_back_its_sender() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let sink = ResponseSink::new(tx, Default::default());
+        let sender = std::thread::spawn(move || {
+            for _ in 0..crate::backend::STREAM_WINDOW + 5 {
+                sink.send(Some(Ok(vec![])), false);
+            }
+        });
+        // The client reads but does not consume (drop) what it read: the sender stops at the window.
+        let mut held = Vec::new();
+        while held.len() < crate::backend::STREAM_WINDOW {
+            held.push(rx.blocking_recv().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(rx.try_recv().is_err(), "the sender waits for the client");
+        assert!(!sender.is_finished());
+        drop(held.pop()); // one consumed: one more may be sent
+        held.push(rx.blocking_recv().unwrap());
+        drop(rx); // the client goes away: what it held is dropped and the sender is released
+        drop(held);
+        sender.join().unwrap();
     }
 }

@@ -164,6 +164,8 @@ pub struct PythonBackend {
     decoupled: bool,
     /// Numbers executions, so a late frame of an earlier one is recognised.
     seq: u64,
+    /// A decoupled model's requests still answering (read by the stub's reading thread).
+    streams: Arc<decoupled::Streams>,
 }
 
 impl PythonBackend {
@@ -189,13 +191,18 @@ impl PythonBackend {
         let header = json!({"op": "initialize", "model_file": info.file, "args": args, "decoupled": decoupled});
         call(&mut stub, &header, Some(Instant::now() + ctx.settings.execute_timeout))
             .map_err(|e| format!("initialize() failed: {e}"))?;
-        Ok(PythonBackend {
+        let mut backend = PythonBackend {
             stub,
             ctx,
             dead: None,
             decoupled,
             seq: 0,
-        })
+            streams: Default::default(),
+        };
+        if decoupled {
+            backend.route_frames()?;
+        }
+        Ok(backend)
     }
 
     /// Marks the stub dead (killing it if it hung) and says why.
@@ -241,7 +248,7 @@ impl PythonBackend {
                 }
             };
             match frame["op"].as_str() {
-                Some("bls") => bls::start(&self.ctx, &self.stub, frame, &blob),
+                Some("bls") => bls::start(&self.ctx, &self.stub.answers(), frame, &blob),
                 Some("log") => log(&self.stub.label, &frame),
                 _ => return Ok((frame, blob)),
             }
@@ -283,12 +290,17 @@ impl PythonBackend {
 
     /// One response as the stub described it: its outputs, or the model's error.
     fn response_from(&self, response: &Value, blob: &[u8]) -> Result<Vec<NamedTensor>> {
-        if response.get("error").is_some_and(|e| !e.is_null()) {
-            return Err(error_from(response));
-        }
-        let outputs = response["outputs"].as_array().map(|v| v.as_slice()).unwrap_or_default();
-        outputs.iter().map(|d| decode_tensor(&self.stub.shm, d, blob)).collect()
+        decode_response(&self.stub.shm, response, blob)
     }
+}
+
+/// One response as the stub described it: its outputs, or the model's error.
+fn decode_response(shm: &ipc::Shm, response: &Value, blob: &[u8]) -> Result<Vec<NamedTensor>> {
+    if response.get("error").is_some_and(|e| !e.is_null()) {
+        return Err(error_from(response));
+    }
+    let outputs = response["outputs"].as_array().map(|v| v.as_slice()).unwrap_or_default();
+    outputs.iter().map(|d| decode_tensor(shm, d, blob)).collect()
 }
 
 /// The stub's own failure (not the model's), as it reported it.

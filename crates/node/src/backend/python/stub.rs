@@ -50,9 +50,16 @@ pub fn remove_runtime_dir() {
     let _ = std::fs::remove_dir_all(runtime_path());
 }
 
+/// Where a stub's frames are read: on the instance's thread, or, for a decoupled model (whose
+/// threads answer at any time), by a reading thread that hands over what is not a stream answer.
+enum Source {
+    Direct(BufReader<UnixStream>),
+    Routed(std::sync::mpsc::Receiver<std::io::Result<(Value, Vec<u8>)>>),
+}
+
 pub struct Stub {
     child: Child,
-    reader: BufReader<UnixStream>,
+    reader: Source,
     pub writer: Arc<Mutex<UnixStream>>,
     pub shm: Arc<Shm>,
     pub label: String,
@@ -125,7 +132,7 @@ impl Stub {
             .map_err(|e| format!("cannot clone the stub socket: {e}"))?;
         Ok(Stub {
             child,
-            reader: BufReader::with_capacity(1 << 16, stream),
+            reader: Source::Direct(BufReader::with_capacity(1 << 16, stream)),
             writer: Arc::new(Mutex::new(writer)),
             shm: Arc::new(shm),
             label: label.to_string(),
@@ -144,41 +151,47 @@ impl Stub {
         write_frame(&mut *w, header, blob)
     }
 
+    /// Where BLS answers to this stub go.
+    pub fn answers(&self) -> super::bls::Answers {
+        super::bls::Answers {
+            writer: self.writer.clone(),
+            shm: self.shm.clone(),
+            routed: matches!(self.reader, Source::Routed(_)),
+        }
+    }
+
+    /// Hands the socket to a reading thread: from now on `recv` gets what it passes on.
+    pub fn route(
+        &mut self,
+        rx: std::sync::mpsc::Receiver<std::io::Result<(Value, Vec<u8>)>>,
+    ) -> Option<BufReader<UnixStream>> {
+        match std::mem::replace(&mut self.reader, Source::Routed(rx)) {
+            Source::Direct(r) => Some(r),
+            Source::Routed(_) => None,
+        }
+    }
+
     /// Reads the next frame, waiting at most until `deadline`; first polls for up to `spin`, which
     /// on a VM saves the wake-up (a VM exit) when the answer comes quickly.
     pub fn recv_spinning(&mut self, deadline: Option<Instant>, spin: Duration) -> std::io::Result<(Value, Vec<u8>)> {
-        if !spin.is_zero() && self.reader.buffer().is_empty() {
-            use std::io::BufRead;
-            self.reader.get_ref().set_nonblocking(true)?;
-            let end = Instant::now() + spin;
-            loop {
-                match self.reader.fill_buf() {
-                    Ok(_) => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < end => {
-                        std::hint::spin_loop()
+        if let Source::Direct(reader) = &mut self.reader {
+            if !spin.is_zero() && reader.buffer().is_empty() {
+                use std::io::BufRead;
+                reader.get_ref().set_nonblocking(true)?;
+                let end = Instant::now() + spin;
+                loop {
+                    match reader.fill_buf() {
+                        Ok(_) => break,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < end => {
+                            std::hint::spin_loop()
+                        }
+                        Err(_) => break,
                     }
-                    Err(_) => break,
                 }
+                reader.get_ref().set_nonblocking(false)?;
             }
-            self.reader.get_ref().set_nonblocking(false)?;
         }
         self.recv(deadline)
-    }
-
-    /// Whether a frame has started arriving within `wait` (nothing is consumed, so no frame is cut).
-    pub fn readable_within(&mut self, wait: Duration) -> std::io::Result<bool> {
-        use std::io::BufRead;
-        if !self.reader.buffer().is_empty() {
-            return Ok(true);
-        }
-        self.reader
-            .get_ref()
-            .set_read_timeout(Some(wait.max(Duration::from_millis(1))))?;
-        match self.reader.fill_buf() {
-            Ok(_) => Ok(true), // data, or end of stream, which the next recv reports
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => Ok(false),
-            Err(e) => Err(e),
-        }
     }
 
     /// Reads the next frame, waiting at most until `deadline`.
@@ -187,8 +200,24 @@ impl Stub {
             d.saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1))
         });
-        self.reader.get_ref().set_read_timeout(timeout)?;
-        let frame = read_frame(&mut self.reader)?;
+        let frame = match &mut self.reader {
+            Source::Direct(reader) => {
+                reader.get_ref().set_read_timeout(timeout)?;
+                read_frame(reader)?
+            }
+            Source::Routed(rx) => {
+                use std::sync::mpsc::RecvTimeoutError;
+                let got = match timeout {
+                    Some(t) => rx.recv_timeout(t),
+                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                };
+                match got {
+                    Ok(frame) => frame?,
+                    Err(RecvTimeoutError::Timeout) => return Err(std::io::ErrorKind::TimedOut.into()),
+                    Err(RecvTimeoutError::Disconnected) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                }
+            }
+        };
         self.shm.unlink_once();
         Ok(frame)
     }
