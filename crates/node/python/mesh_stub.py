@@ -94,6 +94,7 @@ class Host:
         self.spin = spin_us / 1e6
         self.model = None
         self.model_name = ""
+        self.artifact = None
         self.inbox = None  # decoupled models: frames the reader thread took for the main thread
         self.cancelled = set()  # decoupled models: (seq, index) of requests whose client went away
         self.decoupled = False
@@ -402,6 +403,7 @@ class Host:
 
     def auto_complete(self, header):
         import triton_python_backend_utils as pb_utils
+        self.artifact = header.get("artifact")  # a TensorFlow model's files, for the bundled runner
         cls = self.load_module(header["model_file"])
         config = pb_utils.ModelConfig(header["config"])
         if hasattr(cls, "auto_complete_config"):
@@ -409,6 +411,7 @@ class Host:
         return {"op": "ok", "config": config.as_dict()}
 
     def initialize(self, header):
+        self.artifact = header["args"].get("model_artifact")
         cls = self.load_module(header["model_file"])
         self.model = cls()
         self.model_name = header["args"].get("model_name", "")

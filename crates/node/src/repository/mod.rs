@@ -94,6 +94,7 @@ pub fn model_file_name(config: &ModelConfig) -> String {
         ("pytorch_libtorch", _) | (_, "pytorch") => "model.pt".into(),
         (_, "python") => "model.py".into(),
         ("tensorflow_savedmodel", _) => "model.savedmodel".into(),
+        ("tensorflow_graphdef", _) => "model.graphdef".into(),
         ("tensorrt_plan", _) | (_, "tensorrt") => "model.plan".into(),
         _ => "model.onnx".into(),
     }

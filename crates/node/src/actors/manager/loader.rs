@@ -68,9 +68,13 @@ fn backend_kind(config: &ModelConfig) -> Result<BackendKind, String> {
         ("", "python") => Ok(BackendKind::Python),
         ("ensemble", _) => Err("an ensemble is planned, not loaded on a backend".into()),
         ("pytorch_libtorch", "" | "pytorch") | ("", "pytorch") => Ok(BackendKind::Torch),
+        ("tensorflow_savedmodel" | "tensorflow_graphdef", "" | "tensorflow") => Ok(BackendKind::TensorFlow),
+        ("", "tensorflow") => Err(
+            "backend 'tensorflow' needs platform \"tensorflow_savedmodel\" or \"tensorflow_graphdef\" to say which format".into(),
+        ),
         (p, b) => Err(format!(
             "unsupported platform '{p}' / backend '{b}'; this node serves onnxruntime, pytorch (TorchScript), \
-             python and ensemble models"
+             tensorflow (SavedModel, GraphDef), python and ensemble models"
         )),
     }
 }
@@ -144,12 +148,37 @@ fn calls_itself(table: &ModelTable, name: &str, steps: &[String]) -> Option<Vec<
 /// Reads the config a load uses: the override if given, else config.pbtxt. Returns it with
 /// whether it sets max_batch_size itself.
 pub fn written_config(dir: &ModelDir, override_config: Option<ModelConfig>) -> Result<(ModelConfig, bool), String> {
-    match override_config {
+    let (mut config, sets_mbs) = match override_config {
         Some(mut c) => {
             adopt_name(&mut c, &dir.name, "the config override")?;
-            Ok((c, true))
+            (c, true)
         }
-        None => read_config(dir),
+        None => read_config(dir)?,
+    };
+    detect_platform(&mut config, dir);
+    Ok((config, sets_mbs))
+}
+
+/// A config that names neither platform nor backend gets them from the model file in the latest
+/// version directory, as Triton detects them (model.onnx keeps the ONNX default).
+fn detect_platform(config: &mut ModelConfig, dir: &ModelDir) {
+    if !config.platform.is_empty() || !config.backend.is_empty() || !config.default_model_filename.is_empty() {
+        return;
+    }
+    let Some(latest) = dir.versions.last() else { return };
+    let version = dir.path.join(latest.to_string());
+    let has = |name: &str| version.join(name).exists();
+    if has("model.onnx") {
+        return;
+    }
+    if has("model.savedmodel") {
+        config.platform = "tensorflow_savedmodel".into();
+    } else if has("model.graphdef") {
+        config.platform = "tensorflow_graphdef".into();
+    } else if has("model.py") {
+        config.backend = "python".into();
+    } else if has("model.pt") {
+        config.platform = "pytorch_libtorch".into();
     }
 }
 
@@ -168,13 +197,14 @@ pub async fn load_model(
     let mut files = Vec::with_capacity(versions.len());
     for &v in &versions {
         let file = dir.path.join(v.to_string()).join(repository::model_file_name(&written));
-        if !file.is_file() {
+        // A SavedModel is a directory.
+        if !(file.is_file() || (kind == BackendKind::TensorFlow && file.is_dir())) {
             return Err(format!("version {v} has no model file {}", file.display()));
         }
         files.push((v, file));
     }
     let (config, prepared) = match kind {
-        BackendKind::Onnx | BackendKind::Torch
+        BackendKind::Onnx | BackendKind::Torch | BackendKind::TensorFlow
             if written.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) =>
         {
             return Err(format!(
@@ -189,10 +219,15 @@ pub async fn load_model(
         }
         BackendKind::Onnx => open_onnx(&repos.env, written.clone(), sets_mbs, &placements, files)?,
         BackendKind::Torch => open_all_torch(written.clone(), &placements, files)?,
-        BackendKind::Python => {
+        BackendKind::Python | BackendKind::TensorFlow => {
             let first = files.first().map(|(_, f)| f.clone()).unwrap_or_default();
-            let config =
-                tokio::task::block_in_place(|| python::auto_complete(&repos.python, &written, &dir.path, &first))?;
+            let (file, artifact) = match kind {
+                BackendKind::TensorFlow => (python::stub::tensorflow_runner()?, Some(first.as_path())),
+                _ => (first.clone(), None),
+            };
+            let config = tokio::task::block_in_place(|| {
+                python::auto_complete(&repos.python, &written, &dir.path, &file, artifact)
+            })?;
             validate_config(&config)?;
             let prepared = files
                 .into_iter()
@@ -311,6 +346,43 @@ pub fn only_instances_differ(current: &ModelConfig, next: &ModelConfig) -> bool 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_config_without_platform_or_backend_gets_them_from_the_model_file() {
+        let root = tempfile::tempdir().unwrap();
+        let detect = |file: &str, dir: bool| {
+            let path = root.path().join(file.replace('.', "_"));
+            std::fs::create_dir_all(path.join("1")).unwrap();
+            if dir {
+                std::fs::create_dir_all(path.join("1").join(file)).unwrap();
+            } else {
+                std::fs::write(path.join("1").join(file), b"x").unwrap();
+            }
+            let md = ModelDir {
+                name: "m".into(),
+                path,
+                versions: vec![1],
+            };
+            let mut c = ModelConfig::default();
+            detect_platform(&mut c, &md);
+            (c.platform, c.backend)
+        };
+        assert_eq!(
+            detect("model.savedmodel", true),
+            ("tensorflow_savedmodel".into(), "".into())
+        );
+        assert_eq!(
+            detect("model.graphdef", false),
+            ("tensorflow_graphdef".into(), "".into())
+        );
+        assert_eq!(detect("model.py", false), ("".into(), "python".into()));
+        assert_eq!(detect("model.pt", false), ("pytorch_libtorch".into(), "".into()));
+        assert_eq!(
+            detect("model.onnx", false),
+            ("".into(), "".into()),
+            "ONNX stays the default"
+        );
+    }
+
     use super::*;
     use mesh::proto::ModelInstanceGroup;
 

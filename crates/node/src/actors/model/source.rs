@@ -16,6 +16,8 @@ pub enum BackendKind {
     Onnx,
     Python,
     Torch,
+    /// TensorFlow SavedModel or GraphDef, run by the bundled runner in a Python stub.
+    TensorFlow,
 }
 
 /// What every instance of one model version is built from.
@@ -40,9 +42,14 @@ impl VersionSource {
         device: Device,
         first: Option<Box<dyn Backend>>,
     ) -> BackendFactory {
-        if self.kind == BackendKind::Python {
+        if matches!(self.kind, BackendKind::Python | BackendKind::TensorFlow) {
             let (source, cfg, label) = (self.clone(), config.clone(), label.to_string());
             return Arc::new(move || {
+                // A TensorFlow model's file is its SavedModel or GraphDef; the stub runs the runner.
+                let runner = match source.kind {
+                    BackendKind::TensorFlow => Some(crate::backend::python::stub::tensorflow_runner()?),
+                    _ => None,
+                };
                 let info = InstanceInfo {
                     name: &label,
                     gpu: match device {
@@ -51,7 +58,8 @@ impl VersionSource {
                     },
                     version: source.version,
                     model_dir: &source.dir,
-                    file: &source.file,
+                    file: runner.as_deref().unwrap_or(&source.file),
+                    artifact: runner.is_some().then_some(source.file.as_path()),
                 };
                 let backend = PythonBackend::start(source.python.clone(), &cfg, &info)?;
                 Ok(Box::new(backend) as Box<dyn Backend>)

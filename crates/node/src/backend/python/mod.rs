@@ -79,6 +79,8 @@ pub struct InstanceInfo<'a> {
     pub version: i64,
     pub model_dir: &'a Path,
     pub file: &'a Path,
+    /// A TensorFlow model's files (`file` is then the bundled runner).
+    pub artifact: Option<&'a Path>,
 }
 
 /// The interpreter for a model: `EXECUTION_ENV_PATH`, then `--backend-config python,interpreter=`, then python3.
@@ -101,11 +103,14 @@ pub fn auto_complete(
     config: &ModelConfig,
     model_dir: &Path,
     file: &Path,
+    artifact: Option<&Path>,
 ) -> std::result::Result<ModelConfig, String> {
     let python = interpreter(ctx, config, model_dir)?;
     let label = format!("{}_autocomplete", config.name);
     let mut stub = Stub::start(&python, 1 << 16, Duration::ZERO, &label)?;
-    let header = json!({"op": "auto_complete", "model_file": file, "config": config_to_json(config)});
+    let header = json!({
+        "op": "auto_complete", "model_file": file, "config": config_to_json(config), "artifact": artifact,
+    });
     let reply = call(&mut stub, &header, Some(Instant::now() + Duration::from_secs(60)));
     stub.stop(true, Duration::from_secs(2));
     let reply = reply?;
@@ -178,7 +183,7 @@ impl PythonBackend {
         let python = interpreter(&ctx, config, info.model_dir)?;
         let settings = &ctx.settings;
         let mut stub = Stub::start(&python, settings.shm_bytes, settings.spin, info.name)?;
-        let args = json!({
+        let mut args = json!({
             "model_config": config_to_json(config).to_string(),
             "model_instance_kind": if info.gpu.is_some() { "GPU" } else { "CPU" },
             "model_instance_name": info.name,
@@ -187,6 +192,9 @@ impl PythonBackend {
             "model_version": info.version.to_string(),
             "model_name": config.name,
         });
+        if let Some(artifact) = info.artifact {
+            args["model_artifact"] = json!(artifact);
+        }
         let decoupled = config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled);
         let header = json!({"op": "initialize", "model_file": info.file, "args": args, "decoupled": decoupled});
         call(&mut stub, &header, Some(Instant::now() + ctx.settings.execute_timeout))

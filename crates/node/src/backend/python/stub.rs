@@ -15,6 +15,7 @@ use super::ipc::{read_frame, write_frame, Shm};
 
 const STUB_PY: &str = include_str!("../../../python/mesh_stub.py");
 const UTILS_PY: &str = include_str!("../../../python/triton_python_backend_utils.py");
+const TENSORFLOW_PY: &str = include_str!("../../../python/mesh_tensorflow.py");
 /// How long a new stub may take to import numpy and connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Lines of the stub's stderr kept for error messages.
@@ -34,6 +35,7 @@ fn runtime_dir() -> Result<&'static Path, String> {
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("mesh_stub.py"), STUB_PY)?;
             std::fs::write(dir.join("triton_python_backend_utils.py"), UTILS_PY)?;
+            std::fs::write(dir.join("mesh_tensorflow.py"), TENSORFLOW_PY)?;
             Ok(())
         };
         write()
@@ -43,6 +45,11 @@ fn runtime_dir() -> Result<&'static Path, String> {
     .as_ref()
     .map(|p| p.as_path())
     .map_err(|e| e.clone())
+}
+
+/// The bundled model file that serves TensorFlow models in a stub (in place of a model.py).
+pub fn tensorflow_runner() -> Result<PathBuf, String> {
+    Ok(runtime_dir()?.join("mesh_tensorflow.py"))
 }
 
 /// Removes the stub sources and sockets (at node shutdown).
