@@ -309,29 +309,36 @@ class Host:
                 self.complete(frame, blob)
         return box[0]
 
-    async def bls_async(self, request):
+    async def await_call(self, call_id, header, blobs, on_answer, done):
+        """Sends a BLS call and awaits `done`, which `on_answer` resolves; without a reading thread
+        the event loop reads the socket meanwhile (several calls may be awaited at once)."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        call_id, header, blobs = self.bls_message(request)
-        if self.inbox is not None:  # the reader thread completes the call
-            with self.pending_lock:
-                self.pending[call_id] = lambda result: loop.call_soon_threadsafe(future.set_result, result)
-            self.send(header, blobs)
-            return await future
         with self.pending_lock:
-            self.pending[call_id] = future.set_result
-        if not self.watching:
+            self.pending[call_id] = on_answer
+        watch = self.inbox is None
+        if watch and not self.watching:
             loop.add_reader(self.sock.fileno(), self.on_readable)
             self.watching = True
         self.send(header, blobs)
         try:
-            return await future
+            return await done
         finally:
-            with self.pending_lock:
-                idle = not self.pending
-            if idle and self.watching:
-                loop.remove_reader(self.sock.fileno())
-                self.watching = False
+            if watch:
+                with self.pending_lock:
+                    idle = not self.pending
+                if idle and self.watching:
+                    loop.remove_reader(self.sock.fileno())
+                    self.watching = False
+
+    async def bls_async(self, request):
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        call_id, header, blobs = self.bls_message(request)
+        if self.inbox is None:
+            on_answer = future.set_result
+        else:  # the reading thread completes the call
+            on_answer = lambda result: loop.call_soon_threadsafe(future.set_result, result)  # noqa: E731
+        return await self.await_call(call_id, header, blobs, on_answer, future)
 
     def bls_stream(self, request):
         """A decoupled BLS call: yields the responses as they arrive; a bare final flag ends it."""
@@ -369,20 +376,7 @@ class Host:
             if last:
                 loop.call_soon_threadsafe(done.set_result, got)
 
-        with self.pending_lock:
-            self.pending[call_id] = on_answer
-        if self.inbox is None and not self.watching:
-            loop.add_reader(self.sock.fileno(), self.on_readable)
-            self.watching = True
-        self.send(header, blobs)
-        try:
-            return await done
-        finally:
-            with self.pending_lock:
-                idle = not self.pending
-            if self.inbox is None and idle and self.watching:
-                loop.remove_reader(self.sock.fileno())
-                self.watching = False
+        return await self.await_call(call_id, header, blobs, on_answer, done)
 
     def log(self, level, message):
         self.send({"op": "log", "level": level, "message": str(message)})
