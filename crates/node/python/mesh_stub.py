@@ -7,6 +7,7 @@ bytes that did not fit in shared memory). The shared memory is split in two halv
 writes the first (execute inputs, BLS results), this stub writes the second (outputs, BLS inputs);
 each side starts its half afresh with every execute, which mesh-node sends one at a time."""
 import asyncio
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
@@ -383,12 +384,23 @@ class Host:
 
     # ---- the model ----
     def load_module(self, path):
+        """Imports model.py as the module `model` of its version directory's package (named by
+        the directory, "1"), as Triton's stub does, so `from . import helper` finds a helper.py
+        beside it; the model directory is on sys.path too."""
         directory = os.path.dirname(path)
         for p in (directory, os.path.dirname(directory)):
             if p not in sys.path:
                 sys.path.insert(0, p)
-        spec = importlib.util.spec_from_file_location("model", path)
+        package = os.path.basename(directory)
+        if package not in sys.modules:
+            spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
+            pkg = importlib.util.module_from_spec(spec)
+            pkg.__path__ = [directory]
+            sys.modules[package] = pkg
+        name = f"{package}.{os.path.splitext(os.path.basename(path))[0]}"
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
         sys.modules["model"] = module
         spec.loader.exec_module(module)
         if not hasattr(module, "TritonPythonModel"):
@@ -528,6 +540,7 @@ class Host:
 def main():
     sock_path, shm_path, shm_size = sys.argv[1], sys.argv[2], int(sys.argv[3])
     spin_us = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    sys.argv = [""]  # as Triton's stub leaves it: a model's argparse or unittest.main() sees no arguments
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(sock_path)
     host = Host(sock, shm_path, shm_size, spin_us)

@@ -186,7 +186,8 @@ impl PythonBackend {
         let mut args = json!({
             "model_config": config_to_json(config).to_string(),
             "model_instance_kind": if info.gpu.is_some() { "GPU" } else { "CPU" },
-            "model_instance_name": info.name,
+            // Triton's `<model>_<group>_<index>`; the node's label adds the version for its logs.
+            "model_instance_name": info.name.strip_suffix(&format!("_v{}", info.version)).unwrap_or(info.name),
             "model_instance_device_id": info.gpu.unwrap_or(0).to_string(),
             "model_repository": info.model_dir,
             "model_version": info.version.to_string(),
