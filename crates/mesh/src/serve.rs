@@ -66,6 +66,7 @@ pub async fn grpc<D: Dispatch>(
     max_message: usize,
     rules: Arc<Restrictions>,
     shm: Arc<SharedMemory>,
+    forward: Option<regex::Regex>,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
     let listener = bind("gRPC", addr).await?;
@@ -78,7 +79,7 @@ pub async fn grpc<D: Dispatch>(
         })
     });
     let service = GrpcGuard {
-        inner: GrpcFrontend::server(dispatch, max_message, shm),
+        inner: GrpcFrontend::server(dispatch, max_message, shm, forward),
         rules,
     };
     let signal = shutdown_signal(stop);
@@ -153,6 +154,21 @@ pub struct ListenArgs {
     /// The same for gRPC methods (the header is gRPC metadata).
     #[arg(long, value_name = "PROTOCOLS:KEY=VALUE")]
     pub grpc_restricted_protocol: Vec<String>,
+    /// HTTP headers whose name matches this regular expression reach the model as request
+    /// parameters (string values), as tritonserver's flag.
+    #[arg(long, value_name = "REGEX")]
+    pub http_header_forward_pattern: Option<String>,
+    /// The same for gRPC metadata.
+    #[arg(long, value_name = "REGEX")]
+    pub grpc_header_forward_pattern: Option<String>,
+}
+
+/// A header-forward pattern, compiled (names are matched in lower case, as they arrive).
+fn forward_pattern(flag: &str, pattern: &Option<String>) -> Result<Option<regex::Regex>, String> {
+    pattern
+        .as_deref()
+        .map(|p| regex::Regex::new(p).map_err(|e| format!("--{flag} '{p}' is not a valid regular expression: {e}")))
+        .transpose()
 }
 
 impl ListenArgs {
@@ -185,11 +201,13 @@ impl ListenArgs {
         if let Some(addr) = self.http_addr() {
             let options = HttpOptions {
                 max_input_size: self.http_max_input_size,
+                forward_headers: forward_pattern("http-header-forward-pattern", &self.http_header_forward_pattern)?,
             };
             servers.push(http(addr, dispatch.clone(), options, extra, http_rules, shm.clone(), stop).await?);
         }
         if let Some(addr) = self.grpc_addr() {
-            servers.push(grpc(addr, dispatch, self.http_max_input_size, grpc_rules, shm, stop).await?);
+            let forward = forward_pattern("grpc-header-forward-pattern", &self.grpc_header_forward_pattern)?;
+            servers.push(grpc(addr, dispatch, self.http_max_input_size, grpc_rules, shm, forward, stop).await?);
         }
         if self.allow_metrics {
             let addr = SocketAddr::new(self.metrics_address.unwrap_or(self.http_address), self.metrics_port);

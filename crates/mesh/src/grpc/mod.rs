@@ -18,17 +18,22 @@ pub use proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 pub struct GrpcFrontend<D> {
     dispatch: Arc<D>,
     shm: Arc<SharedMemory>,
+    /// Metadata whose key matches becomes request parameters (`--grpc-header-forward-pattern`).
+    forward: Option<Arc<regex::Regex>>,
 }
 
 impl<D: Dispatch> GrpcFrontend<D> {
     /// Wraps the service with message limits matching the HTTP body limit; `shm` is the server's
-    /// shared-memory registry (the HTTP frontend's too).
+    /// shared-memory registry (the HTTP frontend's too); metadata matching `forward` becomes
+    /// request parameters.
     pub fn server(
         dispatch: Arc<D>,
         max_message_size: usize,
         shm: Arc<SharedMemory>,
+        forward: Option<regex::Regex>,
     ) -> GrpcInferenceServiceServer<Self> {
-        GrpcInferenceServiceServer::new(GrpcFrontend { dispatch, shm })
+        let forward = forward.map(Arc::new);
+        GrpcInferenceServiceServer::new(GrpcFrontend { dispatch, shm, forward })
             .max_decoding_message_size(max_message_size)
             .max_encoding_message_size(usize::MAX)
     }
@@ -78,7 +83,13 @@ fn stream_message(
 
 /// Runs one request of a stream and sends its answers (several for a decoupled model) or its error
 /// in `error_message`, each carrying the request's id.
-async fn stream_answers<D: Dispatch>(dispatch: &D, shm: &SharedMemory, msg: proto::ModelInferRequest, tx: &StreamTx) {
+async fn stream_answers<D: Dispatch>(
+    dispatch: &D,
+    shm: &SharedMemory,
+    forward: Option<(&regex::Regex, &tonic::metadata::MetadataMap)>,
+    msg: proto::ModelInferRequest,
+    tx: &StreamTx,
+) {
     let flagged = wants_final_flag(&msg);
     let echo = proto::ModelInferResponse {
         model_name: msg.model_name.clone(),
@@ -86,13 +97,16 @@ async fn stream_answers<D: Dispatch>(dispatch: &D, shm: &SharedMemory, msg: prot
         id: msg.id.clone(),
         ..Default::default()
     };
-    let (request, written) = match codec::decode_request(msg, shm) {
+    let (mut request, written) = match codec::decode_request(msg, shm) {
         Ok(decoded) => decoded,
         Err(e) => {
             let _ = tx.send(Ok(stream_message(e.message, echo, true))).await;
             return;
         }
     };
+    if let Some((pattern, metadata)) = forward {
+        forward_metadata(pattern, metadata, &mut request.parameters);
+    }
     let (sink, mut answers) = tokio::sync::mpsc::unbounded_channel::<crate::request::StreamItem>();
     // Owns the receiver, so a client that went away reads as cancelled to the model.
     let forward = async move {
@@ -180,6 +194,15 @@ impl SequenceOrder {
     }
 }
 
+/// The stream's (or call's) ASCII metadata whose key matches, as request parameters.
+fn forward_metadata(pattern: &regex::Regex, metadata: &tonic::metadata::MetadataMap, params: &mut crate::Params) {
+    let pairs = metadata.iter().filter_map(|kv| match kv {
+        tonic::metadata::KeyAndValueRef::Ascii(k, v) => Some((k.as_str(), v.as_bytes())),
+        tonic::metadata::KeyAndValueRef::Binary(..) => None,
+    });
+    crate::http::forward_headers(pattern, pairs, params);
+}
+
 type StreamOf<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -252,7 +275,11 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         &self,
         r: Request<proto::ModelInferRequest>,
     ) -> Result<Response<proto::ModelInferResponse>, Status> {
-        let (request, written) = codec::decode_request(r.into_inner(), &self.shm)?;
+        let metadata = r.metadata().clone();
+        let (mut request, written) = codec::decode_request(r.into_inner(), &self.shm)?;
+        if let Some(pattern) = &self.forward {
+            forward_metadata(pattern, &metadata, &mut request.parameters);
+        }
         let response = self.dispatch.infer(request).await?;
         Ok(Response::new(codec::encode_response(response, &written)?))
     }
@@ -267,8 +294,9 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         &self,
         r: Request<tonic::Streaming<proto::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let metadata = Arc::new(r.metadata().clone());
         let mut inbound = r.into_inner();
-        let (dispatch, shm) = (self.dispatch.clone(), self.shm.clone());
+        let (dispatch, shm, forward) = (self.dispatch.clone(), self.shm.clone(), self.forward.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_WINDOW);
         tokio::spawn(async move {
             let mut running = tokio::task::JoinSet::new();
@@ -278,13 +306,15 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                     next = inbound.message() => match next {
                         Ok(Some(msg)) => {
                             let (d, shm, tx) = (dispatch.clone(), shm.clone(), tx.clone());
+                            let (forward, metadata) = (forward.clone(), metadata.clone());
                             // Requests of one sequence run one after the other, in stream order.
                             let (after, done) = sequences.enter(&msg);
                             running.spawn(async move {
                                 if let Some(previous) = after {
                                     let _ = previous.await;
                                 }
-                                stream_answers(&*d, &shm, msg, &tx).await;
+                                let forward = forward.as_deref().map(|p| (p, &*metadata));
+                                stream_answers(&*d, &shm, forward, msg, &tx).await;
                                 done.finish();
                             });
                         }

@@ -24,17 +24,35 @@ use crate::shm::SharedMemory;
 /// The header that tells where the JSON part of a binary-extension body ends.
 pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
 
-/// Limits of the HTTP frontend.
+/// Limits and behaviours of the HTTP frontend.
 #[derive(Debug, Clone)]
 pub struct HttpOptions {
     /// Largest accepted request body, before and after decompression (Triton's `--http-max-input-size`).
     pub max_input_size: usize,
+    /// Headers whose name matches become request parameters (`--http-header-forward-pattern`).
+    pub forward_headers: Option<regex::Regex>,
 }
 
 impl Default for HttpOptions {
     fn default() -> Self {
         HttpOptions {
             max_input_size: 64 * 1024 * 1024,
+            forward_headers: None,
+        }
+    }
+}
+
+/// Adds the headers (or gRPC metadata) whose name matches `pattern` to a request's parameters, as
+/// strings, unless the request already has a parameter of that name.
+pub fn forward_headers<'a>(
+    pattern: &regex::Regex,
+    headers: impl Iterator<Item = (&'a str, &'a [u8])>,
+    parameters: &mut crate::Params,
+) {
+    for (name, value) in headers {
+        if pattern.is_match(name) && !parameters.iter().any(|(k, _)| k == name) {
+            let value = String::from_utf8_lossy(value).into_owned();
+            parameters.push((name.to_string(), crate::Param::String(value)));
         }
     }
 }
@@ -352,7 +370,11 @@ async fn try_infer<D: Dispatch>(
                 .ok_or_else(|| Error::invalid("Inference-Header-Content-Length must be a non-negative integer"))?,
         ),
     };
-    let (request, format) = codec::decode_request(model, version, body, header_len, &s.shm)?;
+    let (mut request, format) = codec::decode_request(model, version, body, header_len, &s.shm)?;
+    if let Some(pattern) = &s.options.forward_headers {
+        let pairs = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
+        forward_headers(pattern, pairs, &mut request.parameters);
+    }
     let response = s.dispatch.infer(request).await?;
     let (out, json_len) = codec::encode_response(&response, &format)?;
     let accept = compress::choose(headers.get(header::ACCEPT_ENCODING));
@@ -390,4 +412,29 @@ fn too_large(limit: usize) -> Error {
         Code::PayloadTooLarge,
         format!("request body is larger than the limit of {limit} bytes (--http-max-input-size)"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Param;
+
+    #[test]
+    fn matching_headers_become_string_parameters_without_overriding_the_body() {
+        let pattern = regex::Regex::new("^x-fwd-").unwrap();
+        let mut params = vec![("x-fwd-kept".to_string(), Param::Int(1))];
+        let headers = [
+            ("x-fwd-user", &b"alice"[..]),
+            ("x-other", &b"no"[..]),
+            ("x-fwd-kept", &b"from the header"[..]),
+        ];
+        forward_headers(&pattern, headers.into_iter(), &mut params);
+        assert_eq!(
+            params,
+            vec![
+                ("x-fwd-kept".to_string(), Param::Int(1)),
+                ("x-fwd-user".to_string(), Param::String("alice".into())),
+            ]
+        );
+    }
 }
