@@ -258,8 +258,9 @@ impl NodeDispatch {
         };
         let insert = Instant::now();
         cache.insert(key, &response.outputs);
-        cache.record(looked, insert.elapsed());
-        model.stats.cache_miss(looked + insert.elapsed());
+        let inserted = insert.elapsed();
+        cache.record(looked, inserted);
+        model.stats.cache_miss(looked + inserted);
         response.outputs = cache::select(response.outputs, &requested)?;
         classified(response).map(Some)
     }

@@ -243,6 +243,8 @@ impl Sequences {
 /// (it failed, or its client went away), it leaves the state as it was.
 pub struct Step {
     table: Arc<std::sync::Mutex<Sequences>>,
+    /// The model's setup (fixed at load).
+    setup: Arc<SequenceSetup>,
     pub flags: Flags,
     pub ticket: Ticket,
     finished: bool,
@@ -267,9 +269,13 @@ impl Step {
                 "inference request to model '{model}' must specify batch-size 1 due to requirements of sequence batcher"
             )));
         }
-        let ticket = lock(table).begin(model, &flags, instances, Instant::now())?;
+        let (ticket, setup) = {
+            let mut t = lock(table);
+            (t.begin(model, &flags, instances, Instant::now())?, t.setup().clone())
+        };
         Ok(Step {
             table: table.clone(),
+            setup,
             flags,
             ticket,
             finished: false,
@@ -278,28 +284,24 @@ impl Step {
 
     /// Adds the controls and the sequence's current state (call once the turn is held).
     pub fn add_inputs(&self, model: &str, batched: bool, inputs: &mut Vec<mesh::NamedTensor>) -> Result<()> {
-        let (setup, state) = {
-            let t = lock(&self.table);
-            (t.setup().clone(), t.state(model, &self.flags, &self.ticket)?)
-        };
-        inputs::add(model, &setup, &self.flags, state, batched, inputs)
+        let state = lock(&self.table).state(model, &self.flags, &self.ticket)?;
+        inputs::add(model, &self.setup, &self.flags, state, batched, inputs)
     }
 
     /// The outputs to ask the backend for (see [`inputs::outputs`]).
     pub fn outputs(&self, requested: Vec<String>, config_outputs: &[String]) -> Vec<String> {
-        let setup = lock(&self.table).setup().clone();
-        inputs::outputs(&setup, requested, config_outputs)
+        inputs::outputs(&self.setup, requested, config_outputs)
     }
 
     /// Takes the next state out of the answer and stores it; ends the sequence after END.
     pub fn finish(mut self, batched: bool, outputs: &mut Vec<mesh::NamedTensor>) -> Result<()> {
-        let mut t = lock(&self.table);
-        let setup = t.setup().clone();
-        let state = inputs::take_states(&setup, outputs, batched);
-        let ok = state.as_ref().ok().cloned();
-        t.finish(&self.flags.id, &self.ticket, ok, self.flags.end, Instant::now());
+        let (state, result) = match inputs::take_states(&self.setup, outputs, batched) {
+            Ok(state) => (Some(state), Ok(())),
+            Err(e) => (None, Err(e)),
+        };
+        lock(&self.table).finish(&self.flags.id, &self.ticket, state, self.flags.end, Instant::now());
         self.finished = true;
-        state.map(|_| ())
+        result
     }
 }
 

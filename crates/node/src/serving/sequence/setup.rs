@@ -47,13 +47,10 @@ pub struct SequenceSetup {
     pub idle: Duration,
     pub controls: Vec<ControlSpec>,
     pub states: Vec<StateSpec>,
-    /// The strategy's batching delay and preferred sizes (the instance batcher forms batches of
-    /// requests from different sequences, one per sequence).
-    pub max_queue_delay: Duration,
-    pub preferred_batch_sizes: Vec<usize>,
 }
 
-/// The strategy's batching delay and preferred batch sizes (`direct` or `oldest`; none: direct).
+/// The strategy's batching delay and preferred batch sizes (`direct` or `oldest`; none: direct),
+/// for the instance batcher, which forms batches of requests from different sequences.
 pub fn strategy(sb: &ModelSequenceBatching) -> (Duration, Vec<usize>) {
     match &sb.strategy_choice {
         Some(StrategyChoice::Oldest(o)) => (
@@ -192,18 +189,11 @@ impl SequenceSetup {
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let (max_queue_delay, preferred_batch_sizes) = strategy(sb);
         let idle = match sb.max_sequence_idle_microseconds {
             0 => DEFAULT_IDLE,
             us => Duration::from_micros(us),
         };
-        Ok(Some(SequenceSetup {
-            idle,
-            controls,
-            states,
-            max_queue_delay,
-            preferred_batch_sizes,
-        }))
+        Ok(Some(SequenceSetup { idle, controls, states }))
     }
 
     /// The input names the node supplies (controls and states), which config.pbtxt does not list.

@@ -35,8 +35,6 @@ fn setup(idle_ms: u64) -> Arc<SequenceSetup> {
             output: "S_OUT".into(),
             initial: Tensor::from_values(vec![1], &[0f32]),
         }],
-        max_queue_delay: Duration::ZERO,
-        preferred_batch_sizes: vec![],
     })
 }
 
