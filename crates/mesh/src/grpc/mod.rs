@@ -275,8 +275,8 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         &self,
         r: Request<proto::ModelInferRequest>,
     ) -> Result<Response<proto::ModelInferResponse>, Status> {
-        let metadata = r.metadata().clone();
-        let (mut request, written) = codec::decode_request(r.into_inner(), &self.shm)?;
+        let (metadata, _, msg) = r.into_parts();
+        let (mut request, written) = codec::decode_request(msg, &self.shm)?;
         if let Some(pattern) = &self.forward {
             forward_metadata(pattern, &metadata, &mut request.parameters);
         }
@@ -294,8 +294,8 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         &self,
         r: Request<tonic::Streaming<proto::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        let metadata = Arc::new(r.metadata().clone());
-        let mut inbound = r.into_inner();
+        let (metadata, _, mut inbound) = r.into_parts();
+        let metadata = Arc::new(metadata);
         let (dispatch, shm, forward) = (self.dispatch.clone(), self.shm.clone(), self.forward.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_WINDOW);
         tokio::spawn(async move {
