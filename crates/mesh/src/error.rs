@@ -15,6 +15,9 @@ pub enum Code {
     /// UNAVAILABLE to clients like `Unavailable`, and, across the cluster link, safe to retry on
     /// another node because the request never ran.
     Overloaded,
+    /// A model's own error with Triton's TRITONSERVER_ERROR_UNKNOWN (`pb_utils.TritonError.UNKNOWN`):
+    /// 400 / UNKNOWN, as Triton answers it.
+    Unknown,
 }
 
 /// An error with a message that names the problem.
@@ -60,7 +63,7 @@ impl Error {
             Code::Unsupported => S::NOT_IMPLEMENTED,
             Code::Internal => S::INTERNAL_SERVER_ERROR,
             Code::PayloadTooLarge => S::PAYLOAD_TOO_LARGE,
-            Code::InvalidArgument | Code::AlreadyExists | Code::Cancelled => S::BAD_REQUEST,
+            Code::InvalidArgument | Code::AlreadyExists | Code::Cancelled | Code::Unknown => S::BAD_REQUEST,
         }
     }
 
@@ -74,6 +77,7 @@ impl Error {
             Code::Internal => tonic::Code::Internal,
             Code::AlreadyExists => tonic::Code::AlreadyExists,
             Code::Cancelled => tonic::Code::Cancelled,
+            Code::Unknown => tonic::Code::Unknown,
         }
     }
 

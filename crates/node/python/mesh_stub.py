@@ -7,6 +7,7 @@ bytes that did not fit in shared memory). The shared memory is split in two halv
 writes the first (execute inputs, BLS results), this stub writes the second (outputs, BLS inputs);
 each side starts its half afresh with every execute, which mesh-node sends one at a time."""
 import asyncio
+import collections
 import importlib.machinery
 import importlib.util
 import inspect
@@ -25,6 +26,7 @@ import traceback
 import numpy as np
 
 ALIGN = 64
+FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _NP = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
        "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
        "FP32": np.float32, "FP64": np.float64}
@@ -67,6 +69,14 @@ def _utils():
 
 _UTILS = None
 
+# Frames mesh-node sends in answer to a call of this stub (a BLS call or a custom-metric operation).
+ANSWERS = ("bls_response", "bls_stream", "metric_reply")
+
+
+def rescheduled(requests):
+    """Places of the requests the model asked to run again (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)."""
+    return [i for i, r in enumerate(requests) if getattr(r, "_release_flags", 1) & 2]
+
 
 class Host:
     """The stub's side of the link: frames, shared memory, BLS calls, and the model's lifecycle."""
@@ -99,6 +109,8 @@ class Host:
         self.inbox = None  # decoupled models: frames the reader thread took for the main thread
         self.cancelled = set()  # decoupled models: (seq, index) of requests whose client went away
         self.decoupled = False
+        self.concurrent = False
+        self.later = collections.deque()  # frames to send with the next one (from __del__, which may run anywhere)
 
     def start_reader(self):
         """Decoupled models answer from their own threads, which may also make BLS calls while the
@@ -110,7 +122,7 @@ class Host:
             while True:
                 header, blob = self.recv()
                 op = header.get("op") if header is not None else None
-                if op in ("bls_response", "bls_stream"):
+                if op in ANSWERS:
                     self.complete(header, blob)
                     continue
                 if op == "cancel":
@@ -129,8 +141,13 @@ class Host:
     def send(self, header, blobs=()):
         head = json.dumps(header).encode()
         blob = b"".join(blobs)
+        frames = []
+        while self.later:
+            extra = json.dumps(self.later.popleft()).encode()
+            frames.append(struct.pack("<II", len(extra), 0) + extra)
+        frames.append(struct.pack("<II", len(head), len(blob)) + head + blob)
         with self.write_lock:
-            self.sock.sendall(struct.pack("<II", len(head), len(blob)) + head + blob)
+            self.sock.sendall(b"".join(frames))
 
     def buffered_frame(self):
         """A complete frame already read, if there is one."""
@@ -175,6 +192,12 @@ class Host:
     def complete(self, header, blob):
         """A BLS answer arrived: hand it to its call (a decoupled call's answers one by one, each
         with its final flag)."""
+        if header.get("op") == "metric_reply":
+            with self.pending_lock:
+                done = self.pending.pop(header["call_id"], None)
+            if done is not None:
+                done(header)
+            return
         streamed = header.get("op") == "bls_stream"
         last = bool(header.get("last")) if streamed else True
         with self.pending_lock:
@@ -275,9 +298,11 @@ class Host:
             "op": "bls", "call_id": call_id, "model": request.model_name,
             "version": "" if version is None or int(version) < 0 else str(version),
             "id": request.request_id(), "outputs": list(request.requested_output_names()),
-            "parameters": request.parameters(), "timeout": int(request.timeout or 0),
-            "correlation_id": request.correlation_id(),
-            "inputs": [self.encode(t, blobs, blob_len) for t in request.inputs()],
+            "parameters": request.parameters(), "timeout": request.timeout(),
+            "correlation_id": request.correlation_id(), "flags": request.flags(),
+            # Inline when executions overlap (a decoupled or async model): the shared memory is
+            # started afresh by the next execute, which this call may outlive.
+            "inputs": [self.encode(t, blobs, blob_len, inline=self.inbox is not None) for t in request.inputs()],
         }
         return call_id, header, blobs
 
@@ -291,6 +316,10 @@ class Host:
     def bls(self, request):
         call_id, header, blobs = self.bls_message(request)
         header["sync"] = True
+        return self.wait_answer(call_id, header, blobs)
+
+    def wait_answer(self, call_id, header, blobs=()):
+        """Sends a call mesh-node answers and waits for the answer on this thread."""
         box = []
         if self.inbox is not None:  # the reader thread completes the call
             arrived = threading.Event()
@@ -306,7 +335,7 @@ class Host:
             frame, blob = self.recv(self.spin, until=box)
             if frame is None:
                 raise RuntimeError("mesh-node closed the link")
-            if frame.get("op") in ("bls_response", "bls_stream"):
+            if frame.get("op") in ANSWERS:
                 self.complete(frame, blob)
         return box[0]
 
@@ -355,7 +384,7 @@ class Host:
                     frame, blob = self.recv(self.spin)
                     if frame is None:
                         raise RuntimeError("mesh-node closed the link")
-                    if frame.get("op") in ("bls_response", "bls_stream"):
+                    if frame.get("op") in ANSWERS:
                         self.complete(frame, blob)
             result, last = answers.get()
             if result is not None:
@@ -379,8 +408,31 @@ class Host:
 
         return await self.await_call(call_id, header, blobs, on_answer, done)
 
-    def log(self, level, message):
-        self.send({"op": "log", "level": level, "message": str(message)})
+    def log(self, level, message, depth=2):
+        """A line for the server's log, with the model file and line that wrote it (as Triton's
+        `model.py:42]` prefix says)."""
+        frame = {"op": "log", "level": level, "message": str(message)}
+        try:
+            caller = sys._getframe(depth)
+            frame["at"] = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
+        except ValueError:
+            pass
+        self.send(frame)
+
+    def metric(self, frame):
+        """A custom-metric operation mesh-node answers: its value, or TritonModelException."""
+        call_id = next(self.calls)
+        answer = self.wait_answer(call_id, {"op": "metric", "call_id": call_id, **frame})
+        if answer.get("error") is not None:
+            raise _utils().TritonModelException(answer["error"])
+        return answer.get("value")
+
+    def metric_later(self, frame, flush=False):
+        """A metric operation needing no answer: sent now with `flush`, else with the next frame."""
+        if flush:
+            self.send({"op": "metric", **frame})
+        else:
+            self.later.append({"op": "metric", **frame})
 
     # ---- the model ----
     def load_module(self, path):
@@ -425,11 +477,18 @@ class Host:
             result = self.model.initialize(header["args"])
             if inspect.iscoroutine(result):
                 self.loop.run_until_complete(result)
-        if header.get("decoupled"):
-            # Its requests outlive execute(): their inputs are copied out of shared memory.
-            self.decoupled = True
+        self.decoupled = bool(header.get("decoupled"))
+        # `async def execute`: executions run on an event loop of their own thread, several at
+        # once; each request is answered when its coroutine ends (mesh-node takes the next
+        # execute meanwhile).
+        concurrent = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
+        if self.decoupled or concurrent:
+            # Requests outlive execute(): their inputs are copied out of shared memory.
             self.start_reader()
-        return {"op": "ok"}
+        if concurrent:
+            self.concurrent = True
+            threading.Thread(target=self.loop.run_forever, name="mesh-stub-loop", daemon=True).start()
+        return {"op": "ok", "async": concurrent}
 
     def requests_of(self, header, blob):
         import triton_python_backend_utils as pb_utils
@@ -438,8 +497,9 @@ class Host:
         for r in header["requests"]:
             req = pb_utils.InferenceRequest(
                 model_name=self.model_name, requested_output_names=r["outputs"],
-                inputs=[self.decode(d, blob, copy=self.decoupled) for d in r["inputs"]], request_id=r["id"],
-                correlation_id=r.get("correlation_id", 0), flags=r.get("flags", 0), parameters=r["parameters"])
+                inputs=[self.decode(d, blob, copy=self.inbox is not None) for d in r["inputs"]], request_id=r["id"],
+                correlation_id=r.get("correlation_id", 0), flags=r.get("flags", 0), parameters=r["parameters"],
+                timeout=r.get("timeout", 0))
             requests.append(req)
         return requests
 
@@ -486,9 +546,55 @@ class Host:
             return {"op": "executed", "seq": seq, "error": f"{type(e).__name__}: {e}"}, []
         if result is not None:
             self.log("warn", "execute() of a decoupled model should return None; its return value is ignored")
+        return {"op": "executed", "seq": seq, "reschedule": rescheduled(requests)}, []
+
+    def execute_async(self, header, blob):
+        """execute() of an `async def execute` model: its coroutine is scheduled on the stub's
+        event loop and this returns at once; each request is answered (a stream frame with the final
+        flag) when the coroutine ends, or by its response sender when decoupled."""
+        import triton_python_backend_utils as pb_utils
+        seq = header["seq"]
+        decoupled = bool(header.get("decoupled"))
+        requests = self.requests_of(header, blob)
+        senders = []
+        for i, req in enumerate(requests):
+            cancelled = lambda key=(seq, i): key in self.cancelled
+            req._cancelled = cancelled
+            if decoupled:
+                wanted = req.requested_output_names()
+                req._sender = pb_utils.ResponseSender(
+                    lambda r, f, i=i, w=wanted: self.stream(seq, i, w, r, f), cancelled)
+                senders.append(req._sender)
+
+        def fail(message):
+            error = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+            for i, req in enumerate(requests):
+                if not decoupled:
+                    self.stream(seq, i, (), error, FINAL)
+                elif not senders[i]._closed:
+                    senders[i]._closed = True
+                    self.stream(seq, i, (), error, FINAL)
+
+        async def run():
+            try:
+                result = await self.model.execute(requests)
+            except Exception as e:  # noqa: BLE001 - fails this execution's requests only
+                return fail(f"{type(e).__name__}: {e}")
+            if decoupled:
+                return None
+            if not isinstance(result, (list, tuple)) or len(result) != len(requests):
+                got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
+                return fail(f"execute() must return a list of {len(requests)} InferenceResponse, got {got}")
+            for i, (req, response) in enumerate(zip(requests, result)):
+                self.stream(seq, i, req.requested_output_names(), response, FINAL)
+            return None
+
+        asyncio.run_coroutine_threadsafe(run(), self.loop)
         return {"op": "executed", "seq": seq}, []
 
     def execute(self, header, blob):
+        if self.concurrent:
+            return self.execute_async(header, blob)
         if header.get("decoupled"):
             return self.execute_decoupled(header, blob)
         requests = self.requests_of(header, blob)
@@ -504,9 +610,11 @@ class Host:
             message = f"execute() must return a list of {len(requests)} InferenceResponse, got {got}"
             return {"op": "responses", "responses": [{"error": message}] * len(requests)}, []
         blobs, blob_len = [], [0]
-        responses = [self.response_desc(response, blobs, blob_len, request.requested_output_names())
-                     for request, response in zip(requests, result)]
-        return {"op": "responses", "responses": responses}, blobs
+        again = rescheduled(requests)
+        responses = [{"rescheduled": True} if i in again and response is None
+                     else self.response_desc(response, blobs, blob_len, request.requested_output_names())
+                     for i, (request, response) in enumerate(zip(requests, result))]
+        return {"op": "responses", "responses": responses, "reschedule": again}, blobs
 
     def serve(self):
         while True:
@@ -514,7 +622,7 @@ class Host:
             if header is None:
                 return
             op = header.get("op")
-            if op == "bls_response":  # a late answer to a call nobody awaited
+            if op in ANSWERS:  # an answer to a call another thread waits for, or nobody does
                 self.complete(header, blob)
                 continue
             blobs = []

@@ -11,6 +11,10 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
 
 _DTYPES = {
     "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
@@ -165,6 +169,15 @@ def get_output_tensor_by_name(response, name):
     return None
 
 
+class PreferredMemory:
+    """Where a BLS call's outputs should be: the mesh answers BLS calls in CPU memory whatever is
+    preferred (outputs are copied to the caller, as Triton does for CPU-only models)."""
+
+    def __init__(self, preferred_memory_type=TRITONSERVER_MEMORY_CPU, preferred_device_id=0):
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
 class InferenceResponse:
     def __init__(self, output_tensors=None, error=None, parameters=None):
         self._outputs = list(output_tensors or [])
@@ -227,7 +240,9 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self.model_version = model_version
         self._flags = flags
-        self.timeout = timeout
+        self._timeout = int(timeout or 0)
+        self.preferred_memory = preferred_memory
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         if parameters is None:
             parameters = {}
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
@@ -248,6 +263,15 @@ class InferenceRequest:
 
     def flags(self):
         return self._flags
+
+    def timeout(self):
+        """The request's timeout in microseconds (0: none)."""
+        return self._timeout
+
+    def set_release_flags(self, flags):
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE runs the request again in a later execution
+        (a decoupled model must not have sent its final flag; a plain one returns None for it)."""
+        self._release_flags = flags
 
     def parameters(self):
         return self._parameters
@@ -279,10 +303,25 @@ class InferenceRequest:
         return await _host().bls_async(self)
 
 
+class LogLevel:
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
 class Logger:
+    """Messages to the server's log, under the model's name; VERBOSE ones appear only at
+    --log-verbose 1 or more."""
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+    _NAMES = {LogLevel.INFO: "info", LogLevel.WARNING: "warn", LogLevel.ERROR: "error", LogLevel.VERBOSE: "verbose"}
+
     @staticmethod
-    def log(message, level=1):
-        _host().log(["", "info", "warn", "error", "verbose"][level] if 0 < level < 5 else "info", message)
+    def log(message, level=LogLevel.INFO):
+        _host().log(Logger._NAMES.get(level, "info"), message)
 
     @staticmethod
     def log_info(message):
@@ -299,6 +338,90 @@ class Logger:
     @staticmethod
     def log_verbose(message):
         _host().log("verbose", message)
+
+
+class MetricFamily:
+    """A custom metric family, exported on the server's /metrics beside Triton's. Families of the
+    same name share their metrics (the first description stays); a family lives while any object
+    for it does."""
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name, description, kind):
+        if kind not in (MetricFamily.COUNTER, MetricFamily.GAUGE, MetricFamily.HISTOGRAM):
+            raise TritonModelException("kind must be MetricFamily.COUNTER, GAUGE or HISTOGRAM")
+        self._name = str(name)
+        self._kind = kind
+        _host().metric({"action": "family", "family": self._name, "description": str(description), "kind": kind})
+        self._live = True
+
+    def Metric(self, labels=None, buckets=None):  # noqa: N802 - Triton's name
+        return Metric(self, labels, buckets)
+
+    def __del__(self):
+        if getattr(self, "_live", False):
+            _host().metric_later({"action": "family_drop", "family": self._name})
+
+
+class Metric:
+    """One labelled metric of a family: increment/set for counters and gauges (a counter only goes
+    up), observe for histograms, value() for counters and gauges."""
+
+    def __init__(self, family, labels=None, buckets=None):
+        import weakref
+        labels = dict(labels or {})
+        if any(not isinstance(k, str) or not isinstance(v, str) for k, v in labels.items()):
+            raise TritonModelException("metric labels must map strings to strings")
+        self._family = weakref.ref(family)
+        self._name = family._name
+        self._kind = family._kind
+        self._labels = labels
+        frame = {"action": "metric", "family": self._name, "labels": labels}
+        if self._kind == MetricFamily.HISTOGRAM:
+            if buckets is None:
+                raise TritonModelException("a histogram metric needs buckets")
+            frame["buckets"] = [float(b) for b in buckets]
+        _host().metric(frame)
+        self._live = True
+
+    def _op(self, action, value=None, wait=False):
+        if self._family() is None:
+            raise TritonModelException(
+                "Invalid metric operation as the corresponding 'MetricFamily' has been deleted.")
+        frame = {"action": action, "family": self._name, "labels": self._labels}
+        if value is not None:
+            frame["value"] = float(value)
+        if wait:
+            return _host().metric(frame)
+        _host().metric_later(frame, flush=True)
+        return None
+
+    def increment(self, value):
+        if self._kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("increment() is not supported on a histogram metric")
+        if self._kind == MetricFamily.COUNTER and value < 0:
+            raise TritonModelException("a counter metric cannot be incremented by a negative value")
+        self._op("increment", value)
+
+    def set(self, value):
+        if self._kind != MetricFamily.GAUGE:
+            raise TritonModelException("set() is only supported on a gauge metric")
+        self._op("set", value)
+
+    def observe(self, value):
+        if self._kind != MetricFamily.HISTOGRAM:
+            raise TritonModelException("observe() is only supported on a histogram metric")
+        self._op("observe", value)
+
+    def value(self):
+        if self._kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("value() is not supported on a histogram metric")
+        return self._op("value", wait=True)
+
+    def __del__(self):
+        if getattr(self, "_live", False):
+            _host().metric_later({"action": "metric_drop", "family": self._name, "labels": self._labels})
 
 
 class ModelConfig:

@@ -75,7 +75,12 @@ async fn run(args: Args) -> Result<(), String> {
     };
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let render: mesh::serve::RenderMetrics = Arc::new(move || prometheus.render());
+    let render: mesh::serve::RenderMetrics = Arc::new(move || {
+        // Triton's metrics, then the custom ones Python models define.
+        let mut text = prometheus.render();
+        text.push_str(&mesh_node::telemetry::custom::CUSTOM.render());
+        text
+    });
     let servers = args.listen.start(dispatch.clone(), None, render, &stop_rx).await?;
     if args.listen.allow_metrics {
         metrics::spawn_cpu_sampler();

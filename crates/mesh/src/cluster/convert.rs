@@ -50,6 +50,7 @@ pub fn code_number(code: Code) -> u8 {
         Code::Cancelled => 7,
         Code::PayloadTooLarge => 8,
         Code::Overloaded => 9,
+        Code::Unknown => 10,
     }
 }
 
@@ -64,6 +65,7 @@ pub fn code_from(n: u8) -> Code {
         7 => Code::Cancelled,
         8 => Code::PayloadTooLarge,
         9 => Code::Overloaded,
+        10 => Code::Unknown,
         _ => Code::Internal,
     }
 }

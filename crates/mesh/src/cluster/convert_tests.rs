@@ -124,6 +124,7 @@ fn every_code_and_kind_survives_the_link_and_unknown_numbers_are_safe() {
         Cancelled,
         PayloadTooLarge,
         Overloaded,
+        Unknown,
     ] {
         assert_eq!(code_from(code_number(c)), c);
     }

@@ -29,6 +29,7 @@ impl Timings {
 }
 
 /// One request of a batch, for backends that take requests one by one (Python's `execute(requests)`).
+#[derive(Clone, Copy)]
 pub struct RequestView<'a> {
     pub inputs: &'a [NamedTensor],
     /// Requested outputs; empty means all.
@@ -99,6 +100,12 @@ pub trait Backend: Send {
     fn execute_requests(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
         let _ = requests;
         Err(Error::internal("this backend takes merged batches"))
+    }
+
+    /// True when `execute_requests` may return before its requests are answered (an `async def
+    /// execute` still running): every request then gets a sink, and its answer is the last one sent.
+    fn answers_later(&self) -> bool {
+        false
     }
 
     /// False for backends that wait on another process (Python): a BLS call they wait for may need

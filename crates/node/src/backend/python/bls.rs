@@ -58,6 +58,13 @@ fn request_from(frame: &Value, blob: &[u8], shm: &Shm) -> Result<InferRequest> {
     }
     if let Some(c) = frame["correlation_id"].as_u64().filter(|&c| c > 0) {
         parameters.push(("sequence_id".into(), Param::Uint(c)));
+        // Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START (1) and _END (2).
+        let flags = frame["flags"].as_u64().unwrap_or(0);
+        for (bit, name) in [(1, "sequence_start"), (2, "sequence_end")] {
+            if flags & bit != 0 {
+                parameters.push((name.into(), Param::Bool(true)));
+            }
+        }
     }
     Ok(InferRequest {
         model_name,
@@ -69,7 +76,7 @@ fn request_from(frame: &Value, blob: &[u8], shm: &Shm) -> Result<InferRequest> {
     })
 }
 
-fn reply(writer: &Mutex<UnixStream>, header: &Value, blob: &[u8]) {
+pub(super) fn reply(writer: &Mutex<UnixStream>, header: &Value, blob: &[u8]) {
     let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
     if let Err(e) = write_frame(&mut *w, header, blob) {
         tracing::warn!("cannot answer a BLS call: {e}");
@@ -84,6 +91,8 @@ pub struct Answers {
     /// A decoupled model's stub, read by its own thread: answers travel inline (its shared memory
     /// is reused by executions they may outlive) and no call runs on the reading thread.
     pub routed: bool,
+    /// Who holds the custom metrics this stub makes (its label and process id).
+    pub holder: Arc<str>,
 }
 
 impl Answers {

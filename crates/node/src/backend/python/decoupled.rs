@@ -166,6 +166,7 @@ pub(super) fn read_stub(
             }
             Some("bls") => bls::start(&ctx, &answers, frame, &blob),
             Some("log") => log(&label, &frame),
+            Some("metric") => super::metric(&answers, &frame),
             _ => {
                 if replies.send(Ok((frame, blob))).is_err() {
                     return; // the instance is gone
@@ -196,7 +197,10 @@ impl PythonBackend {
     /// Runs one execute of a decoupled model, returning once the model's `execute` has: answers
     /// still to come reach their clients from the reading thread. Requests with no client
     /// (warm-up) wait here for their final flag and keep their last answer as their result.
-    pub(super) fn execute_decoupled(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
+    pub(super) fn execute_decoupled(
+        &mut self,
+        requests: &[RequestView<'_>],
+    ) -> Result<(PerRequest, Timings, Vec<usize>)> {
         let t0 = Instant::now();
         self.seq += 1;
         let seq = self.seq;
@@ -219,7 +223,7 @@ impl PythonBackend {
                 streams.close((seq, i));
             }
         };
-        let header = json!({"op": "execute", "seq": seq, "decoupled": true, "requests": encoded});
+        let header = json!({"op": "execute", "seq": seq, "decoupled": self.decoupled, "requests": encoded});
         if let Err(e) = self.send(&header, &blob) {
             close_all(&self.streams);
             return Err(e);
@@ -227,6 +231,7 @@ impl PythonBackend {
         let t1 = Instant::now();
         let deadline = t1 + self.ctx.settings.execute_timeout;
         let mut results: PerRequest = requests.iter().map(|_| Ok(Vec::new())).collect();
+        let again;
         loop {
             let frame = match self.next_reply(deadline) {
                 Ok((frame, _)) => frame,
@@ -241,6 +246,11 @@ impl PythonBackend {
             }
             if frame["op"] != "executed" || frame["seq"].as_u64() != Some(seq) {
                 continue; // a late frame of an earlier execution
+            }
+            // Rescheduled requests run again in the next execution: their stream stays open there.
+            again = super::rescheduled(&frame, requests.len());
+            for &i in &again {
+                self.streams.close((seq, i));
             }
             if let Some(message) = frame["error"].as_str() {
                 // execute() raised: the requests it left open fail with its message.
@@ -272,7 +282,7 @@ impl PythonBackend {
             infer: t1.elapsed(),
             output: Duration::ZERO,
         };
-        Ok((results, timings))
+        Ok((results, timings, again))
     }
 }
 

@@ -137,6 +137,7 @@ fn call(stub: &mut Stub, header: &Value, deadline: Option<Instant>) -> std::resu
         match reply["op"].as_str() {
             Some("ok") => return Ok(reply),
             Some("log") => log(&stub.label, &reply),
+            Some("metric") => metric(&stub.answers(), &reply),
             Some("error") => {
                 return Err(reply["message"]
                     .as_str()
@@ -149,13 +150,25 @@ fn call(stub: &mut Stub, header: &Value, deadline: Option<Instant>) -> std::resu
     }
 }
 
+/// A custom-metric operation of the model (`pb_utils.MetricFamily`, `Metric`), answered when the
+/// stub waits for it (it names a call).
+fn metric(answers: &bls::Answers, frame: &Value) {
+    let mut answer = crate::telemetry::custom::CUSTOM.apply(&answers.holder, frame);
+    if let Some(id) = frame.get("call_id") {
+        answer["op"] = "metric_reply".into();
+        answer["call_id"] = id.clone();
+        bls::reply(&answers.writer, &answer, &[]);
+    }
+}
+
 fn log(label: &str, frame: &Value) {
     let message = frame["message"].as_str().unwrap_or_default();
+    let at = frame["at"].as_str().unwrap_or_default();
     match frame["level"].as_str() {
-        Some("error") => tracing::error!(instance = %label, "{message}"),
-        Some("warn") => tracing::warn!(instance = %label, "{message}"),
-        Some("verbose") => tracing::debug!(instance = %label, "{message}"),
-        _ => tracing::info!(instance = %label, "{message}"),
+        Some("error") => tracing::error!(instance = %label, at = %at, "{message}"),
+        Some("warn") => tracing::warn!(instance = %label, at = %at, "{message}"),
+        Some("verbose") => tracing::debug!(instance = %label, at = %at, "{message}"),
+        _ => tracing::info!(instance = %label, at = %at, "{message}"),
     }
 }
 
@@ -167,6 +180,9 @@ pub struct PythonBackend {
     dead: Option<String>,
     /// `model_transaction_policy { decoupled: true }`: answers stream back per request.
     decoupled: bool,
+    /// `async def execute`: an execution returns at once and its requests are answered when its
+    /// coroutine ends, as a decoupled model's are (each with one answer unless decoupled).
+    concurrent: bool,
     /// Numbers executions, so a late frame of an earlier one is recognised.
     seq: u64,
     /// A decoupled model's requests still answering (read by the stub's reading thread).
@@ -198,17 +214,20 @@ impl PythonBackend {
         }
         let decoupled = config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled);
         let header = json!({"op": "initialize", "model_file": info.file, "args": args, "decoupled": decoupled});
-        call(&mut stub, &header, Some(Instant::now() + ctx.settings.execute_timeout))
+        let ready = call(&mut stub, &header, Some(Instant::now() + ctx.settings.execute_timeout))
             .map_err(|e| format!("initialize() failed: {e}"))?;
+        // `async def execute`: the stub runs executions on an event loop, several at once.
+        let concurrent = ready["async"].as_bool().unwrap_or(false);
         let mut backend = PythonBackend {
             stub,
             ctx,
             dead: None,
             decoupled,
+            concurrent,
             seq: 0,
             streams: Default::default(),
         };
-        if decoupled {
+        if decoupled || concurrent {
             backend.route_frames()?;
         }
         Ok(backend)
@@ -259,6 +278,7 @@ impl PythonBackend {
             match frame["op"].as_str() {
                 Some("bls") => bls::start(&self.ctx, &self.stub.answers(), frame, &blob),
                 Some("log") => log(&self.stub.label, &frame),
+                Some("metric") => metric(&self.stub.answers(), &frame),
                 _ => return Ok((frame, blob)),
             }
         }
@@ -280,16 +300,20 @@ impl PythonBackend {
         let encoded = requests
             .iter()
             .map(|r| {
-                let correlation = r
-                    .parameters
-                    .iter()
-                    .find(|(k, _)| k == "sequence_id")
-                    .and_then(|(_, v)| v.as_u64());
+                let param = |name: &str| r.parameters.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+                let correlation = param("sequence_id").and_then(|v| v.as_u64());
+                let flag = |name: &str, bit: u64| match param(name) {
+                    Some(mesh::Param::Bool(true)) => bit,
+                    _ => 0,
+                };
                 json!({
                     "id": r.id,
                     "outputs": r.outputs,
                     "parameters": params_json(r.parameters),
                     "correlation_id": correlation.unwrap_or(0),
+                    // Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and _END.
+                    "flags": flag("sequence_start", 1) | flag("sequence_end", 2),
+                    "timeout": param("timeout").and_then(|v| v.as_u64()).unwrap_or(0),
                     "inputs": r.inputs.iter().map(|t| encode_tensor(&self.stub.shm, t, &mut blob)).collect::<Vec<_>>(),
                 })
             })
@@ -328,6 +352,7 @@ pub(super) fn triton_code(code: Code) -> u32 {
         Code::Unsupported => 5,
         Code::AlreadyExists => 6,
         Code::Cancelled => 7,
+        Code::Unknown => 0,
     }
 }
 
@@ -335,10 +360,12 @@ pub(super) fn triton_code(code: Code) -> u32 {
 fn error_from(response: &Value) -> Error {
     let message = response["error"].as_str().unwrap_or("error").to_string();
     let code = match response["code"].as_u64() {
+        Some(0) => Code::Unknown,
         Some(2) => Code::NotFound,
         Some(3) => Code::InvalidArgument,
         Some(4) => Code::Unavailable,
         Some(5) => Code::Unsupported,
+        Some(6) => Code::AlreadyExists,
         Some(7) => Code::Cancelled,
         _ => Code::Internal,
     };
@@ -383,15 +410,56 @@ impl Backend for PythonBackend {
         true
     }
 
+    fn answers_later(&self) -> bool {
+        self.concurrent && !self.decoupled
+    }
+
     fn may_run_inline(&self) -> bool {
         false
     }
 
+    /// Runs the batch, then again the requests the model rescheduled
+    /// (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`) until none is.
     fn execute_requests(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
+        let (mut results, mut timings, mut again) = self.execute_once(requests)?;
+        while !again.is_empty() {
+            let views: Vec<RequestView<'_>> = again.iter().map(|&i| requests[i]).collect();
+            let (answers, more, next) = self.execute_once(&views)?;
+            timings.infer += more.input + more.infer + more.output;
+            for (k, answer) in answers.into_iter().enumerate() {
+                results[again[k]] = answer;
+            }
+            again = next.into_iter().filter_map(|k| again.get(k).copied()).collect();
+        }
+        Ok((results, timings))
+    }
+
+    fn healthy(&mut self) -> bool {
+        self.dead.is_none() && self.stub.exited().is_none()
+    }
+}
+
+/// The places of the requests a model rescheduled, from its reply.
+fn rescheduled(reply: &Value, count: usize) -> Vec<usize> {
+    let list = reply["reschedule"].as_array().map(|v| v.as_slice()).unwrap_or_default();
+    let mut places: Vec<usize> = list
+        .iter()
+        .filter_map(|i| i.as_u64())
+        .map(|i| i as usize)
+        .filter(|&i| i < count)
+        .collect();
+    places.sort_unstable();
+    places.dedup();
+    places
+}
+
+impl PythonBackend {
+    /// One execution of the model: each request's answer, and the requests it rescheduled.
+    fn execute_once(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings, Vec<usize>)> {
         if let Some(why) = &self.dead {
             return Err(Error::unavailable(why.clone()));
         }
-        if self.decoupled {
+        if self.decoupled || self.concurrent {
             return self.execute_decoupled(requests);
         }
         let t0 = Instant::now();
@@ -411,6 +479,7 @@ impl Backend for PythonBackend {
                     requests.len()
                 ))
             })?;
+        let again = rescheduled(&reply, requests.len());
         let results = responses
             .iter()
             .map(|resp| self.response_from(resp, &reply_blob))
@@ -420,11 +489,7 @@ impl Backend for PythonBackend {
             infer: t2 - t1,
             output: t2.elapsed(),
         };
-        Ok((results, timings))
-    }
-
-    fn healthy(&mut self) -> bool {
-        self.dead.is_none() && self.stub.exited().is_none()
+        Ok((results, timings, again))
     }
 }
 

@@ -164,7 +164,14 @@ impl Stub {
             writer: self.writer.clone(),
             shm: self.shm.clone(),
             routed: matches!(self.reader, Source::Routed(_)),
+            holder: self.holder().into(),
         }
+    }
+
+    /// Who holds this stub's custom metrics: its label and process id (a restarted instance's
+    /// stub has the same label).
+    pub fn holder(&self) -> String {
+        format!("{}#{}", self.label, self.child.id())
     }
 
     /// Hands the socket to a reading thread: from now on `recv` gets what it passes on.
@@ -241,7 +248,20 @@ impl Stub {
     /// Asks the stub to finalize (within `grace`), then kills and reaps it.
     pub fn stop(&mut self, finalize: bool, grace: Duration) {
         if finalize && self.exited().is_none() && self.send(&json!({"op": "finalize"}), &[]).is_ok() {
-            let _ = self.recv(Some(Instant::now() + grace));
+            let deadline = Instant::now() + grace;
+            // finalize() may log, or raise: its traceback goes to the log.
+            while let Ok((frame, _)) = self.recv(Some(deadline)) {
+                match frame["op"].as_str() {
+                    Some("log") => super::log(&self.label, &frame),
+                    Some("error") => {
+                        let message = frame["message"].as_str().unwrap_or_default().trim_end();
+                        tracing::error!(instance = %self.label, "finalize() failed: {message}");
+                        break;
+                    }
+                    Some("ok") => break,
+                    _ => {}
+                }
+            }
         }
         let end = Instant::now() + grace;
         while self.exited().is_none() && Instant::now() < end {
@@ -259,6 +279,7 @@ impl Stub {
 
 impl Drop for Stub {
     fn drop(&mut self) {
+        crate::telemetry::custom::CUSTOM.release(&self.holder());
         self.kill();
     }
 }

@@ -1,0 +1,185 @@
+"""The rest of the Python backend API (issue 16, item 1), through tritonclient: custom metrics on
+/metrics, Logger levels, request methods, TritonError codes as Triton answers them, `async def
+execute` running several executions at once, request rescheduling, and finalize() errors logged."""
+import json
+import queue
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from cluster_util import strip_ansi
+
+pytestmark = [pytest.mark.server]
+
+PY_MODELS = Path(__file__).parent / "python_models"
+MODELS = ["api_py", "async_py", "resched_py", "finalize_fails"]
+
+
+@pytest.fixture(scope="module")
+def server(server_factory, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("python_api") / "repo"
+    for name in MODELS:
+        shutil.copytree(PY_MODELS / name, repo / name)
+    args = ["--backend-config", f"python,interpreter={sys.executable}",
+            "--backend-config", "python,execute-timeout-seconds=60",
+            "--model-control-mode", "explicit", "--load-model", "*"]
+    return server_factory([repo], args, name="python-api", wait_models=MODELS)
+
+
+def mode(value):
+    t = httpclient.InferInput("MODE", [1], "BYTES")
+    t.set_data_from_numpy(np.array([value.encode()], dtype=np.object_))
+    return t
+
+
+def ask(server, value, **kw):
+    client = httpclient.InferenceServerClient(server.http_url)
+    result = client.infer("api_py", [mode(value)], **kw)
+    return result.as_numpy("OUT").reshape(-1)[0].decode()
+
+
+def log_text(server):
+    return strip_ansi(server.log_path.read_text(errors="replace"))
+
+
+def test_custom_metrics_behave_and_are_exported(server):
+    assert ask(server, "metrics") == "ok"
+    text = server.metrics()
+    assert "# HELP api_py_checks checks run\n# TYPE api_py_checks counter\n" in text
+    assert 'api_py_checks{kind="counter"} 2.5\n' in text
+    assert "# TYPE api_py_level gauge\napi_py_level 5\n" in text
+    for line in ['api_py_sizes_bucket{model="api_py",le="1"} 1', 'api_py_sizes_bucket{model="api_py",le="10"} 2',
+                 'api_py_sizes_bucket{model="api_py",le="+Inf"} 3', 'api_py_sizes_sum{model="api_py"} 55.5',
+                 'api_py_sizes_count{model="api_py"} 3']:
+        assert line + "\n" in text, line
+    assert "api_py_short" not in text, "a deleted family is no longer exported"
+    assert "nv_inference_request_success" in text, "Triton's own metrics stay"
+    before = text.count('api_py_requests{mode="info"}')
+    ask(server, "info")
+    ask(server, "info")
+    assert 'api_py_requests{mode="info"} 2\n' in server.metrics() or before
+
+
+def test_request_methods_see_what_the_client_sent(server):
+    info = json.loads(ask(server, "info", request_id="r-7", timeout=1500, parameters={"note": "hi"}))
+    assert info["id"] == "r-7"
+    assert info["timeout"] == 1500, info
+    assert info["flags"] == 0 and info["correlation_id"] == 0
+    assert info["parameters"]["note"] == "hi"
+
+
+@pytest.mark.parametrize("code,status,grpc_code", [
+    ("UNKNOWN", 400, "StatusCode.UNKNOWN"), ("INTERNAL", 500, "StatusCode.INTERNAL"),
+    ("NOT_FOUND", 404, "StatusCode.NOT_FOUND"), ("INVALID_ARG", 400, "StatusCode.INVALID_ARGUMENT"),
+    ("UNAVAILABLE", 503, "StatusCode.UNAVAILABLE"), ("UNSUPPORTED", 501, "StatusCode.UNIMPLEMENTED"),
+    ("ALREADY_EXISTS", 400, "StatusCode.ALREADY_EXISTS"), ("CANCELLED", 400, "StatusCode.CANCELLED")])
+def test_triton_error_codes_reach_clients_as_triton_sends_them(server, code, status, grpc_code):
+    body = json.dumps({"inputs": [{"name": "MODE", "datatype": "BYTES", "shape": [1], "data": [f"code:{code}"]}]})
+    r = server.post("/v2/models/api_py/infer", body.encode())
+    assert r.status == status, (r.status, r.body)
+    assert json.loads(r.body)["error"] == f"the model chose {code}"
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    t = grpcclient.InferInput("MODE", [1], "BYTES")
+    t.set_data_from_numpy(np.array([f"code:{code}".encode()], dtype=np.object_))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("api_py", [t])
+    assert e.value.status() == grpc_code and f"the model chose {code}" in e.value.message()
+
+
+def test_logger_writes_each_message_once_and_verbose_only_when_asked(server):
+    assert ask(server, "log") == "logged"
+    text = log_text(server)
+    for words in ["api_py says info", "api_py says warn", "api_py says error", "api_py logs at the WARNING level"]:
+        assert text.count(words) == 1, (words, text.count(words))
+    assert "api_py says verbose" not in text, "verbose messages need --log-verbose 1"
+    server.post("/v2/logging", b'{"log_verbose_level": 1}')
+    try:
+        assert ask(server, "log") == "logged"
+        text = log_text(server)
+        assert text.count("api_py says verbose") == 1
+        assert text.count("api_py says info") == 2
+        line = next(ln for ln in text.splitlines() if "api_py says warn" in ln)
+        assert "instance=api_py_0_0" in line and "at=model.py:" in line, "the line names the instance and the call"
+    finally:
+        server.post("/v2/logging", b'{"log_verbose_level": 0}')
+
+
+def test_bls_to_a_missing_model_fails_the_call_with_a_clear_message(server):
+    message = ask(server, "bls_missing")
+    assert "no_such_model" in message and "unknown" in message.lower() or "not found" in message.lower(), message
+
+
+def test_execute_that_raises_fails_its_request_with_the_exception(server):
+    with pytest.raises(InferenceServerException) as e:
+        ask(server, "raise")
+    assert "ValueError: api_py was told to raise" in e.value.message()
+    assert ask(server, "info")  # the instance serves on
+
+
+def async_call(server, gather, fail=0):
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=1, connection_timeout=120,
+                                              network_timeout=120)
+    inputs = []
+    for name, v in (("GATHER", gather), ("FAIL", fail)):
+        t = httpclient.InferInput(name, [1], "INT32")
+        t.set_data_from_numpy(np.array([v], np.int32))
+        inputs.append(t)
+    return client.async_infer("async_py", inputs)
+
+
+def test_async_execute_runs_several_executions_at_once_on_one_instance(server):
+    # Each request waits until three are in flight at once: only overlapping executions get there
+    # (one at a time, each would give up after 20 s having seen one).
+    pending = [async_call(server, 3) for _ in range(3)]
+    seen = [int(p.get_result().as_numpy("SEEN")[0]) for p in pending]
+    assert seen == [3, 3, 3]
+
+
+def test_an_async_execute_that_raises_fails_only_its_own_request(server):
+    ok, bad = async_call(server, 2), async_call(server, 2, fail=1)
+    assert int(ok.get_result().as_numpy("SEEN")[0]) == 2
+    with pytest.raises(InferenceServerException) as e:
+        bad.get_result()
+    assert "RuntimeError: async_py failed on purpose after seeing 2" in e.value.message()
+
+
+def test_a_rescheduled_request_runs_again_until_the_model_finishes_it(server):
+    answers = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        t = grpcclient.InferInput("ROUNDS", [1], "INT32")
+        t.set_data_from_numpy(np.array([4], np.int32))
+        client.async_stream_infer("resched_py", [t], request_id="again", enable_empty_final_response=True)
+        rounds = []
+        while True:
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            if result.as_numpy("ROUND") is not None:
+                rounds.append(int(result.as_numpy("ROUND")[0]))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+    assert rounds == [1, 2, 3, 4]
+
+
+def test_finalize_errors_are_logged_with_their_traceback(server):
+    client = httpclient.InferenceServerClient(server.http_url)
+    client.unload_model("finalize_fails")
+    deadline = 0
+    while "finalize_fails cannot let go" not in log_text(server) and deadline < 100:
+        threading.Event().wait(0.1)
+        deadline += 1
+    text = log_text(server)
+    assert "finalize_fails is finalizing" in text
+    assert "finalize() failed" in text and "Traceback" in text and "RuntimeError: finalize_fails cannot let go" in text
+    client.load_model("finalize_fails")
+    assert client.is_model_ready("finalize_fails")
