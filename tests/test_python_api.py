@@ -116,11 +116,66 @@ def test_bls_to_a_missing_model_fails_the_call_with_a_clear_message(server):
     assert "no_such_model" in message and "unknown" in message.lower() or "not found" in message.lower(), message
 
 
-def test_execute_that_raises_fails_its_request_with_the_exception(server):
+def backend_failures(server, model):
+    line = f'nv_inference_request_failure{{model="{model}",reason="BACKEND",version="1"}} '
+    found = [ln for ln in server.metrics().splitlines() if ln.startswith(line)]
+    return int(float(found[0].split()[-1])) if found else 0
+
+
+def test_execute_that_raises_fails_its_request_as_triton_reports_it(server):
+    before = backend_failures(server, "api_py")
     with pytest.raises(InferenceServerException) as e:
         ask(server, "raise")
-    assert "ValueError: api_py was told to raise" in e.value.message()
+    message = e.value.message()
+    assert message.startswith("Failed to process the request(s) for model 'api_py_0"), message
+    assert "message: ValueError: api_py was told to raise" in message
+    assert "At:\n" in message and "model.py(" in message and "): answer" in message, message
+    assert backend_failures(server, "api_py") == before + 1, "counted as a BACKEND failure"
     assert ask(server, "info")  # the instance serves on
+
+
+def stream_of(server, headers=None):
+    answers = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put(error or result), headers=headers)
+    return client, answers
+
+
+def send_mode(client, value):
+    t = grpcclient.InferInput("MODE", [1], "BYTES")
+    t.set_data_from_numpy(np.array([value.encode()], dtype=np.object_))
+    client.async_stream_infer("api_py", [t])
+
+
+def test_triton_grpc_error_ends_the_stream_with_the_errors_status(server):
+    client, answers = stream_of(server, {"triton_grpc_error": "true"})
+    try:
+        send_mode(client, "info")
+        assert not isinstance(answers.get(timeout=30), InferenceServerException)
+        send_mode(client, "code:UNAVAILABLE")
+        error = answers.get(timeout=30)
+        assert isinstance(error, InferenceServerException)
+        assert error.status() == "StatusCode.UNAVAILABLE" and "the model chose UNAVAILABLE" in error.message()
+        try:
+            send_mode(client, "info")  # the stream is over: nothing more is answered
+        except InferenceServerException:
+            pass
+        with pytest.raises(queue.Empty):
+            answers.get(timeout=1)
+    finally:
+        client.stop_stream()
+
+
+def test_without_triton_grpc_error_errors_stay_in_the_stream(server):
+    client, answers = stream_of(server)
+    try:
+        send_mode(client, "code:UNAVAILABLE")
+        error = answers.get(timeout=30)
+        assert isinstance(error, InferenceServerException) and "the model chose UNAVAILABLE" in error.message()
+        send_mode(client, "info")
+        assert not isinstance(answers.get(timeout=30), InferenceServerException), "the stream goes on"
+    finally:
+        client.stop_stream()
 
 
 def async_call(server, gather, fail=0):

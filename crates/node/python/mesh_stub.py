@@ -105,6 +105,7 @@ class Host:
         self.spin = spin_us / 1e6
         self.model = None
         self.model_name = ""
+        self.instance_name = ""
         self.artifact = None
         self.inbox = None  # decoupled models: frames the reader thread took for the main thread
         self.cancelled = set()  # decoupled models: (seq, index) of requests whose client went away
@@ -473,6 +474,7 @@ class Host:
         cls = self.load_module(header["model_file"])
         self.model = cls()
         self.model_name = header["args"].get("model_name", "")
+        self.instance_name = header["args"].get("model_instance_name", self.model_name)
         if hasattr(self.model, "initialize"):
             result = self.model.initialize(header["args"])
             if inspect.iscoroutine(result):
@@ -543,10 +545,18 @@ class Host:
         except Exception as e:  # noqa: BLE001 - fails the requests still open, not the stub
             for sender in senders:
                 sender._closed = True
-            return {"op": "executed", "seq": seq, "error": f"{type(e).__name__}: {e}"}, []
+            return {"op": "executed", "seq": seq, "error": self.failure(e)}, []
         if result is not None:
             self.log("warn", "execute() of a decoupled model should return None; its return value is ignored")
         return {"op": "executed", "seq": seq, "reschedule": rescheduled(requests)}, []
+
+    def failure(self, e):
+        """An exception of execute() as Triton reports it: the instance, the exception, and where
+        in the model's code it was raised (innermost first; the stub's own frames left out)."""
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.basename(f.filename) != "mesh_stub.py"]
+        at = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
+        return (f"Failed to process the request(s) for model '{self.instance_name}', "
+                f"message: {type(e).__name__}: {e}\n\nAt:\n{at}")
 
     def execute_async(self, header, blob):
         """execute() of an `async def execute` model: its coroutine is scheduled on the stub's
@@ -579,7 +589,7 @@ class Host:
             try:
                 result = await self.model.execute(requests)
             except Exception as e:  # noqa: BLE001 - fails this execution's requests only
-                return fail(f"{type(e).__name__}: {e}")
+                return fail(self.failure(e))
             if decoupled:
                 return None
             if not isinstance(result, (list, tuple)) or len(result) != len(requests):
@@ -603,7 +613,7 @@ class Host:
             if inspect.iscoroutine(result):
                 result = self.loop.run_until_complete(result)
         except Exception as e:  # noqa: BLE001 - the model's error fails its requests, not the stub
-            message = f"{type(e).__name__}: {e}"
+            message = self.failure(e)
             return {"op": "responses", "responses": [{"error": message}] * len(requests)}, []
         if not isinstance(result, (list, tuple)) or len(result) != len(requests):
             got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__

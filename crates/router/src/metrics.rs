@@ -67,8 +67,8 @@ pub fn request(model: &str, version: &str, rows: u64, took: Duration, failure: O
         Some(reason) => {
             let labels = [
                 ("model", model.to_string()),
-                ("version", version.to_string()),
                 ("reason", reason.to_string()),
+                ("version", version.to_string()),
             ];
             counter!("nv_inference_request_failure", &labels).increment(1);
         }

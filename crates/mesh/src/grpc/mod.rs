@@ -8,6 +8,7 @@ use tonic::{Request, Response, Status};
 
 use crate::config::ModelConfig;
 use crate::dispatch::Dispatch;
+use crate::error::Error;
 use crate::metadata::ModelMetadata;
 use crate::proto::{self, grpc_inference_service_server::GrpcInferenceService};
 use crate::shm::SharedMemory;
@@ -81,14 +82,37 @@ fn stream_message(
     }
 }
 
+/// Whether the stream asked for errors as gRPC statuses (metadata `triton_grpc_error: true`): the
+/// first error then ends the stream with its status, as Triton does, instead of an `error_message`.
+fn wants_grpc_errors(metadata: &tonic::metadata::MetadataMap) -> bool {
+    metadata
+        .get("triton_grpc_error")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// An error for the stream: in `error_message`, or, with `grpc_errors`, the status that ends it.
+fn stream_error(
+    e: Error,
+    echo: &proto::ModelInferResponse,
+    last: bool,
+    grpc_errors: bool,
+) -> Result<proto::ModelStreamInferResponse, Status> {
+    match grpc_errors {
+        true => Err(Status::from(e)),
+        false => Ok(stream_message(e.message, echo.clone(), last)),
+    }
+}
+
 /// Runs one request of a stream and sends its answers (several for a decoupled model) or its error
-/// in `error_message`, each carrying the request's id.
+/// in `error_message` (or as the stream's status with `grpc_errors`), each carrying the request's id.
 async fn stream_answers<D: Dispatch>(
     dispatch: &D,
     shm: &SharedMemory,
     forward: Option<(&regex::Regex, &tonic::metadata::MetadataMap)>,
     msg: proto::ModelInferRequest,
     tx: &StreamTx,
+    grpc_errors: bool,
 ) {
     let flagged = wants_final_flag(&msg);
     let echo = proto::ModelInferResponse {
@@ -100,7 +124,7 @@ async fn stream_answers<D: Dispatch>(
     let (mut request, written) = match codec::decode_request(msg, shm) {
         Ok(decoded) => decoded,
         Err(e) => {
-            let _ = tx.send(Ok(stream_message(e.message, echo, true))).await;
+            let _ = tx.send(stream_error(e, &echo, true, grpc_errors)).await;
             return;
         }
     };
@@ -121,15 +145,16 @@ async fn stream_answers<D: Dispatch>(
             };
             let message = match item.response {
                 Some(Ok(response)) => match codec::encode_response(response, &written) {
-                    Ok(encoded) => stream_message(String::new(), encoded, item.last),
-                    Err(e) => stream_message(e.message, echo.clone(), item.last),
+                    Ok(encoded) => Ok(stream_message(String::new(), encoded, item.last)),
+                    Err(e) => stream_error(e, &echo, item.last, grpc_errors),
                 },
-                Some(Err(e)) => stream_message(e.message, echo.clone(), item.last),
+                Some(Err(e)) => stream_error(e, &echo, item.last, grpc_errors),
                 // A bare final flag becomes an empty answer only for clients that asked for one.
-                None if item.last && flagged => stream_message(String::new(), echo.clone(), true),
+                None if item.last && flagged => Ok(stream_message(String::new(), echo.clone(), true)),
                 None => continue,
             };
-            if tx.send(Ok(message)).await.is_err() {
+            let ends = message.is_err();
+            if tx.send(message).await.is_err() || ends {
                 return;
             }
         }
@@ -295,6 +320,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         r: Request<tonic::Streaming<proto::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
         let (metadata, _, mut inbound) = r.into_parts();
+        let grpc_errors = wants_grpc_errors(&metadata);
         let metadata = Arc::new(metadata);
         let (dispatch, shm, forward) = (self.dispatch.clone(), self.shm.clone(), self.forward.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_WINDOW);
@@ -314,7 +340,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                                     let _ = previous.await;
                                 }
                                 let forward = forward.as_deref().map(|p| (p, &*metadata));
-                                stream_answers(&*d, &shm, forward, msg, &tx).await;
+                                stream_answers(&*d, &shm, forward, msg, &tx, grpc_errors).await;
                                 done.finish();
                             });
                         }
@@ -325,6 +351,11 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                         }
                     },
                     Some(_) = running.join_next(), if !running.is_empty() => {}
+                    // The client went away, or an error status ended the stream (`triton_grpc_error`).
+                    _ = tx.closed() => {
+                        running.abort_all();
+                        break;
+                    }
                 }
             }
             while running.join_next().await.is_some() {}

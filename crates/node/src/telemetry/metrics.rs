@@ -89,7 +89,8 @@ impl ModelMetrics {
             failure: REASONS.map(|r| {
                 counter!(
                     "nv_inference_request_failure",
-                    &[("model", m.clone()), ("version", v.clone()), ("reason", r.to_string())]
+                    // Triton's label order (alphabetical), for scrapers that match lines as text.
+                    &[("model", m.clone()), ("reason", r.to_string()), ("version", v.clone())]
                 )
             }),
             inference_count: counter!("nv_inference_count", &l()),
