@@ -2,6 +2,7 @@
 pub mod codec;
 mod compress;
 pub mod json_data;
+mod raw;
 mod shm;
 
 use std::sync::Arc;
@@ -370,7 +371,17 @@ async fn try_infer<D: Dispatch>(
                 .ok_or_else(|| Error::invalid("Inference-Header-Content-Length must be a non-negative integer"))?,
         ),
     };
-    let (mut request, format) = codec::decode_request(model, version, body, header_len, &s.shm)?;
+    let (mut request, format) = if header_len == Some(0) {
+        // A raw binary body: the one input's data, every output answered in binary, as Triton does.
+        let view = s.dispatch.model(model, version)?;
+        let format = codec::OutputFormat {
+            default_binary: true,
+            ..Default::default()
+        };
+        (raw::decode_raw(model, version, &view.config, body)?, format)
+    } else {
+        codec::decode_request(model, version, body, header_len, &s.shm)?
+    };
     if let Some(pattern) = &s.options.forward_headers {
         let pairs = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
         forward_headers(pattern, pairs, &mut request.parameters);
