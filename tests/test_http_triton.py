@@ -344,3 +344,32 @@ def test_the_index_in_poll_mode_lists_every_model(fresh_server, tmp_path):
     assert rows[BROKEN]["state"] == "UNAVAILABLE" and "boom at import" in rows[BROKEN]["reason"]
     st, _, out = post(srv, "/v2/repository/models/opt/load")
     assert st == 503, out
+
+
+def test_an_onnx_input_with_a_default_is_optional(fresh_server, tmp_path):
+    """A graph input backed by an initializer (ONNX Runtime's overridable initializer) is a config
+    input with `optional: true`: left out, the model uses its default."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["A", "B"], ["Y"])], "opt_onnx",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("B", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.array([10.0], np.float32), "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (tmp_path / "repo" / "opt_onnx" / "1").mkdir(parents=True)
+    onnx.save(model, str(tmp_path / "repo" / "opt_onnx" / "1" / "model.onnx"))
+    (tmp_path / "repo" / "opt_onnx" / "config.pbtxt").write_text(
+        'name: "opt_onnx"\nplatform: "onnxruntime_onnx"\n'
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 1 ] }, '
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    srv = fresh_server([tmp_path / "repo"])
+    st, out = infer_json(srv, "opt_onnx", ["A"])  # A = 0.0
+    assert st == 200 and out["outputs"][0]["data"] == [10.0], out
+    st, out = infer_json(srv, "opt_onnx", ["B", "A"])  # B = 0.0, A = 1.0
+    assert st == 200 and out["outputs"][0]["data"] == [1.0], out
+    st, out = infer_json(srv, "opt_onnx", [])
+    assert st == 400 and "missing required input(s) ['A']" in out["error"], out
