@@ -9,6 +9,7 @@ use crate::request::InferRequest;
 /// Checks inputs (known, unique, present, dtype, shape, batch size) and requested outputs.
 pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
     let model = &config.name;
+    check_input_count(config, req)?;
     let mut seen = HashSet::with_capacity(req.inputs.len());
     let mut batch: Option<i64> = None;
     for input in &req.inputs {
@@ -19,7 +20,7 @@ pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
             )));
         };
         if !seen.insert(name) {
-            return Err(Error::invalid(format!("input '{name}' is given more than once")));
+            return Err(Error::invalid(format!("input '{name}' already exists in request")));
         }
         let want = DataType::from_config(spec.data_type);
         if want != Some(input.tensor.dtype) {
@@ -64,13 +65,13 @@ pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
             )));
         }
     }
-    for spec in &config.input {
-        if !spec.optional && !seen.contains(spec.name.as_str()) {
-            return Err(Error::invalid(format!(
-                "missing required input '{}' for model '{model}'",
-                spec.name
-            )));
-        }
+    // Stricter than Triton, which runs a request whose count is in range without a required input.
+    if config
+        .input
+        .iter()
+        .any(|spec| !spec.optional && !seen.contains(spec.name.as_str()))
+    {
+        return Err(count_error(config, req));
     }
     let mut wanted = HashSet::with_capacity(req.outputs.len());
     for out in &req.outputs {
@@ -88,6 +89,51 @@ pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Checks that no input is given twice and that the number of inputs lies between the model's
+/// required and all of its inputs, with Triton's message naming what was given and what is missing.
+fn check_input_count(config: &ModelConfig, req: &InferRequest) -> Result<()> {
+    let total = config.input.len();
+    let required = config.input.iter().filter(|i| !i.optional).count();
+    let given = req.inputs.len();
+    let mut names = HashSet::with_capacity(given);
+    if let Some(dup) = req.inputs.iter().find(|i| !names.insert(i.name.as_str())) {
+        return Err(Error::invalid(format!(
+            "input '{}' already exists in request",
+            dup.name
+        )));
+    }
+    if (required..=total).contains(&given) {
+        return Ok(());
+    }
+    Err(count_error(config, req))
+}
+
+/// Triton's message for a request whose inputs do not match the model's: how many it expects and
+/// got, what was given and which required inputs are missing.
+fn count_error(config: &ModelConfig, req: &InferRequest) -> Error {
+    let total = config.input.len();
+    let required = config.input.iter().filter(|i| !i.optional).count();
+    let missing = config
+        .input
+        .iter()
+        .filter(|spec| !spec.optional && req.input(&spec.name).is_none())
+        .map(|spec| spec.name.as_str());
+    let expected = if required == total {
+        format!("expected {total} inputs")
+    } else {
+        format!("expected number of inputs between {required} and {total}")
+    };
+    let quoted = |names: &mut dyn Iterator<Item = &str>| names.map(|n| format!("'{n}'")).collect::<Vec<_>>().join(",");
+    Error::invalid(format!(
+        "{expected} but got {} inputs for model '{}'. Got input(s) [{}], but missing required input(s) [{}]. \
+         Please provide all required input(s).",
+        req.inputs.len(),
+        config.name,
+        quoted(&mut req.inputs.iter().map(|i| i.name.as_str())),
+        quoted(&mut missing.into_iter()),
+    ))
 }
 
 /// Whether a concrete shape fits config dims, where -1 matches any size.
@@ -148,9 +194,28 @@ mod tests {
             ),
             (
                 req(vec![("a", f32s(vec![1, 2])), ("a", f32s(vec![1, 2]))], &[]),
-                "more than once",
+                "already exists in request",
             ),
-            (req(vec![], &[]), "missing required input 'a'"),
+            (
+                req(vec![], &[]),
+                "expected number of inputs between 1 and 2 but got 0 inputs for model 'm'. Got input(s) [], \
+                 but missing required input(s) ['a']",
+            ),
+            (
+                req(vec![("opt", Tensor::from_values(vec![1, 1], &[0i32]))], &[]),
+                "Got input(s) ['opt'], but missing required input(s) ['a']",
+            ),
+            (
+                req(
+                    vec![
+                        ("a", f32s(vec![1, 2])),
+                        ("opt", Tensor::from_values(vec![1, 1], &[0i32])),
+                        ("zz", f32s(vec![1, 2])),
+                    ],
+                    &[],
+                ),
+                "but got 3 inputs",
+            ),
             (
                 req(vec![("a", Tensor::from_values(vec![1, 2], &[0i64; 2]))], &[]),
                 "datatype INT64",

@@ -1,7 +1,9 @@
 //! KServe v2 HTTP/REST frontend, generic over `Dispatch`.
 pub mod codec;
 mod compress;
+mod generate;
 pub mod json_data;
+mod raw;
 mod shm;
 
 use std::sync::Arc;
@@ -83,6 +85,16 @@ pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions, shm: Arc<Shar
         .route("/v2/models/{model}/versions/{version}/config", get(model_config_v::<D>))
         .route("/v2/models/{model}/infer", post(infer::<D>))
         .route("/v2/models/{model}/versions/{version}/infer", post(infer_v::<D>))
+        .route("/v2/models/{model}/generate", post(generate_once::<D>))
+        .route(
+            "/v2/models/{model}/versions/{version}/generate",
+            post(generate_once_v::<D>),
+        )
+        .route("/v2/models/{model}/generate_stream", post(generate_stream::<D>))
+        .route(
+            "/v2/models/{model}/versions/{version}/generate_stream",
+            post(generate_stream_v::<D>),
+        )
         .route("/v2/models/stats", get(all_stats::<D>))
         .route("/v2/models/{model}/stats", get(model_stats::<D>))
         .route("/v2/models/{model}/versions/{version}/stats", get(model_stats_v::<D>))
@@ -370,7 +382,17 @@ async fn try_infer<D: Dispatch>(
                 .ok_or_else(|| Error::invalid("Inference-Header-Content-Length must be a non-negative integer"))?,
         ),
     };
-    let (mut request, format) = codec::decode_request(model, version, body, header_len, &s.shm)?;
+    let (mut request, format) = if header_len == Some(0) {
+        // A raw binary body: the one input's data, every output answered in binary, as Triton does.
+        let view = s.dispatch.model(model, version)?;
+        let format = codec::OutputFormat {
+            default_binary: true,
+            ..Default::default()
+        };
+        (raw::decode_raw(model, version, &view.config, body)?, format)
+    } else {
+        codec::decode_request(model, version, body, header_len, &s.shm)?
+    };
     if let Some(pattern) = &s.options.forward_headers {
         let pairs = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
         forward_headers(pattern, pairs, &mut request.parameters);
@@ -395,6 +417,66 @@ async fn try_infer<D: Dispatch>(
     builder
         .body(Body::from(out))
         .map_err(|e| Error::internal(format!("building response: {e}")))
+}
+
+async fn generate_once<D: Dispatch>(
+    State(s): St<D>,
+    Path(m): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    run_generate(&s, m, String::new(), headers, body, false).await
+}
+async fn generate_once_v<D: Dispatch>(
+    State(s): St<D>,
+    Path((m, v)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    run_generate(&s, m, v, headers, body, false).await
+}
+async fn generate_stream<D: Dispatch>(
+    State(s): St<D>,
+    Path(m): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    run_generate(&s, m, String::new(), headers, body, true).await
+}
+async fn generate_stream_v<D: Dispatch>(
+    State(s): St<D>,
+    Path((m, v)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    run_generate(&s, m, v, headers, body, true).await
+}
+
+/// The generate extension: `stream` picks server-sent events over one JSON answer.
+async fn run_generate<D: Dispatch>(
+    s: &AppState<D>,
+    model: String,
+    version: String,
+    headers: HeaderMap,
+    body: Body,
+    stream: bool,
+) -> Response {
+    let answer = async {
+        let limit = s.options.max_input_size;
+        let body = read_body(body, limit).await?;
+        let body = compress::decode(headers.get(header::CONTENT_ENCODING), body, limit)?;
+        let mut request = generate::request_for(s.dispatch.as_ref(), &model, &version, &body)?;
+        if let Some(pattern) = &s.options.forward_headers {
+            let pairs = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
+            forward_headers(pattern, pairs, &mut request.parameters);
+        }
+        if stream {
+            generate::generate_stream(s.dispatch.clone(), request).await
+        } else {
+            generate::generate(s.dispatch.as_ref(), request).await
+        }
+    };
+    answer.await.unwrap_or_else(|e| error_response(&e))
 }
 
 /// Reads a body up to `limit` bytes; a larger body is rejected without being buffered.

@@ -214,8 +214,18 @@ pub fn check_against_model(config: &ModelConfig, session: &Session) -> Result<()
         }
         Ok(())
     };
+    // Graph inputs that have an initializer (a default) are left out of `inputs()`; a config input
+    // naming one is an input the client may send or leave out (Triton's `optional: true`).
+    let defaults = session.overridable_initializers();
+    let inputs: Vec<ort::value::Outlet> = session
+        .inputs()
+        .iter()
+        .map(|o| (o.name(), o.dtype()))
+        .chain(defaults.iter().map(|d| (d.name(), d.dtype())))
+        .map(|(name, dtype)| ort::value::Outlet::new(name, dtype.clone()))
+        .collect();
     for i in &config.input {
-        check("input", &i.name, i.data_type, &i.dims, &i.reshape, session.inputs())?;
+        check("input", &i.name, i.data_type, &i.dims, &i.reshape, &inputs)?;
     }
     for o in &config.output {
         check("output", &o.name, o.data_type, &o.dims, &o.reshape, session.outputs())?;

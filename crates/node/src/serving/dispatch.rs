@@ -121,14 +121,16 @@ impl NodeDispatch {
         }
     }
 
-    /// Refuses repository load/unload unless the node runs in explicit mode, as tritonserver does.
+    /// Refuses repository load/unload unless the node runs in explicit mode, as tritonserver does
+    /// (UNAVAILABLE, with its message; the model's name is not checked first).
     fn check_explicit(&self, what: &str, name: &str) -> Result<()> {
         if self.mode == ControlMode::Explicit {
             return Ok(());
         }
-        Err(Error::unsupported(format!(
-            "cannot {what} '{name}': explicit model load / unload needs --model-control-mode=explicit"
-        )))
+        tracing::debug!("refused to {what} '{name}': the model control mode is not explicit");
+        Err(Error::unavailable(
+            "explicit model load / unload is not allowed if polling is enabled",
+        ))
     }
 
     /// Hands a request to the RepositoryManager and waits for its answer.
@@ -206,10 +208,10 @@ impl NodeDispatch {
             .as_ref()
             .is_some_and(|p| p.decoupled);
         if decoupled && stream.is_none() {
-            return Err(Error::invalid(format!(
-                "model '{}' is decoupled (it may send several responses per request); \
-                 use the gRPC ModelStreamInfer stream (tritonclient's start_stream / async_stream_infer), \
-                 not HTTP infer or ModelInfer",
+            return Err(Error::unsupported(format!(
+                "model '{}' is decoupled (it may send several responses per request): this end point doesn't \
+                 support models with decoupled transaction policy; use the gRPC ModelStreamInfer stream \
+                 (tritonclient's start_stream / async_stream_infer) or HTTP generate_stream",
                 request.model_name
             )));
         }
