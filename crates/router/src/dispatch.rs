@@ -434,7 +434,17 @@ impl Dispatch for RouterDispatch {
     }
 
     async fn infer_stream(&self, request: InferRequest, sink: StreamSender) {
-        if self.ensembles.get(&request.model_name).is_some() {
+        if let Some(ensemble) = self.ensembles.get(&request.model_name) {
+            // An ensemble with a decoupled step streams each of its answers.
+            if let Some(Ok(plan)) = self.ensemble_plan(&request.model_name) {
+                if plan.decoupled {
+                    match mesh::validate::check_request(&ensemble.config, &request) {
+                        Ok(()) => mesh::ensemble::run_stream(&plan, self, request, sink).await,
+                        Err(e) => drop(sink.send(StreamItem::new(Some(Err(e)), true))),
+                    }
+                    return;
+                }
+            }
             let response = self.infer(request).await;
             let _ = sink.send(StreamItem::new(Some(response), true));
             return;

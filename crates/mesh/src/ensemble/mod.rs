@@ -1,6 +1,7 @@
 //! Triton ensembles: the step DAG built and validated from `ensemble_scheduling` (sans-IO), which
 //! steps are ready as tensors appear, and an executor that drives any `Dispatch`.
 mod run;
+mod stream;
 
 use std::collections::{HashMap, HashSet};
 
@@ -9,6 +10,7 @@ use crate::dtype::DataType;
 use crate::proto::model_config::SchedulingChoice;
 
 pub use run::run;
+pub use stream::run_stream;
 
 /// The ensemble's steps, checked against the models they call.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,6 +21,8 @@ pub struct Plan {
     pub inputs: Vec<String>,
     /// The ensemble's output names and the tensors that hold them (the same names).
     pub outputs: Vec<String>,
+    /// Whether a step's model is decoupled: the ensemble may then answer any number of times.
+    pub decoupled: bool,
     /// Which steps read each tensor, for readiness.
     consumers: HashMap<String, Vec<usize>>,
 }
@@ -33,6 +37,8 @@ pub struct Step {
     pub inputs: Vec<(String, String)>,
     /// (model output name, ensemble tensor name).
     pub outputs: Vec<(String, String)>,
+    /// The model may answer several times: each answer goes on through the steps after it.
+    pub decoupled: bool,
 }
 
 /// What a step's model looks like, for checking the wiring; looked up by model name and version.
@@ -139,9 +145,6 @@ impl Plan {
             let who = format!("step {n} (model '{}')", s.model_name);
             let model = lookup(&s.model_name, &version).map_err(|e| format!("{who}: {e}"))?;
             let m = &model.config;
-            if model.decoupled {
-                return Err(format!("{who}: decoupled models cannot be ensemble steps"));
-            }
             if mbs > 0 && (m.max_batch_size == 0 || m.max_batch_size < mbs) {
                 return Err(format!(
                     "{who}: the ensemble's max_batch_size {mbs} exceeds the model's {}",
@@ -179,6 +182,7 @@ impl Plan {
                 version,
                 inputs,
                 outputs,
+                decoupled: model.decoupled,
             });
         }
         for (tensor, consumer) in &consumed {
@@ -202,6 +206,7 @@ impl Plan {
         }
         let plan = Plan {
             name: config.name.clone(),
+            decoupled: steps.iter().any(|s| s.decoupled),
             steps,
             inputs: config.input.iter().map(|i| i.name.clone()).collect(),
             outputs: config.output.iter().map(|o| o.name.clone()).collect(),
@@ -247,7 +252,7 @@ pub fn step_models(config: &ModelConfig) -> Vec<String> {
 }
 
 /// One request's way through the plan: which tensors exist and which steps may start. Sans-IO.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Progress {
     /// Inputs each step still waits for.
     waiting: Vec<usize>,

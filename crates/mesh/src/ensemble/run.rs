@@ -13,7 +13,7 @@ use crate::request::{InferRequest, InferResponse, Params, RequestedOutput};
 use crate::tensor::{NamedTensor, Tensor};
 
 /// One step's request: its inputs renamed from the ensemble's tensors (shared bytes, no copy).
-fn step_request(step: &Step, tensors: &HashMap<String, Tensor>, id: &str, params: &Params) -> InferRequest {
+pub(super) fn step_request(step: &Step, tensors: &HashMap<String, Tensor>, id: &str, params: &Params) -> InferRequest {
     InferRequest {
         model_name: step.model.clone(),
         model_version: step.version.clone(),
@@ -49,7 +49,7 @@ fn call<'a, D: Dispatch + ?Sized>(
 }
 
 /// The `timeout` request parameter (µs), which bounds the whole ensemble.
-fn timeout_of(params: &Params) -> Option<Duration> {
+pub(super) fn timeout_of(params: &Params) -> Option<Duration> {
     params
         .iter()
         .find(|(k, _)| k == "timeout")
@@ -58,10 +58,49 @@ fn timeout_of(params: &Params) -> Option<Duration> {
         .map(Duration::from_micros)
 }
 
+/// Keeps a step's outputs as the ensemble's tensors. An output the step left out (an optional
+/// one) is absent: the steps it feeds run without it, and fail as their model says if they need it.
+pub(super) fn store_outputs(step: &Step, mut produced: Vec<NamedTensor>, tensors: &mut HashMap<String, Tensor>) {
+    for (output, tensor) in &step.outputs {
+        if let Some(pos) = produced.iter().position(|o| &o.name == output) {
+            tensors.insert(tensor.clone(), produced.swap_remove(pos).tensor);
+        }
+    }
+}
+
+/// The ensemble's outputs (those `wanted`, or all) from its tensors.
+pub(super) fn outputs_of(
+    plan: &Plan,
+    wanted: &[String],
+    mut tensors: HashMap<String, Tensor>,
+) -> Result<Vec<NamedTensor>> {
+    let names = if wanted.is_empty() { &plan.outputs } else { wanted };
+    names
+        .iter()
+        .map(|name| {
+            let tensor = tensors.remove(name).ok_or_else(|| {
+                Error::internal(format!(
+                    "ensemble '{}' produced no '{name}': a step it needs never ran (an optional input was \
+                     absent) or left it out",
+                    plan.name
+                ))
+            })?;
+            Ok(NamedTensor {
+                name: name.clone(),
+                tensor,
+            })
+        })
+        .collect()
+}
+
 /// Runs the request through the plan. A failed step fails the request with a message that names
 /// the step and model; when it fails, times out or the caller drops this future, the steps still
-/// running are dropped (their queued work is withdrawn) and the rest never start.
+/// running are dropped (their queued work is withdrawn) and the rest never start. A plan with
+/// decoupled steps must give exactly one answer here (the stream path takes any number).
 pub async fn run<D: Dispatch + ?Sized>(plan: &Plan, dispatch: &D, request: InferRequest) -> Result<InferResponse> {
+    if plan.decoupled {
+        return single_answer(plan, dispatch, request).await;
+    }
     match timeout_of(&request.parameters) {
         Some(limit) => {
             let name = plan.name.clone();
@@ -100,39 +139,14 @@ async fn run_steps<D: Dispatch + ?Sized>(plan: &Plan, dispatch: &D, request: Inf
         let at = || format!("ensemble '{}' step {n} (model '{}')", plan.name, step.model);
         // The step's code stays: bad client data found by a step is still the client's error.
         let response = answer.map_err(|e| Error::new(e.code, format!("{}: {}", at(), e.message)))?;
-        let mut produced = response.outputs;
-        for (output, tensor) in &step.outputs {
-            let pos = produced
-                .iter()
-                .position(|o| &o.name == output)
-                .ok_or_else(|| Error::internal(format!("{} returned no output '{output}'", at())))?;
-            tensors.insert(tensor.clone(), produced.swap_remove(pos).tensor);
-        }
+        store_outputs(step, response.outputs, &mut tensors);
         for next in progress.step_done(plan, n) {
             let req = step_request(&plan.steps[next], &tensors, &id, &parameters);
             running.push(call(dispatch, next, req));
         }
     }
-    let names: Vec<&String> = if wanted.is_empty() {
-        plan.outputs.iter().collect()
-    } else {
-        wanted.iter().map(|o| &o.name).collect()
-    };
-    let outputs = names
-        .into_iter()
-        .map(|name| {
-            let tensor = tensors.remove(name).ok_or_else(|| {
-                Error::internal(format!(
-                    "ensemble '{}' produced no '{name}': a step it needs never ran (an optional input was absent)",
-                    plan.name
-                ))
-            })?;
-            Ok(NamedTensor {
-                name: name.clone(),
-                tensor,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let wanted: Vec<String> = wanted.into_iter().map(|o| o.name).collect();
+    let outputs = outputs_of(plan, &wanted, tensors)?;
     Ok(InferResponse {
         model_name,
         model_version,
@@ -140,4 +154,29 @@ async fn run_steps<D: Dispatch + ?Sized>(plan: &Plan, dispatch: &D, request: Inf
         outputs,
         parameters: Vec::new(),
     })
+}
+
+/// A plan with decoupled steps answered on a single-answer path: its one answer, or an error
+/// saying how many it gave.
+async fn single_answer<D: Dispatch + ?Sized>(
+    plan: &Plan,
+    dispatch: &D,
+    request: InferRequest,
+) -> Result<InferResponse> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    super::stream::run_stream(plan, dispatch, request, tx).await;
+    let mut answers = Vec::new();
+    while let Ok(item) = rx.try_recv() {
+        if let Some(answer) = item.response {
+            answers.push(answer?);
+        }
+    }
+    match answers.len() {
+        1 => Ok(answers.remove(0)),
+        n => Err(Error::unsupported(format!(
+            "ensemble '{}' has decoupled steps and gave {n} responses; a single-answer request needs exactly 1 \
+             (use the gRPC stream or generate_stream for several)",
+            plan.name
+        ))),
+    }
 }

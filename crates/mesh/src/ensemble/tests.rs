@@ -9,7 +9,7 @@ use crate::tensor::{NamedTensor, Tensor};
 /// Composing models: `double` and `negate` (x FP32 [4] -> y), `sum` (a, b -> y), `ints` (x INT32 [4] -> y).
 fn model(name: &str) -> Result<StepModel, String> {
     let text = match name {
-        "double" | "negate" | "fails" | "slow_a" | "slow_b" => {
+        "double" | "negate" | "fails" | "slow_a" | "slow_b" | "count" | "skip" => {
             "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 4 ] } ] output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 4 ] } ]"
         }
         "sum" => {
@@ -25,7 +25,7 @@ fn model(name: &str) -> Result<StepModel, String> {
     };
     Ok(StepModel {
         config: parse_pbtxt(&format!("name: \"{name}\" {text}")).unwrap(),
-        decoupled: false,
+        decoupled: name == "count",
     })
 }
 
@@ -157,6 +157,7 @@ impl Dispatch for Arith {
                 self.both_started.wait().await;
                 get("x").unwrap()
             }
+            "skip" => return Ok(InferResponse::default()), // leaves its (optional) output out
             _ => return Err(crate::Error::unavailable("the backend broke")),
         };
         Ok(InferResponse {
@@ -166,6 +167,27 @@ impl Dispatch for Arith {
             }],
             ..Default::default()
         })
+    }
+    /// `count` is decoupled: x + 1, x + 2 and x + 3, then the final flag.
+    async fn infer_stream(&self, r: InferRequest, sink: crate::request::StreamSender) {
+        if r.model_name != "count" {
+            let answer = self.infer(r).await;
+            let _ = sink.send(crate::request::StreamItem::new(Some(answer), true));
+            return;
+        }
+        let x = floats(&r.input("x").unwrap().tensor);
+        for k in 1..=3 {
+            let y: Vec<f32> = x.iter().map(|v| v + k as f32).collect();
+            let response = InferResponse {
+                outputs: vec![NamedTensor {
+                    name: "y".into(),
+                    tensor: Tensor::from_values(vec![4], &y),
+                }],
+                ..Default::default()
+            };
+            let _ = sink.send(crate::request::StreamItem::new(Some(Ok(response)), false));
+        }
+        let _ = sink.send(crate::request::StreamItem::new(None, true));
     }
     fn ready(&self) -> bool {
         true
@@ -239,6 +261,69 @@ async fn a_failing_step_names_itself_and_its_model() {
     assert!(
         e.message
             .contains("ensemble 'e' step 1 (model 'fails'): the backend broke"),
+        "{}",
+        e.message
+    );
+}
+
+/// count (decoupled) and negate side by side, joined by sum: each answer of count is one answer of
+/// the ensemble, (x + k) + (-x) = k, and each waits for the side branch.
+fn counting() -> Plan {
+    let steps = [
+        step("count", &[("x", "IN")], &[("y", "c")]),
+        step("negate", &[("x", "IN")], &[("y", "n")]),
+        step("sum", &[("a", "c"), ("b", "n")], &[("y", "OUT")]),
+    ];
+    Plan::build(&ensemble(&steps.join(", "), OUT), &lookup).unwrap()
+}
+
+#[tokio::test]
+async fn each_answer_of_a_decoupled_step_is_an_answer_of_the_ensemble() {
+    let plan = counting();
+    assert!(plan.decoupled && plan.steps[0].decoupled);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    run_stream(&plan, &arith(), request([5.0, 6.0, 7.0, 8.0]), tx).await;
+    let mut answers = Vec::new();
+    let mut last = false;
+    while let Ok(item) = rx.try_recv() {
+        assert!(!last, "nothing after the final flag");
+        last = item.last;
+        if let Some(answer) = item.response {
+            let response = answer.unwrap();
+            assert_eq!(response.model_name, "e");
+            answers.push(floats(&response.outputs[0].tensor)[0]);
+        }
+    }
+    assert!(last, "the final flag ends the answers");
+    answers.sort_by(f32::total_cmp);
+    assert_eq!(answers, vec![1.0, 2.0, 3.0]);
+}
+
+#[tokio::test]
+async fn a_decoupled_ensemble_on_a_single_answer_path_says_how_many_it_gave() {
+    let e = run(&counting(), &arith(), request([1.0; 4])).await.unwrap_err();
+    assert!(
+        e.message.contains("gave 3 responses") && e.message.contains("exactly 1"),
+        "{}",
+        e.message
+    );
+}
+
+#[tokio::test]
+async fn a_step_may_leave_an_optional_output_out() {
+    let steps = [
+        step("skip", &[("x", "IN")], &[("y", "s")]),
+        step("double", &[("x", "IN")], &[("y", "OUT")]),
+    ];
+    let out = "{ name: \"OUT\" data_type: TYPE_FP32 dims: [ 4 ] }, { name: \"s\" data_type: TYPE_FP32 dims: [ 4 ] }";
+    let plan = Plan::build(&ensemble(&steps.join(", "), out), &lookup).unwrap();
+    let mut only_out = request([1.0; 4]);
+    only_out.outputs = vec![crate::request::RequestedOutput::named("OUT".to_string())];
+    let answer = run(&plan, &arith(), only_out).await.unwrap();
+    assert_eq!(floats(&answer.outputs[0].tensor), vec![2.0; 4]);
+    let e = run(&plan, &arith(), request([1.0; 4])).await.unwrap_err();
+    assert!(
+        e.message.contains("produced no 's'") && e.message.contains("left it out"),
         "{}",
         e.message
     );

@@ -197,16 +197,64 @@ impl NodeDispatch {
         }
     }
 
+    /// Runs one request through an ensemble with decoupled steps, its answers (any number) to `sink`.
+    async fn stream_ensemble(
+        &self,
+        model: &LoadedVersion,
+        plan: &mesh::ensemble::Plan,
+        mut request: InferRequest,
+        start: Instant,
+        sink: StreamSender,
+    ) {
+        let rows = request_rows(model, &request);
+        request.model_version = model.version_label.clone();
+        InFlight::begin(model);
+        let mut guard = InFlight {
+            model,
+            start,
+            finished: false,
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<StreamItem>();
+        let forward = async {
+            let mut failed = None;
+            while let Some(item) = rx.recv().await {
+                if let Some(Err(e)) = &item.response {
+                    failed = Some(e.metric_reason());
+                }
+                let _ = sink.send(item);
+            }
+            failed
+        };
+        let ((), failed) = tokio::join!(mesh::ensemble::run_stream(plan, self, request, tx), forward);
+        guard.finished = true;
+        drop(guard);
+        match failed {
+            Some(reason) => model.stats.failure(reason, start.elapsed()),
+            None => {
+                let took = start.elapsed();
+                let timings = Timings {
+                    infer: took,
+                    ..Default::default()
+                };
+                model
+                    .stats
+                    .success(rows as u64, took, Duration::ZERO, &timings, Some(rows as u64));
+            }
+        }
+    }
+
     /// Runs one request; `stream` is where a decoupled model's answers go (None: it must answer
     /// once). Ok(None): the answers went to `stream`.
     async fn run(&self, mut request: InferRequest, stream: Option<StreamSender>) -> Result<Option<InferResponse>> {
         let start = Instant::now();
         let model = self.table.resolve(&request.model_name, &request.model_version)?;
+        // An ensemble with a decoupled step answers any number of times, as a decoupled model does.
         let decoupled = model
             .config
             .model_transaction_policy
             .as_ref()
-            .is_some_and(|p| p.decoupled);
+            .is_some_and(|p| p.decoupled)
+            || model.ensemble.as_ref().is_some_and(|plan| plan.decoupled);
         if decoupled && stream.is_none() {
             return Err(Error::unsupported(format!(
                 "model '{}' is decoupled (it may send several responses per request): this end point doesn't \
@@ -277,6 +325,10 @@ impl NodeDispatch {
         decoupled: bool,
     ) -> Result<Option<InferResponse>> {
         if let Some(plan) = model.ensemble.clone() {
+            if let (true, Some(sink)) = (plan.decoupled, stream) {
+                self.stream_ensemble(model, &plan, request, start, sink).await;
+                return Ok(None);
+            }
             return self.run_ensemble(model, &plan, request, start).await.map(Some);
         }
         let rows = request_rows(model, &request);
