@@ -105,3 +105,10 @@ def test_a_step_that_leaves_an_optional_output_out_does_not_fail_the_ensemble(se
     client = grpcclient.InferenceServerClient(server.grpc_url)
     result = client.infer("twice_only", [ints("IN", [21])])
     assert int(result.as_numpy("OUT")[0]) == 42
+
+
+def test_generate_stream_streams_an_ensemble_with_a_decoupled_step(server):
+    r = server.post("/v2/models/repeat_twice/generate_stream", json.dumps({"IN": [4, 9]}).encode())
+    assert r.status == 200, (r.status, r.body)
+    events = [json.loads(line[len("data: "):]) for line in r.body.decode().splitlines() if line.startswith("data: ")]
+    assert sorted((e["IDX"], e["OUT"]) for e in events) == [(0, 8), (1, 18)], events
