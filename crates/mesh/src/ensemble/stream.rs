@@ -16,6 +16,19 @@ use crate::error::{Error, Result};
 use crate::request::{InferRequest, InferResponse, Params, StreamItem, StreamSender};
 use crate::tensor::Tensor;
 
+impl Branch {
+    fn new(tensors: HashMap<String, Tensor>, progress: Progress) -> Self {
+        Branch {
+            tensors,
+            progress,
+            calls: 0,
+            streams: 0,
+            pending: VecDeque::new(),
+            forked: false,
+        }
+    }
+}
+
 /// One way through the plan: its tensors, its progress and what it still waits for.
 struct Branch {
     tensors: HashMap<String, Tensor>,
@@ -114,14 +127,7 @@ impl<'a, D: Dispatch + ?Sized> Run<'a, D> {
         let mut progress = parent.progress.clone();
         store_outputs(&self.plan.steps[n], response.outputs, &mut tensors);
         let ready = progress.step_done(self.plan, n);
-        self.branches.push(Some(Branch {
-            tensors,
-            progress,
-            calls: 0,
-            streams: 0,
-            pending: VecDeque::new(),
-            forked: false,
-        }));
+        self.branches.push(Some(Branch::new(tensors, progress)));
         let child = self.branches.len() - 1;
         self.launch(child, ready)?;
         Ok(child)
@@ -189,14 +195,7 @@ async fn branches<D: Dispatch + ?Sized>(
         dispatch,
         id,
         params: parameters,
-        branches: vec![Some(Branch {
-            tensors,
-            progress,
-            calls: 0,
-            streams: 0,
-            pending: VecDeque::new(),
-            forked: false,
-        })],
+        branches: vec![Some(Branch::new(tensors, progress))],
         calls: FuturesUnordered::new(),
         drivers: FuturesUnordered::new(),
         items: SelectAll::new(),

@@ -177,24 +177,11 @@ impl NodeDispatch {
         let result = mesh::ensemble::run(plan, self, request).await;
         guard.finished = true;
         drop(guard);
-        match result {
-            Ok(mut response) => {
-                let took = start.elapsed();
-                let timings = Timings {
-                    infer: took,
-                    ..Default::default()
-                };
-                model
-                    .stats
-                    .success(rows as u64, took, Duration::ZERO, &timings, Some(rows as u64));
-                response.model_version = model.version_label.clone();
-                Ok(response)
-            }
-            Err(e) => {
-                model.stats.failure(e.metric_reason(), start.elapsed());
-                Err(e)
-            }
-        }
+        record_ensemble(model, rows, start, result.as_ref().err().map(|e| e.metric_reason()));
+        result.map(|mut response| {
+            response.model_version = model.version_label.clone();
+            response
+        })
     }
 
     /// Runs one request through an ensemble with decoupled steps, its answers (any number) to `sink`.
@@ -228,19 +215,7 @@ impl NodeDispatch {
         let ((), failed) = tokio::join!(mesh::ensemble::run_stream(plan, self, request, tx), forward);
         guard.finished = true;
         drop(guard);
-        match failed {
-            Some(reason) => model.stats.failure(reason, start.elapsed()),
-            None => {
-                let took = start.elapsed();
-                let timings = Timings {
-                    infer: took,
-                    ..Default::default()
-                };
-                model
-                    .stats
-                    .success(rows as u64, took, Duration::ZERO, &timings, Some(rows as u64));
-            }
-        }
+        record_ensemble(model, rows, start, failed);
     }
 
     /// Runs one request; `stream` is where a decoupled model's answers go (None: it must answer
@@ -520,5 +495,22 @@ impl Dispatch for NodeDispatch {
 
     fn repository_index(&self) -> Vec<IndexEntry> {
         self.table.index(&self.roots)
+    }
+}
+
+/// An ensemble's own statistics for one request: a success over its whole time, or a failure.
+fn record_ensemble(model: &LoadedVersion, rows: usize, start: Instant, failed: Option<&'static str>) {
+    let took = start.elapsed();
+    match failed {
+        Some(reason) => model.stats.failure(reason, took),
+        None => {
+            let timings = Timings {
+                infer: took,
+                ..Default::default()
+            };
+            model
+                .stats
+                .success(rows as u64, took, Duration::ZERO, &timings, Some(rows as u64));
+        }
     }
 }
