@@ -187,13 +187,6 @@ def test_unknown_method_is_unimplemented(main_server):
         assert ei.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_declared_but_unimplemented_rpc(grpc_client):
-    """An RPC of the protocol the server does not implement yet (trace settings): UNIMPLEMENTED."""
-    with pytest.raises(InferenceServerException) as ei:
-        grpc_client.get_trace_settings()
-    assert status_of(ei.value) == "StatusCode.UNIMPLEMENTED"
-
-
 # --------------------------------------------------------------------------
 # malformed requests through the raw stub
 # --------------------------------------------------------------------------

@@ -21,6 +21,7 @@ pub mod serve;
 pub mod shm;
 pub mod telemetry;
 pub mod tensor;
+pub mod trace;
 pub mod validate;
 
 #[cfg(test)]

@@ -161,6 +161,10 @@ pub struct ListenArgs {
     /// The same for gRPC metadata.
     #[arg(long, value_name = "REGEX")]
     pub grpc_header_forward_pattern: Option<String>,
+    /// Request tracing, as tritonserver's flag (repeatable): `[triton,]file=PATH`, `level=OFF|TIMESTAMPS`,
+    /// `rate=N`, `count=N`, `log-frequency=N`.
+    #[arg(long, value_name = "[triton,]KEY=VALUE")]
+    pub trace_config: Vec<String>,
 }
 
 /// A header-forward pattern, compiled (names are matched in lower case, as they arrive).
@@ -193,6 +197,8 @@ impl ListenArgs {
         render: RenderMetrics,
         stop: &watch::Receiver<bool>,
     ) -> Result<Vec<JoinHandle<()>>, String> {
+        let (trace_file, trace) = crate::trace::from_flags(&self.trace_config)?;
+        crate::trace::configure(trace_file, &trace).map_err(|e| format!("--trace-config: {}", e.message))?;
         let http_rules = Arc::new(Restrictions::parse(&self.http_restricted_api, "api")?);
         let grpc_rules = Arc::new(Restrictions::parse(&self.grpc_restricted_protocol, "protocol")?);
         let mut servers = Vec::new();

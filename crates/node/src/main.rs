@@ -99,6 +99,7 @@ async fn run(args: Args) -> Result<(), String> {
     }
     let _ = stop_tx.send(true);
     mesh::process::drain(servers, exit_timeout).await;
+    mesh::trace::flush(); // traces not written yet go to trace_file, as tritonserver writes them at exit
     if let Some(cluster) = cluster {
         cluster.leave(exit_timeout).await;
     }

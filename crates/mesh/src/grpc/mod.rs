@@ -40,12 +40,6 @@ impl<D: Dispatch> GrpcFrontend<D> {
     }
 }
 
-fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
-    Err(Status::unimplemented(format!(
-        "{what} is not implemented by this server yet"
-    )))
-}
-
 /// Answers of one ModelStreamInfer call waiting to be written, before its requests wait for the client.
 const STREAM_WINDOW: usize = 64;
 
@@ -474,11 +468,36 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         Ok(Response::new(proto::CudaSharedMemoryUnregisterResponse {}))
     }
 
+    /// The trace extension: the server's settings (or a model's, over them), changed first when
+    /// the request names any (an empty value list clears one).
     async fn trace_setting(
         &self,
-        _: Request<proto::TraceSettingRequest>,
+        r: Request<proto::TraceSettingRequest>,
     ) -> Result<Response<proto::TraceSettingResponse>, Status> {
-        unimplemented("TraceSetting")
+        let r = r.into_inner();
+        let model = (!r.model_name.is_empty()).then_some(r.model_name.as_str());
+        if let Some(m) = model {
+            if let Err(e) = self.dispatch.model(m, "") {
+                if e.code == crate::error::Code::NotFound {
+                    return Err(Error::invalid(format!("Request for unknown model : {m}")).into());
+                }
+            }
+        }
+        let changes: Vec<crate::trace::Change> = r
+            .settings
+            .into_iter()
+            .map(|(k, v)| (k, (!v.value.is_empty()).then_some(v.value)))
+            .collect();
+        let settings = match changes.is_empty() {
+            true => crate::trace::tracer().settings(model),
+            false => crate::trace::update(model, &changes)?,
+        };
+        let settings = settings
+            .pairs()
+            .into_iter()
+            .map(|(k, value)| (k.to_string(), proto::trace_setting_response::SettingValue { value }))
+            .collect();
+        Ok(Response::new(proto::TraceSettingResponse { settings }))
     }
 
     async fn log_settings(

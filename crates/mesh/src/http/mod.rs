@@ -5,6 +5,7 @@ mod generate;
 pub mod json_data;
 mod raw;
 mod shm;
+mod trace;
 
 use std::sync::Arc;
 
@@ -111,6 +112,7 @@ pub fn router<D: Dispatch>(dispatch: Arc<D>, options: HttpOptions, shm: Arc<Shar
             )
                 .into_response()
         })
+        .merge(trace::routes())
         .with_state(state)
         .merge(shm::routes(shm))
 }

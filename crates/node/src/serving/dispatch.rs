@@ -10,7 +10,7 @@ use mesh::{
     Dispatch, Error, IndexEntry, InferRequest, InferResponse, LoadOptions, ModelView, Result, StreamItem, StreamSender,
 };
 
-use crate::actors::instance::Submission;
+use crate::actors::instance::{Executed, Submission};
 use crate::actors::manager::loader::Repositories;
 use crate::actors::manager::{ManagerLink, ManagerMsg};
 use crate::actors::model::LoadedVersion;
@@ -375,6 +375,7 @@ impl NodeDispatch {
             None => Error::unavailable(format!("model '{}' has no instances", request.model_name)),
         })?;
         let streamed = submission.sink.is_some();
+        let trace = mesh::trace::sample(&request.model_name);
         InFlight::begin(model);
         let mut guard = InFlight {
             model,
@@ -384,6 +385,9 @@ impl NodeDispatch {
         let result = instance.execute(submission).await;
         guard.finished = true;
         drop(guard);
+        if let Some(id) = trace {
+            record_trace(id, model, &request, start, result.as_ref().ok());
+        }
         match result {
             Ok(mut done) => {
                 if let Some(step) = step {
@@ -513,4 +517,34 @@ fn record_ensemble(model: &LoadedVersion, rows: usize, start: Instant, failed: O
                 .success(rows as u64, took, Duration::ZERO, &timings, Some(rows as u64));
         }
     }
+}
+
+/// Writes a traced request's timestamps, as Triton names them. The execution's own instants are
+/// placed back from its durations (the instance reports durations, not instants).
+fn record_trace(id: u64, model: &LoadedVersion, request: &InferRequest, start: Instant, done: Option<&Executed>) {
+    use mesh::trace::ns;
+    let end = Instant::now();
+    let mut stamps = vec![("REQUEST_START", ns(start))];
+    if let Some(done) = done {
+        let t = &done.timings;
+        let compute_start = end
+            .checked_sub(t.input + t.infer + t.output)
+            .map_or(start, |c| c.max(start));
+        let queue_start = compute_start.checked_sub(done.queued).map_or(start, |q| q.max(start));
+        stamps.extend([
+            ("QUEUE_START", ns(queue_start)),
+            ("COMPUTE_START", ns(compute_start)),
+            ("COMPUTE_INPUT_END", ns((compute_start + t.input).min(end))),
+            ("COMPUTE_OUTPUT_START", ns((compute_start + t.input + t.infer).min(end))),
+            ("COMPUTE_END", ns(end)),
+        ]);
+    }
+    stamps.extend([("REQUEST_END", ns(end)), ("INFER_RESPONSE_COMPLETE", ns(end))]);
+    mesh::trace::record(&mesh::trace::Trace {
+        id,
+        model: request.model_name.clone(),
+        version: model.version,
+        request_id: request.id.clone(),
+        stamps,
+    });
 }

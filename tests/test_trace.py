@@ -1,0 +1,117 @@
+"""The trace extension (issue 16, item 4): settings of the server and of each model over HTTP
+(`/v2/trace/setting`, `/v2/models/{m}/trace/setting`) and gRPC `TraceSetting`, with Triton's values
+and errors; and traced requests writing their timestamps to the trace file in Triton's JSON form,
+every `log_frequency` traces or at exit."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = [pytest.mark.server]
+
+CORE = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+        "COMPUTE_END", "REQUEST_END"]
+
+
+def repo_with_add_sub(models_dir, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(models_dir / "simple" / "add_sub", repo / "add_sub")
+    return repo
+
+
+def infer(server, request_id):
+    client = httpclient.InferenceServerClient(server.http_url)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        t = httpclient.InferInput(name, [1, 16], "FP32")
+        t.set_data_from_numpy(np.ones((1, 16), np.float32))
+        inputs.append(t)
+    client.infer("add_sub", inputs, request_id=request_id)
+
+
+def post(server, path, body):
+    r = server.post(path, json.dumps(body).encode())
+    return r.status, json.loads(r.body)
+
+
+def test_settings_round_trip_over_http_and_grpc(fresh_server, models_dir, tmp_path):
+    trace_file = str(tmp_path / "trace.json")
+    server = fresh_server([repo_with_add_sub(models_dir, tmp_path)], ["--trace-config", f"triton,file={trace_file}"],
+                          wait_models=["add_sub"])
+    assert server.get_json("/v2/trace/setting") == {
+        "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0",
+        "trace_file": trace_file, "trace_mode": "triton"}
+    status, body = post(server, "/v2/trace/setting", {"trace_level": ["TIMESTAMPS"], "trace_rate": "10"})
+    assert status == 200 and body["trace_level"] == ["TIMESTAMPS"] and body["trace_rate"] == "10"
+    # a model's settings start as the server's, and a null gives a setting back to them
+    status, body = post(server, "/v2/models/add_sub/trace/setting", {"trace_rate": "2", "trace_count": "5"})
+    assert (status, body["trace_rate"], body["trace_count"], body["trace_level"]) == (200, "2", "5", ["TIMESTAMPS"])
+    assert server.get_json("/v2/trace/setting")["trace_rate"] == "10", "the server's own are unchanged"
+    status, body = post(server, "/v2/models/add_sub/trace/setting", {"trace_rate": None})
+    assert body["trace_rate"] == "10" and body["trace_count"] == "5"
+    # gRPC sees and changes the same settings
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    got = grpc.get_trace_settings(model_name="add_sub", as_json=True)["settings"]
+    assert got["trace_count"]["value"] == ["5"] and got["trace_rate"]["value"] == ["10"]
+    changed = grpc.update_trace_settings(settings={"trace_rate": "3"}, as_json=True)["settings"]
+    assert changed["trace_rate"]["value"] == ["3"]
+    assert server.get_json("/v2/trace/setting")["trace_rate"] == "3"
+    with pytest.raises(InferenceServerException) as e:
+        grpc.update_trace_settings(model_name="nope", settings={"trace_rate": "3"})
+    assert "Request for unknown model : nope" in e.value.message()
+
+
+@pytest.mark.parametrize("path,body,words", [
+    ("/v2/trace/setting", {"trace_rate": "x"}, "Unable to parse 'trace_rate', got: x"),
+    ("/v2/trace/setting", {"trace_rate": "0"}, "sample rate must be non-zero"),
+    ("/v2/trace/setting", {"trace_count": "-5"}, "Expecting value >= -1, got:-5"),
+    ("/v2/trace/setting", {"trace_file": "/tmp/elsewhere.json"}, "can not be updated through network protocol"),
+    ("/v2/trace/setting", {"trace_level": ["LOUD"]}, "got 'LOUD'"),
+    ("/v2/models/nope/trace/setting", {"trace_rate": "3"}, "Request for unknown model : nope"),
+])
+def test_bad_settings_get_tritons_errors_and_change_nothing(fresh_server, models_dir, tmp_path, path, body, words):
+    server = fresh_server([repo_with_add_sub(models_dir, tmp_path)], [], wait_models=["add_sub"])
+    before = server.get_json("/v2/trace/setting")
+    status, answer = post(server, path, body)
+    assert status == 400 and words in answer["error"], (status, answer)
+    assert server.get_json("/v2/trace/setting") == before
+
+
+def test_traced_requests_write_their_timestamps_every_log_frequency(fresh_server, models_dir, tmp_path):
+    trace_file = tmp_path / "trace.json"
+    args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=1", "--trace-config", "log-frequency=2"]
+    server = fresh_server([repo_with_add_sub(models_dir, tmp_path)], args, wait_models=["add_sub"])
+    infer(server, "first")
+    assert not (tmp_path / "trace.json.0").exists(), "written once two traces are held"
+    infer(server, "second")
+    entries = json.loads((tmp_path / "trace.json.0").read_text())
+    heads = [e for e in entries if "model_name" in e]
+    assert [(h["model_name"], h["model_version"], h["request_id"]) for h in heads] == [
+        ("add_sub", 1, "first"), ("add_sub", 1, "second")]
+    first = heads[0]["id"]
+    stamps = [(e["timestamps"][0]["name"], e["timestamps"][0]["ns"]) for e in entries
+              if e["id"] == first and "timestamps" in e]
+    names = [n for n, _ in stamps]
+    assert [n for n in names if n in CORE] == CORE, names
+    times = dict(stamps)
+    assert [times[n] for n in CORE] == sorted(times[n] for n in CORE), "in the order they happened"
+
+
+def test_the_count_runs_out_and_the_rest_is_written_at_exit(fresh_server, models_dir, tmp_path):
+    trace_file = tmp_path / "trace.json"
+    server = fresh_server([repo_with_add_sub(models_dir, tmp_path)], ["--trace-config", f"triton,file={trace_file}"],
+                          wait_models=["add_sub"])
+    post(server, "/v2/models/add_sub/trace/setting", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1",
+                                                      "trace_count": "1"})
+    infer(server, "traced")
+    infer(server, "not traced")
+    assert server.get_json("/v2/models/add_sub/trace/setting")["trace_count"] == "0"
+    assert not trace_file.exists(), "log_frequency 0: written at exit"
+    assert server.stop() == 0
+    entries = json.loads(trace_file.read_text())
+    assert [e["request_id"] for e in entries if "request_id" in e] == ["traced"]
