@@ -19,7 +19,7 @@ from cluster_util import strip_ansi
 pytestmark = [pytest.mark.server]
 
 PY_MODELS = Path(__file__).parent / "python_models"
-MODELS = ["api_py", "async_py", "resched_py", "finalize_fails"]
+MODELS = ["api_py", "async_py", "async_plain_py", "resched_py", "finalize_fails"]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_custom_metrics_behave_and_are_exported(server):
     text = server.metrics()
     assert "# HELP api_py_checks checks run\n# TYPE api_py_checks counter\n" in text
     assert 'api_py_checks{kind="counter"} 2.5\n' in text
-    assert "# TYPE api_py_level gauge\napi_py_level 5\n" in text
+    assert "\napi_py_level 5\n" in text and 'api_py_level{case="not a number"} +Inf\n' in text
     for line in ['api_py_sizes_bucket{model="api_py",le="1"} 1', 'api_py_sizes_bucket{model="api_py",le="10"} 2',
                  'api_py_sizes_bucket{model="api_py",le="+Inf"} 3', 'api_py_sizes_sum{model="api_py"} 55.5',
                  'api_py_sizes_count{model="api_py"} 3']:
@@ -178,31 +178,50 @@ def test_without_triton_grpc_error_errors_stay_in_the_stream(server):
         client.stop_stream()
 
 
-def async_call(server, gather, fail=0):
-    client = httpclient.InferenceServerClient(server.http_url, concurrency=1, connection_timeout=120,
-                                              network_timeout=120)
-    inputs = []
-    for name, v in (("GATHER", gather), ("FAIL", fail)):
-        t = httpclient.InferInput(name, [1], "INT32")
-        t.set_data_from_numpy(np.array([v], np.int32))
-        inputs.append(t)
-    return client.async_infer("async_py", inputs)
+def async_stream(server, requests):
+    """Sends (gather, fail) requests to the decoupled async_py on one stream; answers by request id."""
+    answers = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    got = {}
+    try:
+        for n, (gather, fail) in enumerate(requests):
+            inputs = []
+            for name, v in (("GATHER", gather), ("FAIL", fail)):
+                t = grpcclient.InferInput(name, [1], "INT32")
+                t.set_data_from_numpy(np.array([v], np.int32))
+                inputs.append(t)
+            client.async_stream_infer("async_py", inputs, request_id=str(n))
+        while len(got) < len(requests):
+            result, error = answers.get(timeout=60)
+            if error is not None:
+                got[f"error {len(got)}"] = error.message()
+            else:
+                got[result.get_response().id] = int(result.as_numpy("SEEN")[0])
+    finally:
+        client.stop_stream()
+    return got
 
 
-def test_async_execute_runs_several_executions_at_once_on_one_instance(server):
+def test_a_decoupled_async_execute_runs_several_executions_at_once(server):
     # Each request waits until three are in flight at once: only overlapping executions get there
     # (one at a time, each would give up after 20 s having seen one).
-    pending = [async_call(server, 3) for _ in range(3)]
-    seen = [int(p.get_result().as_numpy("SEEN")[0]) for p in pending]
-    assert seen == [3, 3, 3]
+    assert async_stream(server, [(3, 0)] * 3) == {"0": 3, "1": 3, "2": 3}
 
 
-def test_an_async_execute_that_raises_fails_only_its_own_request(server):
-    ok, bad = async_call(server, 2), async_call(server, 2, fail=1)
-    assert int(ok.get_result().as_numpy("SEEN")[0]) == 2
-    with pytest.raises(InferenceServerException) as e:
-        bad.get_result()
-    assert "RuntimeError: async_py failed on purpose after seeing 2" in e.value.message()
+def test_a_decoupled_async_execute_that_raises_fails_only_its_own_request(server):
+    got = async_stream(server, [(2, 0), (2, 1)])
+    assert got["0"] == 2
+    errors = [v for k, v in got.items() if k.startswith("error")]
+    assert len(errors) == 1 and "RuntimeError: async_py failed on purpose after seeing 2" in errors[0], got
+
+
+def test_a_plain_async_execute_runs_one_execution_at_a_time_as_tritons(server):
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=3)
+    t = httpclient.InferInput("GATHER", [1], "INT32")
+    t.set_data_from_numpy(np.array([1], np.int32))
+    pending = [client.async_infer("async_plain_py", [t]) for _ in range(3)]
+    assert [int(p.get_result().as_numpy("SEEN")[0]) for p in pending] == [1, 1, 1]
 
 
 def test_a_rescheduled_request_runs_again_until_the_model_finishes_it(server):

@@ -142,13 +142,14 @@ class Host:
     def send(self, header, blobs=()):
         head = json.dumps(header).encode()
         blob = b"".join(blobs)
-        frames = []
-        while self.later:
-            extra = json.dumps(self.later.popleft()).encode()
-            frames.append(struct.pack("<II", len(extra), 0) + extra)
-        frames.append(struct.pack("<II", len(head), len(blob)) + head + blob)
+        frame = struct.pack("<II", len(head), len(blob)) + head + blob
         with self.write_lock:
-            self.sock.sendall(b"".join(frames))
+            # Frames left by __del__ go first, in order (taken under the lock, so two sending
+            # threads cannot swap them).
+            while self.later:
+                extra = json.dumps(self.later.popleft()).encode()
+                self.sock.sendall(struct.pack("<II", len(extra), 0) + extra)
+            self.sock.sendall(frame)
 
     def buffered_frame(self):
         """A complete frame already read, if there is one."""
@@ -426,7 +427,8 @@ class Host:
         answer = self.wait_answer(call_id, {"op": "metric", "call_id": call_id, **frame})
         if answer.get("error") is not None:
             raise _utils().TritonModelException(answer["error"])
-        return answer.get("value")
+        value = answer.get("value")
+        return float(value) if isinstance(value, str) else value
 
     def metric_later(self, frame, flush=False):
         """A metric operation needing no answer: sent now with `flush`, else with the next frame."""
@@ -480,17 +482,16 @@ class Host:
             if inspect.iscoroutine(result):
                 self.loop.run_until_complete(result)
         self.decoupled = bool(header.get("decoupled"))
-        # `async def execute`: executions run on an event loop of their own thread, several at
-        # once; each request is answered when its coroutine ends (mesh-node takes the next
-        # execute meanwhile).
-        concurrent = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
-        if self.decoupled or concurrent:
+        if self.decoupled:
             # Requests outlive execute(): their inputs are copied out of shared memory.
             self.start_reader()
-        if concurrent:
-            self.concurrent = True
-            threading.Thread(target=self.loop.run_forever, name="mesh-stub-loop", daemon=True).start()
-        return {"op": "ok", "async": concurrent}
+            # A decoupled `async def execute` runs on an event loop of its own thread, several
+            # executions at once, as Triton runs it (mesh-node takes the next execute meanwhile).
+            # A plain model's coroutine runs to completion, one execution at a time, as Triton's.
+            if inspect.iscoroutinefunction(getattr(self.model, "execute", None)):
+                self.concurrent = True
+                threading.Thread(target=self.loop.run_forever, name="mesh-stub-loop", daemon=True).start()
+        return {"op": "ok"}
 
     def requests_of(self, header, blob):
         import triton_python_backend_utils as pb_utils
@@ -559,45 +560,33 @@ class Host:
                 f"message: {type(e).__name__}: {e}\n\nAt:\n{at}")
 
     def execute_async(self, header, blob):
-        """execute() of an `async def execute` model: its coroutine is scheduled on the stub's
-        event loop and this returns at once; each request is answered (a stream frame with the final
-        flag) when the coroutine ends, or by its response sender when decoupled."""
+        """execute() of a decoupled `async def execute` model: its coroutine is scheduled on the
+        stub's event loop and this returns at once; the requests are answered by their response
+        senders. If the coroutine raises (or is cancelled), the requests it left open fail with it."""
         import triton_python_backend_utils as pb_utils
         seq = header["seq"]
-        decoupled = bool(header.get("decoupled"))
         requests = self.requests_of(header, blob)
         senders = []
         for i, req in enumerate(requests):
             cancelled = lambda key=(seq, i): key in self.cancelled
+            wanted = req.requested_output_names()
             req._cancelled = cancelled
-            if decoupled:
-                wanted = req.requested_output_names()
-                req._sender = pb_utils.ResponseSender(
-                    lambda r, f, i=i, w=wanted: self.stream(seq, i, w, r, f), cancelled)
-                senders.append(req._sender)
-
-        def fail(message):
-            error = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
-            for i, req in enumerate(requests):
-                if not decoupled:
-                    self.stream(seq, i, (), error, FINAL)
-                elif not senders[i]._closed:
-                    senders[i]._closed = True
-                    self.stream(seq, i, (), error, FINAL)
+            req._sender = pb_utils.ResponseSender(lambda r, f, i=i, w=wanted: self.stream(seq, i, w, r, f), cancelled)
+            senders.append(req._sender)
 
         async def run():
             try:
-                result = await self.model.execute(requests)
-            except Exception as e:  # noqa: BLE001 - fails this execution's requests only
-                return fail(self.failure(e))
-            if decoupled:
-                return None
-            if not isinstance(result, (list, tuple)) or len(result) != len(requests):
-                got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
-                return fail(f"execute() must return a list of {len(requests)} InferenceResponse, got {got}")
-            for i, (req, response) in enumerate(zip(requests, result)):
-                self.stream(seq, i, req.requested_output_names(), response, FINAL)
-            return None
+                await self.model.execute(requests)
+            except BaseException as e:  # noqa: BLE001 - fails this execution's open requests only
+                error = pb_utils.InferenceResponse(error=pb_utils.TritonError(self.failure(e)))
+                for i, sender in enumerate(senders):
+                    with sender._lock:
+                        if sender._closed:
+                            continue
+                        sender._closed = True
+                    self.stream(seq, i, (), error, FINAL)
+                if not isinstance(e, Exception):
+                    raise
 
         asyncio.run_coroutine_threadsafe(run(), self.loop)
         return {"op": "executed", "seq": seq}, []
@@ -621,9 +610,16 @@ class Host:
             return {"op": "responses", "responses": [{"error": message}] * len(requests)}, []
         blobs, blob_len = [], [0]
         again = rescheduled(requests)
-        responses = [{"rescheduled": True} if i in again and response is None
-                     else self.response_desc(response, blobs, blob_len, request.requested_output_names())
-                     for i, (request, response) in enumerate(zip(requests, result))]
+        responses = []
+        for i, (request, response) in enumerate(zip(requests, result)):
+            if i in again and response is None:
+                responses.append({"rescheduled": True})
+            elif i in again:  # as Triton: a rescheduled request's place in the list holds None
+                again.remove(i)
+                responses.append({"error": "Expected a None object in the execute function return list for "
+                                           "reschduled request"})
+            else:
+                responses.append(self.response_desc(response, blobs, blob_len, request.requested_output_names()))
         return {"op": "responses", "responses": responses, "reschedule": again}, blobs
 
     def serve(self):

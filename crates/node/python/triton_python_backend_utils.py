@@ -1,6 +1,7 @@
 """The mesh's own `triton_python_backend_utils`: the API Triton's Python models import as `pb_utils`,
 backed by the mesh stub (mesh_stub.py) instead of Triton's. Written for the mesh from the public API."""
 import json
+import math
 import sys
 import threading
 import traceback
@@ -382,6 +383,8 @@ class Metric:
             if buckets is None:
                 raise TritonModelException("a histogram metric needs buckets")
             frame["buckets"] = [float(b) for b in buckets]
+            if not all(math.isfinite(b) for b in frame["buckets"]):
+                raise TritonModelException("histogram buckets must be finite numbers (+Inf is implied)")
         _host().metric(frame)
         self._live = True
 
@@ -391,7 +394,9 @@ class Metric:
                 "Invalid metric operation as the corresponding 'MetricFamily' has been deleted.")
         frame = {"action": action, "family": self._name, "labels": self._labels}
         if value is not None:
-            frame["value"] = float(value)
+            value = float(value)
+            # NaN and infinities are not JSON: they travel as text ('nan', 'inf', '-inf').
+            frame["value"] = value if math.isfinite(value) else repr(value)
         if wait:
             return _host().metric(frame)
         _host().metric_later(frame, flush=True)

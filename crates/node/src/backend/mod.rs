@@ -102,12 +102,6 @@ pub trait Backend: Send {
         Err(Error::internal("this backend takes merged batches"))
     }
 
-    /// True when `execute_requests` may return before its requests are answered (an `async def
-    /// execute` still running): every request then gets a sink, and its answer is the last one sent.
-    fn answers_later(&self) -> bool {
-        false
-    }
-
     /// False for backends that wait on another process (Python): a BLS call they wait for may need
     /// the async runtime's threads, so they never run on one.
     fn may_run_inline(&self) -> bool {

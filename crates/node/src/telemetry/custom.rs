@@ -12,6 +12,18 @@ use serde_json::{json, Value};
 const MAX_METRICS: usize = 10_000;
 const MAX_FAMILIES: usize = 1_000;
 const MAX_BUCKETS: usize = 256;
+const MAX_LABELS: usize = 32;
+const MAX_TEXT: usize = 4096;
+
+/// Families the node exports itself: a custom family may not take their names.
+const RESERVED: [&str; 6] = [
+    "nv_inference_",
+    "nv_cache_",
+    "nv_cpu_",
+    "nv_gpu_",
+    "nv_energy_",
+    "mesh_",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -77,15 +89,26 @@ fn valid_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
 }
 
-fn labels_of(frame: &Value) -> Result<Labels, String> {
+fn labels_of(frame: &Value, kind: Kind) -> Result<Labels, String> {
     let mut labels = Labels::new();
-    for (k, v) in frame["labels"].as_object().into_iter().flatten() {
-        if !valid_name(k) || k.starts_with("__") {
+    let given = frame["labels"].as_object();
+    if given.is_some_and(|l| l.len() > MAX_LABELS) {
+        return Err(format!("a metric has at most {MAX_LABELS} labels"));
+    }
+    for (k, v) in given.into_iter().flatten() {
+        // Prometheus label names: no ':' (unlike metric names), none reserved.
+        if !valid_name(k) || k.contains(':') || k.starts_with("__") {
             return Err(format!("invalid metric label name '{k}'"));
+        }
+        if kind == Kind::Histogram && k == "le" {
+            return Err("a histogram metric cannot have a label named 'le' (its buckets use it)".into());
         }
         let v = v
             .as_str()
             .ok_or_else(|| format!("metric label '{k}' must be a string"))?;
+        if v.len() > MAX_TEXT {
+            return Err(format!("metric label '{k}' is longer than {MAX_TEXT} bytes"));
+        }
         labels.push((k.clone(), v.to_string()));
     }
     labels.sort();
@@ -112,6 +135,8 @@ impl Registry {
     /// `{"value": ...}` or `{"error": ...}`.
     pub fn apply(&self, holder: &str, frame: &Value) -> Value {
         match self.try_apply(holder, frame) {
+            // JSON has no NaN or infinities: those answer as text, which Python's float() reads.
+            Ok(value) if !value.is_finite() => json!({ "value": number(value) }),
             Ok(value) => json!({ "value": value }),
             Err(e) => json!({ "error": e }),
         }
@@ -124,6 +149,14 @@ impl Registry {
         if action == "family" {
             if !valid_name(name) {
                 return Err(format!("invalid metric family name '{name}'"));
+            }
+            if let Some(prefix) = RESERVED.iter().find(|p| name.starts_with(*p)) {
+                return Err(format!(
+                    "metric family name '{name}' is reserved for the server's own metrics ({prefix}*)"
+                ));
+            }
+            if frame["description"].as_str().is_some_and(|d| d.len() > MAX_TEXT) {
+                return Err(format!("a metric family description is at most {MAX_TEXT} bytes"));
             }
             let kind = frame["kind"]
                 .as_u64()
@@ -161,7 +194,7 @@ impl Registry {
             }
             return Ok(0.0);
         }
-        let labels = labels_of(frame)?;
+        let labels = labels_of(frame, family.kind)?;
         if action == "metric" {
             if !family.metrics.contains_key(&labels) && total >= MAX_METRICS {
                 return Err(format!("too many custom metrics (at most {MAX_METRICS})"));
@@ -191,7 +224,11 @@ impl Registry {
             .metrics
             .get_mut(&labels)
             .ok_or("Invalid metric operation as the corresponding 'Metric' has been deleted.")?;
-        let v = frame["value"].as_f64().unwrap_or(0.0);
+        // Numbers, or text for NaN and the infinities (which JSON cannot carry).
+        let v = match &frame["value"] {
+            Value::String(text) => text.parse::<f64>().unwrap_or(f64::NAN),
+            other => other.as_f64().unwrap_or(0.0),
+        };
         match (action, &mut metric.series) {
             ("metric_drop", _) => {
                 if take(&mut metric.holders, holder) {
@@ -253,7 +290,7 @@ impl Registry {
             for (labels, m) in &f.metrics {
                 match &m.series {
                     Series::Value(v) => {
-                        let _ = writeln!(out, "{name}{} {v}", label_text(labels, None));
+                        let _ = writeln!(out, "{name}{} {}", label_text(labels, None), number(*v));
                     }
                     Series::Histogram {
                         bounds,
@@ -265,7 +302,7 @@ impl Registry {
                             let _ = writeln!(out, "{name}_bucket{} {c}", label_text(labels, Some(&b.to_string())));
                         }
                         let _ = writeln!(out, "{name}_bucket{} {count}", label_text(labels, Some("+Inf")));
-                        let _ = writeln!(out, "{name}_sum{} {sum}", label_text(labels, None));
+                        let _ = writeln!(out, "{name}_sum{} {}", label_text(labels, None), number(*sum));
                         let _ = writeln!(out, "{name}_count{} {count}", label_text(labels, None));
                     }
                 }
@@ -291,6 +328,16 @@ fn buckets(value: &Value) -> Result<Vec<f64>, String> {
         return Err("histogram buckets must be in strictly increasing order".into());
     }
     Ok(bounds)
+}
+
+/// A sample value in Prometheus' text format (`NaN`, `+Inf`, `-Inf` for the special ones).
+fn number(v: f64) -> String {
+    match v {
+        v if v.is_nan() => "NaN".into(),
+        f64::INFINITY => "+Inf".into(),
+        f64::NEG_INFINITY => "-Inf".into(),
+        v => v.to_string(),
+    }
 }
 
 fn escape(text: &str, quote: bool) -> String {
@@ -363,6 +410,38 @@ mod tests {
         assert!(text.contains("g -4\n"), "{text}");
         let other = op(&r, "s", json!({"action": "family", "family": "c", "kind": 1}));
         assert!(other["error"].as_str().unwrap().contains("already exists"));
+        op(&r, "s", json!({"action": "set", "family": "g", "value": "nan"}));
+        assert!(
+            r.render().contains("g NaN\n"),
+            "NaN travels as text and renders as Prometheus'"
+        );
+        op(&r, "s", json!({"action": "set", "family": "g", "value": "-inf"}));
+        assert!(r.render().contains("g -Inf\n"));
+    }
+
+    #[test]
+    fn names_that_would_break_the_scrape_are_refused() {
+        let r = Registry::default();
+        let reserved = op(
+            &r,
+            "s",
+            json!({"action": "family", "family": "nv_inference_count", "kind": 0}),
+        );
+        assert!(reserved["error"].as_str().unwrap().contains("reserved"), "{reserved}");
+        op(&r, "s", json!({"action": "family", "family": "h", "kind": 2}));
+        let le = op(
+            &r,
+            "s",
+            json!({"action": "metric", "family": "h", "labels": {"le": "1"}, "buckets": [1]}),
+        );
+        assert!(le["error"].as_str().unwrap().contains("'le'"), "{le}");
+        let colon = op(
+            &r,
+            "s",
+            json!({"action": "metric", "family": "h", "labels": {"a:b": "1"}, "buckets": [1]}),
+        );
+        assert!(colon["error"].as_str().unwrap().contains("label name"), "{colon}");
+        assert_eq!(r.render().matches("# TYPE").count(), 1);
     }
 
     #[test]

@@ -1,4 +1,5 @@
 import json
+import math
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -11,6 +12,11 @@ def expect_error(call, words):
         assert words in str(e), f"{words!r} not in {e}"
         return
     raise AssertionError(f"expected an error with {words!r}")
+
+
+def hist_family_with_inf_bucket():
+    family = pb_utils.MetricFamily("api_py_inf_buckets", "refused", pb_utils.MetricFamily.HISTOGRAM)
+    return family.Metric(labels={}, buckets=[1.0, float("inf")])
 
 
 def check_metrics():
@@ -30,6 +36,12 @@ def check_metrics():
     g.set(7)
     g.increment(-2)
     assert g.value() == 5.0, g.value()
+    odd = gauge.Metric(labels={"case": "not a number"})
+    odd.set(float("nan"))  # not JSON: it travels as text, and the instance lives on
+    assert math.isnan(odd.value())
+    odd.set(float("inf"))
+    assert odd.value() == float("inf")
+    expect_error(lambda: hist_family_with_inf_bucket(), "finite")
     expect_error(lambda: pb_utils.MetricFamily("api_py_level", "x", pb_utils.MetricFamily.COUNTER), "already exists")
     hist = pb_utils.MetricFamily("api_py_sizes", "sizes seen", pb_utils.MetricFamily.HISTOGRAM)
     expect_error(lambda: hist.Metric(labels={}), "buckets")
@@ -42,7 +54,7 @@ def check_metrics():
     orphan = short.Metric()
     del short
     expect_error(lambda: orphan.set(1), "has been deleted")
-    return {"families": [counter, gauge, hist], "metrics": [c, same, g, h]}
+    return {"families": [counter, gauge, hist], "metrics": [c, same, g, h, odd]}
 
 
 class TritonPythonModel:

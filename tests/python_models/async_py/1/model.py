@@ -15,7 +15,6 @@ class TritonPythonModel:
     async def execute(self, requests):
         if self.changed is None:
             self.changed = asyncio.Condition()
-        responses = []
         for request in requests:
             gather = int(pb_utils.get_input_tensor_by_name(request, "GATHER").as_numpy()[0])
             fail = int(pb_utils.get_input_tensor_by_name(request, "FAIL").as_numpy()[0])
@@ -33,5 +32,7 @@ class TritonPythonModel:
                     self.most = 0  # the next group counts afresh
             if fail:
                 raise RuntimeError(f"async_py failed on purpose after seeing {seen}")
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", np.array([seen], np.int32))]))
-        return responses
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", np.array([seen], np.int32))]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None

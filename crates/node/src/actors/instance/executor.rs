@@ -112,68 +112,6 @@ fn views<'a>(subs: &[&'a Submission]) -> Vec<RequestView<'a>> {
         .collect()
 }
 
-type Answers = tokio::sync::mpsc::UnboundedReceiver<mesh::StreamItem>;
-
-/// For a backend that answers later: a sink for each request that has none (a client waiting for
-/// one response), and where its answer arrives.
-fn later_sinks(jobs: &[Job]) -> (Vec<Option<ResponseSink>>, Vec<Option<Answers>>) {
-    jobs.iter()
-        .map(|j| match j.sub.sink {
-            Some(_) => (None, None),
-            None => {
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                (Some(ResponseSink::new(tx, Default::default())), Some(rx))
-            }
-        })
-        .unzip()
-}
-
-/// A request answered later (an `async def execute` still running): its job and where its answer comes.
-struct Pending {
-    job: Job,
-    answers: Answers,
-    counts_execution: bool,
-}
-
-/// Waits, on a thread of its own, for the answers of requests an execution left running, and
-/// hands each to its caller (the instance meanwhile runs its next execution).
-fn answer_later(label: &str, pending: Vec<Pending>, started: Instant, timings: Timings, rows: usize) {
-    let wait = move || {
-        for mut p in pending {
-            let mut last = None;
-            while let Some(item) = p.answers.blocking_recv() {
-                if let Some(answer) = item.response {
-                    last = Some(answer.map(|r| r.outputs));
-                }
-                if item.last {
-                    break;
-                }
-            }
-            let answer = last.unwrap_or_else(|| Err(Error::internal("the model sent no response for the request")));
-            let timings = Timings {
-                infer: started.elapsed().saturating_sub(timings.input),
-                ..timings
-            };
-            let _ = p.job.reply.send(answer.map(|mut outputs| {
-                if !p.job.sub.outputs.is_empty() {
-                    outputs.retain(|o| p.job.sub.outputs.contains(&o.name));
-                }
-                Executed {
-                    outputs,
-                    timings,
-                    queued: started.saturating_duration_since(p.job.enqueued),
-                    batch_rows: rows,
-                    counts_execution: p.counts_execution,
-                }
-            }));
-        }
-    };
-    if let Err(e) = std::thread::Builder::new().name(format!("{label}-answers")).spawn(wait) {
-        // The jobs are dropped with the closure: their callers get an error, not silence.
-        tracing::error!(instance = %label, "cannot start a thread for the answers: {e}");
-    }
-}
-
 /// Runs merged tensors for the whole batch and splits the outputs back per request.
 fn run_merged(label: &str, exec: &Executor, backend: &mut dyn Backend, jobs: &[Job]) -> Result<(PerRequest, Timings)> {
     let rows: Vec<usize> = jobs.iter().map(|j| j.sub.rows).collect();
@@ -206,39 +144,18 @@ fn run_merged(label: &str, exec: &Executor, backend: &mut dyn Backend, jobs: &[J
 pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
     let started = Instant::now();
     let total: usize = jobs.iter().map(|j| j.sub.rows).sum();
-    let mut later: Vec<Option<Answers>> = Vec::new();
     let result = {
         let mut b = exec.backend.lock().unwrap_or_else(|p| p.into_inner());
         if b.takes_requests() {
             let subs: Vec<&Submission> = jobs.iter().map(|j| &j.sub).collect();
-            let mut views = views(&subs);
-            let sinks;
-            if b.answers_later() {
-                (sinks, later) = later_sinks(&jobs);
-                for (view, sink) in views.iter_mut().zip(&sinks) {
-                    if sink.is_some() {
-                        view.sink = sink.as_ref();
-                    }
-                }
-            }
-            exec.run_requests(label, &mut **b, &views)
+            exec.run_requests(label, &mut **b, &views(&subs))
         } else {
             run_merged(label, exec, &mut **b, &jobs)
         }
     };
     match result {
         Ok((parts, timings)) => {
-            let mut pending = Vec::new();
-            let mut later = later.into_iter();
             for (i, (job, outs)) in jobs.into_iter().zip(parts).enumerate() {
-                if let (Some(answers), Ok(_)) = (later.next().flatten(), &outs) {
-                    pending.push(Pending {
-                        job,
-                        answers,
-                        counts_execution: i == 0,
-                    });
-                    continue;
-                }
                 let answer = outs.map(|mut outs| {
                     if !job.sub.outputs.is_empty() {
                         outs.retain(|o| job.sub.outputs.contains(&o.name));
@@ -252,9 +169,6 @@ pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
                     }
                 });
                 let _ = job.reply.send(answer);
-            }
-            if !pending.is_empty() {
-                answer_later(label, pending, started, timings, total);
             }
         }
         Err(e) => {

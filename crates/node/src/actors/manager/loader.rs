@@ -95,7 +95,9 @@ pub fn load_ensemble(
     let lookup = |name: &str, version: &str| -> Result<StepModel, String> {
         let m = table.resolve(name, version).map_err(|e| e.message)?;
         Ok(StepModel {
-            decoupled: m.config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled),
+            // A nested ensemble with a decoupled step answers any number of times too.
+            decoupled: m.config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled)
+                || m.ensemble.as_ref().is_some_and(|plan| plan.decoupled),
             config: (*m.config).clone(),
         })
     };

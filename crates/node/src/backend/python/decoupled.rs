@@ -223,7 +223,7 @@ impl PythonBackend {
                 streams.close((seq, i));
             }
         };
-        let header = json!({"op": "execute", "seq": seq, "decoupled": self.decoupled, "requests": encoded});
+        let header = json!({"op": "execute", "seq": seq, "decoupled": true, "requests": encoded});
         if let Err(e) = self.send(&header, &blob) {
             close_all(&self.streams);
             return Err(e);

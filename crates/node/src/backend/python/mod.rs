@@ -180,9 +180,6 @@ pub struct PythonBackend {
     dead: Option<String>,
     /// `model_transaction_policy { decoupled: true }`: answers stream back per request.
     decoupled: bool,
-    /// `async def execute`: an execution returns at once and its requests are answered when its
-    /// coroutine ends, as a decoupled model's are (each with one answer unless decoupled).
-    concurrent: bool,
     /// Numbers executions, so a late frame of an earlier one is recognised.
     seq: u64,
     /// A decoupled model's requests still answering (read by the stub's reading thread).
@@ -214,20 +211,17 @@ impl PythonBackend {
         }
         let decoupled = config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled);
         let header = json!({"op": "initialize", "model_file": info.file, "args": args, "decoupled": decoupled});
-        let ready = call(&mut stub, &header, Some(Instant::now() + ctx.settings.execute_timeout))
+        call(&mut stub, &header, Some(Instant::now() + ctx.settings.execute_timeout))
             .map_err(|e| format!("initialize() failed: {e}"))?;
-        // `async def execute`: the stub runs executions on an event loop, several at once.
-        let concurrent = ready["async"].as_bool().unwrap_or(false);
         let mut backend = PythonBackend {
             stub,
             ctx,
             dead: None,
             decoupled,
-            concurrent,
             seq: 0,
             streams: Default::default(),
         };
-        if decoupled || concurrent {
+        if decoupled {
             backend.route_frames()?;
         }
         Ok(backend)
@@ -410,10 +404,6 @@ impl Backend for PythonBackend {
         true
     }
 
-    fn answers_later(&self) -> bool {
-        self.concurrent && !self.decoupled
-    }
-
     fn may_run_inline(&self) -> bool {
         false
     }
@@ -424,7 +414,17 @@ impl Backend for PythonBackend {
         let (mut results, mut timings, mut again) = self.execute_once(requests)?;
         while !again.is_empty() {
             let views: Vec<RequestView<'_>> = again.iter().map(|&i| requests[i]).collect();
-            let (answers, more, next) = self.execute_once(&views)?;
+            let (answers, more, next) = match self.execute_once(&views) {
+                Ok(round) => round,
+                Err(e) => {
+                    // Only the requests of this round fail: the others have their answers (a
+                    // decoupled one has already sent its final flag).
+                    for &i in &again {
+                        results[i] = Err(e.clone());
+                    }
+                    break;
+                }
+            };
             timings.infer += more.input + more.infer + more.output;
             for (k, answer) in answers.into_iter().enumerate() {
                 results[again[k]] = answer;
@@ -459,7 +459,7 @@ impl PythonBackend {
         if let Some(why) = &self.dead {
             return Err(Error::unavailable(why.clone()));
         }
-        if self.decoupled || self.concurrent {
+        if self.decoupled {
             return self.execute_decoupled(requests);
         }
         let t0 = Instant::now();

@@ -253,6 +253,7 @@ impl Stub {
             while let Ok((frame, _)) = self.recv(Some(deadline)) {
                 match frame["op"].as_str() {
                     Some("log") => super::log(&self.label, &frame),
+                    Some("metric") => super::metric(&self.answers(), &frame),
                     Some("error") => {
                         let message = frame["message"].as_str().unwrap_or_default().trim_end();
                         tracing::error!(instance = %self.label, "finalize() failed: {message}");
