@@ -19,7 +19,8 @@ from cluster_util import strip_ansi
 pytestmark = [pytest.mark.server]
 
 PY_MODELS = Path(__file__).parent / "python_models"
-MODELS = ["api_py", "async_py", "async_plain_py", "resched_py", "finalize_fails"]
+MODELS = ["api_py", "async_py", "async_plain_py", "resched_py", "finalize_fails", "seq_sum_py", "bls_api_py",
+          "add_sub_py"]
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +258,18 @@ def test_finalize_errors_are_logged_with_their_traceback(server):
     assert "finalize() failed" in text and "Traceback" in text and "RuntimeError: finalize_fails cannot let go" in text
     client.load_model("finalize_fails")
     assert client.is_model_ready("finalize_fails")
+
+
+def bls_api(server, value):
+    client = httpclient.InferenceServerClient(server.http_url)
+    t = httpclient.InferInput("MODE", [1], "BYTES")
+    t.set_data_from_numpy(np.array([value.encode()], dtype=np.object_))
+    return json.loads(client.infer("bls_api_py", [t]).as_numpy("OUT").reshape(-1)[0])
+
+
+def test_bls_correlation_id_and_flags_reach_a_sequence_model(server):
+    assert bls_api(server, "sequence") == {"sums": [1, 3, 6]}
+
+
+def test_bls_outputs_outlive_their_response_and_preferred_memory_is_accepted(server):
+    assert bls_api(server, "memory") == {"kept": [6.0, 6.0, 6.0, 6.0], "cpu": True}
