@@ -526,9 +526,8 @@ class Host:
         desc = None if response is None else self.response_desc(response, blobs, blob_len, wanted, inline=True)
         self.send({"op": "stream", "seq": seq, "index": index, "flags": flags, "response": desc}, blobs)
 
-    def execute_decoupled(self, header, blob):
-        """execute() of a decoupled model: answers go through each request's response sender, now or
-        later from the model's threads; mesh-node waits for every final flag."""
+    def decoupled_requests(self, header, blob):
+        """A decoupled execution's requests, each with its response sender and cancellation flag."""
         import triton_python_backend_utils as pb_utils
         seq = header["seq"]
         requests = self.requests_of(header, blob)
@@ -539,6 +538,12 @@ class Host:
             sender = pb_utils.ResponseSender(lambda r, f, i=i, w=wanted: self.stream(seq, i, w, r, f), cancelled)
             req._sender, req._cancelled = sender, cancelled
             senders.append(sender)
+        return seq, requests, senders
+
+    def execute_decoupled(self, header, blob):
+        """execute() of a decoupled model: answers go through each request's response sender, now or
+        later from the model's threads; mesh-node waits for every final flag."""
+        seq, requests, senders = self.decoupled_requests(header, blob)
         try:
             result = self.model.execute(requests)
             if inspect.iscoroutine(result):
@@ -564,15 +569,7 @@ class Host:
         stub's event loop and this returns at once; the requests are answered by their response
         senders. If the coroutine raises (or is cancelled), the requests it left open fail with it."""
         import triton_python_backend_utils as pb_utils
-        seq = header["seq"]
-        requests = self.requests_of(header, blob)
-        senders = []
-        for i, req in enumerate(requests):
-            cancelled = lambda key=(seq, i): key in self.cancelled
-            wanted = req.requested_output_names()
-            req._cancelled = cancelled
-            req._sender = pb_utils.ResponseSender(lambda r, f, i=i, w=wanted: self.stream(seq, i, w, r, f), cancelled)
-            senders.append(req._sender)
+        seq, requests, senders = self.decoupled_requests(header, blob)
 
         async def run():
             try:
