@@ -25,6 +25,10 @@ import traceback
 
 import numpy as np
 
+# The stub's own modules sit beside it (also when PYTHONSAFEPATH keeps the script's directory off sys.path).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mesh_stub_calls import ANSWERS, Calls  # noqa: E402
+
 ALIGN = 64
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _NP = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
@@ -69,8 +73,6 @@ def _utils():
 
 _UTILS = None
 
-# Frames mesh-node sends in answer to a call of this stub (a BLS call or a custom-metric operation).
-ANSWERS = ("bls_response", "bls_stream", "metric_reply")
 
 
 def rescheduled(requests):
@@ -78,7 +80,7 @@ def rescheduled(requests):
     return [i for i, r in enumerate(requests) if getattr(r, "_release_flags", 1) & 2]
 
 
-class Host:
+class Host(Calls):
     """The stub's side of the link: frames, shared memory, BLS calls, and the model's lifecycle."""
 
     def __init__(self, sock, shm_path, shm_size, spin_us=0):
@@ -290,152 +292,6 @@ class Host:
             else:
                 array.flags.writeable = False
         return _utils().Tensor(desc["name"], array, _dtype=dtype)
-
-    # ---- BLS ----
-    def bls_message(self, request):
-        blobs, blob_len = [], [0]
-        call_id = next(self.calls)
-        version = request.model_version
-        header = {
-            "op": "bls", "call_id": call_id, "model": request.model_name,
-            "version": "" if version is None or int(version) < 0 else str(version),
-            "id": request.request_id(), "outputs": list(request.requested_output_names()),
-            "parameters": request.parameters(), "timeout": request.timeout(),
-            "correlation_id": request.correlation_id(), "flags": request.flags(),
-            # Inline when executions overlap (a decoupled or async model): the shared memory is
-            # started afresh by the next execute, which this call may outlive.
-            "inputs": [self.encode(t, blobs, blob_len, inline=self.inbox is not None) for t in request.inputs()],
-        }
-        return call_id, header, blobs
-
-    def bls_result(self, header, blob):
-        import triton_python_backend_utils as pb_utils
-        if header.get("error") is not None:
-            code = header.get("code", pb_utils.TritonError.INTERNAL)
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(header["error"], code))
-        return pb_utils.InferenceResponse([self.decode(d, blob, copy=True) for d in header["outputs"]])
-
-    def bls(self, request):
-        call_id, header, blobs = self.bls_message(request)
-        header["sync"] = True
-        return self.wait_answer(call_id, header, blobs)
-
-    def wait_answer(self, call_id, header, blobs=()):
-        """Sends a call mesh-node answers and waits for the answer on this thread."""
-        box = []
-        if self.inbox is not None:  # the reader thread completes the call
-            arrived = threading.Event()
-            with self.pending_lock:
-                self.pending[call_id] = lambda result: (box.append(result), arrived.set())
-            self.send(header, blobs)
-            arrived.wait()
-            return box[0]
-        with self.pending_lock:
-            self.pending[call_id] = box.append
-        self.send(header, blobs)
-        while not box:  # read answers on this thread until ours is in, whoever read it
-            frame, blob = self.recv(self.spin, until=box)
-            if frame is None:
-                raise RuntimeError("mesh-node closed the link")
-            if frame.get("op") in ANSWERS:
-                self.complete(frame, blob)
-        return box[0]
-
-    async def await_call(self, call_id, header, blobs, on_answer, done):
-        """Sends a BLS call and awaits `done`, which `on_answer` resolves; without a reading thread
-        the event loop reads the socket meanwhile (several calls may be awaited at once)."""
-        loop = asyncio.get_running_loop()
-        with self.pending_lock:
-            self.pending[call_id] = on_answer
-        watch = self.inbox is None
-        if watch and not self.watching:
-            loop.add_reader(self.sock.fileno(), self.on_readable)
-            self.watching = True
-        self.send(header, blobs)
-        try:
-            return await done
-        finally:
-            if watch:
-                with self.pending_lock:
-                    idle = not self.pending
-                if idle and self.watching:
-                    loop.remove_reader(self.sock.fileno())
-                    self.watching = False
-
-    async def bls_async(self, request):
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        call_id, header, blobs = self.bls_message(request)
-        if self.inbox is None:
-            on_answer = future.set_result
-        else:  # the reading thread completes the call
-            on_answer = lambda result: loop.call_soon_threadsafe(future.set_result, result)  # noqa: E731
-        return await self.await_call(call_id, header, blobs, on_answer, future)
-
-    def bls_stream(self, request):
-        """A decoupled BLS call: yields the responses as they arrive; a bare final flag ends it."""
-        call_id, header, blobs = self.bls_message(request)
-        header["decoupled"] = True
-        answers = queue.SimpleQueue()
-        with self.pending_lock:
-            self.pending[call_id] = lambda result, last: answers.put((result, last))
-        self.send(header, blobs)
-        while True:
-            if self.inbox is None:  # no reader thread: read frames here until ours is in
-                while answers.empty():
-                    frame, blob = self.recv(self.spin)
-                    if frame is None:
-                        raise RuntimeError("mesh-node closed the link")
-                    if frame.get("op") in ANSWERS:
-                        self.complete(frame, blob)
-            result, last = answers.get()
-            if result is not None:
-                yield result
-            if last:
-                return
-
-    async def bls_stream_async(self, request):
-        """async_exec(decoupled=True): every response, once the final flag has come."""
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        call_id, header, blobs = self.bls_message(request)
-        header["decoupled"] = True
-        got = []
-
-        def on_answer(result, last):
-            if result is not None:
-                got.append(result)
-            if last:
-                loop.call_soon_threadsafe(done.set_result, got)
-
-        return await self.await_call(call_id, header, blobs, on_answer, done)
-
-    def log(self, level, message, depth=2):
-        """A line for the server's log, with the model file and line that wrote it (as Triton's
-        `model.py:42]` prefix says)."""
-        frame = {"op": "log", "level": level, "message": str(message)}
-        try:
-            caller = sys._getframe(depth)
-            frame["at"] = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
-        except ValueError:
-            pass
-        self.send(frame)
-
-    def metric(self, frame):
-        """A custom-metric operation mesh-node answers: its value, or TritonModelException."""
-        call_id = next(self.calls)
-        answer = self.wait_answer(call_id, {"op": "metric", "call_id": call_id, **frame})
-        if answer.get("error") is not None:
-            raise _utils().TritonModelException(answer["error"])
-        value = answer.get("value")
-        return float(value) if isinstance(value, str) else value
-
-    def metric_later(self, frame, flush=False):
-        """A metric operation needing no answer: sent now with `flush`, else with the next frame."""
-        if flush:
-            self.send({"op": "metric", **frame})
-        else:
-            self.later.append({"op": "metric", **frame})
 
     # ---- the model ----
     def load_module(self, path):

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use super::ipc::{read_frame, write_frame, Shm};
 
 const STUB_PY: &str = include_str!("../../../python/mesh_stub.py");
+const CALLS_PY: &str = include_str!("../../../python/mesh_stub_calls.py");
 const UTILS_PY: &str = include_str!("../../../python/triton_python_backend_utils.py");
 const TENSORFLOW_PY: &str = include_str!("../../../python/mesh_tensorflow.py");
 /// How long a new stub may take to import numpy and connect.
@@ -34,6 +35,7 @@ fn runtime_dir() -> Result<&'static Path, String> {
         let write = || -> std::io::Result<()> {
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("mesh_stub.py"), STUB_PY)?;
+            std::fs::write(dir.join("mesh_stub_calls.py"), CALLS_PY)?;
             std::fs::write(dir.join("triton_python_backend_utils.py"), UTILS_PY)?;
             std::fs::write(dir.join("mesh_tensorflow.py"), TENSORFLOW_PY)?;
             Ok(())
