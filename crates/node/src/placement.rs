@@ -120,6 +120,9 @@ pub fn restrict(found: &[GpuInfo], allowed: Option<&[i32]>) -> Result<Vec<GpuInf
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstancePlacement {
     pub name: String,
+    /// The name Triton gives it (a Python model's `model_instance_name`): its group's name alone
+    /// when the group has one instance, else `<group>_<index>` like `name`.
+    pub triton_name: String,
     /// Index into `instance_group` (0 for the implicit group of a config without one).
     pub group: usize,
     pub device: Device,
@@ -197,10 +200,12 @@ pub fn place_instances(config: &ModelConfig, gpus: &[i32]) -> Result<Vec<Instanc
             ));
         }
         let mut n = 0;
+        let alone = devices.len() * count == 1;
         for device in devices {
             for _ in 0..count {
                 let name = format!("{gname}_{n}");
                 out.push(InstancePlacement {
+                    triton_name: if alone { gname.clone() } else { name.clone() },
                     name,
                     group: gi,
                     device,
@@ -352,6 +357,12 @@ mod tests {
         let placed = place_instances(&config(groups), &[0]).unwrap();
         let got: Vec<(&str, usize)> = placed.iter().map(|p| (p.name.as_str(), p.group)).collect();
         assert_eq!(got, [("m_0_0", 0), ("m_1_0", 1), ("fast_0", 2)]);
+        // Triton's names: a group of one is named by its group alone, a larger group per instance.
+        let triton: Vec<&str> = placed.iter().map(|p| p.triton_name.as_str()).collect();
+        assert_eq!(triton, ["m_0", "m_1", "fast"]);
+        let pair = place_instances(&config(vec![group("", Kind::Cpu, 2, &[])]), &[]).unwrap();
+        let triton: Vec<&str> = pair.iter().map(|p| p.triton_name.as_str()).collect();
+        assert_eq!(triton, ["m_0_0", "m_0_1"]);
         let dup = vec![group("m_1", Kind::Cpu, 1, &[]), group("", Kind::Cpu, 1, &[])];
         assert_eq!(err(dup, &[]), "instance group name 'm_1' is used twice");
     }

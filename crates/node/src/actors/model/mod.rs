@@ -258,7 +258,7 @@ impl Supervised {
             let inst = match kept {
                 Some(i) => i.clone(),
                 None => {
-                    let factory = self.source.factory(&config, &label, p.device, None);
+                    let factory = self.source.factory(&config, &label, p, None);
                     let i = spawn_instance(me, &self.source, &config, label.clone(), factory).await?;
                     fresh.push(i.clone());
                     i
@@ -301,7 +301,7 @@ impl Actor for ModelActor {
         let mut devices = HashMap::new();
         for (p, first) in placements {
             let label = label(&source, &p);
-            let factory = source.factory(&config, &label, p.device, first);
+            let factory = source.factory(&config, &label, &p, first);
             instances.push(spawn_instance(&myself, &source, &config, label.clone(), factory).await?);
             devices.insert(label, p.device);
         }

@@ -39,11 +39,13 @@ impl VersionSource {
         &self,
         config: &Arc<ModelConfig>,
         label: &str,
-        device: Device,
+        placement: &crate::placement::InstancePlacement,
         first: Option<Box<dyn Backend>>,
     ) -> BackendFactory {
+        let device = placement.device;
         if matches!(self.kind, BackendKind::Python | BackendKind::TensorFlow) {
             let (source, cfg, label) = (self.clone(), config.clone(), label.to_string());
+            let triton_name = placement.triton_name.clone();
             return Arc::new(move || {
                 // A TensorFlow model's file is its SavedModel or GraphDef; the stub runs the runner.
                 let runner = match source.kind {
@@ -52,6 +54,7 @@ impl VersionSource {
                 };
                 let info = InstanceInfo {
                     name: &label,
+                    triton_name: &triton_name,
                     gpu: match device {
                         Device::Gpu(i) => Some(i),
                         Device::Cpu => None,

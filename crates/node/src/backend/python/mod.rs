@@ -74,7 +74,10 @@ pub struct PythonContext {
 
 /// Where one instance runs, for `initialize(args)`.
 pub struct InstanceInfo<'a> {
+    /// The node's label of the instance (its logs).
     pub name: &'a str,
+    /// Triton's name of the instance (`model_instance_name`).
+    pub triton_name: &'a str,
     pub gpu: Option<i32>,
     pub version: i64,
     pub model_dir: &'a Path,
@@ -199,8 +202,8 @@ impl PythonBackend {
         let mut args = json!({
             "model_config": config_to_json(config).to_string(),
             "model_instance_kind": if info.gpu.is_some() { "GPU" } else { "CPU" },
-            // Triton's `<model>_<group>_<index>`; the node's label adds the version for its logs.
-            "model_instance_name": info.name.strip_suffix(&format!("_v{}", info.version)).unwrap_or(info.name),
+            // Triton's `<group>_<index>`, or `<group>` for a group of one (`<model>_0` by default).
+            "model_instance_name": info.triton_name,
             "model_instance_device_id": info.gpu.unwrap_or(0).to_string(),
             "model_repository": info.model_dir,
             "model_version": info.version.to_string(),
