@@ -128,7 +128,8 @@ impl Tracer {
         Ok(())
     }
 
-    fn resolve(&self, model: Option<&str>) -> Settings {
+    /// The settings of the server (`model` None) or of one model (its own over the server's).
+    pub fn settings(&self, model: Option<&str>) -> Settings {
         let model = model.and_then(|m| self.models.get(m));
         let pick = |f: fn(&Fields) -> Option<u64>| {
             model
@@ -147,11 +148,6 @@ impl Tracer {
             log_frequency: pick(|f| f.log_frequency),
             file: self.file.clone(),
         }
-    }
-
-    /// The settings of the server (`model` None) or of one model.
-    pub fn settings(&self, model: Option<&str>) -> Settings {
-        self.resolve(model)
     }
 
     /// Changes settings of the server or of one model; all or nothing.
@@ -173,14 +169,14 @@ impl Tracer {
             Some(m) => drop(self.models.insert(m.to_string(), fields)),
             None => self.global = fields,
         }
-        Ok(self.resolve(model))
+        Ok(self.settings(model))
     }
 
     /// Whether this request of `model` is traced (and, if so, its trace id): the level traces,
     /// it is the first of each `trace_rate` requests, and `trace_count` is not used up (each
     /// traced request takes one from the count of the scope that sets it).
     pub fn sample(&mut self, model: &str) -> Option<u64> {
-        let settings = self.resolve(Some(model));
+        let settings = self.settings(Some(model));
         if !settings.traces() || settings.count == 0 {
             return None;
         }
@@ -211,7 +207,7 @@ impl Tracer {
                 .push(serde_json::json!({"id": trace.id, "timestamps": [{"name": name, "ns": ns}]}));
         }
         self.pending_traces += 1;
-        let every = self.resolve(Some(&trace.model)).log_frequency;
+        let every = self.settings(Some(&trace.model)).log_frequency;
         if every == 0 || self.pending_traces < every || self.file.is_empty() {
             return None;
         }
@@ -319,12 +315,22 @@ pub fn ns(at: Instant) -> u64 {
     }
 }
 
+/// A model's settings need the model: an unknown one is Triton's 400.
+pub fn known_model<D: crate::dispatch::Dispatch + ?Sized>(dispatch: &D, model: &str) -> Result<()> {
+    match dispatch.model(model, "") {
+        Err(e) if e.code == crate::error::Code::NotFound => {
+            Err(Error::invalid(format!("Request for unknown model : {model}")))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Whether any scope traces: requests skip the tracer's lock while none does.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
 impl Tracer {
     fn active(&self) -> bool {
-        self.resolve(None).traces() || self.models.keys().any(|m| self.resolve(Some(m)).traces())
+        self.settings(None).traces() || self.models.keys().any(|m| self.settings(Some(m)).traces())
     }
 }
 

@@ -58,6 +58,16 @@ pub(super) fn timeout_of(params: &Params) -> Option<Duration> {
         .map(Duration::from_micros)
 }
 
+/// A step's error as the ensemble's, naming the step and its model. The step's code stays: bad
+/// client data found by a step is still the client's error.
+pub(super) fn step_error(plan: &Plan, n: usize, e: Error) -> Error {
+    let model = &plan.steps[n].model;
+    Error::new(
+        e.code,
+        format!("ensemble '{}' step {n} (model '{model}'): {}", plan.name, e.message),
+    )
+}
+
 /// Keeps a step's outputs as the ensemble's tensors. An output the step left out (an optional
 /// one) is absent: the steps it feeds run without it, and fail as their model says if they need it.
 pub(super) fn store_outputs(step: &Step, mut produced: Vec<NamedTensor>, tensors: &mut HashMap<String, Tensor>) {
@@ -136,9 +146,7 @@ async fn run_steps<D: Dispatch + ?Sized>(plan: &Plan, dispatch: &D, request: Inf
     }
     while let Some((n, answer)) = running.next().await {
         let step = &plan.steps[n];
-        let at = || format!("ensemble '{}' step {n} (model '{}')", plan.name, step.model);
-        // The step's code stays: bad client data found by a step is still the client's error.
-        let response = answer.map_err(|e| Error::new(e.code, format!("{}: {}", at(), e.message)))?;
+        let response = answer.map_err(|e| step_error(plan, n, e))?;
         store_outputs(step, response.outputs, &mut tensors);
         for next in progress.step_done(plan, n) {
             let req = step_request(&plan.steps[next], &tensors, &id, &parameters);

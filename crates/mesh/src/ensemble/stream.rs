@@ -9,7 +9,7 @@ use std::pin::Pin;
 use futures::stream::{FuturesUnordered, SelectAll, StreamExt};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::run::{outputs_of, step_request, store_outputs, timeout_of};
+use super::run::{outputs_of, step_error, step_request, store_outputs, timeout_of};
 use super::{Plan, Progress};
 use crate::dispatch::Dispatch;
 use crate::error::{Error, Result};
@@ -113,13 +113,6 @@ impl<'a, D: Dispatch + ?Sized> Run<'a, D> {
         Ok(())
     }
 
-    fn at(&self, n: usize) -> String {
-        format!(
-            "ensemble '{}' step {n} (model '{}')",
-            self.plan.name, self.plan.steps[n].model
-        )
-    }
-
     /// A new branch from `b` with the decoupled step `n`'s answer; its next steps start.
     fn fork(&mut self, b: usize, n: usize, response: InferResponse) -> Result<usize> {
         let parent = self.branches[b].as_ref().expect("a live branch");
@@ -205,7 +198,7 @@ async fn branches<D: Dispatch + ?Sized>(
     loop {
         tokio::select! {
             Some((b, n, answer)) = run.calls.next(), if !run.calls.is_empty() => {
-                let response = answer.map_err(|e| Error::new(e.code, format!("{}: {}", run.at(n), e.message)))?;
+                let response = answer.map_err(|e| step_error(plan, n, e))?;
                 let branch = run.branches[b].as_mut().expect("a live branch");
                 branch.calls -= 1;
                 store_outputs(&plan.steps[n], response.outputs, &mut branch.tensors);
@@ -216,7 +209,7 @@ async fn branches<D: Dispatch + ?Sized>(
             Some((b, n, item)) = run.items.next(), if !run.items.is_empty() => {
                 let answer = item
                     .response
-                    .map(|a| a.map_err(|e| Error::new(e.code, format!("{}: {}", run.at(n), e.message))))
+                    .map(|a| a.map_err(|e| step_error(plan, n, e)))
                     .transpose()?;
                 let branch = run.branches[b].as_mut().expect("a live branch");
                 if let Some(response) = answer {

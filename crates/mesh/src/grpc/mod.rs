@@ -477,11 +477,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         let r = r.into_inner();
         let model = (!r.model_name.is_empty()).then_some(r.model_name.as_str());
         if let Some(m) = model {
-            if let Err(e) = self.dispatch.model(m, "") {
-                if e.code == crate::error::Code::NotFound {
-                    return Err(Error::invalid(format!("Request for unknown model : {m}")).into());
-                }
-            }
+            crate::trace::known_model(&*self.dispatch, m)?;
         }
         let changes: Vec<crate::trace::Change> = r
             .settings

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::{error_response, AppState};
 use crate::dispatch::Dispatch;
 use crate::error::{Error, Result};
-use crate::trace::{tracer, update, Change};
+use crate::trace::{known_model, tracer, update, Change};
 
 pub(super) fn routes<D: Dispatch>() -> Router<Arc<AppState<D>>> {
     Router::new()
@@ -49,16 +49,6 @@ fn changes(body: &Bytes) -> Result<Vec<Change>> {
         .collect()
 }
 
-/// The model must exist, as Triton checks (its message, a 400).
-fn known<D: Dispatch>(s: &AppState<D>, model: &str) -> Result<()> {
-    match s.dispatch.model(model, "") {
-        Err(e) if e.code == crate::Code::NotFound => {
-            Err(Error::invalid(format!("Request for unknown model : {model}")))
-        }
-        _ => Ok(()),
-    }
-}
-
 fn answer(result: Result<crate::trace::Settings>) -> Response {
     match result {
         Ok(settings) => Json(settings.to_json()).into_response(),
@@ -75,12 +65,12 @@ async fn post_global(body: Bytes) -> Response {
 }
 
 async fn get_model<D: Dispatch>(State(s): State<Arc<AppState<D>>>, Path(m): Path<String>) -> Response {
-    answer(known(&s, &m).map(|()| tracer().settings(Some(&m))))
+    answer(known_model(&*s.dispatch, &m).map(|()| tracer().settings(Some(&m))))
 }
 
 async fn post_model<D: Dispatch>(State(s): State<Arc<AppState<D>>>, Path(m): Path<String>, body: Bytes) -> Response {
     answer(
-        known(&s, &m)
+        known_model(&*s.dispatch, &m)
             .and_then(|()| changes(&body))
             .and_then(|c| update(Some(&m), &c)),
     )
