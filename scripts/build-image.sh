@@ -18,6 +18,7 @@
 # makes it, and the example's models).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
+argv=("$@")
 tag=localhost/mesh:latest
 smoke=1
 while [ $# -gt 0 ]; do
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
 done
 [ "$(id -u)" = 0 ] || { echo "build-image: needs root (podman import/build/mount, chroot)" >&2; exit 2; }
 if [ -z "${MESH_IMAGE_NS:-}" ]; then
-  MESH_IMAGE_NS=1 exec unshare --mount --propagation private -- "$0" "$@"
+  MESH_IMAGE_NS=1 exec unshare --mount --propagation private -- "$0" "${argv[@]}"
 fi
 say() { echo "build-image: $*"; }
 t0=$(date +%s)

@@ -25,6 +25,7 @@ set -euo pipefail
 PREREQS=(ca-certificates python3 python3-venv gcc g++ libc6-dev)
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
+argv=("$@")
 rev=HEAD
 keep=0
 without=()
@@ -47,7 +48,7 @@ done
 [ "$(id -u)" = 0 ] || { echo "check-fresh: needs root (debootstrap, chroot, mounts)" >&2; exit 2; }
 # Mounts made below vanish with this private mount namespace, whatever ends the script.
 if [ -z "${MESH_FRESH_NS:-}" ]; then
-  MESH_FRESH_NS=1 exec unshare --mount --propagation private -- "$0" "$@"
+  MESH_FRESH_NS=1 exec unshare --mount --propagation private -- "$0" "${argv[@]}"
 fi
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/mesh-fresh.XXXXXX")
@@ -233,3 +234,4 @@ step prereqs prerequisites
 step clone clone
 step setup setup
 step serve serve
+sed -n 's/^check: /  /p' "$logs/serve.log"
