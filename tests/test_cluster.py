@@ -374,9 +374,10 @@ def test_router_metrics_count_requests_nodes_and_links(cluster, http):
     assert all(v >= 0 for _, v in metric(after, "mesh_router_inflight"))
 
 
-def test_model_control_through_the_router_says_where_to_do_it(cluster):
-    """The router does not place models yet: load/unload answer UNSUPPORTED (501) naming the nodes."""
+def test_model_control_through_the_router_needs_explicit_mode(cluster):
+    """A router in the default control mode (none) refuses load/unload as tritonserver does, 503
+    with its message (tests/test_access.py: no code runs; test_cluster_placement.py: explicit mode)."""
     for path in ("/v2/repository/models/add_sub/load", "/v2/repository/models/add_sub/unload"):
         r = http_request(cluster.router.http_port, "POST", path, body=b"")
-        assert r.status == 501, (path, r.status)
-        assert b"through mesh-router" in r.body and b"on the nodes" in r.body, r.body
+        assert r.status == 503, (path, r.status)
+        assert b"explicit model load / unload is not allowed" in r.body, r.body

@@ -68,12 +68,10 @@ impl Labels {
         let mut by_output = HashMap::new();
         for output in config.output.iter().filter(|o| !o.label_filename.is_empty()) {
             let file = Path::new(&output.label_filename);
-            if file.is_absolute() || file.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-                return Err(Error::invalid(format!(
-                    "output '{}': label_filename '{}' must be a file inside the model directory",
-                    output.name, output.label_filename
-                )));
-            }
+            crate::repository::check_file_in_model(
+                &format!("output '{}': label_filename", output.name),
+                &output.label_filename,
+            )?;
             let text = std::fs::read_to_string(model_dir.join(file)).map_err(|e| {
                 Error::invalid(format!(
                     "output '{}': cannot read label_filename '{}': {e}",

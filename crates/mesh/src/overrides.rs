@@ -37,6 +37,8 @@ fn safe_relative(path: &str) -> Result<PathBuf> {
 /// Writes `file:` overrides into a fresh directory laid out like a model directory.
 /// Returns the guard and the model directory (`<temporary root>/<name>`).
 pub fn write_override_dir(name: &str, files: &[(String, bytes::Bytes)]) -> Result<(OverrideDir, PathBuf)> {
+    // The name becomes a directory: checked before anything is written.
+    crate::repository::check_model_name(name)?;
     if files.len() > MAX_OVERRIDE_FILES {
         return Err(Error::invalid(format!(
             "at most {MAX_OVERRIDE_FILES} file overrides per load"
@@ -66,6 +68,17 @@ mod tests {
         for bad in ["../x", "/etc/passwd", "1/../../x", "", "./a"] {
             assert!(safe_relative(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_traversal_name_writes_nothing() {
+        let files = vec![("x".to_string(), bytes::Bytes::from_static(b"x"))];
+        let escape = std::env::temp_dir().join(format!("mesh-esc-{}", std::process::id()));
+        for name in ["../../../tmp/esc", escape.to_str().unwrap(), "..", "a/b"] {
+            let e = write_override_dir(name, &files).unwrap_err();
+            assert_eq!(e.code, crate::Code::InvalidArgument, "{name}");
+        }
+        assert!(!escape.exists());
     }
 
     #[test]

@@ -1,7 +1,51 @@
 //! Model repository layout shared by mesh-node and mesh-router: the model directories of the
-//! repositories (Triton's layout) and their numeric version folders.
+//! repositories (Triton's layout), their numeric version folders, and the rules for names from
+//! clients and configs that become paths in them.
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
+
+use crate::{Error, Result};
+
+/// The longest model name accepted where a name becomes a directory (a file name's usual limit).
+pub const MAX_MODEL_NAME_BYTES: usize = 255;
+
+/// Checks a model name that becomes a directory name (load, unload, overrides, placement): one
+/// path component, not `.` or `..`, without `/`, `\` or NUL, at most [`MAX_MODEL_NAME_BYTES`].
+/// Anything else could name a directory outside the repository.
+pub fn check_model_name(name: &str) -> Result<()> {
+    let why = if name.is_empty() {
+        "it is empty"
+    } else if name.len() > MAX_MODEL_NAME_BYTES {
+        "it is longer than 255 bytes"
+    } else if name == "." || name == ".." {
+        "it is '.' or '..'"
+    } else if name.contains(['/', '\\']) {
+        "it contains '/' or '\\'"
+    } else if name.contains('\0') {
+        "it contains a NUL character"
+    } else {
+        return Ok(());
+    };
+    let shown: String = name.chars().take(64).flat_map(char::escape_debug).collect();
+    Err(Error::invalid(format!(
+        "invalid model name '{shown}': {why}; a model name must be one path component (not '.' or '..', no '/', \
+         '\\' or NUL, at most {MAX_MODEL_NAME_BYTES} bytes)"
+    )))
+}
+
+/// Checks a file name a config gives (`label_filename`, `default_model_filename`): a relative path
+/// that stays inside the model's directory.
+pub fn check_file_in_model(field: &str, path: &str) -> Result<()> {
+    let p = Path::new(path);
+    let inside = !path.is_empty() && !path.contains('\0') && p.components().all(|c| matches!(c, Component::Normal(_)));
+    if inside {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "{field} '{}' must be a file inside the model directory (a relative path without '..')",
+        path.escape_debug()
+    )))
+}
 
 /// A model directory found in a repository.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +111,39 @@ pub fn version_dirs(model: &Path) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn model_names_are_one_path_component() {
+        for ok in ["m", "add_sub", "ocr.v2", "a-b", "名前", &"x".repeat(255)] {
+            assert!(check_model_name(ok).is_ok(), "{ok}");
+        }
+        let long = "x".repeat(256);
+        for (bad, why) in [
+            ("", "empty"),
+            (".", "'.' or '..'"),
+            ("..", "'.' or '..'"),
+            ("../../../tmp/esc", "'/'"),
+            ("/tmp/esc", "'/'"),
+            ("a\\b", "'\\'"),
+            ("a\0b", "NUL"),
+            (long.as_str(), "255"),
+        ] {
+            let e = check_model_name(bad).unwrap_err();
+            assert_eq!(e.code, crate::Code::InvalidArgument);
+            assert!(e.message.contains(why), "{bad}: {}", e.message);
+            assert!(e.message.contains("one path component"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn config_file_names_stay_inside_the_model() {
+        assert!(check_file_in_model("label_filename", "labels.txt").is_ok());
+        assert!(check_file_in_model("default_model_filename", "sub/model.onnx").is_ok());
+        for bad in ["", "/etc/passwd", "../x", "a/../../x", "./a", "a\0"] {
+            let e = check_file_in_model("default_model_filename", bad).unwrap_err();
+            assert!(e.message.starts_with("default_model_filename"), "{}", e.message);
+        }
+    }
 
     #[test]
     fn scan_ignores_non_numeric_folders_and_reports_duplicates() {

@@ -544,6 +544,8 @@ impl Dispatch for RouterDispatch {
     /// Places a model of the cluster repository (with its config and `file:` overrides); answers
     /// once a replica is ready.
     async fn load_model(&self, name: &str, options: mesh::LoadOptions) -> Result<()> {
+        self.placement.mode.check_explicit("load", name)?;
+        mesh::repository::check_model_name(name)?;
         if self.placement.repo.roots.is_empty() || self.ensembles.get(name).is_some() {
             return Err(model_control(name, "load"));
         }
@@ -554,6 +556,8 @@ impl Dispatch for RouterDispatch {
 
     /// Removes a placed model from every node; answers once none holds it.
     async fn unload_model(&self, name: &str, _: bool) -> Result<()> {
+        self.placement.mode.check_explicit("unload", name)?;
+        mesh::repository::check_model_name(name)?;
         let in_repository = || crate::repository::scan(&self.placement.repo.roots).0.contains_key(name);
         if !self.placement.repo.contains(name) && !in_repository() {
             return Err(model_control(name, "unload"));

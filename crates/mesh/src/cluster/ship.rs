@@ -38,6 +38,16 @@ impl Manifest {
     }
 }
 
+/// A shipment key: the 64 hex digits of a SHA-256.
+pub fn is_key(key: &str) -> bool {
+    key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A model name the cache may hold as a directory.
+fn is_cache_name(name: &str) -> bool {
+    crate::repository::check_model_name(name).is_ok()
+}
+
 /// Whether a path from the wire is a plain relative path that stays inside the model directory.
 pub fn safe_path(path: &str) -> bool {
     !path.is_empty()
@@ -153,18 +163,22 @@ impl Cache {
         self.root.join(key).join(name)
     }
 
-    /// Whether a complete copy of the key is here.
+    /// Whether a complete copy of the key is here. A key or name that could not have been
+    /// received (see [`Cache::receive`]) is never here, so it never reaches a path.
     pub fn has(&self, key: &str, name: &str) -> bool {
-        self.dir(key, name).is_dir()
+        is_key(key) && is_cache_name(name) && self.dir(key, name).is_dir()
     }
 
     /// Starts receiving a shipment into a temporary folder of the cache.
     pub fn receive(&self, name: &str, key: &str, files: Vec<FileEntry>, max_total: u64) -> Result<Receiver, String> {
-        if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!("'{key}' is not a shipment key"));
+        if !is_key(key) {
+            return Err(format!("'{}' is not a shipment key", key.escape_debug()));
         }
-        if !safe_path(name) || name.contains('/') {
-            return Err(format!("'{name}' is not a model name the cache can hold"));
+        if !is_cache_name(name) {
+            return Err(format!(
+                "'{}' is not a model name the cache can hold",
+                name.escape_debug()
+            ));
         }
         if files.len() > MAX_FILES {
             return Err(format!("{} files is more than {MAX_FILES}", files.len()));

@@ -17,6 +17,15 @@ pub fn validate_config(c: &ModelConfig) -> Result<(), String> {
     if c.max_batch_size < 0 {
         return Err(format!("max_batch_size must be >= 0, got {}", c.max_batch_size));
     }
+    // Names that become paths under the model's directory.
+    if !c.default_model_filename.is_empty() {
+        crate::repository::check_file_in_model("default_model_filename", &c.default_model_filename)
+            .map_err(|e| e.message)?;
+    }
+    for o in c.output.iter().filter(|o| !o.label_filename.is_empty()) {
+        crate::repository::check_file_in_model(&format!("output '{}': label_filename", o.name), &o.label_filename)
+            .map_err(|e| e.message)?;
+    }
     let mut seen = HashSet::new();
     for i in &c.input {
         check_tensor(
@@ -110,6 +119,24 @@ fn split_dims(dims: &[i64]) -> (usize, i64) {
 mod tests {
     use super::super::parse_pbtxt;
     use super::*;
+
+    #[test]
+    fn file_names_in_the_config_stay_inside_the_model() {
+        let base = "name: \"m\" input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 1 ] } ] ";
+        let e = check(&format!("{base} default_model_filename: \"../../etc/passwd\"")).unwrap_err();
+        assert!(
+            e.starts_with("default_model_filename '../../etc/passwd' must be a file inside"),
+            "{e}"
+        );
+        let e = check(&format!("{base} default_model_filename: \"/abs/model.onnx\"")).unwrap_err();
+        assert!(e.contains("inside the model directory"), "{e}");
+        let e = check(&format!(
+            "{base} output [ {{ name: \"y\" data_type: TYPE_FP32 dims: [ 1 ] label_filename: \"../l.txt\" }} ]"
+        ))
+        .unwrap_err();
+        assert!(e.starts_with("output 'y': label_filename '../l.txt'"), "{e}");
+        assert!(check(&format!("{base} default_model_filename: \"w.onnx\"")).is_ok());
+    }
 
     fn check(text: &str) -> Result<(), String> {
         validate_config(&parse_pbtxt(text).unwrap())

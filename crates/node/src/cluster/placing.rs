@@ -180,5 +180,15 @@ impl Placing {
 
 /// The first 12 hex digits of a key, for logs.
 fn short(key: &str) -> &str {
-    &key[..key.len().min(12)]
+    key.char_indices().nth(12).map_or(key, |(at, _)| &key[..at])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn short_keys_never_split_a_character() {
+        assert_eq!(super::short("0123456789abcdef"), "0123456789ab");
+        assert_eq!(super::short("abc"), "abc");
+        assert_eq!(super::short("ééééééééééééé"), "éééééééééééé");
+    }
 }

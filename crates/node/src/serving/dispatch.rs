@@ -121,18 +121,6 @@ impl NodeDispatch {
         }
     }
 
-    /// Refuses repository load/unload unless the node runs in explicit mode, as tritonserver does
-    /// (UNAVAILABLE, with its message; the model's name is not checked first).
-    fn check_explicit(&self, what: &str, name: &str) -> Result<()> {
-        if self.mode == ControlMode::Explicit {
-            return Ok(());
-        }
-        tracing::debug!("refused to {what} '{name}': the model control mode is not explicit");
-        Err(Error::unavailable(
-            "explicit model load / unload is not allowed if polling is enabled",
-        ))
-    }
-
     /// Hands a request to the RepositoryManager and waits for its answer.
     /// Loads a model the cluster's router placed on this node, whatever the control mode.
     pub async fn load_placed(&self, name: &str) -> Result<()> {
@@ -466,13 +454,15 @@ impl Dispatch for NodeDispatch {
     }
 
     async fn load_model(&self, name: &str, options: LoadOptions) -> Result<()> {
-        self.check_explicit("load", name)?;
+        self.mode.check_explicit("load", name)?;
+        mesh::repository::check_model_name(name)?;
         let name = name.to_string();
         self.ask_manager(|reply| ManagerMsg::Load(name, options, reply)).await
     }
 
     async fn unload_model(&self, name: &str, unload_dependents: bool) -> Result<()> {
-        self.check_explicit("unload", name)?;
+        self.mode.check_explicit("unload", name)?;
+        mesh::repository::check_model_name(name)?;
         let name = name.to_string();
         self.ask_manager(|reply| ManagerMsg::Unload(name, unload_dependents, reply))
             .await
