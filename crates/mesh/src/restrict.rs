@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Triton's group names.
-pub const GROUPS: [&str; 9] = [
+/// Triton's group names, and the mesh's own `cluster` group: a router's operator API (`/mesh/v1`:
+/// status, placement, scale, drain).
+pub const GROUPS: [&str; 10] = [
     "health",
     "metadata",
     "inference",
@@ -16,6 +17,7 @@ pub const GROUPS: [&str; 9] = [
     "statistics",
     "trace",
     "logging",
+    "cluster",
 ];
 
 /// Which groups need which header (key, value).
@@ -35,7 +37,13 @@ impl Restrictions {
             let (key, expected) = header
                 .split_once('=')
                 .filter(|(k, _)| !k.is_empty())
-                .ok_or_else(|| format!("restricted {what} '{value}' must end with :<key>=<value>"))?;
+                .ok_or_else(|| format!("restricted {what} '{names}' must end with :<key>=<value>"))?;
+            // An empty value would let in any request that sends the header empty.
+            if expected.is_empty() {
+                return Err(format!(
+                    "restricted {what} '{names}:{key}=': the value is empty; give it a secret"
+                ));
+            }
             for name in names.split(',') {
                 let group = GROUPS
                     .iter()
@@ -56,6 +64,12 @@ impl Restrictions {
         self.groups.is_empty()
     }
 
+    /// The header (key, value) a request to `group` must carry, when the group is restricted: a
+    /// follower router adds it to what it forwards to the leader.
+    pub fn header(&self, group: &str) -> Option<(&str, &str)> {
+        self.groups.get(group).map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
     /// None when a request to `group` with these headers may go on; else the header it lacks.
     pub fn refuses(&self, group: &str, header: impl Fn(&str) -> Option<String>) -> Option<String> {
         let (key, expected) = self.groups.get(group)?;
@@ -65,6 +79,9 @@ impl Restrictions {
 
 /// The group of an HTTP request, by its path.
 pub fn http_group(path: &str) -> Option<&'static str> {
+    if path == "/mesh/v1" || path.starts_with("/mesh/v1/") {
+        return Some("cluster");
+    }
     let rest = path.strip_prefix("/v2")?;
     let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
     Some(match parts.as_slice() {
@@ -219,6 +236,11 @@ mod tests {
             .unwrap_err()
             .contains("<key>=<value>"));
         assert!(Restrictions::parse(&flags(&["health:=v"]), "protocol").is_err());
+        let empty = Restrictions::parse(&flags(&["cluster:k="]), "api").unwrap_err();
+        assert!(empty.contains("the value is empty"), "{empty}");
+        let ops = Restrictions::parse(&flags(&["cluster:Admin-Key=s3"]), "api").unwrap();
+        assert_eq!(ops.header("cluster"), Some(("admin-key", "s3")));
+        assert_eq!(ops.header("inference"), None);
     }
 
     #[test]
@@ -237,7 +259,10 @@ mod tests {
             ("/v2/repository/models/m/load", Some("model-repository")),
             ("/v2/systemsharedmemory/status", Some("shared-memory")),
             ("/v2/logging", Some("logging")),
-            ("/mesh/v1/cluster", None),
+            ("/mesh/v1/cluster", Some("cluster")),
+            ("/mesh/v1/models/m/scale", Some("cluster")),
+            ("/mesh/v1/nodes/n/drain", Some("cluster")),
+            ("/mesh/v1x", None),
             ("/metrics", None),
         ] {
             assert_eq!(http_group(path), group, "{path}");

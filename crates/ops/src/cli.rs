@@ -13,6 +13,17 @@ use crate::{certs, control, status};
 #[derive(Debug, Parser)]
 #[command(name = "mesh-ops", version, about)]
 pub struct Cli {
+    /// A header every request to the router carries, KEY=VALUE (repeatable): the key of the
+    /// router's `--http-restricted-api` for the `cluster` and `model-repository` groups. The
+    /// environment variable MESH_OPS_HEADER holds one, so the secret stays out of shell history.
+    #[arg(
+        long = "header",
+        global = true,
+        value_name = "KEY=VALUE",
+        env = "MESH_OPS_HEADER",
+        hide_env_values = true
+    )]
+    pub headers: Vec<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -149,6 +160,7 @@ pub struct StatusArgs {
 
 /// Runs a parsed command line; returns what to print.
 pub fn run(cli: Cli) -> anyhow::Result<String> {
+    crate::http::set_headers(&cli.headers).map_err(anyhow::Error::msg)?;
     match cli.command {
         Command::Certs(CertsCommand::Init {
             dir,

@@ -12,6 +12,40 @@ const MAX_LINE: u64 = 16 << 10;
 /// The most header lines accepted.
 const MAX_HEADERS: usize = 200;
 
+/// Headers every request of this process carries (`mesh-ops --header`): set once, at start.
+static EXTRA_HEADERS: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+/// Parses `KEY=VALUE` headers (the router's restricted-API key) and has every later request carry
+/// them. A name or value that would break the request line is refused, naming the header.
+pub fn set_headers(values: &[String]) -> Result<(), String> {
+    let headers = parse_headers(values)?;
+    EXTRA_HEADERS
+        .set(headers)
+        .map_err(|_| "headers were already set".to_string())
+}
+
+/// `KEY=VALUE` flags as (name, value) pairs, checked.
+pub fn parse_headers(values: &[String]) -> Result<Vec<(String, String)>, String> {
+    let mut headers = Vec::new();
+    for v in values {
+        let (k, val) = v
+            .split_once('=')
+            .filter(|(k, _)| !k.is_empty())
+            .ok_or_else(|| format!("--header '{}' must be KEY=VALUE", k_only(v)))?;
+        let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+        if !k.chars().all(token) || val.chars().any(|c| c.is_control()) {
+            return Err(format!("--header '{k}': not a valid HTTP header name and value"));
+        }
+        headers.push((k.to_string(), val.to_string()));
+    }
+    Ok(headers)
+}
+
+/// The part of a header flag before `=`: a value is a secret and is never shown.
+fn k_only(v: &str) -> &str {
+    v.split_once('=').map_or(v, |(k, _)| k)
+}
+
 /// A received response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Response {
@@ -169,8 +203,14 @@ fn send(method: &str, url: &str, body: Option<&[u8]>, timeout: Duration) -> Resu
         Some(b) => format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()),
         None => String::new(),
     };
+    let extra: String = EXTRA_HEADERS
+        .get()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     let request = format!(
-        "{method} {} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nUser-Agent: mesh-ops/{}\r\n{content}Connection: close\r\n\r\n",
+        "{method} {} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nUser-Agent: mesh-ops/{}\r\n{extra}{content}Connection: close\r\n\r\n",
         url.path,
         env!("CARGO_PKG_VERSION")
     );

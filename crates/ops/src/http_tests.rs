@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::thread;
 use std::time::Duration;
 
-use super::{get, read_response, Error, Url};
+use super::{get, parse_headers, read_response, Error, Url};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -146,4 +146,16 @@ fn urls_parse_or_explain() {
         let err = Url::parse(bad).expect_err(bad).to_string();
         assert!(err.contains(why), "{bad}: {err}");
     }
+}
+
+#[test]
+fn header_flags_are_checked_and_never_echo_their_secret() {
+    let ok = parse_headers(&["admin-key=s3:cr=t".to_string()]).unwrap();
+    assert_eq!(ok, vec![("admin-key".to_string(), "s3:cr=t".to_string())]);
+    let e = parse_headers(&["admin-key".to_string()]).unwrap_err();
+    assert!(e.contains("KEY=VALUE"), "{e}");
+    let e = parse_headers(&["bad key=secret".to_string()]).unwrap_err();
+    assert!(e.contains("'bad key'") && !e.contains("secret"), "{e}");
+    assert!(parse_headers(&["k=line\r\nx: y".to_string()]).is_err());
+    assert!(parse_headers(&["=v".to_string()]).is_err());
 }

@@ -1,10 +1,12 @@
 //! The router's own HTTP API, beside KServe v2 on the same port: `GET /mesh/v1/cluster` is the
 //! router's view of the cluster (what `mesh-ops status` shows); `POST /mesh/v1/models/{m}/scale`
-//! changes a model's replica bounds and `POST /mesh/v1/nodes/{n}/drain` empties a node.
+//! changes a model's replica bounds and `POST /mesh/v1/nodes/{n}/drain` empties a node. The whole
+//! API is the restricted-API group `cluster` (`--http-restricted-api cluster:KEY=VALUE`); without
+//! that rule its changes are answered only to clients on the router's own host (loopback).
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, Query};
+use axum::extract::{ConnectInfo, Path, Query};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -135,6 +137,12 @@ async fn scale(dispatch: Arc<RouterDispatch>, model: String, body: ScaleBody) ->
     if body.min.is_none() && body.max.is_none() {
         return error_response(mesh::Error::invalid("give 'min', 'max' or both"));
     }
+    if body.max == Some(0) {
+        return error_response(mesh::Error::invalid(format!(
+            "'max' must be at least 1: to stop serving '{model}', unload it \
+             (POST /v2/repository/models/{model}/unload, or mesh-ops unload)"
+        )));
+    }
     match dispatch.placement.scale(&model, body.min, body.max).await {
         Ok((min, max)) => Json(json!({ "model": model, "min": min, "max": max })).into_response(),
         Err(e) => error_response(e),
@@ -148,8 +156,35 @@ async fn drain(dispatch: Arc<RouterDispatch>, node: String, wait: Duration) -> R
     }
 }
 
-/// The routes of the router's own API.
-pub fn routes(dispatch: Arc<RouterDispatch>) -> Router {
+/// Without a `cluster` rule, a change (any method but GET) is answered only to a client on the
+/// router's own host: reaching the HTTP port is not enough to move the cluster's models.
+async fn local_changes_only(
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let local = peer.ip().to_canonical().is_loopback();
+    if request.method() != axum::http::Method::GET && !local {
+        let message = "the operator API (/mesh/v1) answers changes only from the router's own host unless \
+                       --http-restricted-api names the 'cluster' group (cluster:KEY=VALUE) and the request \
+                       carries that header";
+        return (StatusCode::FORBIDDEN, Json(json!({ "error": message }))).into_response();
+    }
+    next.run(request).await
+}
+
+/// The routes of the router's own API; `restricted`: `--http-restricted-api` names the `cluster`
+/// group, whose header the HTTP frontend checks; otherwise changes are for local clients only.
+pub fn routes(dispatch: Arc<RouterDispatch>, restricted: bool) -> Router {
+    let api = api_routes(dispatch);
+    if restricted {
+        api
+    } else {
+        api.layer(axum::middleware::from_fn(local_changes_only))
+    }
+}
+
+fn api_routes(dispatch: Arc<RouterDispatch>) -> Router {
     let (d1, d2, d3) = (dispatch.clone(), dispatch.clone(), dispatch);
     Router::new()
         .route(

@@ -89,7 +89,16 @@ async fn run(args: Args) -> Result<(), String> {
         route,
     ));
     let repo = Arc::new(ClusterRepo::new(args.model_repository.clone()));
-    let placement = Arc::new(Placement::new(repo, lead));
+    let http_rules = Arc::new(mesh::restrict::Restrictions::parse(
+        &args.listen.http_restricted_api,
+        "api",
+    )?);
+    let placement = Arc::new(Placement::new(
+        repo,
+        lead,
+        args.control.model_control_mode,
+        http_rules.clone(),
+    ));
     let dispatch = Arc::new(RouterDispatch::new(cluster.clone(), ensembles, placement));
     let (supervisor, supervisor_task) = Actor::spawn(
         None,
@@ -147,7 +156,7 @@ async fn run(args: Args) -> Result<(), String> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let render: mesh::serve::RenderMetrics = Arc::new(move || prometheus.render());
-    let api = api::routes(dispatch.clone());
+    let api = api::routes(dispatch.clone(), http_rules.header("cluster").is_some());
     let servers = args.listen.start(dispatch.clone(), Some(api), render, &stop_rx).await?;
 
     mesh::process::wait_for_signal().await?;

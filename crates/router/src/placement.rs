@@ -29,6 +29,11 @@ pub struct PlacementView {
 /// The shared handle of placement.
 pub struct Placement {
     pub repo: Arc<ClusterRepo>,
+    /// `--model-control-mode`: repository load/unload only in explicit mode.
+    pub mode: mesh::control::ControlMode,
+    /// This router's `--http-restricted-api`: a change forwarded to the leader carries the header
+    /// of its group, as the client had to give it here.
+    rules: Arc<mesh::restrict::Restrictions>,
     /// Whether this router decides placement (always, without etcd).
     pub lead: Arc<Lead>,
     actor: RwLock<Option<ActorRef<PlacementMsg>>>,
@@ -39,9 +44,16 @@ pub struct Placement {
 }
 
 impl Placement {
-    pub fn new(repo: Arc<ClusterRepo>, lead: Arc<Lead>) -> Self {
+    pub fn new(
+        repo: Arc<ClusterRepo>,
+        lead: Arc<Lead>,
+        mode: mesh::control::ControlMode,
+        rules: Arc<mesh::restrict::Restrictions>,
+    ) -> Self {
         Placement {
             repo,
+            mode,
+            rules,
             lead,
             actor: RwLock::default(),
             view: RwLock::default(),
@@ -81,7 +93,10 @@ impl Placement {
     /// a replica is ready, or why none can be.
     pub async fn load(&self, name: &str, options: LoadOptions, wait: Duration) -> Result<()> {
         if let Some((leader, http)) = self.leader_elsewhere() {
-            return Forward::load(name, &options).send(&leader, &http, wait).await.map(drop);
+            return Forward::load(name, &options)
+                .send(&leader, &http, wait, &self.rules)
+                .await
+                .map(drop);
         }
         let name = name.to_string();
         self.ask(wait, |r| PlacementMsg::Load(name, options, r)).await
@@ -90,7 +105,10 @@ impl Placement {
     /// Removes a model from every node; answers once no node holds it.
     pub async fn unload(&self, name: &str, wait: Duration) -> Result<()> {
         if let Some((leader, http)) = self.leader_elsewhere() {
-            return Forward::unload(name).send(&leader, &http, wait).await.map(drop);
+            return Forward::unload(name)
+                .send(&leader, &http, wait, &self.rules)
+                .await
+                .map(drop);
         }
         let name = name.to_string();
         self.ask(wait, |r| PlacementMsg::Unload(name, r)).await
@@ -100,7 +118,7 @@ impl Placement {
     pub async fn scale(&self, name: &str, min: Option<u32>, max: Option<u32>) -> Result<(u32, u32)> {
         if let Some((leader, http)) = self.leader_elsewhere() {
             let answer = Forward::scale(name, min, max)
-                .send(&leader, &http, Duration::from_secs(10))
+                .send(&leader, &http, Duration::from_secs(10), &self.rules)
                 .await?;
             let bound = |k: &str| answer.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0) as u32;
             return Ok((bound("min"), bound("max")));
@@ -113,7 +131,10 @@ impl Placement {
     /// Moves every placed model off a node, then tells it it may stop; answers once it is empty.
     pub async fn drain(&self, node: &str, wait: Duration) -> Result<()> {
         if let Some((leader, http)) = self.leader_elsewhere() {
-            return Forward::drain(node, wait).send(&leader, &http, wait).await.map(drop);
+            return Forward::drain(node, wait)
+                .send(&leader, &http, wait, &self.rules)
+                .await
+                .map(drop);
         }
         let node = node.to_string();
         self.ask(wait, |r| PlacementMsg::Drain(node, r)).await

@@ -5,12 +5,16 @@ use std::time::Duration;
 
 use base64::Engine;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 use mesh::http::path_segment;
+use mesh::restrict::{http_group, Restrictions};
 use mesh::{Code, Error, LoadOptions, Result};
 use serde_json::{json, Map, Value};
+
+/// The most of a leader's answer that is read (its answers are a line of JSON).
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// The HTTP request that carries a change to the leader.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +73,7 @@ impl Forward {
 
     /// Sends it to the leader at `addr` (HOST:PORT); the leader's error answers come back as the
     /// same kind of error, with its message.
-    pub async fn send(&self, leader: &str, addr: &str, wait: Duration) -> Result<Value> {
+    pub async fn send(&self, leader: &str, addr: &str, wait: Duration, rules: &Restrictions) -> Result<Value> {
         let unreachable = |why: String| {
             Error::unavailable(format!(
                 "the placement leader {leader} ({addr}) cannot be reached to make this change: {why}"
@@ -81,18 +85,22 @@ impl Forward {
                 .await
                 .map_err(|e| e.to_string())?;
             let driver = tokio::spawn(conn);
-            let request = Request::post(&self.path)
+            let mut request = Request::post(&self.path)
                 .header("host", addr)
-                .header("content-type", "application/json")
+                .header("content-type", "application/json");
+            if let Some((key, value)) = http_group(&self.path).and_then(|g| rules.header(g)) {
+                request = request.header(key, value);
+            }
+            let request = request
                 .body(Full::new(Bytes::from(self.body.to_string())))
                 .map_err(|e| e.to_string())?;
             let answer = sender.send_request(request).await.map_err(|e| e.to_string())?;
             let status = answer.status().as_u16();
-            let body = answer
-                .into_body()
+            // The leader's answer is small JSON; a larger one is refused, not buffered.
+            let body = Limited::new(answer.into_body(), MAX_ANSWER_BYTES)
                 .collect()
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("reading its answer: {e}"))?
                 .to_bytes();
             driver.abort();
             Ok::<_, String>((status, body))
@@ -155,5 +163,41 @@ mod tests {
         assert_eq!(answer(503, b"{}").unwrap_err().code, Code::Unavailable);
         assert_eq!(answer(400, b"not json").unwrap_err().code, Code::InvalidArgument);
         assert_eq!(answer(200, br#"{"min": 1}"#).unwrap(), json!({"min": 1}));
+    }
+
+    #[tokio::test]
+    async fn a_forward_carries_its_groups_header_and_a_huge_answer_is_refused() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let leader = tokio::spawn(async move {
+            let mut heads = Vec::new();
+            for body in ["{}".to_string(), format!("\"{}\"", "x".repeat(MAX_ANSWER_BYTES))] {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0; 64 * 1024];
+                let n = s.read(&mut buf).await.unwrap();
+                heads.push(String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase());
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                let _ = s.write_all(answer.as_bytes()).await;
+            }
+            heads
+        });
+        let rules = Restrictions::parse(&["cluster:Admin-Key=s3".to_string()], "api").unwrap();
+        let wait = Duration::from_secs(2);
+        Forward::scale("m", Some(1), None)
+            .send("r1", &addr, wait, &rules)
+            .await
+            .unwrap();
+        let e = Forward::drain("n", wait)
+            .send("r1", &addr, wait, &rules)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(e.message.contains("reading its answer"), "{}", e.message);
+        let heads = leader.await.unwrap();
+        assert!(heads[0].starts_with("post /mesh/v1/models/m/scale"), "{}", heads[0]);
+        assert!(heads[0].contains("admin-key: s3\r\n"), "{}", heads[0]);
+        // A group the rules leave open carries no header.
+        assert!(Forward::unload("m").path.starts_with("/v2/repository/"));
     }
 }
