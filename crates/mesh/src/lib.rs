@@ -10,6 +10,7 @@ pub mod ensemble;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod listen;
 pub mod logging;
 pub mod metadata;
 pub mod overrides;

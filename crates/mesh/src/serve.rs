@@ -4,7 +4,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -12,6 +11,7 @@ use tokio::task::JoinHandle;
 use crate::dispatch::Dispatch;
 use crate::grpc::GrpcFrontend;
 use crate::http::HttpOptions;
+use crate::listen::ConnLimits;
 use crate::restrict::{GrpcGuard, Restrictions};
 use crate::shm::SharedMemory;
 
@@ -29,8 +29,16 @@ async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
         .map_err(|e| format!("cannot listen for {what} on {addr}: {e}"))
 }
 
+/// How the HTTP port accepts connections: TLS or not, and its limits.
+#[derive(Clone, Default)]
+pub struct HttpListen {
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub limits: ConnLimits,
+}
+
 /// Serves KServe v2 HTTP (plus `extra` routes, such as a router's own API) until shutdown; idle
 /// keep-alive connections close at once, in-flight requests finish.
+#[allow(clippy::too_many_arguments)]
 pub async fn http<D: Dispatch>(
     addr: SocketAddr,
     dispatch: Arc<D>,
@@ -38,12 +46,12 @@ pub async fn http<D: Dispatch>(
     extra: Option<axum::Router>,
     rules: Arc<Restrictions>,
     shm: Arc<SharedMemory>,
+    listen: HttpListen,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
-    let listener = bind("HTTP", addr).await?.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    tracing::info!(%addr, "HTTP service started");
+    let listener = bind("HTTP", addr).await?;
+    let scheme = if listen.tls.is_some() { "HTTPS" } else { "HTTP" };
+    tracing::info!(%addr, "{scheme} service started");
     let mut app = crate::http::router(dispatch, options, shm);
     if let Some(extra) = extra {
         app = extra.merge(app);
@@ -52,25 +60,40 @@ pub async fn http<D: Dispatch>(
         app = app.layer(axum::middleware::from_fn_with_state(rules, crate::restrict::http_guard));
     }
     let signal = shutdown_signal(stop);
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(signal).await {
-            tracing::error!("HTTP server failed: {e}");
-        }
-    }))
+    Ok(tokio::spawn(crate::listen::serve(
+        listener,
+        app,
+        listen.tls,
+        listen.limits,
+        signal,
+    )))
 }
+
+/// What the gRPC listener serves with: the largest message, the restricted protocols, the shared
+/// memory registry, the header-forward pattern and TLS.
+pub type GrpcParts = (
+    usize,
+    Arc<Restrictions>,
+    Arc<SharedMemory>,
+    Option<regex::Regex>,
+    Option<tonic::transport::ServerTlsConfig>,
+);
 
 /// Serves KServe v2 gRPC until shutdown.
 pub async fn grpc<D: Dispatch>(
     addr: SocketAddr,
     dispatch: Arc<D>,
-    max_message: usize,
-    rules: Arc<Restrictions>,
-    shm: Arc<SharedMemory>,
-    forward: Option<regex::Regex>,
+    (max_message, rules, shm, forward, tls): GrpcParts,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
     let listener = bind("gRPC", addr).await?;
-    tracing::info!(%addr, "gRPC service started");
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).map_err(|e| format!("gRPC TLS: {e}"))?;
+        tracing::info!(%addr, "gRPC service started (TLS)");
+    } else {
+        tracing::info!(%addr, "gRPC service started");
+    }
     // The builder's tcp_nodelay only applies to listeners tonic binds itself; without it, Nagle
     // holds back a response written while an earlier one is unacknowledged (40 ms stalls).
     let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |tcp| {
@@ -84,7 +107,7 @@ pub async fn grpc<D: Dispatch>(
     };
     let signal = shutdown_signal(stop);
     Ok(tokio::spawn(async move {
-        let server = tonic::transport::Server::builder().add_service(service);
+        let server = builder.add_service(service);
         if let Err(e) = server.serve_with_incoming_shutdown(incoming, signal).await {
             tracing::error!("gRPC server failed: {e}");
         }
@@ -148,11 +171,22 @@ pub struct ListenArgs {
     pub http_max_input_size: usize,
     /// Puts HTTP API groups behind a header, as tritonserver's flag: `<api>[,<api>...]:<key>=<value>`
     /// (repeatable; groups: health, metadata, inference, shared-memory, model-config,
-    /// model-repository, statistics, trace, logging).
-    #[arg(long, value_name = "APIS:KEY=VALUE")]
+    /// model-repository, statistics, trace, logging, and on a router cluster: its /mesh/v1 API).
+    /// MESH_HTTP_RESTRICTED_API holds one, keeping the key off the command line.
+    #[arg(
+        long,
+        value_name = "APIS:KEY=VALUE",
+        env = "MESH_HTTP_RESTRICTED_API",
+        hide_env_values = true
+    )]
     pub http_restricted_api: Vec<String>,
-    /// The same for gRPC methods (the header is gRPC metadata).
-    #[arg(long, value_name = "PROTOCOLS:KEY=VALUE")]
+    /// The same for gRPC methods (the header is gRPC metadata); or MESH_GRPC_RESTRICTED_PROTOCOL.
+    #[arg(
+        long,
+        value_name = "PROTOCOLS:KEY=VALUE",
+        env = "MESH_GRPC_RESTRICTED_PROTOCOL",
+        hide_env_values = true
+    )]
     pub grpc_restricted_protocol: Vec<String>,
     /// HTTP headers whose name matches this regular expression reach the model as request
     /// parameters (string values), as tritonserver's flag.
@@ -165,6 +199,8 @@ pub struct ListenArgs {
     /// `rate=N`, `count=N`, `log-frequency=N`.
     #[arg(long, value_name = "[triton,]KEY=VALUE")]
     pub trace_config: Vec<String>,
+    #[command(flatten)]
+    pub tls: crate::listen::TlsArgs,
 }
 
 /// A header-forward pattern, compiled (names are matched in lower case, as they arrive).
@@ -209,11 +245,27 @@ impl ListenArgs {
                 max_input_size: self.http_max_input_size,
                 forward_headers: forward_pattern("http-header-forward-pattern", &self.http_header_forward_pattern)?,
             };
-            servers.push(http(addr, dispatch.clone(), options, extra, http_rules, shm.clone(), stop).await?);
+            let (tls, limits) = self.tls.http()?;
+            let listen = HttpListen { tls, limits };
+            servers.push(
+                http(
+                    addr,
+                    dispatch.clone(),
+                    options,
+                    extra,
+                    http_rules,
+                    shm.clone(),
+                    listen,
+                    stop,
+                )
+                .await?,
+            );
         }
         if let Some(addr) = self.grpc_addr() {
             let forward = forward_pattern("grpc-header-forward-pattern", &self.grpc_header_forward_pattern)?;
-            servers.push(grpc(addr, dispatch, self.http_max_input_size, grpc_rules, shm, forward, stop).await?);
+            let tls = self.tls.grpc()?;
+            let grpc_args = (self.http_max_input_size, grpc_rules, shm, forward, tls);
+            servers.push(grpc(addr, dispatch, grpc_args, stop).await?);
         }
         if self.allow_metrics {
             let addr = SocketAddr::new(self.metrics_address.unwrap_or(self.http_address), self.metrics_port);
