@@ -8,6 +8,10 @@ mod system;
 /// Regions one server holds at most (each keeps a descriptor open).
 pub const MAX_REGIONS: usize = 512;
 
+/// The start of the /dev/shm names a mesh-node creates for its Python stubs (followed by its pid
+/// and 128 random bits); a client's registration of such a key is refused.
+pub const OWN_SHM_PREFIX: &str = "mesh-node-";
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 

@@ -26,6 +26,12 @@ fn object_name(key: &str) -> Result<&str> {
             "'{key}' is not a valid shared memory key (expected a name such as '/my_region')"
         )));
     }
+    // A node's own memory (its Python stubs'): never a client's to read or write.
+    if name.starts_with(super::OWN_SHM_PREFIX) {
+        return Err(Error::invalid(format!(
+            "'{key}' is a mesh-node's own shared memory and cannot be registered"
+        )));
+    }
     Ok(name)
 }
 

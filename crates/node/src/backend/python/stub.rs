@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::ipc::{read_frame, write_frame, Shm};
+// The start of a stub's shared-memory name: `mesh::shm` refuses client registrations of it.
+use mesh::shm::OWN_SHM_PREFIX;
 
 const STUB_PY: &str = include_str!("../../../python/mesh_stub.py");
 const CALLS_PY: &str = include_str!("../../../python/mesh_stub_calls.py");
@@ -22,22 +24,37 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Lines of the stub's stderr kept for error messages.
 const TAIL_LINES: usize = 30;
 
-/// Where this process keeps its stub sources and sockets.
-fn runtime_path() -> PathBuf {
-    std::env::temp_dir().join(format!("mesh-node-{}", std::process::id()))
+/// A name no other process can guess: shared memory and the runtime directory carry one, so a
+/// client cannot register a stub's memory (`register_system` opens any /dev/shm name) or plant
+/// files where the stub's sources go.
+fn unguessable() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
-/// The directory holding this process's stub sources and sockets (written once).
+/// The directory holding this process's stub sources and sockets: made fresh (mode 0700, never an
+/// existing directory or a symlink) under the temporary directory, written once.
 fn runtime_dir() -> Result<&'static Path, String> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = runtime_path();
+        let dir = std::env::temp_dir().join(format!("mesh-node-{}-{}", std::process::id(), unguessable()));
         let write = || -> std::io::Result<()> {
-            std::fs::create_dir_all(&dir)?;
-            std::fs::write(dir.join("mesh_stub.py"), STUB_PY)?;
-            std::fs::write(dir.join("mesh_stub_calls.py"), CALLS_PY)?;
-            std::fs::write(dir.join("triton_python_backend_utils.py"), UTILS_PY)?;
-            std::fs::write(dir.join("mesh_tensorflow.py"), TENSORFLOW_PY)?;
+            use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+            // create(), not create_all(): it fails on anything already there, a symlink included.
+            std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+            for (name, text) in [
+                ("mesh_stub.py", STUB_PY),
+                ("mesh_stub_calls.py", CALLS_PY),
+                ("triton_python_backend_utils.py", UTILS_PY),
+                ("mesh_tensorflow.py", TENSORFLOW_PY),
+            ] {
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(dir.join(name))?;
+                std::io::Write::write_all(&mut f, text.as_bytes())?;
+            }
             Ok(())
         };
         write()
@@ -56,7 +73,50 @@ pub fn tensorflow_runner() -> Result<PathBuf, String> {
 
 /// Removes the stub sources and sockets (at node shutdown).
 pub fn remove_runtime_dir() {
-    let _ = std::fs::remove_dir_all(runtime_path());
+    if let Ok(dir) = runtime_dir() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Starts stub processes from one thread that lives as long as the node: a stub's parent-death
+/// signal fires when the thread that forked it ends, so forking from a short-lived thread (a
+/// runtime's blocking pool) would kill healthy stubs.
+fn launch(mut command: Command) -> std::io::Result<Child> {
+    type Job = (Command, std::sync::mpsc::Sender<std::io::Result<Child>>);
+    static LAUNCHER: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>> = OnceLock::new();
+    let parent = std::process::id();
+    // SAFETY: only async-signal-safe calls between fork and exec (prctl, getppid, _exit).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+            // The stub dies with its node, whatever its model is doing (SIGKILL needs no cooperation).
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The node may have died before the signal was armed.
+            if libc::getppid() as u32 != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let sender = LAUNCHER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("stub-launcher".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("cannot start the stub launcher thread");
+        Mutex::new(tx)
+    });
+    let (reply, answer) = std::sync::mpsc::channel();
+    let sent = sender.lock().unwrap_or_else(|p| p.into_inner()).send((command, reply));
+    sent.map_err(|_| std::io::Error::other("the stub launcher thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| std::io::Error::other("the stub launcher thread is gone"))?
 }
 
 /// Where a stub's frames are read: on the instance's thread, or, for a decoupled model (whose
@@ -105,10 +165,11 @@ impl Stub {
             UnixListener::bind(&sock_path).map_err(|e| format!("cannot bind {}: {e}", sock_path.display()))?;
         let shm_dir = Path::new("/dev/shm");
         let shm_dir = if shm_dir.is_dir() { shm_dir } else { dir };
-        let shm_path = shm_dir.join(format!("mesh-node-{}-stub-{n}", std::process::id()));
+        let shm_path = shm_dir.join(format!("{OWN_SHM_PREFIX}{}-{}", std::process::id(), unguessable()));
         let shm = Shm::create(&shm_path, shm_bytes)
             .map_err(|e| format!("cannot create shared memory {}: {e}", shm_path.display()))?;
-        let mut child = Command::new(interpreter)
+        let mut command = Command::new(interpreter);
+        command
             .arg(dir.join("mesh_stub.py"))
             .arg(&sock_path)
             .arg(&shm_path)
@@ -116,8 +177,8 @@ impl Stub {
             .arg(spin.as_micros().to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
+            .stderr(Stdio::piped());
+        let mut child = launch(command)
             .map_err(|e| format!("cannot start the python interpreter '{}': {e}", interpreter.display()))?;
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         if let Some(out) = child.stdout.take() {

@@ -1,0 +1,136 @@
+"""A node's Python stubs on the local machine (issue 24, item 4), with real processes:
+
+- a stub dies with its node: SIGKILL of the node (only the node, not its process group) while a
+  model blocks in initialize(), and while a ready model runs threads of its own, leaves no stub;
+- the stub's sources and sockets live in a fresh directory of mode 0700 whose name cannot be
+  guessed, and its shared memory cannot be registered by a client (its name is unguessable, and
+  the node's own prefix is refused).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mesh_util import http_request
+
+pytestmark = [pytest.mark.server]
+
+CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+"""
+
+BLOCKS_IN_INITIALIZE = """import time
+class TritonPythonModel:
+    def initialize(self, args):
+        open({marker!r}, "w").write("initializing")
+        time.sleep(600)
+    def execute(self, requests):
+        return []
+"""
+
+RUNS_ITS_OWN_THREADS = """import threading, time
+def spin():
+    while True:
+        time.sleep(0.05)
+class TritonPythonModel:
+    def initialize(self, args):
+        for _ in range(2):
+            threading.Thread(target=spin).start()  # not daemons: they would keep a process alive
+        open({marker!r}, "w").write("ready")
+    def execute(self, requests):
+        return []
+"""
+
+
+def write_model(repo: Path, name: str, code: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+    (repo / name / "1" / "model.py").write_text(code)
+
+
+def stubs_of(node_pid: int) -> list[int]:
+    """Processes running mesh_stub.py from this node's runtime directory."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"mesh_stub.py") and f"/mesh-node-{node_pid}-".encode() in a for a in cmd):
+            found.append(int(d.name))
+    return found
+
+
+def wait_for(pred, what: str, timeout: float = 30.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_stubs_die_with_their_node_and_keep_their_memory_private(fresh_server, tmp_path):
+    repo = tmp_path / "repo"
+    blocked, threads = tmp_path / "blocked", tmp_path / "threads"
+    write_model(repo, "block_init", BLOCKS_IN_INITIALIZE.format(marker=str(blocked)))
+    write_model(repo, "own_threads", RUNS_ITS_OWN_THREADS.format(marker=str(threads)))
+    srv = fresh_server([repo], ["--backend-config", f"python,interpreter={sys.executable}",
+                                "--model-control-mode", "explicit", "--load-model", "own_threads"],
+                       wait_models=["own_threads"])
+    node = srv.proc.pid
+    # This load never finishes: its initialize() sleeps. It is left hanging in a thread, and ends
+    # without an answer when the node is killed.
+    def load_forever():
+        try:
+            http_request(srv.http_port, "POST", "/v2/repository/models/block_init/load", body=b"{}", timeout=60)
+        except OSError:
+            pass
+
+    threading.Thread(target=load_forever, daemon=True).start()
+    wait_for(lambda: blocked.exists() and threads.exists(), "both models' initialize() to run")
+    stubs = wait_for(lambda: len(stubs_of(node)) >= 2 and stubs_of(node), "two stubs")
+
+    # The runtime directory: fresh, private, unguessable.
+    script = next(a for a in (Path(f"/proc/{stubs[0]}/cmdline").read_bytes().split(b"\0")) if a.endswith(b".py"))
+    runtime = Path(script.decode()).parent
+    mode = stat.S_IMODE(runtime.stat().st_mode)
+    assert mode == 0o700, oct(mode)
+    assert not runtime.is_symlink()
+    suffix = runtime.name.split("-")[-1]
+    assert len(suffix) == 32 and int(suffix, 16) >= 0, runtime.name
+
+    # No client can register a node's own shared memory, named or guessed.
+    names = [p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(f"mesh-node-{node}-")]
+    for key in names + [f"mesh-node-{node}-0", "/mesh-node-1-guess"]:
+        body = json.dumps({"key": key, "offset": 0, "byte_size": 16})
+        r = http_request(srv.http_port, "POST", "/v2/systemsharedmemory/region/steal/register", body=body)
+        assert r.status == 400, (key, r.status, r.body)
+        assert b"own shared memory" in r.body or b"cannot be opened" in r.body, r.body
+
+    # SIGKILL of the node alone (not its process group): no stub may outlive it.
+    os.kill(node, signal.SIGKILL)
+    srv.proc.wait(10)
+    wait_for(lambda: not any(Path(f"/proc/{p}").exists() and not is_zombie(p) for p in stubs),
+             f"stubs {stubs} to exit after their node was killed", timeout=15)
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
