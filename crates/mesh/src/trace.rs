@@ -70,6 +70,9 @@ const DEFAULTS: Fields = Fields {
     log_frequency: Some(0),
 };
 
+/// Finished traces held in memory at most before they are written (`trace_file.<n>`).
+pub const MAX_HELD_TRACES: u64 = 10_000;
+
 /// Settings, sampling counters and traces not yet written. Sans-IO but for `flush`.
 #[derive(Default)]
 pub struct Tracer {
@@ -197,8 +200,13 @@ impl Tracer {
         Some(self.next_id)
     }
 
-    /// Keeps a finished trace; returns the file to write now when `log_frequency` traces are held.
+    /// Keeps a finished trace; returns the file to write now when `log_frequency` traces are held,
+    /// or [`MAX_HELD_TRACES`] whatever `log_frequency` says (0 would otherwise hold them until
+    /// exit). Without a trace file nothing is kept: nothing could ever write it.
     pub fn finish(&mut self, trace: &Trace) -> Option<(String, Vec<serde_json::Value>)> {
+        if self.file.is_empty() {
+            return None;
+        }
         self.pending.push(serde_json::json!({
             "id": trace.id, "model_name": trace.model, "model_version": trace.version, "request_id": trace.request_id,
         }));
@@ -208,7 +216,8 @@ impl Tracer {
         }
         self.pending_traces += 1;
         let every = self.settings(Some(&trace.model)).log_frequency;
-        if every == 0 || self.pending_traces < every || self.file.is_empty() {
+        let full = self.pending_traces >= MAX_HELD_TRACES;
+        if !full && (every == 0 || self.pending_traces < every) {
             return None;
         }
         let path = format!("{}.{}", self.file, self.file_index);

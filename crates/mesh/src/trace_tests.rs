@@ -123,3 +123,31 @@ fn the_monotonic_clock_orders_instants() {
     let b = a + std::time::Duration::from_micros(5);
     assert_eq!(ns(b) - ns(a), 5_000);
 }
+
+#[test]
+fn held_traces_are_bounded() {
+    let trace = |id| Trace {
+        id,
+        model: "m".into(),
+        version: 1,
+        request_id: String::new(),
+        stamps: vec![("REQUEST_START", 5)],
+    };
+    // No trace file: nothing is kept.
+    let mut t = Tracer::default();
+    t.configure(String::new(), &[set("trace_level", "TIMESTAMPS")]).unwrap();
+    for id in 0..100 {
+        assert!(t.finish(&trace(id)).is_none());
+    }
+    assert!(t.drain().is_none());
+    // log_frequency 0 (write at exit): written once MAX_HELD_TRACES are held.
+    let mut t = Tracer::default();
+    t.configure("/tmp/t.json".into(), &[set("trace_level", "TIMESTAMPS"), set("log_frequency", "0")]).unwrap();
+    for id in 1..MAX_HELD_TRACES {
+        assert!(t.finish(&trace(id)).is_none());
+    }
+    let (path, entries) = t.finish(&trace(MAX_HELD_TRACES)).unwrap();
+    assert_eq!(path, "/tmp/t.json.0");
+    assert_eq!(entries.len() as u64, 2 * MAX_HELD_TRACES);
+    assert!(t.drain().is_none());
+}
