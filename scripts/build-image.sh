@@ -2,7 +2,7 @@
 # Builds the mesh's container image (configs/container/Containerfile) as localhost/mesh:latest with
 # Debian's podman, then smoke-tests it from inside its own root:
 #
-#   scripts/build-image.sh [--tag TAG] [--no-smoke]
+#   scripts/build-image.sh [--tag TAG] [--no-smoke | --smoke-only]
 #
 # - the base is a debootstrap minbase root imported with `podman import` (scripts/debian-base.sh; no
 #   image registry is reachable here), as localhost/mesh-base:bookworm;
@@ -13,7 +13,8 @@
 #   so the image's root is mounted (`podman image mount`), bound read-only with tmpfs /tmp and
 #   /dev/shm as the manifests give it, and its binaries run there by chroot as uid 65532 in a network
 #   namespace with only loopback: mesh-node serves an ONNX model (the example's MLP) and a Python
-#   model using numpy, checked with tritonclient, and mesh-router starts and answers its health.
+#   model using numpy, checked with tritonclient, and joins a mesh-router from the image (mutual
+#   TLS with certificates from the image's mesh-ops) that routes the MLP to it.
 # Installs Debian's podman when missing (as root). Needs root and the project venv (scripts/setup.sh
 # makes it, and the example's models).
 set -euo pipefail
@@ -21,10 +22,12 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 argv=("$@")
 tag=localhost/mesh:latest
 smoke=1
+build=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --tag) tag=$2; shift 2 ;;
     --no-smoke) smoke=0; shift ;;
+    --smoke-only) build=0; shift ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-image: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -56,13 +59,13 @@ cargo=${CARGO_HOME:-$HOME/.cargo}
 ca=${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
 install -d -m 0700 "$cache/target"
 mkdir -p "$cargo/registry"
-podman build --isolation chroot --layers=false -f "$repo/configs/container/Containerfile" -t "$tag" \
+[ "$build" = 1 ] && podman build --isolation chroot --layers=false -f "$repo/configs/container/Containerfile" -t "$tag" \
   --build-arg "BASE=$base" \
   --volume "$rustup:/root/.rustup:ro" --volume "$cargo/bin:/root/.cargo/bin:ro" \
   --volume "$cargo/registry:/root/.cargo/registry" --volume "$cache/target:/cache/target" \
   --volume "$ca:/etc/ssl/host-ca.crt:ro" --build-arg PIP_CERT=/etc/ssl/host-ca.crt \
   "$repo"
-lap "built $tag ($(podman image inspect "$tag" --format '{{.Size}}' | awk '{printf "%.0f MB", $1/1e6}'))"
+lap "$([ "$build" = 1 ] && echo built || echo using) $tag ($(podman image inspect "$tag" --format '{{.Size}}' | awk '{printf "%.0f MB", $1/1e6}'))"
 [ "$smoke" = 1 ] || exit 0
 
 # --- smoke test, from inside the image's own root -----------------------------------------------
@@ -81,7 +84,7 @@ cleanup() {
   awk -v r="$root" 'index($2, r) == 1 { print $2 }' /proc/self/mounts | sort -r | xargs -r -n1 umount -l
   [ -n "$mnt" ] && podman image unmount "$tag" >/dev/null
   [ "$(awk -v r="$root" 'index($2, r) == 1' /proc/self/mounts | wc -l)" = 0 ] && rm -rf --one-file-system "$work"
-  if [ $rc = 0 ]; then say "PASSED: $tag built and served from its own root in $(( $(date +%s) - t0 )) s"
+  if [ $rc = 0 ]; then say "PASSED: $tag served from its own root ($(( $(date +%s) - t0 )) s in all)"
   else say "FAILED (exit $rc) after $(( $(date +%s) - t0 )) s; logs were in $work"; fi
   exit $rc
 }
@@ -128,11 +131,17 @@ unshare --net -- bash -c '
   ip link set lo up
   as_mesh() { chroot --userspec=65532:65532 "$root" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp \
     ORT_DYLIB_PATH=$(podman image inspect "$tag" --format "{{range .Config.Env}}{{println .}}{{end}}" | sed -n "s/^ORT_DYLIB_PATH=//p") "$@"; }
-  as_mesh /usr/local/bin/mesh-node --model-repository /mnt >"$work/node.log" 2>&1 &
-  node=$!
-  as_mesh /usr/local/bin/mesh-router --http-port 8010 --grpc-port 8011 --metrics-port 8012 --cluster-port 8013 \
-    >"$work/router.log" 2>&1 &
+  # Cluster certificates made by the image'"'"'s own mesh-ops, in its tmpfs /tmp.
+  as_mesh /usr/local/bin/mesh-ops certs init /tmp/certs >/dev/null
+  as_mesh /usr/local/bin/mesh-ops certs issue /tmp/certs router --ip 127.0.0.1 >/dev/null
+  as_mesh /usr/local/bin/mesh-ops certs issue /tmp/certs node >/dev/null
+  tls() { echo --cluster-ca /tmp/certs/ca.pem --cluster-cert /tmp/certs/$1.pem --cluster-key /tmp/certs/$1.key; }
+  as_mesh /usr/local/bin/mesh-router $(tls router) --http-port 8010 --grpc-port 8011 --metrics-port 8012 \
+    --cluster-address 127.0.0.1 --cluster-port 8013 >"$work/router.log" 2>&1 &
   router=$!
+  as_mesh /usr/local/bin/mesh-node --model-repository /mnt --node-name node $(tls node) \
+    --cluster-join 127.0.0.1:8013 >"$work/node.log" 2>&1 &
+  node=$!
   rc=0
   "$py" - <<"PYCHECK" || rc=$?
 import time, urllib.request
@@ -163,8 +172,11 @@ m = httpclient.InferInput("x", [1, 64], "FP32"); m.set_data_from_numpy(np.ones((
 y = c.infer("mlp", [m]).as_numpy("y")
 assert y.shape == (1, 16) and np.isfinite(y).all(), y
 print("smoke: mesh-node from the image serves mlp (ONNX Runtime) and py_sum (Python, numpy)")
-wait("http://127.0.0.1:8010/v2/health/live", "mesh-router")
-print("smoke: mesh-router from the image is live")
+wait("http://127.0.0.1:8010/v2/models/mlp/ready", "mesh-router (mlp routed to the node)")
+r = httpclient.InferenceServerClient("127.0.0.1:8010")
+m = httpclient.InferInput("x", [1, 64], "FP32"); m.set_data_from_numpy(np.ones((1, 64), np.float32))
+assert np.array_equal(r.infer("mlp", [m]).as_numpy("y"), y)
+print("smoke: mesh-router from the image routes mlp to the node that joined it (mutual TLS)")
 PYCHECK
   kill -TERM $node $router 2>/dev/null || true
   wait $node $router 2>/dev/null || true
