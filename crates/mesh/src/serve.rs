@@ -79,6 +79,9 @@ pub type GrpcParts = (
     Option<tonic::transport::ServerTlsConfig>,
 );
 
+/// Concurrent HTTP/2 streams one gRPC connection may open.
+pub const GRPC_MAX_STREAMS: u32 = 1024;
+
 /// Serves KServe v2 gRPC until shutdown.
 pub async fn grpc<D: Dispatch>(
     addr: SocketAddr,
@@ -87,7 +90,8 @@ pub async fn grpc<D: Dispatch>(
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
     let listener = bind("gRPC", addr).await?;
-    let mut builder = tonic::transport::Server::builder();
+    // Streams per connection at most (h2 refuses more), so one client cannot open unbounded ones.
+    let mut builder = tonic::transport::Server::builder().max_concurrent_streams(Some(GRPC_MAX_STREAMS));
     if let Some(tls) = tls {
         builder = builder.tls_config(tls).map_err(|e| format!("gRPC TLS: {e}"))?;
         tracing::info!(%addr, "gRPC service started (TLS)");

@@ -42,6 +42,11 @@ impl<D: Dispatch> GrpcFrontend<D> {
 
 /// Answers of one ModelStreamInfer call waiting to be written, before its requests wait for the client.
 const STREAM_WINDOW: usize = 64;
+/// Requests of one stream running or waiting at once (a sequence's later requests wait for its
+/// turn): past either bound the stream is not read until one finishes.
+const STREAM_MAX_INFLIGHT: usize = 64;
+/// Bytes of those requests' messages at most (the first one in is always taken).
+const STREAM_MAX_INFLIGHT_BYTES: usize = 64 << 20;
 
 /// Whether the client asked for `triton_final_response` on every answer, and an empty answer
 /// for a bare final flag (tritonclient's `enable_empty_final_response`).
@@ -321,15 +326,22 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         tokio::spawn(async move {
             let mut running = tokio::task::JoinSet::new();
             let mut sequences = SequenceOrder::default();
+            // Bytes of the messages in flight (per task); with their count, bounded by the stream's budget.
+            let mut held = 0usize;
+            let mut sizes = std::collections::HashMap::new();
             loop {
+                // Past the budget the stream is not read: HTTP/2 flow control holds the client back.
+                let room = running.len() < STREAM_MAX_INFLIGHT && held < STREAM_MAX_INFLIGHT_BYTES;
                 tokio::select! {
-                    next = inbound.message() => match next {
+                    next = inbound.message(), if room => match next {
                         Ok(Some(msg)) => {
                             let (d, shm, tx) = (dispatch.clone(), shm.clone(), tx.clone());
                             let (forward, metadata) = (forward.clone(), metadata.clone());
+                            let bytes = prost::Message::encoded_len(&msg);
+                            held += bytes;
                             // Requests of one sequence run one after the other, in stream order.
                             let (after, done) = sequences.enter(&msg);
-                            running.spawn(async move {
+                            let task = running.spawn(async move {
                                 if let Some(previous) = after {
                                     let _ = previous.await;
                                 }
@@ -337,6 +349,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                                 stream_answers(&*d, &shm, forward, msg, &tx, grpc_errors).await;
                                 done.finish();
                             });
+                            sizes.insert(task.id(), bytes);
                         }
                         Ok(None) => break,
                         Err(_) => {
@@ -344,7 +357,13 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                             break;
                         }
                     },
-                    Some(_) = running.join_next(), if !running.is_empty() => {}
+                    Some(finished) = running.join_next_with_id(), if !running.is_empty() => {
+                        let id = match finished {
+                            Ok((id, ())) => id,
+                            Err(e) => e.id(),
+                        };
+                        held -= sizes.remove(&id).unwrap_or(0);
+                    }
                     // The client went away, or an error status ended the stream (`triton_grpc_error`).
                     _ = tx.closed() => {
                         running.abort_all();
