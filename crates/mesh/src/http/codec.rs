@@ -1,10 +1,10 @@
 //! KServe v2 HTTP infer bodies: JSON plus the binary tensor data extension, in both directions.
-use std::collections::HashMap;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::json_bounded::ScalarParams;
 use super::json_data;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
@@ -18,7 +18,7 @@ struct JsonRequest<'a> {
     #[serde(default)]
     id: Option<String>,
     #[serde(default)]
-    parameters: Option<HashMap<String, serde_json::Value>>,
+    parameters: Option<ScalarParams>,
     #[serde(borrow)]
     inputs: Vec<JsonInput<'a>>,
     #[serde(default)]
@@ -32,7 +32,7 @@ struct JsonInput<'a> {
     shape: Vec<i64>,
     datatype: String,
     #[serde(default)]
-    parameters: Option<HashMap<String, serde_json::Value>>,
+    parameters: Option<ScalarParams>,
     #[serde(default, borrow)]
     data: Option<&'a RawValue>,
 }
@@ -42,7 +42,7 @@ struct JsonInput<'a> {
 struct JsonOutput {
     name: String,
     #[serde(default)]
-    parameters: Option<HashMap<String, serde_json::Value>>,
+    parameters: Option<ScalarParams>,
 }
 
 /// How the client wants each output returned: binary (true) or JSON data (false), or written to
@@ -67,27 +67,9 @@ impl OutputFormat {
     }
 }
 
-fn params_from_json(map: Option<HashMap<String, serde_json::Value>>) -> Result<Params> {
-    let mut out = Vec::new();
-    for (k, v) in map.into_iter().flatten() {
-        let p = match v {
-            serde_json::Value::Bool(b) => Param::Bool(b),
-            serde_json::Value::String(s) => Param::String(s),
-            serde_json::Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-                (Some(i), _, _) => Param::Int(i),
-                (None, Some(u), _) => Param::Uint(u),
-                (_, _, Some(f)) => Param::Double(f),
-                _ => return Err(Error::invalid(format!("parameter '{k}' has an unusable number"))),
-            },
-            other => {
-                return Err(Error::invalid(format!(
-                    "parameter '{k}' must be a bool, number or string, got {other}"
-                )))
-            }
-        };
-        out.push((k, p));
-    }
-    Ok(out)
+/// The parameters of a request, input or output (read bounded, scalars only: see `json_bounded`).
+fn params_from_json(map: Option<ScalarParams>) -> Result<Params> {
+    Ok(map.map(|p| p.0).unwrap_or_default())
 }
 
 fn take_bool(params: &mut Params, key: &str) -> Result<Option<bool>> {
@@ -162,7 +144,12 @@ pub fn decode_request(
                 })?;
                 binary.split_to(n)
             }
-            (None, None, Some(raw)) => json_data::parse_data(&name, dtype, raw)?.freeze(),
+            (None, None, Some(raw)) => {
+                // What the shape holds: more values are refused while they are read.
+                let holds = crate::tensor::element_count(&input.shape)
+                    .map_err(|e| Error::invalid(format!("input '{name}': {}", e.message)))?;
+                json_data::parse_data(&name, dtype, raw, holds)?.freeze()
+            }
         };
         let tensor =
             Tensor::new(dtype, input.shape, data).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;

@@ -31,8 +31,7 @@ const EVENT_STREAM: &str = "text/event-stream; charset=utf-8";
 
 /// Builds the inference request a generate body stands for.
 pub fn decode_generate(model: &str, version: &str, config: &ModelConfig, body: &[u8]) -> Result<InferRequest> {
-    let parsed: Value = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))?;
+    let parsed: Value = super::json_bounded::parse(body, "request JSON buffer")?;
     let Value::Object(fields) = parsed else {
         return Err(Error::invalid("the generate request must be a JSON object"));
     };
@@ -96,7 +95,7 @@ fn input_tensor(name: &str, dtype: DataType, dims: &[i64], batching: bool, value
         scalar => (1, serde_json::value::to_raw_value(&[scalar])),
     };
     let raw = raw.map_err(|e| Error::internal(format!("input '{name}': {e}")))?;
-    let data = json_data::parse_data(name, dtype, &raw)?;
+    let data = json_data::parse_data(name, dtype, &raw, count)?;
     let mut shape: Vec<i64> = if batching { vec![1] } else { Vec::new() };
     shape.extend(deduce_dims(name, dims, count)?);
     Tensor::new(dtype, shape, data.freeze()).map_err(|e| Error::invalid(format!("input '{name}': {e}")))

@@ -8,8 +8,15 @@ use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
-/// Parses a JSON `data` value for an input of `dtype` into wire-layout bytes.
-pub fn parse_data(input: &str, dtype: DataType, raw: &serde_json::value::RawValue) -> Result<BytesMut> {
+/// Parses a JSON `data` value for an input of `dtype` into wire-layout bytes; more than
+/// `max_elements` values (what the input's shape holds) is refused as soon as the next one is read,
+/// so a long array never grows a buffer past the shape.
+pub fn parse_data(
+    input: &str,
+    dtype: DataType,
+    raw: &serde_json::value::RawValue,
+    max_elements: usize,
+) -> Result<BytesMut> {
     if dtype == DataType::Bf16 {
         return Err(Error::invalid(format!(
             "input '{input}': BF16 data cannot be sent as JSON; use the binary tensor extension"
@@ -19,6 +26,7 @@ pub fn parse_data(input: &str, dtype: DataType, raw: &serde_json::value::RawValu
         dtype,
         out: BytesMut::new(),
         depth: 0,
+        left: max_elements,
     };
     let mut de = serde_json::Deserializer::from_str(raw.get());
     de::DeserializeSeed::deserialize(&mut sink, &mut de)
@@ -30,6 +38,31 @@ struct Sink {
     dtype: DataType,
     out: BytesMut,
     depth: usize,
+    /// Values still allowed by the input's shape.
+    left: usize,
+}
+
+impl Sink {
+    fn count<E: de::Error>(&mut self) -> Result<(), E> {
+        match self.left.checked_sub(1) {
+            Some(left) => {
+                self.left = left;
+                Ok(())
+            }
+            None => Err(E::custom("more values than the input's shape holds")),
+        }
+    }
+
+    /// Writes a number of a float type (a JSON integer in float data comes here too).
+    fn put_f64<E: de::Error>(&mut self, v: f64) -> Result<(), E> {
+        match self.dtype {
+            DataType::Fp32 => self.out.put_f32_le(v as f32),
+            DataType::Fp64 => self.out.put_f64_le(v),
+            DataType::Fp16 => self.out.put_u16_le(half::f16::from_f64(v).to_bits()),
+            d => return Err(E::custom(format!("number {v} is not a valid {d} value"))),
+        }
+        Ok(())
+    }
 }
 
 const MAX_DEPTH: usize = 64;
@@ -53,7 +86,7 @@ macro_rules! put_int {
             DataType::Int16 => i16::try_from(v).map(|x| $self.out.put_i16_le(x)).is_ok(),
             DataType::Int32 => i32::try_from(v).map(|x| $self.out.put_i32_le(x)).is_ok(),
             DataType::Int64 => i64::try_from(v).map(|x| $self.out.put_i64_le(x)).is_ok(),
-            _ => return $self.visit_f64(v as f64),
+            _ => return $self.put_f64(v as f64),
         };
         if ok {
             Ok(())
@@ -69,6 +102,7 @@ impl<'de> Visitor<'de> for &mut Sink {
         write!(f, "{} values in a (possibly nested) array", self.dtype)
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.count()?;
         if self.dtype != DataType::Bool {
             return Err(E::custom(format!("boolean value in {} data", self.dtype)));
         }
@@ -76,21 +110,19 @@ impl<'de> Visitor<'de> for &mut Sink {
         Ok(())
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.count()?;
         put_int!(self, v, E)
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.count()?;
         put_int!(self, v, E)
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        match self.dtype {
-            DataType::Fp32 => self.out.put_f32_le(v as f32),
-            DataType::Fp64 => self.out.put_f64_le(v),
-            DataType::Fp16 => self.out.put_u16_le(half::f16::from_f64(v).to_bits()),
-            d => return Err(E::custom(format!("number {v} is not a valid {d} value"))),
-        }
-        Ok(())
+        self.count()?;
+        self.put_f64(v)
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.count()?;
         if self.dtype != DataType::Bytes {
             return Err(E::custom(format!("string value in {} data", self.dtype)));
         }
@@ -164,7 +196,21 @@ mod tests {
 
     fn parse(dtype: DataType, json: &str) -> Result<Vec<u8>> {
         let raw: Box<RawValue> = serde_json::from_str(json).unwrap();
-        parse_data("x", dtype, &raw).map(|b| b.to_vec())
+        parse_data("x", dtype, &raw, 64).map(|b| b.to_vec())
+    }
+
+    #[test]
+    fn more_values_than_the_shape_holds_are_refused() {
+        let raw: Box<RawValue> = serde_json::from_str("[[1, 2], [3, 4]]").unwrap();
+        assert_eq!(parse_data("x", DataType::Fp32, &raw, 4).unwrap().len(), 16);
+        let e = parse_data("x", DataType::Fp32, &raw, 3).unwrap_err();
+        assert!(
+            e.message.contains("more values than the input's shape holds"),
+            "{}",
+            e.message
+        );
+        let raw: Box<RawValue> = serde_json::from_str(r#"["a", "b"]"#).unwrap();
+        assert!(parse_data("x", DataType::Bytes, &raw, 1).is_err());
     }
 
     #[test]

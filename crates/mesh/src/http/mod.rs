@@ -2,7 +2,8 @@
 pub mod codec;
 mod compress;
 mod generate;
-pub mod json_data;
+pub mod json_bounded;
+mod json_data;
 mod raw;
 mod shm;
 mod trace;
@@ -128,7 +129,7 @@ async fn get_logging() -> Response {
 async fn post_logging(body: Bytes) -> Response {
     use crate::logging::SettingValue;
     use serde_json::Value;
-    let parsed: Value = match serde_json::from_slice(&body) {
+    let parsed: Value = match json_bounded::value(&body) {
         Ok(v) => v,
         Err(e) => return error_response(&Error::invalid(format!("the log settings are not JSON: {e}"))),
     };
@@ -275,7 +276,7 @@ fn parse_optional_json(body: &[u8]) -> Result<serde_json::Value, Error> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(serde_json::json!({}));
     }
-    serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))
+    json_bounded::parse(body, "request JSON")
 }
 
 /// Reads `{"parameters": {...}}` from a repository request body (which may be empty).

@@ -25,8 +25,8 @@ pub(super) fn routes<D: Dispatch>() -> Router<Arc<AppState<D>>> {
 
 /// A settings body: each value a string, a list of strings, or null (clears the setting).
 fn changes(body: &Bytes) -> Result<Vec<Change>> {
-    let parsed: Value =
-        serde_json::from_slice(body).map_err(|e| Error::invalid(format!("the trace settings are not JSON: {e}")))?;
+    let parsed: Value = super::json_bounded::value(body)
+        .map_err(|e| Error::invalid(format!("the trace settings are not JSON: {e}")))?;
     let Value::Object(map) = parsed else {
         return Err(Error::invalid("the trace settings must be a JSON object"));
     };
