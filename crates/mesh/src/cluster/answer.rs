@@ -25,7 +25,7 @@ pub async fn refuse(send: &mut SendStream, error: Error, kind: ErrorKind, limits
 pub async fn reject(mut send: SendStream, mut recv: RecvStream, e: FrameError, limits: &Limits) {
     tracing::debug!("refusing a request stream: {e}");
     match e {
-        FrameError::Io(_) | FrameError::Truncated { .. } => {
+        FrameError::Io(_) | FrameError::Truncated { .. } | FrameError::Slow { .. } => {
             let _ = send.reset(VarInt::from_u32(stream_code::PROTOCOL));
         }
         // Never read, never run: the sender may try another peer.

@@ -8,6 +8,7 @@
 //! ```
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -34,6 +35,20 @@ pub struct Limits {
     /// Payload bytes all links of this process may hold at once, received or being received; a
     /// frame past it is refused as overloaded before its buffer is reserved. Shared by clones.
     pub budget: Arc<Budget>,
+    /// A frame whose prelude reserved budget must deliver its header and payload within this plus
+    /// one second per [`MIN_FRAME_RATE`] bytes, or the stream is reset and the budget returned:
+    /// a peer cannot hold reservations by declaring a payload and sending it slowly.
+    pub frame_deadline: Duration,
+}
+
+/// The slowest rate, in bytes per second, at which a reserved frame may arrive.
+pub const MIN_FRAME_RATE: u64 = 8 << 20;
+
+impl Limits {
+    /// How long a frame of `bytes` may take to arrive once its prelude is read.
+    pub fn deadline(&self, bytes: u64) -> Duration {
+        self.frame_deadline + Duration::from_secs_f64(bytes as f64 / MIN_FRAME_RATE as f64)
+    }
 }
 
 impl Default for Limits {
@@ -42,6 +57,7 @@ impl Default for Limits {
             max_header: 16 << 20,
             max_payload: 1 << 30,
             budget: Arc::new(Budget::new(DEFAULT_BUDGET)),
+            frame_deadline: Duration::from_secs(10),
         }
     }
 }
@@ -132,12 +148,16 @@ pub enum FrameError {
     Io(String),
     #[error("busy: a {bytes}-byte frame would pass the link's receive budget ({held} of {limit} bytes held)")]
     Busy { bytes: u64, held: u64, limit: u64 },
+    #[error("a frame of {bytes} bytes did not arrive within {} ms of its prelude", .after.as_millis())]
+    Slow { bytes: u64, after: Duration },
 }
 
 impl From<FrameError> for crate::Error {
     fn from(e: FrameError) -> Self {
         match e {
-            FrameError::Io(_) | FrameError::Truncated { .. } => crate::Error::unavailable(e.to_string()),
+            FrameError::Io(_) | FrameError::Truncated { .. } | FrameError::Slow { .. } => {
+                crate::Error::unavailable(e.to_string())
+            }
             FrameError::Busy { .. } => crate::Error::overloaded(e.to_string()),
             _ => crate::Error::invalid(e.to_string()),
         }

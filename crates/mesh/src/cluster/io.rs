@@ -30,6 +30,19 @@ async fn fill<const A: usize>(
     Ok(())
 }
 
+/// Runs a fill of `bytes` reserved bytes within the limits' deadline for it; past it the reservation
+/// is given back (the caller's guard drops) and the stream is to be reset.
+async fn in_time(
+    limits: &Limits,
+    bytes: u64,
+    fill: impl std::future::Future<Output = Result<(), FrameError>>,
+) -> Result<(), FrameError> {
+    let after = limits.deadline(bytes);
+    tokio::time::timeout(after, fill)
+        .await
+        .map_err(|_| FrameError::Slow { bytes, after })?
+}
+
 /// Reads one frame; `Ok(None)` when the stream ended cleanly before a new frame began.
 pub async fn read_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option<Frame>, FrameError> {
     let mut prelude = [0u8; PRELUDE_LEN];
@@ -52,7 +65,12 @@ pub async fn read_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option
     // much and send nothing cannot pile up reservations.
     let header_reserved = limits.budget.reserve(p.header_len.into())?;
     let mut header = rkyv::util::AlignedVec::<16>::with_capacity(p.header_len as usize);
-    fill(recv, &mut header, p.header_len as usize).await?;
+    in_time(
+        limits,
+        p.header_len.into(),
+        fill(recv, &mut header, p.header_len as usize),
+    )
+    .await?;
     let message = decode_header(&header)?;
     drop(header);
     drop(header_reserved);
@@ -61,7 +79,7 @@ pub async fn read_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option
     } else {
         let reserved = limits.budget.reserve(p.payload_len)?;
         let mut buf = rkyv::util::AlignedVec::<TENSOR_ALIGN>::with_capacity(p.payload_len as usize);
-        fill(recv, &mut buf, p.payload_len as usize).await?;
+        in_time(limits, p.payload_len, fill(recv, &mut buf, p.payload_len as usize)).await?;
         Bytes::from_owner(Payload {
             buf,
             _reserved: reserved,
@@ -87,4 +105,57 @@ pub async fn write_frame(send: &mut SendStream, mut chunks: Vec<Bytes>) -> Resul
     send.write_all_chunks(&mut chunks)
         .await
         .map_err(|e| FrameError::Io(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::cluster::frame::{Budget, Prelude, PROTOCOL_VERSION};
+
+    /// A peer that declares a frame, sends part of it and goes quiet: the reader gives up at the
+    /// deadline with `Slow`, and the budget its prelude reserved is back to zero.
+    #[tokio::test]
+    async fn a_frame_that_stalls_after_its_prelude_gives_its_budget_back() {
+        let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+        let server_crypto = crate::cluster::tls::insecure_server_crypto().unwrap();
+        let server = quinn::Endpoint::server(quinn::ServerConfig::with_crypto(server_crypto), local).unwrap();
+        let addr = server.local_addr().unwrap();
+        let mut client = quinn::Endpoint::client(local).unwrap();
+        client.set_default_client_config(quinn::ClientConfig::new(
+            crate::cluster::tls::insecure_client_crypto().unwrap(),
+        ));
+        let limits = Limits {
+            frame_deadline: Duration::from_millis(300),
+            budget: Arc::new(Budget::new(1 << 30)),
+            ..Limits::default()
+        };
+        let budget = limits.budget.clone();
+        let reader = tokio::spawn(async move {
+            let conn = server.accept().await.unwrap().await.unwrap();
+            let (_send, mut recv) = conn.accept_bi().await.unwrap();
+            let started = Instant::now();
+            let read = read_frame(&mut recv, &limits).await;
+            (read.map(|_| ()), started.elapsed(), conn)
+        });
+        let conn = client.connect(addr, "mesh").unwrap().await.unwrap();
+        let (mut send, _recv) = conn.open_bi().await.unwrap();
+        let prelude = Prelude {
+            version: PROTOCOL_VERSION,
+            header_len: 64,
+            payload_len: 1 << 20,
+        };
+        send.write_all(&prelude.encode()).await.unwrap();
+        send.write_all(&[0u8; 10]).await.unwrap();
+        let (read, took, _conn) = reader.await.unwrap();
+        assert!(matches!(read, Err(FrameError::Slow { bytes: 64, .. })), "{read:?}");
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        assert_eq!(budget.used(), 0);
+    }
 }
