@@ -33,15 +33,17 @@ class Etcd:
     """One etcd member on loopback (a cluster of one is enough: the tests fault the routers, and make
     etcd itself unreachable by freezing it)."""
 
-    def __init__(self, data_dir: Path, log_path: Path):
+    def __init__(self, data_dir: Path, log_path: Path, tls: tuple[Path, Path, Path] | None = None):
+        """`tls`: (CA, certificate, key): clients over https with a certificate of that CA."""
         self.binary = etcd_binary()
         self.data_dir, self.log_path = Path(data_dir), Path(log_path)
         self.proc: subprocess.Popen | None = None
         self.client_port = self.peer_port = 0
+        self.tls = tls
 
     @property
     def endpoint(self) -> str:
-        return f"http://{HOST}:{self.client_port}"
+        return f"{'https' if self.tls else 'http'}://{HOST}:{self.client_port}"
 
     def start(self, timeout: float = 30.0) -> "Etcd":
         if self.client_port == 0:  # a restart keeps its ports and data
@@ -51,6 +53,10 @@ class Etcd:
                "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                "--initial-cluster", f"m0={peer}", "--initial-cluster-state", "new"]
+        if self.tls:
+            ca, cert, key = self.tls
+            cmd += ["--cert-file", str(cert), "--key-file", str(key), "--trusted-ca-file", str(ca),
+                    "--client-cert-auth"]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -64,8 +70,14 @@ class Etcd:
         raise RuntimeError(f"etcd not healthy within {timeout}s; see {self.log_path}")
 
     def healthy(self) -> bool:
+        context = None
+        if self.tls:
+            import ssl
+            ca, cert, key = self.tls
+            context = ssl.create_default_context(cafile=str(ca))
+            context.load_cert_chain(str(cert), str(key))
         try:
-            with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1) as r:
+            with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1, context=context) as r:
                 return b"true" in r.read()
         except OSError:
             return False

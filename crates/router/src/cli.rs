@@ -54,6 +54,20 @@ pub struct Args {
     /// router is the only one and decides alone.
     #[arg(long, value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
+    /// The CA that etcd's server certificate chains to (TLS to etcd; the endpoints are https://).
+    #[arg(long, value_name = "PATH")]
+    pub etcd_ca: Option<std::path::PathBuf>,
+    /// This router's client certificate for etcd (with --etcd-key), when etcd asks for one.
+    #[arg(long, value_name = "PATH")]
+    pub etcd_cert: Option<std::path::PathBuf>,
+    #[arg(long, value_name = "PATH")]
+    pub etcd_key: Option<std::path::PathBuf>,
+    /// etcd user (etcd's authentication), with --etcd-password or MESH_ETCD_PASSWORD.
+    #[arg(long)]
+    pub etcd_user: Option<String>,
+    /// The etcd user's password; MESH_ETCD_PASSWORD keeps it off the command line.
+    #[arg(long, env = "MESH_ETCD_PASSWORD", hide_env_values = true)]
+    pub etcd_password: Option<String>,
     /// Key prefix in etcd; routers of one cluster share it, other clusters use another.
     #[arg(long, default_value = "/mesh")]
     pub etcd_prefix: String,

@@ -64,7 +64,22 @@ async fn run(args: Args) -> Result<(), String> {
     let lead = if args.etcd_endpoints.is_empty() {
         Lead::single(id.clone())
     } else {
+        let tls = lead::etcd::tls_options(
+            args.etcd_ca.as_deref(),
+            args.etcd_cert.as_deref(),
+            args.etcd_key.as_deref(),
+        )?;
+        let user = match (&args.etcd_user, &args.etcd_password) {
+            (Some(u), Some(p)) => Some((u.clone(), p.clone())),
+            (None, None) => None,
+            _ => return Err("--etcd-user and --etcd-password (or MESH_ETCD_PASSWORD) go together".into()),
+        };
+        if tls.is_some() && args.etcd_endpoints.iter().any(|e| !e.starts_with("https://")) {
+            return Err("with --etcd-ca, every --etcd-endpoints entry must be https://".into());
+        }
         lead::etcd::start(lead::etcd::EtcdSettings {
+            tls,
+            user,
             endpoints: args.etcd_endpoints.clone(),
             prefix: args.etcd_prefix.clone(),
             ttl: Duration::from_secs(args.etcd_lease_secs.max(1)),

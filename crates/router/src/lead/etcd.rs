@@ -23,6 +23,30 @@ pub struct EtcdSettings {
     pub poll: Duration,
     /// This router, as others see it in the leader key (its name and HTTP address).
     pub me: super::LeaderInfo,
+    /// TLS to etcd (its CA, and this router's certificate when etcd asks for one).
+    pub tls: Option<etcd_client::TlsOptions>,
+    /// etcd's user authentication: name and password.
+    pub user: Option<(String, String)>,
+}
+
+/// TLS options for etcd from PEM files; errors name the file.
+pub fn tls_options(
+    ca: Option<&std::path::Path>,
+    cert: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+) -> Result<Option<etcd_client::TlsOptions>, String> {
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
+    let mut tls = match ca {
+        None if cert.is_none() && key.is_none() => return Ok(None),
+        None => return Err("--etcd-cert and --etcd-key need --etcd-ca".into()),
+        Some(ca) => etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(read(ca)?)),
+    };
+    match (cert, key) {
+        (Some(cert), Some(key)) => tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?)),
+        (None, None) => {}
+        _ => return Err("--etcd-cert and --etcd-key go together".into()),
+    }
+    Ok(Some(tls))
 }
 
 /// Starts the election task; the handle's role follows it.
@@ -189,10 +213,16 @@ impl Election {
 
     async fn step(&mut self) -> Step {
         if self.client.is_none() {
-            let options = ConnectOptions::new()
+            let mut options = ConnectOptions::new()
                 .with_connect_timeout(self.settings.ttl / 3)
                 .with_timeout(self.settings.ttl / 3)
                 .with_require_leader(true);
+            if let Some(tls) = &self.settings.tls {
+                options = options.with_tls(tls.clone());
+            }
+            if let Some((user, password)) = &self.settings.user {
+                options = options.with_user(user.clone(), password.clone());
+            }
             self.client = Some(Client::connect(&self.settings.endpoints, Some(options)).await?);
         }
         let now = Instant::now();
