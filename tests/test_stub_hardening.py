@@ -134,3 +134,51 @@ def is_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
     except (OSError, IndexError):
         return True
+
+
+ECHO = """import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * 2)])
+                for r in requests]
+"""
+
+
+def test_a_model_loaded_with_file_overrides_survives_its_stub_dying(fresh_server, tmp_path):
+    import tempfile
+
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    srv = fresh_server([repo], ["--backend-config", f"python,interpreter={sys.executable}",
+                                "--model-control-mode", "explicit"], wait_models=[])
+    node = srv.proc.pid
+    client = httpclient.InferenceServerClient(srv.http_url)
+    config = json.dumps({"name": "fo_py", "backend": "python", "max_batch_size": 0,
+                         "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
+                         "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]})
+    client.load_model("fo_py", config=config, files={"file:1/model.py": ECHO.encode()})
+
+    def infer():
+        i = httpclient.InferInput("x", [2], "FP32")
+        i.set_data_from_numpy(np.array([1.5, 2.0], np.float32))
+        return client.infer("fo_py", [i]).as_numpy("y").tolist()
+
+    assert infer() == [3.0, 4.0]
+    overrides = [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(f"mesh-{node}-override-")]
+    assert len(overrides) == 1 and stat.S_IMODE(overrides[0].stat().st_mode) == 0o700, overrides
+    for pid in stubs_of(node):
+        os.kill(pid, signal.SIGKILL)
+
+    def answers():
+        try:
+            return infer() == [3.0, 4.0]
+        except Exception:  # noqa: BLE001 - restarting
+            return False
+
+    wait_for(answers, "the model to answer again after its stub was killed", timeout=60)
+    client.unload_model("fo_py")
+    wait_for(lambda: not overrides[0].exists(), "the override files to go with the unload", timeout=10)
+    client.close()

@@ -1,5 +1,6 @@
-//! `file:` overrides of a repository load (node or router): written to a temporary model directory
-//! that is removed when its guard drops.
+//! `file:` overrides of a repository load (node or router): written to a fresh private temporary
+//! model directory (mode 0700, an unguessable name, never an existing path) that is removed when
+//! its guard drops; a node keeps the guard as long as the model is loaded.
 use std::path::{Component, Path, PathBuf};
 
 use crate::{Error, Result};
@@ -9,6 +10,13 @@ const MAX_OVERRIDE_FILES: usize = 64;
 
 /// A temporary model directory built from `file:` overrides, removed when dropped.
 pub struct OverrideDir(PathBuf);
+
+impl OverrideDir {
+    /// The model directory inside (`<root>/<name>`).
+    pub fn model_dir(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
 
 impl std::fmt::Debug for OverrideDir {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -44,9 +52,19 @@ pub fn write_override_dir(name: &str, files: &[(String, bytes::Bytes)]) -> Resul
             "at most {MAX_OVERRIDE_FILES} file overrides per load"
         )));
     }
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let root = std::env::temp_dir().join(format!("mesh-{}-override-{n}", std::process::id()));
+    let root = std::env::temp_dir().join(format!(
+        "mesh-{}-override-{:032x}",
+        std::process::id(),
+        rand::random::<u128>()
+    ));
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        // create(), not create_all(): an existing path (a planted symlink) is an error, not followed.
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&root)
+            .map_err(|e| Error::internal(format!("cannot create a directory for file overrides: {e}")))?;
+    }
     let guard = OverrideDir(root.clone());
     let model_dir = root.join(name);
     for (path, bytes) in files {
@@ -86,6 +104,10 @@ mod tests {
         let files = vec![("1/model.onnx".to_string(), bytes::Bytes::from_static(b"x"))];
         let (guard, dir) = write_override_dir("m", &files).unwrap();
         assert!(dir.ends_with("m"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.parent().unwrap()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        assert_eq!(guard.model_dir("m"), dir);
         assert!(dir.join("1/model.onnx").is_file());
         let root = guard.0.clone();
         drop(guard);

@@ -142,7 +142,11 @@ fn held_traces_are_bounded() {
     assert!(t.drain().is_none());
     // log_frequency 0 (write at exit): written once MAX_HELD_TRACES are held.
     let mut t = Tracer::default();
-    t.configure("/tmp/t.json".into(), &[set("trace_level", "TIMESTAMPS"), set("log_frequency", "0")]).unwrap();
+    t.configure(
+        "/tmp/t.json".into(),
+        &[set("trace_level", "TIMESTAMPS"), set("log_frequency", "0")],
+    )
+    .unwrap();
     for id in 1..MAX_HELD_TRACES {
         assert!(t.finish(&trace(id)).is_none());
     }

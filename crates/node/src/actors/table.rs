@@ -23,6 +23,9 @@ pub struct Source {
     pub config: Arc<ModelConfig>,
     /// Fingerprint of the version directories (config.pbtxt excluded); None for file overrides.
     pub content: Option<u64>,
+    /// The files of a load with `file:` overrides, kept while the model is loaded: a restarted
+    /// model actor loads them again from there (the directory goes with the last reference).
+    pub files: Option<Arc<mesh::overrides::OverrideDir>>,
 }
 
 pub struct ModelEntry {
@@ -90,6 +93,13 @@ impl ModelTable {
     /// Whether the node has the model at all (in any state).
     pub fn knows(&self, name: &str) -> bool {
         self.read().contains_key(name)
+    }
+
+    /// A loaded model's kept `file:` override files and the config they were loaded with.
+    pub fn kept_files(&self, name: &str) -> Option<(Arc<mesh::overrides::OverrideDir>, ModelConfig)> {
+        let models = self.read();
+        let source = models.get(name)?.source.as_ref()?;
+        Some((source.files.clone()?, source.written.clone()))
     }
 
     pub fn is_ready(&self, name: &str) -> bool {

@@ -130,10 +130,38 @@ impl Manager {
     }
 
     fn load_nested<'a>(&'a self, me: &'a ActorCell, name: &'a str, options: LoadOptions, why: Why) -> Loading<'a> {
-        Box::pin(self.load_at(me, name, options, why))
+        Box::pin(self.load_at(me, name, options, why, None))
     }
 
-    async fn load_at(&self, me: &ActorCell, name: &str, options: LoadOptions, why: Why) -> Result<()> {
+    /// Loads a model again after its actor or this manager failed: from the files of its `file:`
+    /// overrides when it was loaded with them (kept while it is loaded), else as any load.
+    async fn restore(&self, me: &ActorCell, name: &str) -> Result<()> {
+        let kept = self.table.kept_files(name);
+        let result = self.load_at(me, name, LoadOptions::default(), Why::Load(0), kept).await;
+        self.replan_dependents(me, name).await;
+        result
+    }
+
+    async fn load_at(
+        &self,
+        me: &ActorCell,
+        name: &str,
+        options: LoadOptions,
+        why: Why,
+        kept: Option<(Arc<mesh::overrides::OverrideDir>, ModelConfig)>,
+    ) -> Result<()> {
+        if let Some((files, written)) = kept {
+            let path = files.model_dir(name);
+            let versions = repository::version_dirs(&path);
+            let dir = ModelDir {
+                name: name.to_string(),
+                path,
+                versions,
+            };
+            return self
+                .load_dir(me, name, dir, Some(written), Some(files), None, why)
+                .await;
+        }
         let placed = self.repos.placed.get(name);
         // A placed model keeps the config override it was placed with across reloads.
         let config = options
@@ -147,7 +175,7 @@ impl Manager {
         if !options.files.is_empty() && override_config.is_none() {
             return Err(Error::invalid("file overrides need a 'config' parameter as well"));
         }
-        let (_guard, dir) = if let Some(placed) = placed.filter(|_| options.files.is_empty()) {
+        let (files, dir) = if let Some(placed) = placed.filter(|_| options.files.is_empty()) {
             let versions = repository::version_dirs(&placed.path);
             let dir = ModelDir {
                 name: name.to_string(),
@@ -171,14 +199,26 @@ impl Manager {
                 path,
                 versions,
             };
-            (Some(g), dir)
+            (Some(Arc::new(g)), dir)
         };
-        let fingerprint = repository::fingerprint(&dir.path);
         // File overrides may change anything, so they always load afresh.
-        let content = options
-            .files
-            .is_empty()
-            .then(|| repository::content_fingerprint(&dir.path));
+        let content = files.is_none().then(|| repository::content_fingerprint(&dir.path));
+        self.load_dir(me, name, dir, override_config, files, content, why).await
+    }
+
+    /// Loads `dir` (with its config override and kept override files) into the table.
+    #[allow(clippy::too_many_arguments)]
+    async fn load_dir(
+        &self,
+        me: &ActorCell,
+        name: &str,
+        dir: ModelDir,
+        override_config: Option<ModelConfig>,
+        files: Option<Arc<mesh::overrides::OverrideDir>>,
+        content: Option<u64>,
+        why: Why,
+    ) -> Result<()> {
+        let fingerprint = repository::fingerprint(&dir.path);
         let written = loader::written_config(&dir, override_config);
         if let Ok((written, _)) = &written {
             if let Some(done) = self.change_in_place(name, written, content, fingerprint).await {
@@ -206,6 +246,7 @@ impl Manager {
                         written: loaded.written,
                         config: loaded.config,
                         content,
+                        files,
                     }),
                 };
                 self.table.set(name, entry);
@@ -358,7 +399,7 @@ impl Manager {
             .collect();
         for name in serving {
             tracing::warn!(model = %name, "reloading after a repository manager restart");
-            let _ = self.load(me, &name, LoadOptions::default()).await;
+            let _ = self.restore(me, &name).await;
         }
     }
 
@@ -423,7 +464,7 @@ impl Actor for RepositoryManager {
         if let SupervisionEvent::ActorFailed(cell, err) = event {
             if let Some(name) = state.model_of(cell.get_id()) {
                 tracing::error!(model = %name, "model supervisor failed: {err}; reloading the model");
-                let _ = state.load(&myself.get_cell(), &name, LoadOptions::default()).await;
+                let _ = state.restore(&myself.get_cell(), &name).await;
             }
         }
         Ok(())
