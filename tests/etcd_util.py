@@ -20,6 +20,16 @@ def etcd_binary() -> str | None:
     return shutil.which("etcd") or next((p for p in ("/usr/bin/etcd", "/usr/sbin/etcd") if os.path.exists(p)), None)
 
 
+def require_etcd() -> None:
+    """Skips the test without etcd, or fails it when MESH_REQUIRE_SERVER=1 (as CI runs)."""
+    import pytest
+    if etcd_binary() is None:
+        why = "etcd is not installed (scripts/setup.sh installs Debian's etcd-server)"
+        if os.environ.get("MESH_REQUIRE_SERVER") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+
+
 def _free_tcp_port() -> int:
     s = socket.socket()
     try:

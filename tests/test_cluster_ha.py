@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from cluster_util import AddSubLoad, copy_models, log_has, wait_until
-from etcd_util import Etcd, etcd_binary
+from etcd_util import Etcd, require_etcd
 from mesh_util import metric_sum, parse_metrics
 from test_cluster_placement import FAST, check_add_sub, python_args
 
@@ -26,11 +26,7 @@ TAKEOVER_BOUND_S = 15.0
 
 @pytest.fixture
 def etcd(tmp_path, request):
-    if etcd_binary() is None:
-        import os
-        if os.environ.get("MESH_REQUIRE_SERVER") == "1":
-            pytest.fail("etcd is not installed (scripts/setup.sh installs Debian's etcd-server)")
-        pytest.skip("etcd is not installed (scripts/setup.sh installs Debian's etcd-server)")
+    require_etcd()
     e = Etcd(tmp_path / "etcd", tmp_path / "etcd.log").start()
     yield e
     e.stop()

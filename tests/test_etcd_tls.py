@@ -4,24 +4,20 @@ without a trusted certificate never does (and says why), and bad flag combinatio
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 
 import pytest
 
 from cluster_util import copy_models
-from etcd_util import Etcd, etcd_binary
+from etcd_util import Etcd, require_etcd
 
 pytestmark = [pytest.mark.server, pytest.mark.cluster]
 
 
 @pytest.fixture
 def tls_etcd(cluster_certs, tmp_path):
-    if etcd_binary() is None:
-        if os.environ.get("MESH_REQUIRE_SERVER") == "1":
-            pytest.fail("etcd is not installed (scripts/setup.sh installs Debian's etcd-server)")
-        pytest.skip("etcd is not installed")
+    require_etcd()
     res = cluster_certs.ops_run("certs", "issue", str(cluster_certs.dir), "etcd-server", "--ip", "127.0.0.1")
     assert res.returncode == 0, res.stderr
     d = cluster_certs.dir
