@@ -198,6 +198,13 @@ class HostCluster:
         """GET /mesh/v1/cluster on the router."""
         return http_json(self.url + "/mesh/v1/cluster", timeout=2)
 
+    def ops_on_router(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        """`mesh-ops ARGS` run on the router's host, as an operator logged in there runs it: without
+        a `cluster` restriction the router takes changes (scale, drain) only from its own host."""
+        return subprocess.run(["ip", "netns", "exec", self.router.ns, self.bins["ops"], *args,
+                               "--router", f"http://127.0.0.1:{HTTP}"],
+                              capture_output=True, text=True, timeout=timeout)
+
     def node_info(self, name: str, view: dict | None = None) -> dict | None:
         """Node `name` in the router's view; a name listed twice is a split view (AssertionError)."""
         found = [n for n in (view or self.view())["nodes"] if n["name"] == name]

@@ -16,7 +16,6 @@ Every request must succeed with exactly one answer; the seed that chose victims 
 printed and the checker's report lands in tests/.work/chaos/. Only generous liveness bounds."""
 import json
 import signal
-import subprocess
 import threading
 import time
 import urllib.request
@@ -181,8 +180,7 @@ def test_a_partitioned_node_declared_lost_rejoins_as_itself_once_and_serving(pla
         wait_until(lambda: agree(c, victim), 15, lambda: f"{victim}'s report to match the placement: {c.view()}")
         traffic.more(200, "after the heal")
         # Serving: with 3 replicas wanted every node holds one, the rejoined node included, and it runs requests.
-        res = subprocess.run([c.bins["ops"], "scale", MODEL, "--min", "3", "--router", c.url], capture_output=True,
-                             text=True, timeout=30)
+        res = c.ops_on_router("scale", MODEL, "--min", "3")
         assert res.returncode == 0, res.stderr
         wait_until(lambda: sorted(c.replicas(MODEL)) == sorted(NODES) and c.serving(victim), 30,
                    lambda: f"{MODEL} on every node, {victim} serving it: {c.view()}")

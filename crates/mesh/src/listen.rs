@@ -25,7 +25,9 @@ use tokio::sync::Semaphore;
 pub struct ConnLimits {
     /// Open connections at most; past it the listener stops accepting until one closes.
     pub max_connections: usize,
-    /// A request's head (and a TLS handshake) must arrive within this.
+    /// A request's head (and a TLS handshake) must arrive within this. hyper starts the clock when
+    /// a connection waits for its next request, so it is also how long a keep-alive connection
+    /// may sit idle: long enough for pooled clients, short enough to reclaim slow ones.
     pub header_timeout: Duration,
     /// A request's body must arrive within this, counted from its head.
     pub body_timeout: Duration,
@@ -35,7 +37,7 @@ impl Default for ConnLimits {
     fn default() -> Self {
         ConnLimits {
             max_connections: 4096,
-            header_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(60),
         }
     }
@@ -245,8 +247,9 @@ pub struct TlsArgs {
     /// Open HTTP connections at most; past it new ones wait in the listen backlog.
     #[arg(long, default_value_t = 4096)]
     pub http_max_connections: usize,
-    /// Seconds a client has to send a request's headers (and finish a TLS handshake).
-    #[arg(long, default_value_t = 10)]
+    /// Seconds a client has to send a request's headers (and finish a TLS handshake); also how
+    /// long an idle keep-alive connection is kept.
+    #[arg(long, default_value_t = 60)]
     pub http_header_timeout_secs: u64,
     /// Seconds a client has to send a request's body once its headers arrived.
     #[arg(long, default_value_t = 60)]
