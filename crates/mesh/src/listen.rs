@@ -289,17 +289,20 @@ impl TlsArgs {
         let (Some(cert), Some(key)) = (&self.grpc_server_cert, &self.grpc_server_key) else {
             return Err("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key".into());
         };
+        let client_ca = match (self.grpc_use_ssl_mutual, &self.grpc_root_cert) {
+            (false, _) => None,
+            (true, Some(ca)) => Some(ca.as_path()),
+            (true, None) => {
+                return Err("--grpc-use-ssl-mutual needs --grpc-root-cert (the CA of client certificates)".into())
+            }
+        };
+        // The same checks as HTTPS, once, so a bad file is named at start rather than at the first client.
+        server_tls(cert, key, client_ca)?;
         let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
-        // The same checks as HTTPS, so a bad file is named at start rather than at the first client.
-        server_tls(cert, key, None)?;
         let mut tls = ServerTlsConfig::new()
             .identity(Identity::from_pem(read(cert)?, read(key)?))
             .timeout(Duration::from_secs(self.http_header_timeout_secs.max(1)));
-        if self.grpc_use_ssl_mutual {
-            let Some(ca) = &self.grpc_root_cert else {
-                return Err("--grpc-use-ssl-mutual needs --grpc-root-cert (the CA of client certificates)".into());
-            };
-            server_tls(cert, key, Some(ca))?;
+        if let Some(ca) = client_ca {
             tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
         }
         Ok(Some(tls))

@@ -52,19 +52,8 @@ pub fn write_override_dir(name: &str, files: &[(String, bytes::Bytes)]) -> Resul
             "at most {MAX_OVERRIDE_FILES} file overrides per load"
         )));
     }
-    let root = std::env::temp_dir().join(format!(
-        "mesh-{}-override-{:032x}",
-        std::process::id(),
-        rand::random::<u128>()
-    ));
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        // create(), not create_all(): an existing path (a planted symlink) is an error, not followed.
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&root)
-            .map_err(|e| Error::internal(format!("cannot create a directory for file overrides: {e}")))?;
-    }
+    let root = crate::private::fresh_dir(&format!("mesh-{}-override-", std::process::id()))
+        .map_err(|e| Error::internal(format!("cannot create a directory for file overrides: {e}")))?;
     let guard = OverrideDir(root.clone());
     let model_dir = root.join(name);
     for (path, bytes) in files {

@@ -56,6 +56,18 @@ pub struct ModelDir {
     pub versions: Vec<i64>,
 }
 
+impl ModelDir {
+    /// The model `name` in the directory `path`, with the version folders found there.
+    pub fn at(name: &str, path: PathBuf) -> ModelDir {
+        let versions = version_dirs(&path);
+        ModelDir {
+            name: name.to_string(),
+            path,
+            versions,
+        }
+    }
+}
+
 /// Lists the models of every repository; a name found in two repositories is an error for that name.
 pub fn scan(repos: &[PathBuf]) -> (Vec<ModelDir>, Vec<(String, String)>) {
     let mut found: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
@@ -83,8 +95,7 @@ pub fn scan(repos: &[PathBuf]) -> (Vec<ModelDir>, Vec<(String, String)>) {
             continue;
         }
         let path = paths.into_iter().next().expect("one path");
-        let versions = version_dirs(&path);
-        models.push(ModelDir { name, path, versions });
+        models.push(ModelDir::at(&name, path));
     }
     (models, errors)
 }

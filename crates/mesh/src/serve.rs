@@ -216,6 +216,11 @@ fn forward_pattern(flag: &str, pattern: &Option<String>) -> Result<Option<regex:
 }
 
 impl ListenArgs {
+    /// The HTTP port's restricted groups (`--http-restricted-api`).
+    pub fn http_rules(&self) -> Result<Restrictions, String> {
+        Restrictions::parse(&self.http_restricted_api, "api")
+    }
+
     /// The HTTP endpoint, or None when disabled.
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.allow_http
@@ -239,7 +244,7 @@ impl ListenArgs {
     ) -> Result<Vec<JoinHandle<()>>, String> {
         let (trace_file, trace) = crate::trace::from_flags(&self.trace_config)?;
         crate::trace::configure(trace_file, &trace).map_err(|e| format!("--trace-config: {}", e.message))?;
-        let http_rules = Arc::new(Restrictions::parse(&self.http_restricted_api, "api")?);
+        let http_rules = Arc::new(self.http_rules()?);
         let grpc_rules = Arc::new(Restrictions::parse(&self.grpc_restricted_protocol, "protocol")?);
         let mut servers = Vec::new();
         // One registry: a region registered over HTTP serves gRPC requests too.

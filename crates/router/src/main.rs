@@ -104,10 +104,7 @@ async fn run(args: Args) -> Result<(), String> {
         route,
     ));
     let repo = Arc::new(ClusterRepo::new(args.model_repository.clone()));
-    let http_rules = Arc::new(mesh::restrict::Restrictions::parse(
-        &args.listen.http_restricted_api,
-        "api",
-    )?);
+    let http_rules = Arc::new(args.listen.http_rules()?);
     let placement = Arc::new(Placement::new(
         repo,
         lead,

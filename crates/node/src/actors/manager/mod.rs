@@ -151,13 +151,7 @@ impl Manager {
         kept: Option<(Arc<mesh::overrides::OverrideDir>, ModelConfig)>,
     ) -> Result<()> {
         if let Some((files, written)) = kept {
-            let path = files.model_dir(name);
-            let versions = repository::version_dirs(&path);
-            let dir = ModelDir {
-                name: name.to_string(),
-                path,
-                versions,
-            };
+            let dir = ModelDir::at(name, files.model_dir(name));
             return self
                 .load_dir(me, name, dir, Some(written), Some(files), None, why)
                 .await;
@@ -176,13 +170,7 @@ impl Manager {
             return Err(Error::invalid("file overrides need a 'config' parameter as well"));
         }
         let (files, dir) = if let Some(placed) = placed.filter(|_| options.files.is_empty()) {
-            let versions = repository::version_dirs(&placed.path);
-            let dir = ModelDir {
-                name: name.to_string(),
-                path: placed.path,
-                versions,
-            };
-            (None, dir)
+            (None, ModelDir::at(name, placed.path))
         } else if options.files.is_empty() {
             let (dirs, _) = repository::scan(&self.repos.roots);
             let dir = dirs.into_iter().find(|d| d.name == name).ok_or_else(|| {
@@ -193,13 +181,7 @@ impl Manager {
             (None, dir)
         } else {
             let (g, path) = write_override_dir(name, &options.files)?;
-            let versions = repository::version_dirs(&path);
-            let dir = ModelDir {
-                name: name.to_string(),
-                path,
-                versions,
-            };
-            (Some(Arc::new(g)), dir)
+            (Some(Arc::new(g)), ModelDir::at(name, path))
         };
         // File overrides may change anything, so they always load afresh.
         let content = files.is_none().then(|| repository::content_fingerprint(&dir.path));

@@ -24,23 +24,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Lines of the stub's stderr kept for error messages.
 const TAIL_LINES: usize = 30;
 
-/// A name no other process can guess: shared memory and the runtime directory carry one, so a
-/// client cannot register a stub's memory (`register_system` opens any /dev/shm name) or plant
-/// files where the stub's sources go.
-fn unguessable() -> String {
-    format!("{:032x}", rand::random::<u128>())
-}
-
 /// The directory holding this process's stub sources and sockets: made fresh (mode 0700, never an
 /// existing directory or a symlink) under the temporary directory, written once.
 fn runtime_dir() -> Result<&'static Path, String> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("mesh-node-{}-{}", std::process::id(), unguessable()));
-        let write = || -> std::io::Result<()> {
-            use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-            // create(), not create_all(): it fails on anything already there, a symlink included.
-            std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        // Unguessable, so nobody can plant files where the stub's sources go.
+        let write = || -> std::io::Result<PathBuf> {
+            use std::os::unix::fs::OpenOptionsExt;
+            let dir = mesh::private::fresh_dir(&format!("mesh-node-{}-", std::process::id()))?;
             for (name, text) in [
                 ("mesh_stub.py", STUB_PY),
                 ("mesh_stub_calls.py", CALLS_PY),
@@ -55,11 +47,15 @@ fn runtime_dir() -> Result<&'static Path, String> {
                     .open(dir.join(name))?;
                 std::io::Write::write_all(&mut f, text.as_bytes())?;
             }
-            Ok(())
+            Ok(dir)
         };
-        write()
-            .map(|_| dir.clone())
-            .map_err(|e| format!("cannot write the python stub to {}: {e}", dir.display()))
+        write().map_err(|e| {
+            let tmp = std::env::temp_dir();
+            format!(
+                "cannot write the python stub to a new directory in {}: {e}",
+                tmp.display()
+            )
+        })
     })
     .as_ref()
     .map(|p| p.as_path())
@@ -165,7 +161,12 @@ impl Stub {
             UnixListener::bind(&sock_path).map_err(|e| format!("cannot bind {}: {e}", sock_path.display()))?;
         let shm_dir = Path::new("/dev/shm");
         let shm_dir = if shm_dir.is_dir() { shm_dir } else { dir };
-        let shm_path = shm_dir.join(format!("{OWN_SHM_PREFIX}{}-{}", std::process::id(), unguessable()));
+        // Unguessable, so no client can register a stub's memory (`register_system` opens any name).
+        let shm_path = shm_dir.join(format!(
+            "{OWN_SHM_PREFIX}{}-{}",
+            std::process::id(),
+            mesh::private::unguessable()
+        ));
         let shm = Shm::create(&shm_path, shm_bytes)
             .map_err(|e| format!("cannot create shared memory {}: {e}", shm_path.display()))?;
         let mut command = Command::new(interpreter);
