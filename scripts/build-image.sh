@@ -75,15 +75,15 @@ if [ ! -x "$py" ] || [ ! -f "$mlp/1/model.onnx" ]; then "$repo/scripts/setup.sh"
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/mesh-image.XXXXXX")
 root=$work/root
 mnt=""
+# shellcheck source=scripts/root-lib.sh
+. "$repo/scripts/root-lib.sh"
 cleanup() {
-  local rc=$? p
+  local rc=$?
   set +e
-  for p in /proc/[0-9]*; do
-    [ "$(readlink "$p/root" 2>/dev/null)" = "$root" ] && kill -KILL "${p#/proc/}" 2>/dev/null
-  done
-  awk -v r="$root" 'index($2, r) == 1 { print $2 }' /proc/self/mounts | sort -r | xargs -r -n1 umount -l
+  local left
+  left=$(release_root "$root")
   [ -n "$mnt" ] && podman image unmount "$tag" >/dev/null
-  [ "$(awk -v r="$root" 'index($2, r) == 1' /proc/self/mounts | wc -l)" = 0 ] && rm -rf --one-file-system "$work"
+  [ "$left" = 0 ] && rm -rf --one-file-system "$work"
   if [ $rc = 0 ]; then say "PASSED: $tag served from its own root ($(( $(date +%s) - t0 )) s in all)"
   else say "FAILED (exit $rc) after $(( $(date +%s) - t0 )) s; logs were in $work"; fi
   exit $rc

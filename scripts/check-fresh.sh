@@ -45,6 +45,9 @@ for w in "${without[@]}"; do
   PREREQS=("${keep_list[@]}")
 done
 
+# shellcheck source=scripts/root-lib.sh
+. "$repo/scripts/root-lib.sh"
+
 [ "$(id -u)" = 0 ] || { echo "check-fresh: needs root (debootstrap, chroot, mounts)" >&2; exit 2; }
 # Mounts made below vanish with this private mount namespace, whatever ends the script.
 if [ -z "${MESH_FRESH_NS:-}" ]; then
@@ -63,24 +66,13 @@ step_pid=""
 started=$(date +%s)
 say() { echo "check-fresh: $*"; }
 
-# Every process whose root is the fresh root, then every mount under it, innermost first. The root
-# is deleted only once no mount is left under it: a bind mount would let rm reach the host.
+# Every process in the fresh root, then every mount under it (scripts/root-lib.sh); the root is
+# deleted only once no mount is left under it.
 cleanup() {
-  local rc=$? pids p left
+  local rc=$? left
   set +e
   [ -n "$step_pid" ] && kill -TERM "$step_pid" 2>/dev/null
-  pids=""
-  for p in /proc/[0-9]*; do
-    [ "$(readlink "$p/root" 2>/dev/null)" = "$root" ] && pids="$pids ${p#/proc/}"
-  done
-  if [ -n "$pids" ]; then
-    kill -TERM $pids 2>/dev/null; sleep 2; kill -KILL $pids 2>/dev/null
-    say "stopped processes left in the root:$pids"
-  fi
-  awk -v r="$root" 'index($2, r) == 1 { print $2 }' /proc/self/mounts | sort -r | while read -r m; do
-    umount -l "$m" 2>/dev/null || echo "check-fresh: could not unmount $m" >&2
-  done
-  left=$(awk -v r="$root" 'index($2, r) == 1' /proc/self/mounts | wc -l)
+  left=$(release_root "$root")
   if [ "$keep" = 1 ] || [ "$left" != 0 ]; then
     say "kept $work (root, logs)$([ "$left" != 0 ] && echo ": $left mounts still under it")"
   else
