@@ -32,7 +32,8 @@ m.ir_version = 8  # what onnxruntime 1.31 reads (the onnx wheel writes a newer o
 onnx.save(m, sys.argv[1])
 PY
 "$OPS" certs init "$WORK/certs" >/dev/null
-for n in router node; do "$OPS" certs issue "$WORK/certs" "$n" >/dev/null; done
+"$OPS" certs issue "$WORK/certs" router --role router >/dev/null
+"$OPS" certs issue "$WORK/certs" node --role node >/dev/null
 tls() { echo --cluster-ca "$WORK/certs/ca.pem" --cluster-cert "$WORK/certs/$1.pem" --cluster-key "$WORK/certs/$1.key"; }
 
 cargo build -q --release -p mesh-node --bench grpc_load

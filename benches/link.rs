@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use mesh::cluster::call::{self, Peer};
-use mesh::cluster::certs::{CertificateAuthority, LeafRequest};
+use mesh::cluster::certs::{CertificateAuthority, LeafRequest, Role};
 use mesh::cluster::convert::{request_frame, ErrorKind};
 use mesh::cluster::io::read_frame;
 use mesh::cluster::{answer, tls, transport, Limits};
@@ -66,8 +66,8 @@ async fn quic_pair() -> (quinn::Connection, quinn::Endpoint) {
     std::fs::create_dir_all(&dir).unwrap();
     let ca = CertificateAuthority::generate("bench CA", 1).unwrap();
     std::fs::write(dir.join("ca.pem"), ca.cert_pem()).unwrap();
-    for name in ["router", "node"] {
-        let leaf = ca.issue(&LeafRequest::new(name)).unwrap();
+    for (name, role) in [("router", Role::Router), ("node", Role::Node)] {
+        let leaf = ca.issue(&LeafRequest::new(name, role)).unwrap();
         std::fs::write(dir.join(format!("{name}.pem")), &leaf.cert_pem).unwrap();
         std::fs::write(dir.join(format!("{name}.key")), &leaf.key_pem).unwrap();
     }

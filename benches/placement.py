@@ -88,9 +88,10 @@ class Cluster:
         self.http = free_port()
         self.cluster_port = free_port(socket.SOCK_DGRAM)
 
-    def tls(self, name):
+    def tls(self, name, role="node"):
         c = self.work / "certs"
-        subprocess.run([BIN / "mesh-ops", "certs", "issue", c, name, "--force"], check=True, capture_output=True)
+        subprocess.run([BIN / "mesh-ops", "certs", "issue", c, name, "--role", role, "--force"], check=True,
+                       capture_output=True)
         return ["--cluster-ca", c / "ca.pem", "--cluster-cert", c / f"{name}.pem", "--cluster-key", c / f"{name}.key"]
 
     def spawn(self, name, cmd):
@@ -103,7 +104,7 @@ class Cluster:
         self.spawn("router", [BIN / "mesh-router", "--model-repository", repo, "--model-control-mode", "explicit",
                               *sum((["--load-model", m] for m in SMALL), []), "--min-replica-age-ms", "1000",
                               "--http-port", self.http, "--grpc-port", free_port(), "--metrics-port", free_port(),
-                              "--cluster-port", self.cluster_port, *self.tls("router")])
+                              "--cluster-port", self.cluster_port, *self.tls("router", "router")])
         wait(lambda: get(self.url("/v2/health/live")) or True, 30, "the router")
 
     def node(self, name):

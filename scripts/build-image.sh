@@ -133,8 +133,8 @@ unshare --net -- bash -c '
     ORT_DYLIB_PATH=$(podman image inspect "$tag" --format "{{range .Config.Env}}{{println .}}{{end}}" | sed -n "s/^ORT_DYLIB_PATH=//p") "$@"; }
   # Cluster certificates made by the image'"'"'s own mesh-ops, in its tmpfs /tmp.
   as_mesh /usr/local/bin/mesh-ops certs init /tmp/certs >/dev/null
-  as_mesh /usr/local/bin/mesh-ops certs issue /tmp/certs router --ip 127.0.0.1 >/dev/null
-  as_mesh /usr/local/bin/mesh-ops certs issue /tmp/certs node >/dev/null
+  as_mesh /usr/local/bin/mesh-ops certs issue /tmp/certs router --role router --ip 127.0.0.1 >/dev/null
+  as_mesh /usr/local/bin/mesh-ops certs issue /tmp/certs node --role node >/dev/null
   tls() { echo --cluster-ca /tmp/certs/ca.pem --cluster-cert /tmp/certs/$1.pem --cluster-key /tmp/certs/$1.key; }
   as_mesh /usr/local/bin/mesh-router $(tls router) --http-port 8010 --grpc-port 8011 --metrics-port 8012 \
     --cluster-address 127.0.0.1 --cluster-port 8013 >"$work/router.log" 2>&1 &

@@ -99,14 +99,15 @@ class HostCluster:
         if r.returncode != 0:
             raise RuntimeError(f"mesh-ops {' '.join(args)} failed: {(r.stderr or r.stdout).strip()}")
 
-    def tls(self, name: str, ip: str | None = None) -> list[str]:
+    def tls(self, name: str, ip: str | None = None, role: str = "node") -> list[str]:
         """The --cluster-ca/-cert/-key flags of member `name`; its certificate is issued when missing
         (always, naming `ip` too, when `ip` is given: the router's address changes per run)."""
         if not (self.certs / "ca.pem").is_file():
             self._ops("certs", "init", str(self.certs))
         pem, key = self.certs / f"{name}.pem", self.certs / f"{name}.key"
         if ip or not pem.is_file():
-            self._ops("certs", "issue", str(self.certs), name, *(["--ip", ip, "--force"] if ip else []))
+            self._ops("certs", "issue", str(self.certs), name, "--role", role,
+                      *(["--ip", ip, "--force"] if ip else []))
         return ["--cluster-ca", str(self.certs / "ca.pem"), "--cluster-cert", str(pem), "--cluster-key", str(key)]
 
     def log(self, host: netns.Host) -> Path:
@@ -131,7 +132,7 @@ class HostCluster:
         certificate (`cert`, default `name`) names the host's address."""
         self.router = self._host(name, lambda h: [
             self.bins["router"], *self._serving_flags(repos), "--cluster-port", str(CLUSTER),
-            *self.tls(cert or name, ip=h.addr), *map(str, args)])
+            *self.tls(cert or name, ip=h.addr, role="router"), *map(str, args)])
         return self.router
 
     def start_node(self, name: str, repos=(), args=()) -> netns.Host:

@@ -17,10 +17,10 @@ HA=0
 scripts/setup.sh
 BIN=target/release
 CERTS=.cluster/certs
-if [ ! -f "$CERTS/ca.pem" ]; then
-  "$BIN/mesh-ops" certs init "$CERTS"
-  for name in router node-a node-b; do "$BIN/mesh-ops" certs issue "$CERTS" "$name" >/dev/null; done
-fi
+[ -f "$CERTS/ca.pem" ] || "$BIN/mesh-ops" certs init "$CERTS"
+# Leaf certificates are cheap: issued afresh on each start, each with its role.
+"$BIN/mesh-ops" certs issue "$CERTS" router --role router --force >/dev/null
+for name in node-a node-b; do "$BIN/mesh-ops" certs issue "$CERTS" "$name" --role node --force >/dev/null; done
 tls() { echo --cluster-ca "$CERTS/ca.pem" --cluster-cert "$CERTS/$1.pem" --cluster-key "$CERTS/$1.key"; }
 mkdir -p .cluster/logs
 ETCD_PID=

@@ -94,16 +94,17 @@ class ClusterCerts:
     def ops_run(self, *args, timeout=30) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.ops), *args], capture_output=True, text=True, timeout=timeout)
 
-    def issue(self, name: str) -> tuple[Path, Path]:
+    def issue(self, name: str, role: str = "node") -> tuple[Path, Path]:
+        """NAME.pem and NAME.key in `role` (router, node, server or client), issued once."""
         pem, key = self.dir / f"{name}.pem", self.dir / f"{name}.key"
         if not pem.is_file():
-            res = self.ops_run("certs", "issue", str(self.dir), name)
+            res = self.ops_run("certs", "issue", str(self.dir), name, "--role", role)
             assert res.returncode == 0, f"mesh-ops certs issue {name} failed:\n{res.stdout}\n{res.stderr}"
         return pem, key
 
-    def args(self, name: str) -> list[str]:
-        """--cluster-ca/--cluster-cert/--cluster-key for member `name`."""
-        pem, key = self.issue(name)
+    def args(self, name: str, role: str = "node") -> list[str]:
+        """--cluster-ca/--cluster-cert/--cluster-key for member `name` in `role`."""
+        pem, key = self.issue(name, role)
         return ["--cluster-ca", str(self.dir / "ca.pem"), "--cluster-cert", str(pem), "--cluster-key", str(key)]
 
 
@@ -200,7 +201,7 @@ class Cluster:
     def start_router(self, repos=(), args=(), *, tls: str | None = "router", name="router",
                      cluster_port: int | None = None) -> MeshRouter:
         """Starts the router with the certificate of member `tls` (None: --cluster-insecure-dev)."""
-        extra = self.certs.args(tls) if tls else ["--cluster-insecure-dev"]
+        extra = self.certs.args(tls, "router") if tls else ["--cluster-insecure-dev"]
         r = MeshRouter(self.bins["router"], list(repos), extra + list(args), self._log(name), self.env,
                        cluster_port=cluster_port)
         self._track(r, name)

@@ -184,7 +184,7 @@ def test_without_a_cluster_rule_only_local_clients_change_the_cluster(cluster_fa
             return cmd
 
     r = WideRouter(cluster_bins["router"], [copy_models(models_dir / "simple", tmp_path / "repo", ["add_sub"])],
-                   c.certs.args("router"), c._log("router"), c.env)
+                   c.certs.args("router", "router"), c._log("router"), c.env)
     c._track(r, "router")
     c.router = r.start([], timeout=60)
     port = r.http_port

@@ -47,7 +47,8 @@ def hosts(network, cluster_bins, server_env, cluster_certs, models_dir, tmp_path
     repos = {"add_sub": copy_models(models_dir / "simple", tmp_path / "add_sub", ["add_sub"]),
              "mlp": copy_models(models_dir / "simple", tmp_path / "mlp", ["mlp"])}
     router = network.add("router")
-    res = cluster_certs.ops_run("certs", "issue", str(cluster_certs.dir), "router-ns", "--ip", router.addr, "--force")
+    res = cluster_certs.ops_run("certs", "issue", str(cluster_certs.dir), "router-ns", "--role", "router",
+                                  "--ip", router.addr, "--force")
     assert res.returncode == 0, res.stderr
     ca = str(cluster_certs.dir / "ca.pem")
     tls = lambda n: ["--cluster-ca", ca, "--cluster-cert", str(cluster_certs.dir / f"{n}.pem"),  # noqa: E731

@@ -18,7 +18,8 @@ pytestmark = [pytest.mark.server, pytest.mark.cluster]
 @pytest.fixture
 def tls_etcd(cluster_certs, tmp_path):
     require_etcd()
-    res = cluster_certs.ops_run("certs", "issue", str(cluster_certs.dir), "etcd-server", "--ip", "127.0.0.1")
+    res = cluster_certs.ops_run("certs", "issue", str(cluster_certs.dir), "etcd-server", "--role", "server",
+                                  "--ip", "127.0.0.1")
     assert res.returncode == 0, res.stderr
     d = cluster_certs.dir
     e = Etcd(tmp_path / "etcd", tmp_path / "etcd.log", tls=(d / "ca.pem", d / "etcd-server.pem", d / "etcd-server.key"))
@@ -33,7 +34,7 @@ def role(router) -> dict:
 
 def test_a_router_leads_through_etcd_over_mutual_tls(cluster_factory, cluster_certs, tls_etcd, models_dir, tmp_path):
     d = cluster_certs.dir
-    cluster_certs.issue("etcd-client")
+    cluster_certs.issue("etcd-client", "client")
     repo = copy_models(models_dir / "simple", tmp_path / "repo", ["add_sub"])
     c = cluster_factory()
     trusted = c.start_router([repo], ["--etcd-endpoints", tls_etcd.endpoint, "--etcd-lease-secs", "2",

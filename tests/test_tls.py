@@ -34,11 +34,12 @@ pytestmark = [pytest.mark.server]
 def pki(cluster_bins, tmp_path_factory):
     """A CA with a server certificate for 127.0.0.1 and a client certificate, and a second CA."""
     ca = ClusterCerts(cluster_bins["ops"], tmp_path_factory.mktemp("tls-ca"))
-    res = ca.ops_run("certs", "issue", str(ca.dir), "server", "--ip", HOST, "--dns", "localhost")
+    res = ca.ops_run("certs", "issue", str(ca.dir), "server", "--role", "server", "--ip", HOST,
+                     "--dns", "localhost")
     assert res.returncode == 0, res.stderr
-    ca.issue("client")
+    ca.issue("client", "client")
     other = ClusterCerts(cluster_bins["ops"], tmp_path_factory.mktemp("tls-other"))
-    other.issue("client")
+    other.issue("client", "client")
     return ca, other
 
 

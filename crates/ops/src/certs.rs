@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use mesh::cluster::certs::{CertificateAuthority, LeafRequest, San};
+use mesh::cluster::certs::{CertificateAuthority, LeafRequest, Role, San};
 
 /// The CA's common name unless told otherwise.
 pub const DEFAULT_CA_NAME: &str = "mesh cluster CA";
@@ -38,7 +38,7 @@ impl fmt::Display for InitReport {
         )?;
         write!(
             f,
-            "next: mesh-ops certs issue {} NAME",
+            "next: mesh-ops certs issue {} NAME --role router|node",
             self.cert.parent().unwrap_or(Path::new(".")).display()
         )
     }
@@ -51,6 +51,7 @@ pub struct IssueReport {
     pub cert: PathBuf,
     pub key: PathBuf,
     pub name: String,
+    pub role: Role,
     pub sans: Vec<San>,
     pub days: u32,
 }
@@ -59,8 +60,9 @@ impl fmt::Display for IssueReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "wrote {} (certificate for '{}', valid {} days)",
+            "wrote {} ({} certificate for '{}', valid {} days)",
             self.cert.display(),
+            self.role,
             self.name,
             self.days
         )?;
@@ -140,6 +142,7 @@ pub fn issue(dir: &Path, req: &LeafRequest, force: bool) -> anyhow::Result<Issue
         cert,
         key,
         name: req.name.clone(),
+        role: req.role,
         sans: issued.sans,
         days: req.days,
     })

@@ -3,7 +3,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 
-use mesh::cluster::certs::{LeafRequest, San, DEFAULT_LEAF_DAYS};
+use mesh::cluster::certs::{LeafRequest, Role, San, DEFAULT_LEAF_DAYS};
 use mesh::cluster::tls::{self, TlsFiles};
 use tempfile::TempDir;
 
@@ -59,7 +59,7 @@ fn init_writes_the_ca_and_refuses_to_overwrite_it() {
 fn issue_writes_a_cert_and_a_private_key() {
     let tmp = TempDir::new().expect("temp dir");
     init(tmp.path(), DEFAULT_CA_NAME, 3650, false).expect("init");
-    let mut req = LeafRequest::new("node-a");
+    let mut req = LeafRequest::new("node-a", Role::Node);
     req.dns_names = vec!["node-a.cluster.example".into()];
     req.ip_addrs = vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7))];
     let report = issue(tmp.path(), &req, false).expect("issue");
@@ -69,6 +69,7 @@ fn issue_writes_a_cert_and_a_private_key() {
     #[cfg(unix)]
     assert_eq!(mode(&report.key), 0o600);
     let text = report.to_string();
+    assert!(text.contains("(node certificate for 'node-a'"), "{text}");
     assert!(
         text.contains("SANs: DNS:node-a, DNS:node-a.cluster.example, IP:10.0.0.7, DNS:localhost, IP:127.0.0.1, IP:::1"),
         "{text}"
@@ -104,18 +105,18 @@ fn bad_names_and_a_missing_ca_are_refused() {
         check_name(good).expect(good);
     }
     let tmp = TempDir::new().expect("temp dir");
-    let err = issue(tmp.path(), &LeafRequest::new("a/b"), false)
+    let err = issue(tmp.path(), &LeafRequest::new("a/b", Role::Node), false)
         .expect_err("slash")
         .to_string();
     assert!(err.contains("'/'"), "{err}");
-    let err = issue(tmp.path(), &LeafRequest::new("node-a"), false)
+    let err = issue(tmp.path(), &LeafRequest::new("node-a", Role::Node), false)
         .expect_err("no CA")
         .to_string();
     assert!(err.contains("certs init"), "{err}");
     init(tmp.path(), DEFAULT_CA_NAME, 3650, false).expect("init");
     let bad_dns = LeafRequest {
         dns_names: vec!["not a name".into()],
-        ..LeafRequest::new("node-a")
+        ..LeafRequest::new("node-a", Role::Node)
     };
     let err = issue(tmp.path(), &bad_dns, false).expect_err("bad dns").to_string();
     assert!(err.contains("not a valid DNS name"), "{err}");
@@ -126,12 +127,12 @@ fn bad_names_and_a_missing_ca_are_refused() {
 async fn issued_files_complete_a_mutual_tls_handshake_on_loopback() {
     let tmp = TempDir::new().expect("temp dir");
     init(tmp.path(), DEFAULT_CA_NAME, 3650, false).expect("init");
-    issue(tmp.path(), &LeafRequest::new("router"), false).expect("router");
-    issue(tmp.path(), &LeafRequest::new("node-a"), false).expect("node");
+    issue(tmp.path(), &LeafRequest::new("router", Role::Router), false).expect("router");
+    issue(tmp.path(), &LeafRequest::new("node-a", Role::Node), false).expect("node");
     // A certificate from another CA's directory does not load against this CA.
     let other = TempDir::new().expect("temp dir");
     init(other.path(), "other CA", 3650, false).expect("other init");
-    issue(other.path(), &LeafRequest::new("node-x"), false).expect("other node");
+    issue(other.path(), &LeafRequest::new("node-x", Role::Node), false).expect("other node");
     let foreign = TlsFiles::new(
         tmp.path().join("ca.pem"),
         other.path().join("node-x.pem"),

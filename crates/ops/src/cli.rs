@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use mesh::cluster::certs::{LeafRequest, DEFAULT_CA_DAYS, DEFAULT_LEAF_DAYS};
+use mesh::cluster::certs::{LeafRequest, Role, DEFAULT_CA_DAYS, DEFAULT_LEAF_DAYS};
 
 use crate::{certs, control, status};
 
@@ -123,13 +123,19 @@ pub enum CertsCommand {
         #[arg(long, default_value = certs::DEFAULT_CA_NAME)]
         common_name: String,
     },
-    /// Issue DIR/NAME.pem and DIR/NAME.key, signed by the CA in DIR; valid for serving and as a client.
+    /// Issue DIR/NAME.pem and DIR/NAME.key, signed by the CA in DIR, for one role.
     /// SANs: NAME, --dns, --ip, localhost, 127.0.0.1 and ::1.
     Issue {
         /// Directory holding ca.pem and ca.key.
         dir: PathBuf,
-        /// The member's name (letters, digits, '-', '_', '.').
+        /// The member's name (letters, digits, '-', '_', '.'); a node's name in the cluster.
         name: String,
+        /// What the certificate is for: `router` (a router's cluster port), `node` (a node joining routers; its
+        /// cluster name is NAME), `server` (another TLS server: HTTPS, gRPC, etcd) or `client` (another TLS
+        /// client: a mutual-TLS client, a router reaching etcd). Each role has one extended key usage, so a
+        /// node certificate cannot serve as a router and a router certificate cannot join as a node.
+        #[arg(long)]
+        role: Role,
         /// An extra DNS name the member is reached by (repeatable).
         #[arg(long = "dns", value_name = "NAME")]
         dns: Vec<String>,
@@ -171,6 +177,7 @@ pub fn run(cli: Cli) -> anyhow::Result<String> {
         Command::Certs(CertsCommand::Issue {
             dir,
             name,
+            role,
             dns,
             ip,
             days,
@@ -178,6 +185,7 @@ pub fn run(cli: Cli) -> anyhow::Result<String> {
         }) => {
             let req = LeafRequest {
                 name,
+                role,
                 dns_names: dns,
                 ip_addrs: ip,
                 days,
@@ -225,6 +233,8 @@ mod tests {
             "issue",
             "d",
             "n",
+            "--role",
+            "node",
             "--dns",
             "a.example",
             "--ip",
@@ -232,15 +242,26 @@ mod tests {
         ])
         .expect("issue");
         match cli.command {
-            Command::Certs(CertsCommand::Issue { dns, ip, days, .. }) => {
+            Command::Certs(CertsCommand::Issue {
+                dns, ip, days, role, ..
+            }) => {
                 assert_eq!(
-                    (dns, ip.len(), days),
-                    (vec!["a.example".to_string()], 1, DEFAULT_LEAF_DAYS)
+                    (dns, ip.len(), days, role),
+                    (vec!["a.example".to_string()], 1, DEFAULT_LEAF_DAYS, Role::Node)
                 );
             }
             other => panic!("{other:?}"),
         }
-        assert!(Cli::try_parse_from(["mesh-ops", "certs", "issue", "d", "n", "--ip", "nope"]).is_err());
+        assert!(
+            Cli::try_parse_from(["mesh-ops", "certs", "issue", "d", "n", "--role", "node", "--ip", "nope"]).is_err()
+        );
+        let no_role = Cli::try_parse_from(["mesh-ops", "certs", "issue", "d", "n"]).expect_err("the role is required");
+        assert!(no_role.to_string().contains("--role"), "{no_role}");
+        let bad = Cli::try_parse_from(["mesh-ops", "certs", "issue", "d", "n", "--role", "admin"]).expect_err("role");
+        assert!(
+            bad.to_string().contains("one of: router, node, server, client"),
+            "{bad}"
+        );
         let cli = Cli::try_parse_from(["mesh-ops", "status", "--json"]).expect("status");
         assert!(matches!(cli.command, Command::Status(StatusArgs { json: true, .. })));
         let cli = Cli::try_parse_from(["mesh-ops", "scale", "m", "--min", "1", "--max", "3"]).expect("scale");

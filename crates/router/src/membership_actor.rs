@@ -50,11 +50,22 @@ impl Actor for MembershipActor {
         match msg {
             MembershipMsg::Join(link, hello) => {
                 let name = hello.name.clone();
-                let mut joined = Joined::New;
+                let mut joined = Ok(Joined::New);
                 cluster.update(|m| {
                     joined = m.join(link, hello, now);
-                    true
+                    joined.is_ok()
                 });
+                let joined = match joined {
+                    Ok(j) => j,
+                    Err(why) => {
+                        // Two hellos for one name raced past the link's own check: the later one is refused.
+                        tracing::warn!(node = %name, "refused a node: {why}");
+                        if let Some(l) = cluster.link(link) {
+                            l.close(mesh::cluster::transport::close::REFUSED, &format!("cannot join: {why}"));
+                        }
+                        return Ok(());
+                    }
+                };
                 let old = match joined {
                     Joined::New => None,
                     Joined::Rejoined { old_link } => old_link.map(|l| (l, "the same node joined again on a new link")),

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
+use mesh::cluster::certs::Role;
 use mesh::cluster::convert::{answer_frame, request_from};
 use mesh::cluster::frame;
 use mesh::cluster::io::read_frame;
@@ -142,7 +143,9 @@ async fn join_serving_fake_add(
     router: &Router,
     name: &str,
 ) -> (Connection, Arc<Mutex<HashMap<String, u32>>>) {
-    let conn = connect_as(&certs.node, router.cluster_addr()).await.unwrap();
+    let conn = connect_as(&certs.member(name, Role::Node), router.cluster_addr())
+        .await
+        .unwrap();
     let (mut control, _control_rx, first) = say_hello(&conn, &hello(name, vec![fake_add()])).await.unwrap();
     assert!(matches!(first, Message::Welcome(_)), "{first:?}");
     tokio::spawn(async move {

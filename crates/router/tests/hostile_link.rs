@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use mesh::cluster::certs::Role;
 use mesh::cluster::frame::{Prelude, PRELUDE_LEN};
 use mesh::cluster::msg::{AnswerBody, Fetch, FetchEnd, Message, ModelStatus, RequestHead, TensorHead};
 use mesh::cluster::transport::{close, stream_code};
@@ -427,7 +428,7 @@ async fn a_node_that_grants_no_stream_credit_does_not_stall_other_joins() {
     // keep-alives hold the connection open.
     let mut transport = Arc::try_unwrap(mesh::cluster::transport::transport_config(&TUNING).unwrap()).unwrap();
     transport.stream_receive_window(quinn::VarInt::from_u32(0));
-    let mut config = quinn::ClientConfig::new(tls::client_crypto(&certs.node).unwrap());
+    let mut config = quinn::ClientConfig::new(tls::client_crypto(&certs.member("node-stingy", Role::Node)).unwrap());
     config.transport_config(Arc::new(transport));
     let stingy = connect(config, router.cluster_addr()).await.expect("connect");
     let (mut tx, _rx) = stingy.open_bi().await.unwrap();
@@ -471,4 +472,79 @@ async fn a_fetch_for_files_the_router_does_not_hold_gets_a_clear_error_and_nothi
     }
     assert_live(&mut router).await;
     assert_eq!(cluster_node(&router, "node-fetch").await.unwrap()["state"], "up");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_only_under_its_certificates_name_and_cannot_take_a_live_members() {
+    let certs = Certs::new();
+    let mut router = start_router(&certs, Some(&certs.router), &[]).await;
+
+    // node-a's certificate, with a hello that claims node-b.
+    let (code, reason) = first_frame_closes(&router, &certs, &encode(&hello("node-b", Vec::new()))).await;
+    assert_eq!(code, u64::from(close::REFUSED), "reason: {reason}");
+    assert!(
+        reason.contains("the hello names node 'node-b' but its certificate is 'node-a's"),
+        "{reason}"
+    );
+    assert!(cluster_node(&router, "node-b").await.is_none());
+
+    // A router's certificate cannot join as a node: mesh-node would not even start with it, and the router's
+    // handshake refuses a client built without that check.
+    assert!(tls::client_crypto(&certs.router).is_err());
+    let refused = match connect(client_config(raw_client(&certs.router)), router.cluster_addr()).await {
+        Err(e) => e,
+        Ok(conn) => {
+            let hello = say_hello(&conn, &hello("router", Vec::new())).await;
+            assert!(hello.is_err(), "a router certificate was answered as a node: {hello:?}");
+            conn.closed().await
+        }
+    };
+    assert_tls_refusal(&refused, "is a router certificate; only a node certificate may join");
+
+    // node-t joins; a second certificate for node-t (another key, same CA) cannot take its name while it lives.
+    let live = join(&certs, &router, "node-t").await;
+    let second = certs.path().join("second");
+    std::fs::create_dir(&second).unwrap();
+    let (cert, key) = write_leaf(&second, &certs.ca, "node-t", Role::Node);
+    let twin = tls::TlsFiles::new(certs.path().join("ca.pem"), cert, key);
+    let conn = connect_as(&twin, router.cluster_addr())
+        .await
+        .expect("a CA-signed certificate connects");
+    let (mut tx, _rx) = conn.open_bi().await.unwrap();
+    send(&mut tx, &hello("node-t", Vec::new())).await;
+    let (code, reason) = closed_by_app(&conn).await;
+    assert_eq!(code, u64::from(close::REFUSED), "reason: {reason}");
+    assert!(
+        reason.contains("node name 'node-t' is held by a live member"),
+        "{reason}"
+    );
+    assert!(live.conn.close_reason().is_none(), "the live member was pushed out");
+    let node = cluster_node(&router, "node-t").await.expect("node-t listed");
+    assert_eq!(node["state"], "up");
+
+    // The same key is the same node coming back (a restart): it replaces the member.
+    let again = join(&certs, &router, "node-t").await;
+    assert!(!again.welcome.router.is_empty());
+    eventually("the older link to be closed", Duration::from_secs(5), || async {
+        live.conn.close_reason().map(|_| ())
+    })
+    .await;
+    assert_live(&mut router).await;
+}
+
+/// A client presenting `files` and trusting their CA, built without mesh's check of its own role.
+fn raw_client(files: &tls::TlsFiles) -> Arc<quinn::crypto::rustls::QuicClientConfig> {
+    use mesh::cluster::certs::{load_certs, load_key};
+    let mut roots = rustls::RootCertStore::empty();
+    for der in load_certs(&files.ca, "CA").unwrap() {
+        roots.add(der).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(load_certs(&files.cert, "cert").unwrap(), load_key(&files.key).unwrap())
+        .unwrap();
+    config.alpn_protocols = vec![tls::ALPN.to_vec()];
+    Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(config).unwrap())
 }

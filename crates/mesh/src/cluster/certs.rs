@@ -1,7 +1,9 @@
 //! Certificates for the cluster link: a cluster CA, the leaf certificates it issues, PEM loading with clear errors.
 //!
-//! Every key is ECDSA P-256 (rcgen's default, supported by the ring provider). A leaf certificate carries both
-//! extended key usages, serverAuth and clientAuth, so one certificate serves a router and authenticates a node.
+//! Every key is ECDSA P-256 (rcgen's default, supported by the ring provider). A leaf certificate carries one
+//! role ([`Role`]): written in its subject (`OU=mesh node`) and matched by its extended key usage (serverAuth
+//! for a router, clientAuth for a node or another client, both for another server such as etcd, which dials
+//! itself), so a node's certificate cannot serve as a router and a router's cannot join as a node.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -17,6 +19,8 @@ use rustls::pki_types::{CertificateDer, DnsName, PrivateKeyDer};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::error::X509Error;
 use x509_parser::extensions::GeneralName;
+
+pub use super::identity::Role;
 
 /// Days a CA made by [`CertificateAuthority::generate`] stays valid unless told otherwise (about ten years).
 pub const DEFAULT_CA_DAYS: u32 = 3650;
@@ -49,11 +53,13 @@ impl fmt::Display for San {
     }
 }
 
-/// What a leaf certificate should say: its name, extra names and addresses, and how long it lives.
+/// What a leaf certificate should say: its name and role, extra names and addresses, and how long it lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeafRequest {
     /// The subject's common name (a node or router name); also a SAN when it is a DNS name or an IP address.
     pub name: String,
+    /// What the certificate may be used for.
+    pub role: Role,
     /// Extra DNS names (a leading `*.` wildcard label is allowed).
     pub dns_names: Vec<String>,
     /// Extra IP addresses.
@@ -63,10 +69,11 @@ pub struct LeafRequest {
 }
 
 impl LeafRequest {
-    /// A request for `name` with no extra names and [`DEFAULT_LEAF_DAYS`].
-    pub fn new(name: impl Into<String>) -> Self {
+    /// A request for `name` in `role` with no extra names and [`DEFAULT_LEAF_DAYS`].
+    pub fn new(name: impl Into<String>, role: Role) -> Self {
         Self {
             name: name.into(),
+            role,
             dns_names: Vec::new(),
             ip_addrs: Vec::new(),
             days: DEFAULT_LEAF_DAYS,
@@ -236,7 +243,8 @@ impl CertificateAuthority {
         &self.subject
     }
 
-    /// Issues a leaf certificate for `req` with a fresh key: serverAuth + clientAuth, not a CA.
+    /// Issues a leaf certificate for `req` with a fresh key, not a CA: its role in the subject and the one
+    /// extended key usage of the role.
     pub fn issue(&self, req: &LeafRequest) -> Result<IssuedCert, String> {
         if req.name.trim().is_empty() {
             return Err("a certificate needs a non-empty name".into());
@@ -245,6 +253,9 @@ impl CertificateAuthority {
         let sans = req.subject_alt_names()?;
         let mut params = CertificateParams::default();
         params.distinguished_name = subject(&req.name);
+        params
+            .distinguished_name
+            .push(DnType::OrganizationalUnitName, req.role.unit());
         params.subject_alt_names = sans
             .iter()
             .map(|san| match san {
@@ -255,7 +266,12 @@ impl CertificateAuthority {
             .map_err(|e| format!("bad subject alternative name: {e}"))?;
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        params.extended_key_usages = match req.role {
+            Role::Router => vec![ExtendedKeyUsagePurpose::ServerAuth],
+            Role::Node | Role::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            // etcd (and other servers with client-certificate checks) dial themselves with their own certificate.
+            Role::Server => vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
+        };
         params.use_authority_key_identifier_extension = true;
         params.not_before = not_before.into();
         params.not_after = not_after.into();
@@ -277,7 +293,7 @@ pub(crate) fn self_signed_ephemeral() -> Result<(CertificateDer<'static>, Privat
     let ca = CertificateAuthority::generate("mesh dev (insecure, ephemeral)", 1)?;
     let leaf = ca.issue(&LeafRequest {
         days: 1,
-        ..LeafRequest::new("localhost")
+        ..LeafRequest::new("localhost", Role::Router)
     })?;
     let cert = CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).map_err(|e| e.to_string())?;
     let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).map_err(|e| e.to_string())?;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 
 use super::frame::{Budget, Limits};
+use super::identity::Role;
 use super::{tls, transport};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -35,7 +36,7 @@ pub struct LinkArgs {
 }
 
 const NEED_CERTS: &str = "give --cluster-ca, --cluster-cert and --cluster-key (make them with `mesh-ops certs \
-                          init DIR` and `mesh-ops certs issue DIR NAME`), or --cluster-insecure-dev for development";
+                          init DIR` and `mesh-ops certs issue DIR NAME --role router|node`), or --cluster-insecure-dev for development";
 
 impl LinkArgs {
     /// The certificate files, or None in the development mode; an error when neither is given.
@@ -72,6 +73,17 @@ impl LinkArgs {
             Some(f) => tls::client_crypto(&f),
             None => tls::insecure_client_crypto(),
         }
+    }
+
+    /// The name in this member's certificate, checked to carry `role` (None in the development mode): a node's
+    /// name in the cluster.
+    pub fn certificate_name(&self, role: Role) -> Result<Option<String>, String> {
+        let files = tls::TlsFiles::from_flags(
+            self.cluster_ca.clone(),
+            self.cluster_cert.clone(),
+            self.cluster_key.clone(),
+        )?;
+        files.map(|f| tls::own_name(&f, role)).transpose()
     }
 
     /// The link's transport settings.

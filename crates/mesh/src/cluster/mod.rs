@@ -11,6 +11,7 @@ pub mod convert;
 pub mod fence;
 pub mod flags;
 pub mod frame;
+pub mod identity;
 pub mod io;
 pub mod msg;
 pub mod ship;

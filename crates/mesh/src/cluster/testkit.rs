@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use quinn::{ReadError, ReadToEndError, RecvStream, SendStream};
 
-use super::certs::{CertificateAuthority, LeafRequest};
+use super::certs::{CertificateAuthority, LeafRequest, Role};
 use super::frame::{self, Frame, Limits};
 use super::msg::Message;
 
@@ -90,9 +90,9 @@ pub fn free_udp_port() -> u16 {
     UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// Issues `name`'s certificate from `ca` into `dir` as NAME.pem and NAME.key.
-pub fn write_leaf(dir: &Path, ca: &CertificateAuthority, name: &str) -> (PathBuf, PathBuf) {
-    let leaf = ca.issue(&LeafRequest::new(name)).expect("issue a certificate");
+/// Issues `name`'s certificate in `role` from `ca` into `dir` as NAME.pem and NAME.key.
+pub fn write_leaf(dir: &Path, ca: &CertificateAuthority, name: &str, role: Role) -> (PathBuf, PathBuf) {
+    let leaf = ca.issue(&LeafRequest::new(name, role)).expect("issue a certificate");
     let (cert, key) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
     std::fs::write(&cert, &leaf.cert_pem).unwrap();
     std::fs::write(&key, &leaf.key_pem).unwrap();

@@ -1,8 +1,9 @@
 //! Mutual TLS for the cluster link: quinn crypto configs (TLS 1.3, ALPN `mesh`, ring) checked against a cluster CA.
 //!
-//! The router serves with [`server_crypto`], which requires every node to present a certificate signed by the
-//! cluster CA; a node dials with [`client_crypto`], which checks the router's certificate against the same CA and
-//! presents the node's own. The callers add their own `quinn::TransportConfig`. Without certificates, the
+//! The router serves with [`server_crypto`], which requires every node to present a `node` certificate signed by
+//! the cluster CA; a node dials with [`client_crypto`], which checks that the router's certificate is a `router`
+//! certificate of the same CA and presents the node's own. Each side also refuses to start with a certificate of
+//! the wrong role ([`identity`]). The callers add their own `quinn::TransportConfig`. Without certificates, the
 //! development mode ([`insecure_server_crypto`], [`insecure_client_crypto`]) encrypts but authenticates nobody.
 
 use std::fmt;
@@ -11,12 +12,14 @@ use std::sync::Arc;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, DigitallySignedStruct, InconsistentKeys, RootCertStore, ServerConfig, SignatureScheme};
 
 use super::certs;
+use super::identity::{self, Role, RoleClientVerifier, RoleServerVerifier};
 
 /// The ALPN protocol both sides of the cluster link speak.
 pub const ALPN: &[u8] = b"mesh";
@@ -81,11 +84,12 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The router's side: serves `files.cert` and REQUIRES a client certificate signed by the CA in `files.ca`.
+/// The router's side: serves `files.cert` (a router certificate) and REQUIRES a node certificate signed by the
+/// CA in `files.ca`.
 pub fn server_crypto(files: &TlsFiles) -> Result<Arc<QuicServerConfig>, String> {
-    let loaded = Loaded::read(files)?;
+    let loaded = Loaded::read(files, Role::Router)?;
     let provider = provider();
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(loaded.roots), provider.clone())
+    let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(loaded.roots), provider.clone())
         .build()
         .map_err(|e| {
             format!(
@@ -93,6 +97,10 @@ pub fn server_crypto(files: &TlsFiles) -> Result<Arc<QuicServerConfig>, String> 
                 files.ca.display()
             )
         })?;
+    let verifier = Arc::new(RoleClientVerifier {
+        inner,
+        wanted: Role::Node,
+    });
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| format!("TLS 1.3 with the ring provider: {e}"))?
@@ -103,14 +111,28 @@ pub fn server_crypto(files: &TlsFiles) -> Result<Arc<QuicServerConfig>, String> 
     quic_server(config)
 }
 
-/// A node's side: checks the router's certificate against the CA in `files.ca` (the name it dials must be one of
-/// the router certificate's SANs) and presents `files.cert` as its client certificate.
+/// A node's side: checks that the router's certificate is a router certificate of the CA in `files.ca` (the
+/// name it dials must be one of its SANs) and presents `files.cert` (a node certificate) as its own.
 pub fn client_crypto(files: &TlsFiles) -> Result<Arc<QuicClientConfig>, String> {
-    let loaded = Loaded::read(files)?;
-    let mut config = ClientConfig::builder_with_provider(provider())
+    let loaded = Loaded::read(files, Role::Node)?;
+    let provider = provider();
+    let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(loaded.roots), provider.clone())
+        .build()
+        .map_err(|e| {
+            format!(
+                "CA certificate {}: cannot verify routers with it: {e}",
+                files.ca.display()
+            )
+        })?;
+    let verifier = Arc::new(RoleServerVerifier {
+        inner,
+        wanted: Role::Router,
+    });
+    let mut config = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| format!("TLS 1.3 with the ring provider: {e}"))?
-        .with_root_certificates(loaded.roots)
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
         .with_client_auth_cert(loaded.chain, loaded.key)
         .map_err(|e| key_error(e, files))?;
     config.alpn_protocols = vec![ALPN.to_vec()];
@@ -149,12 +171,15 @@ pub fn insecure_client_crypto() -> Result<Arc<QuicClientConfig>, String> {
     quic_client(config)
 }
 
-/// The peer's name from its certificate, for logs: the common name, else the first DNS name. `None` when the
-/// peer showed no certificate (a node in development mode) or it cannot be read.
+/// The peer's name from its certificate, for logs: the common name. `None` when the peer showed no certificate
+/// (a node in development mode) or it cannot be read.
 pub fn peer_name(conn: &quinn::Connection) -> Option<String> {
-    let identity = conn.peer_identity()?;
-    let chain = identity.downcast_ref::<Vec<CertificateDer<'static>>>()?;
-    certs::display_name(chain.first()?.as_ref())
+    identity::of_peer(conn).map(|id| id.name)
+}
+
+/// The name in the certificate of `files`, checked to carry `role`: the name a member has in the cluster.
+pub fn own_name(files: &TlsFiles, role: Role) -> Result<String, String> {
+    Ok(Loaded::read(files, role)?.name)
 }
 
 /// A member's files, read and checked against each other.
@@ -162,15 +187,21 @@ struct Loaded {
     roots: RootCertStore,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
+    /// The certificate's common name.
+    name: String,
 }
 
 impl Loaded {
-    fn read(files: &TlsFiles) -> Result<Self, String> {
+    /// The files, with the certificate checked to carry `role`.
+    fn read(files: &TlsFiles, role: Role) -> Result<Self, String> {
         let cas = certs::load_certs(&files.ca, "CA certificate")?;
         certs::check_ca(&cas, &files.ca)?;
         let chain = certs::load_certs(&files.cert, "certificate")?;
         let key = certs::load_key(&files.key)?;
         certs::check_issued_by(&chain, &files.cert, &cas, &files.ca)?;
+        let own = identity::of_chain(&chain).map_err(|e| format!("certificate {}: {e}", files.cert.display()))?;
+        own.require(role)
+            .map_err(|e| format!("certificate {}: {e}", files.cert.display()))?;
         let mut roots = RootCertStore::empty();
         for (i, ca) in cas.into_iter().enumerate() {
             roots.add(ca).map_err(|e| {
@@ -181,7 +212,12 @@ impl Loaded {
                 )
             })?;
         }
-        Ok(Self { roots, chain, key })
+        Ok(Self {
+            roots,
+            chain,
+            key,
+            name: own.name,
+        })
     }
 }
 

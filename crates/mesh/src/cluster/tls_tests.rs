@@ -9,6 +9,7 @@ use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use tempfile::TempDir;
 
 use super::certs::{self, CertificateAuthority, LeafRequest, San};
+use super::identity::{Identity, Role};
 use super::tls::{self, TlsFiles};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -26,7 +27,7 @@ impl Pki {
         write(dir.path(), "ca.pem", ca.cert_pem());
         write(dir.path(), "ca.key", ca.key_pem());
         for name in names {
-            let leaf = ca.issue(&LeafRequest::new(*name)).expect("leaf");
+            let leaf = ca.issue(&LeafRequest::new(*name, role_of(name))).expect("leaf");
             write(dir.path(), &format!("{name}.pem"), &leaf.cert_pem);
             write(dir.path(), &format!("{name}.key"), &leaf.key_pem);
         }
@@ -40,6 +41,14 @@ impl Pki {
     fn path(&self, file: &str) -> std::path::PathBuf {
         self.dir.path().join(file)
     }
+}
+
+/// The role the tests give a name: `router…` is a router, `server…` a server, `client…` a client, the rest nodes.
+fn role_of(name: &str) -> Role {
+    [Role::Router, Role::Server, Role::Client]
+        .into_iter()
+        .find(|r| name.starts_with(r.as_str()))
+        .unwrap_or(Role::Node)
 }
 
 fn write(dir: &Path, file: &str, text: &str) {
@@ -333,7 +342,7 @@ fn flags_come_all_three_or_none() {
 #[test]
 fn leaf_sans_default_to_name_and_loopback() {
     let ca = CertificateAuthority::generate("test CA", 1).expect("CA");
-    let mut req = LeafRequest::new("node-a");
+    let mut req = LeafRequest::new("node-a", Role::Node);
     req.dns_names = vec!["node-a.example".into(), "*.pool.example".into(), "localhost".into()];
     req.ip_addrs = vec!["10.0.0.7".parse().expect("ip")];
     let leaf = ca.issue(&req).expect("leaf");
@@ -351,13 +360,17 @@ fn leaf_sans_default_to_name_and_loopback() {
     assert_eq!(leaf.sans.iter().map(San::to_string).collect::<Vec<_>>(), expected);
     assert_eq!(certs::sans_of_pem(&leaf.cert_pem), Ok(leaf.sans.clone()));
     // A name that is no DNS name is only the common name; an IP name is an IP SAN.
-    let sans = LeafRequest::new("node_1 x").subject_alt_names().expect("sans");
+    let sans = LeafRequest::new("node_1 x", Role::Node)
+        .subject_alt_names()
+        .expect("sans");
     assert_eq!(sans.first(), Some(&San::Dns("localhost".into())));
-    let sans = LeafRequest::new("10.1.2.3").subject_alt_names().expect("sans");
+    let sans = LeafRequest::new("10.1.2.3", Role::Node)
+        .subject_alt_names()
+        .expect("sans");
     assert_eq!(sans.first(), Some(&San::Ip("10.1.2.3".parse().expect("ip"))));
     let bad = LeafRequest {
         dns_names: vec!["bad name".into()],
-        ..LeafRequest::new("n")
+        ..LeafRequest::new("n", Role::Node)
     };
     assert!(ca
         .issue(&bad)
@@ -365,7 +378,7 @@ fn leaf_sans_default_to_name_and_loopback() {
         .contains("'bad name' is not a valid DNS name"));
     let zero = LeafRequest {
         days: 0,
-        ..LeafRequest::new("n")
+        ..LeafRequest::new("n", Role::Node)
     };
     assert!(ca.issue(&zero).expect_err("zero days").contains("out of range"));
 }
@@ -375,7 +388,7 @@ fn a_loaded_ca_issues_certificates_that_verify() {
     let pki = Pki::new("test CA", &[]);
     let ca = CertificateAuthority::load(&pki.path("ca.pem"), &pki.path("ca.key")).expect("load CA");
     assert_eq!(ca.subject(), "CN=test CA, O=mesh cluster");
-    let leaf = ca.issue(&LeafRequest::new("later")).expect("leaf");
+    let leaf = ca.issue(&LeafRequest::new("later", Role::Node)).expect("leaf");
     write(pki.dir.path(), "later.pem", &leaf.cert_pem);
     write(pki.dir.path(), "later.key", &leaf.key_pem);
     assert!(tls::client_crypto(&pki.files("later")).is_ok());
@@ -386,4 +399,126 @@ fn a_loaded_ca_issues_certificates_that_verify() {
     assert!(err.contains("does not belong"), "{err}");
     let err = CertificateAuthority::load(&pki.path("later.pem"), &pki.path("later.key")).expect_err("leaf as CA");
     assert!(err.contains("not a CA certificate"), "{err}");
+}
+
+/// A server that serves `cert` and asks clients for a certificate of `ca`, built without mesh's role checks.
+fn raw_server(ca: &Path, cert: &Path, key: &Path) -> Arc<QuicServerConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for der in certs::load_certs(ca, "CA certificate").expect("CA") {
+        roots.add(der).expect("root");
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), tls::provider())
+        .build()
+        .expect("verifier");
+    let mut config = rustls::ServerConfig::builder_with_provider(tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            certs::load_certs(cert, "certificate").expect("cert"),
+            certs::load_key(key).expect("key"),
+        )
+        .expect("server cert");
+    config.alpn_protocols = vec![tls::ALPN.to_vec()];
+    Arc::new(QuicServerConfig::try_from(config).expect("QUIC server"))
+}
+
+#[test]
+fn each_side_refuses_to_start_with_a_certificate_of_the_wrong_role() {
+    let pki = Pki::new("test CA", &["router", "node-a", "server-x"]);
+    let err = server_err(&pki.files("node-a"));
+    assert!(
+        err.contains("node-a.pem") && err.contains("is a node certificate; only a router certificate may serve"),
+        "{err}"
+    );
+    assert!(err.contains("--role router"), "{err}");
+    let err = tls::client_crypto(&pki.files("router"))
+        .err()
+        .expect("router cert as a node");
+    assert!(
+        err.contains("is a router certificate; only a node certificate may join"),
+        "{err}"
+    );
+    let err = server_err(&pki.files("server-x"));
+    assert!(err.contains("is a server certificate"), "{err}");
+    assert_eq!(
+        tls::own_name(&pki.files("node-a"), Role::Node),
+        Ok("node-a".to_string())
+    );
+}
+
+#[test]
+fn identities_name_the_holder_its_role_and_its_key() {
+    let ca = CertificateAuthority::generate("test CA", 1).expect("CA");
+    let der = |pem: &str| certs_der(pem);
+    let a = ca.issue(&LeafRequest::new("node-a", Role::Node)).expect("leaf");
+    let again = ca.issue(&LeafRequest::new("node-a", Role::Node)).expect("leaf");
+    let id = Identity::of(&der(&a.cert_pem)).expect("identity");
+    assert_eq!((id.name.as_str(), id.role), ("node-a", Some(Role::Node)));
+    assert_eq!(Identity::of(&der(&a.cert_pem)).expect("identity").key, id.key, "stable");
+    let other = Identity::of(&der(&again.cert_pem)).expect("identity");
+    assert_eq!(other.name, id.name);
+    assert_ne!(other.key, id.key, "a re-issued certificate has a fresh key");
+    // A certificate without a role (the CA's own here, as one issued before roles would be) is refused.
+    let legacy = Identity::of(&der(ca.cert_pem())).expect("identity");
+    assert_eq!(legacy.role, None);
+    let err = legacy.require(Role::Node).expect_err("no role");
+    assert!(
+        err.contains("carries no mesh role") && err.contains("--role node --force"),
+        "{err}"
+    );
+    assert_eq!("router".parse::<Role>(), Ok(Role::Router));
+    assert!("admin"
+        .parse::<Role>()
+        .expect_err("unknown")
+        .contains("one of: router, node, server, client"));
+}
+
+fn certs_der(pem: &str) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+        .expect("PEM")
+        .as_ref()
+        .to_vec()
+}
+
+#[tokio::test]
+async fn a_node_certificate_serving_as_a_router_is_refused_by_the_node() {
+    let pki = Pki::new("test CA", &["node-a", "node-b"]);
+    // node-b pretends to be the router with its own (node) certificate.
+    let server = raw_server(&pki.path("ca.pem"), &pki.path("node-b.pem"), &pki.path("node-b.key"));
+    let out = exchange(
+        server,
+        tls::client_crypto(&pki.files("node-a")).expect("client"),
+        "localhost",
+    )
+    .await;
+    let err = out.client.expect_err("a node trusted a node certificate as its router");
+    assert!(
+        err.contains("certificate 'node-b' is a node certificate; only a router certificate may serve"),
+        "{err}"
+    );
+    assert!(out.server.is_err(), "{:?}", out.server);
+}
+
+#[tokio::test]
+async fn a_router_certificate_joining_as_a_node_is_refused_by_the_router() {
+    let pki = Pki::new("test CA", &["router", "router-2"]);
+    // router-2 dials the router with its router certificate, as if it were a node.
+    let client = raw_client(
+        &pki.path("ca.pem"),
+        Some((&pki.path("router-2.pem"), &pki.path("router-2.key"))),
+    );
+    let out = exchange(
+        tls::server_crypto(&pki.files("router")).expect("server"),
+        client,
+        "localhost",
+    )
+    .await;
+    let err = out.server.expect_err("the router let a router certificate join");
+    assert!(
+        err.contains("certificate 'router-2' is a router certificate; only a node certificate may join"),
+        "{err}"
+    );
+    assert!(out.client.is_err(), "{:?}", out.client);
 }

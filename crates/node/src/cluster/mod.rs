@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use mesh::cluster::call::{self, Failure, Peer};
 use mesh::cluster::convert::request_frame;
+use mesh::cluster::identity::Role;
 use mesh::cluster::{transport, Limits};
 use mesh::{Error, InferRequest, InferResponse, Result};
 use quinn::{Connection, TransportConfig};
@@ -61,16 +62,15 @@ impl Settings {
             return Ok(None);
         }
         let crypto = args.link.client_crypto()?;
+        let name = node_name(args.node_name.as_deref(), args.link.certificate_name(Role::Node)?)?
+            .unwrap_or_else(|| format!("{}:{}", hostname(), args.listen.http_port));
         let transport = args.link.transport()?;
         let mut devices = vec!["cpu".to_string()];
         devices.extend(gpus.iter().map(|g| format!("gpu:{g}")));
         let endpoint = |addr: Option<std::net::SocketAddr>| addr.map(|a| a.to_string()).unwrap_or_default();
         let settings = Settings {
             routers: args.cluster_join.clone(),
-            name: args
-                .node_name
-                .clone()
-                .unwrap_or_else(|| format!("{}:{}", hostname(), args.listen.http_port)),
+            name,
             incarnation: rand::random(),
             devices,
             http: endpoint(args.listen.http_addr()),
@@ -88,6 +88,20 @@ impl Settings {
             roots: args.model_repository.clone(),
         };
         Ok(Some((settings, transport)))
+    }
+}
+
+/// The node's name in the cluster: its certificate's. `--node-name` may repeat it, not change it; without a
+/// certificate (the development mode) it is `--node-name`, else HOST:HTTP_PORT (None here).
+fn node_name(flag: Option<&str>, certificate: Option<String>) -> std::result::Result<Option<String>, String> {
+    match (flag, certificate) {
+        (Some(flag), Some(cert)) if flag != cert => Err(format!(
+            "--node-name '{flag}' is not the name in this node's certificate ('{cert}'): a node's name in the \
+             cluster is its certificate's; leave --node-name out, or issue a certificate for '{flag}' \
+             (mesh-ops certs issue DIR {flag} --role node)"
+        )),
+        (_, Some(cert)) => Ok(Some(cert)),
+        (flag, None) => Ok(flag.map(str::to_string)),
     }
 }
 
@@ -295,5 +309,26 @@ impl ClusterNode {
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), self.ctx.endpoint.wait_idle()).await;
         tracing::info!("left the cluster");
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::node_name;
+
+    #[test]
+    fn a_nodes_name_is_its_certificates() {
+        assert_eq!(node_name(None, Some("node-a".into())), Ok(Some("node-a".into())));
+        assert_eq!(
+            node_name(Some("node-a"), Some("node-a".into())),
+            Ok(Some("node-a".into()))
+        );
+        let err = node_name(Some("node-b"), Some("node-a".into())).expect_err("another name is refused");
+        assert!(
+            err.contains("'node-b' is not the name in this node's certificate ('node-a')"),
+            "{err}"
+        );
+        assert_eq!(node_name(Some("dev"), None), Ok(Some("dev".into())));
+        assert_eq!(node_name(None, None), Ok(None));
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mesh::cluster::certs::CertificateAuthority;
+use mesh::cluster::certs::{CertificateAuthority, Role};
 use mesh::cluster::io::read_frame;
 use mesh::cluster::msg::{Hello, Message, Welcome};
 #[allow(unused_imports)]
@@ -152,7 +152,8 @@ pub struct Setup {
     /// A repository with add_sub.
     pub repo: PathBuf,
     pub router: TlsFiles,
-    pub node: TlsFiles,
+    /// The cluster CA, which issues each node started here a certificate under its name.
+    pub ca: CertificateAuthority,
     /// The rogue router: its certificate is signed by the rogue CA; it trusts both CAs, so only the node's check
     /// of the router's certificate can stop the join.
     pub rogue_router: TlsFiles,
@@ -171,21 +172,33 @@ impl Setup {
         std::fs::write(&ca_pem, ca.cert_pem()).unwrap();
         let both_pem = dir.path().join("both-cas.pem");
         std::fs::write(&both_pem, format!("{}{}", ca.cert_pem(), rogue.cert_pem())).unwrap();
-        let (router_cert, router_key) = write_leaf(dir.path(), &ca, "router");
-        let (node_cert, node_key) = write_leaf(dir.path(), &ca, "node");
-        let (rogue_cert, rogue_key) = write_leaf(dir.path(), &rogue, "rogue-router");
+        let (router_cert, router_key) = write_leaf(dir.path(), &ca, "router", Role::Router);
+        let (rogue_cert, rogue_key) = write_leaf(dir.path(), &rogue, "rogue-router", Role::Router);
         Some(Setup {
             ort,
             repo,
             router: TlsFiles::new(&ca_pem, router_cert, router_key),
-            node: TlsFiles::new(&ca_pem, node_cert, node_key),
+            ca,
             rogue_router: TlsFiles::new(both_pem, rogue_cert, rogue_key),
             dir,
         })
     }
 
+    /// The certificate files of node `name` (a node's name in the cluster is its certificate's), issued once.
+    pub fn node(&self, name: &str) -> TlsFiles {
+        let (cert, key) = (
+            self.dir.path().join(format!("{name}.pem")),
+            self.dir.path().join(format!("{name}.key")),
+        );
+        if !cert.exists() {
+            write_leaf(self.dir.path(), &self.ca, name, Role::Node);
+        }
+        TlsFiles::new(self.dir.path().join("ca.pem"), cert, key)
+    }
+
     /// Starts a node called `name` on a fresh HTTP port that joins `router`, and waits until its HTTP is live.
     pub async fn start_node(&self, name: &str, router: SocketAddr) -> Node {
+        let files = self.node(name);
         let http = free_tcp_port();
         let mut args: Vec<String> = vec![
             "--model-repository".into(),
@@ -212,9 +225,9 @@ impl Setup {
             TUNING.idle_timeout.as_millis().to_string(),
         ];
         for (flag, path) in [
-            ("--cluster-ca", &self.node.ca),
-            ("--cluster-cert", &self.node.cert),
-            ("--cluster-key", &self.node.key),
+            ("--cluster-ca", &files.ca),
+            ("--cluster-cert", &files.cert),
+            ("--cluster-key", &files.key),
         ] {
             args.push(flag.into());
             args.push(path.display().to_string());

@@ -86,14 +86,18 @@ fn model_status(m: msg::ModelStatus) -> Result<ModelStatus, String> {
     })
 }
 
-fn node_hello(hello: msg::Hello, address: String) -> Result<NodeHello, String> {
+/// The node's hello, once its certificate proves the name it claims ([`super::check_identity`]).
+fn node_hello(hello: msg::Hello, link: &Link, cluster: &Cluster) -> Result<NodeHello, String> {
+    let models = hello.models.into_iter().map(model_status).collect::<Result<_, _>>()?;
+    let key = super::check_identity(&hello.name, &link.conn, &cluster.membership())?;
     Ok(NodeHello {
         name: hello.name,
         incarnation: hello.incarnation,
-        address,
+        address: link.address.to_string(),
         devices: hello.devices,
-        models: hello.models.into_iter().map(model_status).collect::<Result<_, _>>()?,
+        models,
         memory: hello.memory,
+        key,
     })
 }
 
@@ -186,9 +190,10 @@ impl Actor for NodeLink {
         let Joining { control, hello, .. } = joining;
         let (control_tx, control_rx) = control;
         let _ = control_tx.set_priority(CONTROL_PRIORITY);
-        let hello = match node_hello(hello, link.address.to_string()) {
+        let hello = match node_hello(hello, &link, &cluster) {
             Ok(h) => h,
             Err(e) => {
+                tracing::warn!(peer = %link.address, "refused a node: {e}");
                 link.close(close::REFUSED, &format!("cannot join: {e}"));
                 return Err(e.into());
             }
@@ -210,16 +215,6 @@ impl Actor for NodeLink {
     /// Welcomes the node from the actor's own task (the supervisor does not wait on a slow node),
     /// then tells membership, whose routing view may now send requests on the link.
     async fn post_start(&self, myself: ActorRef<LinkMsg>, state: &mut LinkState) -> Result<(), ActorProcessingErr> {
-        if let (Some(hello), Some(cert)) = (&state.hello, mesh::cluster::tls::peer_name(&state.link.conn)) {
-            if cert != hello.name {
-                tracing::warn!(
-                    node = %hello.name,
-                    certificate = %cert,
-                    "a node joined under another name than its certificate's; issue each node a \
-                     certificate under its --node-name"
-                );
-            }
-        }
         let welcome = Message::Welcome(Welcome {
             router: state.cluster.id.clone(),
             link: state.link.id,

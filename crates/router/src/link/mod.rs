@@ -13,7 +13,9 @@ use mesh::cluster::transport::close;
 use mesh::cluster::{FrameError, Limits};
 use quinn::{Connection, RecvStream, SendStream, VarInt};
 
-use crate::membership::LinkId;
+use mesh::cluster::identity::{self, Role};
+
+use crate::membership::{LinkId, Membership};
 
 /// One connected node as the request path sees it: its connection and the router's in-flight count.
 pub struct Link {
@@ -78,6 +80,25 @@ pub struct Joining {
     pub conn: Connection,
     pub control: (SendStream, RecvStream),
     pub hello: Hello,
+}
+
+/// Checks who a joining node is. With certificates, it must show a node certificate whose name is the name in
+/// its hello, and a name a live member holds with another key is refused ([`Membership::admits`]); returns the
+/// key that proves the name. In the development mode nobody shows a certificate and nothing is checked.
+pub fn check_identity(name: &str, conn: &Connection, membership: &Membership) -> Result<Option<[u8; 32]>, String> {
+    let Some(shown) = identity::of_peer(conn) else {
+        return Ok(None);
+    };
+    shown.require(Role::Node)?;
+    if shown.name != name {
+        return Err(format!(
+            "the hello names node '{name}' but its certificate is '{}'s: a node's name in the cluster is the name in \
+             its certificate (give --node-name {} or leave it out)",
+            shown.name, shown.name
+        ));
+    }
+    membership.admits(name, Some(&shown.key))?;
+    Ok(Some(shown.key))
 }
 
 /// How long a new connection may take to open its control stream and say hello.

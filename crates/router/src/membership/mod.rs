@@ -33,6 +33,8 @@ pub struct NodeHello {
     pub models: Vec<ModelStatus>,
     /// Bytes of memory the node offers for placed models.
     pub memory: u64,
+    /// SHA-256 of the public key of the certificate that proved the name (None in the development mode).
+    pub key: Option<[u8; 32]>,
 }
 
 /// One model version on one node.
@@ -183,6 +185,7 @@ struct Served {
 
 struct Node {
     incarnation: u64,
+    key: Option<[u8; 32]>,
     address: String,
     devices: Vec<String>,
     memory: u64,
@@ -259,8 +262,27 @@ impl Membership {
         self.nodes.get_mut(name)
     }
 
-    /// A node said hello on `link`. The last hello for a name wins; the old link, if any, must be closed.
-    pub fn join(&mut self, link: LinkId, hello: NodeHello, now: Instant) -> Joined {
+    /// Whether a node proving `key` may take `name`: not while a live member holds the name with another key
+    /// (a restart of the same node shows the same key; another certificate for the name waits until the member
+    /// leaves or is lost).
+    pub fn admits(&self, name: &str, key: Option<&[u8; 32]>) -> Result<(), String> {
+        let Some(node) = self.nodes.get(name) else {
+            return Ok(());
+        };
+        let live = node.link.is_some() && node.lost_at.is_none();
+        match (node.key.as_ref(), key) {
+            (Some(held), Some(shown)) if live && held != shown => Err(format!(
+                "node name '{name}' is held by a live member with another certificate key; a certificate cannot \
+                 take over a live member's name (it may join once that member leaves or is lost)"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A node said hello on `link`. The last hello for a name wins, unless [`Membership::admits`] refuses it (then
+    /// nothing changes); the old link, if any, must be closed.
+    pub fn join(&mut self, link: LinkId, hello: NodeHello, now: Instant) -> Result<Joined, String> {
+        self.admits(&hello.name, hello.key.as_ref())?;
         // A second hello on a link that carried another name: that other node is gone.
         if let Some(previous) = self.links.get(&link).filter(|n| **n != hello.name).cloned() {
             self.nodes.remove(&previous);
@@ -299,6 +321,7 @@ impl Membership {
             .collect();
         let node = Node {
             incarnation: hello.incarnation,
+            key: hello.key,
             address: hello.address,
             devices: hello.devices,
             memory: hello.memory,
@@ -314,7 +337,7 @@ impl Membership {
         self.links.insert(link, hello.name.clone());
         self.nodes.insert(hello.name, node);
         self.changed(true);
-        joined
+        Ok(joined)
     }
 
     /// A model version was added, changed or removed on the node behind `link`; returns whether the view changed.

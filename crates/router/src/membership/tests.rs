@@ -34,7 +34,51 @@ fn hello(name: &str, incarnation: u64, models: Vec<ModelStatus>) -> NodeHello {
         devices: vec!["cpu".into()],
         models,
         memory: 1 << 30,
+        key: None,
     }
+}
+
+/// Joins a hello that must be admitted.
+fn join(m: &mut Membership, link: LinkId, hello: NodeHello, now: Instant) -> Joined {
+    m.join(link, hello, now).expect("admitted")
+}
+
+fn keyed(name: &str, incarnation: u64, key: u8) -> NodeHello {
+    NodeHello {
+        key: Some([key; 32]),
+        ..hello(name, incarnation, vec![status("m", 1, true)])
+    }
+}
+
+#[test]
+fn a_live_members_name_is_not_taken_over_by_another_key() {
+    let t0 = Instant::now();
+    let mut m = Membership::new(MembershipSettings::default());
+    assert_eq!(m.join(1, keyed("a", 100, 7), t0), Ok(Joined::New));
+    let g = m.generation();
+    let refused = m
+        .join(2, keyed("a", 200, 8), t0 + ms(10))
+        .expect_err("another key is refused");
+    assert!(refused.contains("held by a live member"), "{refused}");
+    assert_eq!(m.generation(), g, "a refused hello changes nothing");
+    assert_eq!(m.node_of(1), Some("a"));
+    assert_eq!(m.node_of(2), None);
+    // The same key is the same node restarting: it replaces the member.
+    assert_eq!(
+        m.join(3, keyed("a", 300, 7), t0 + ms(20)),
+        Ok(Joined::Replaced {
+            old_incarnation: 100,
+            old_link: Some(1)
+        })
+    );
+    // Once the member is lost (or left), another key may take the name.
+    assert!(m.link_lost(3, t0 + ms(30)));
+    assert!(m.admits("a", Some(&[8; 32])).is_ok());
+    assert!(matches!(
+        m.join(4, keyed("a", 400, 8), t0 + ms(40)),
+        Ok(Joined::Replaced { .. })
+    ));
+    assert_eq!(m.node_of(4), Some("a"));
 }
 
 fn load(name: &str, version: i64, inflight: u32, queued: u32) -> ModelLoad {
@@ -59,8 +103,14 @@ fn links(m: &Membership, model: &str, version: &str) -> Vec<LinkId> {
 
 fn two_nodes(t0: Instant) -> Membership {
     let mut m = Membership::new(MembershipSettings::default());
-    assert_eq!(m.join(1, hello("a", 100, vec![status("m", 1, true)]), t0), Joined::New);
-    assert_eq!(m.join(2, hello("b", 200, vec![status("m", 1, true)]), t0), Joined::New);
+    assert_eq!(
+        join(&mut m, 1, hello("a", 100, vec![status("m", 1, true)]), t0),
+        Joined::New
+    );
+    assert_eq!(
+        join(&mut m, 2, hello("b", 200, vec![status("m", 1, true)]), t0),
+        Joined::New
+    );
     m
 }
 
@@ -85,7 +135,7 @@ fn rejoin_with_the_same_incarnation_closes_the_old_link() {
     let t0 = Instant::now();
     let mut m = two_nodes(t0);
     let g = m.generation();
-    let joined = m.join(3, hello("a", 100, vec![status("m", 1, true)]), t0 + ms(10));
+    let joined = join(&mut m, 3, hello("a", 100, vec![status("m", 1, true)]), t0 + ms(10));
     assert_eq!(joined, Joined::Rejoined { old_link: Some(1) });
     assert_eq!(joined.link_to_close(), Some(1));
     assert!(m.generation() > g);
@@ -102,7 +152,7 @@ fn rejoin_with_the_same_incarnation_closes_the_old_link() {
 fn restart_with_a_new_incarnation_replaces_the_member() {
     let t0 = Instant::now();
     let mut m = two_nodes(t0);
-    let joined = m.join(3, hello("a", 101, vec![status("m", 2, true)]), t0);
+    let joined = join(&mut m, 3, hello("a", 101, vec![status("m", 2, true)]), t0);
     assert_eq!(
         joined,
         Joined::Replaced {
@@ -123,10 +173,10 @@ fn rejoin_after_loss_has_no_link_to_close() {
     let mut m = two_nodes(t0);
     assert!(m.link_lost(1, t0));
     assert_eq!(m.state("a"), Some(NodeState::Lost));
-    let joined = m.join(3, hello("a", 100, vec![status("m", 1, true)]), t0 + ms(10));
+    let joined = join(&mut m, 3, hello("a", 100, vec![status("m", 1, true)]), t0 + ms(10));
     assert_eq!(joined, Joined::Rejoined { old_link: None });
     assert_eq!(m.state("a"), Some(NodeState::Up));
-    let joined = m.join(3, hello("a", 100, vec![status("m", 1, true)]), t0 + ms(20));
+    let joined = join(&mut m, 3, hello("a", 100, vec![status("m", 1, true)]), t0 + ms(20));
     assert_eq!(
         joined,
         Joined::Rejoined { old_link: None },
@@ -138,7 +188,10 @@ fn rejoin_after_loss_has_no_link_to_close() {
 fn a_hello_for_another_name_on_a_used_link_drops_the_first_node() {
     let t0 = Instant::now();
     let mut m = two_nodes(t0);
-    assert_eq!(m.join(1, hello("c", 300, vec![status("m", 1, true)]), t0), Joined::New);
+    assert_eq!(
+        join(&mut m, 1, hello("c", 300, vec![status("m", 1, true)]), t0),
+        Joined::New
+    );
     assert_eq!(m.state("a"), None);
     assert_eq!(m.node_of(1), Some("c"));
 }
@@ -301,8 +354,13 @@ fn resolve_errors_distinguish_unknown_invalid_and_waiting() {
 fn model_view_prefers_ready_versions_and_routable_configs() {
     let t0 = Instant::now();
     let mut m = Membership::new(MembershipSettings::default());
-    m.join(1, hello("a", 1, vec![status("m", 1, true), status("m", 3, false)]), t0);
-    m.join(2, hello("b", 2, vec![status("m", 2, true)]), t0);
+    join(
+        &mut m,
+        1,
+        hello("a", 1, vec![status("m", 1, true), status("m", 3, false)]),
+        t0,
+    );
+    join(&mut m, 2, hello("b", 2, vec![status("m", 2, true)]), t0);
     let table = m.routing_table();
     let v = table.model_view("m", "").unwrap();
     assert_eq!((v.version, v.ready, v.ready_versions.clone()), (2, true, vec![1, 2]));
@@ -344,7 +402,7 @@ fn readiness_needs_an_up_node_with_a_ready_model() {
     let t0 = Instant::now();
     let mut m = Membership::new(MembershipSettings::default());
     assert!(!m.ready() && !m.routing_table().ready());
-    m.join(1, hello("a", 1, vec![status("m", 1, false)]), t0);
+    join(&mut m, 1, hello("a", 1, vec![status("m", 1, false)]), t0);
     assert!(!m.ready() && !m.routing_table().ready());
     m.model_event(1, ModelEvent::Update(status("m", 1, true)), t0);
     assert!(m.ready() && m.routing_table().ready());

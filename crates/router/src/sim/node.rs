@@ -122,6 +122,7 @@ impl Sim {
             devices: vec![],
             models,
             memory: 0,
+            key: None,
         };
         self.send_up(link, Up::Hello(hello));
     }

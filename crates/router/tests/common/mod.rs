@@ -8,7 +8,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh::cluster::certs::CertificateAuthority;
+use mesh::cluster::certs::{CertificateAuthority, Role};
 use mesh::cluster::msg::{Hello, LoadReport, Message, ModelStatus, Welcome};
 #[allow(unused_imports)]
 pub use mesh::cluster::testkit::{encode, eventually, free_tcp_port, free_udp_port, read_end, send, write_leaf, End};
@@ -140,6 +140,8 @@ pub async fn http_post(port: u16, path: &str, body: &str) -> Option<(u16, String
 /// with a node certificate of its own.
 pub struct Certs {
     pub dir: tempfile::TempDir,
+    /// The cluster CA, which issues each node a test joins as a certificate under its name.
+    pub ca: CertificateAuthority,
     pub router: TlsFiles,
     pub node: TlsFiles,
     /// The rogue node: its certificate is signed by the rogue CA; it trusts both CAs, so only the router's
@@ -156,15 +158,28 @@ impl Certs {
         std::fs::write(&ca_pem, ca.cert_pem()).unwrap();
         let both_pem = dir.path().join("both-cas.pem");
         std::fs::write(&both_pem, format!("{}{}", ca.cert_pem(), rogue.cert_pem())).unwrap();
-        let (router_cert, router_key) = write_leaf(dir.path(), &ca, "router");
-        let (node_cert, node_key) = write_leaf(dir.path(), &ca, "node-a");
-        let (rogue_cert, rogue_key) = write_leaf(dir.path(), &rogue, "rogue-node");
+        let (router_cert, router_key) = write_leaf(dir.path(), &ca, "router", Role::Router);
+        let (node_cert, node_key) = write_leaf(dir.path(), &ca, "node-a", Role::Node);
+        let (rogue_cert, rogue_key) = write_leaf(dir.path(), &rogue, "rogue-node", Role::Node);
         Certs {
             router: TlsFiles::new(&ca_pem, router_cert, router_key),
             node: TlsFiles::new(&ca_pem, node_cert, node_key),
             rogue_node: TlsFiles::new(both_pem, rogue_cert, rogue_key),
             dir,
+            ca,
         }
+    }
+
+    /// The files of a member `name` in `role`, issued once (a node's name in the cluster is its certificate's).
+    pub fn member(&self, name: &str, role: Role) -> TlsFiles {
+        let (cert, key) = (
+            self.path().join(format!("{name}.pem")),
+            self.path().join(format!("{name}.key")),
+        );
+        if !cert.exists() {
+            write_leaf(self.path(), &self.ca, name, role);
+        }
+        TlsFiles::new(self.path().join("ca.pem"), cert, key)
     }
 
     pub fn path(&self) -> &Path {
@@ -337,7 +352,7 @@ pub struct Joined {
 
 /// Connects with the cluster CA's node certificate and joins as `name`; panics if the router does not welcome it.
 pub async fn join(certs: &Certs, router: &Router, name: &str) -> Joined {
-    let conn = connect_as(&certs.node, router.cluster_addr())
+    let conn = connect_as(&certs.member(name, Role::Node), router.cluster_addr())
         .await
         .expect("a node with a certificate of the cluster CA connects");
     let (control, control_rx, first) = say_hello(&conn, &hello(name, Vec::new())).await.unwrap();
