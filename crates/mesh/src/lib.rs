@@ -21,6 +21,7 @@ pub mod request;
 pub mod restrict;
 pub mod serve;
 pub mod shm;
+pub mod stream;
 pub mod telemetry;
 pub mod tensor;
 pub mod trace;

@@ -10,7 +10,7 @@ use super::msg::Message;
 use super::transport::stream_code;
 use crate::dispatch::Dispatch;
 use crate::error::Error;
-use crate::request::{InferRequest, StreamItem};
+use crate::request::InferRequest;
 
 /// Answers on `send` with one error, as the final answer.
 pub async fn refuse(send: &mut SendStream, error: Error, kind: ErrorKind, limits: &Limits) {
@@ -112,7 +112,8 @@ pub async fn serve<D: Dispatch + ?Sized>(
         }
         return;
     }
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<StreamItem>();
+    // Each answer's credit is held until its frame is written: a reader that stops holds the producer back.
+    let (tx, mut rx) = crate::stream::stream_channel(crate::stream::Window::for_stream());
     let forward = async {
         while let Some(item) = rx.recv().await {
             let answer = item.response.map(|r| {

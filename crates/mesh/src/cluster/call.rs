@@ -127,7 +127,9 @@ pub async fn unary(link: Peer<'_>, chunks: Vec<Bytes>, limits: &Limits) -> Resul
 }
 
 /// One request whose answers stream to `sink` as they arrive (a decoupled model sends several).
-/// On failure, also says how many answers already reached the client. A client that goes away
+/// The next answer is read from the link only with a credit of the sink's window in hand, so a client
+/// that stops reading leaves the rest in the link's flow control (the node's own window then holds the
+/// model back), never in this process. On failure, also says how many answers already reached the client. A client that goes away
 /// cancels the request on the node (the stream is reset; the model sees `is_cancelled()`). The
 /// stream must open and give its first answer by `first_by` (the request's deadline); a decoupled
 /// model may then stream for as long as it likes.
@@ -147,17 +149,30 @@ pub async fn stream(
         Err(_) => return Err(late()),
     };
     let mut forwarded = 0u32;
+    let cancel = |rx: &mut quinn::RecvStream, tx: &mut quinn::SendStream| {
+        let _ = rx.stop(VarInt::from_u32(stream_code::CANCELLED));
+        let _ = tx.reset(VarInt::from_u32(stream_code::CANCELLED));
+    };
     loop {
+        let credit = tokio::select! {
+            credit = sink.credit() => credit,
+            _ = tokio::time::sleep_until(first_by.into()), if forwarded == 0 => {
+                cancel(&mut rx, &mut tx);
+                return Err(late());
+            }
+        };
+        let Some(mut credit) = credit else {
+            cancel(&mut rx, &mut tx);
+            return Ok(());
+        };
         let next = tokio::select! {
             next = read_frame(&mut rx, limits) => next,
             _ = tokio::time::sleep_until(first_by.into()), if forwarded == 0 => {
-                let _ = rx.stop(VarInt::from_u32(stream_code::CANCELLED));
-                let _ = tx.reset(VarInt::from_u32(stream_code::CANCELLED));
+                cancel(&mut rx, &mut tx);
                 return Err(late());
             }
             _ = sink.closed() => {
-                let _ = rx.stop(VarInt::from_u32(stream_code::CANCELLED));
-                let _ = tx.reset(VarInt::from_u32(stream_code::CANCELLED));
+                cancel(&mut rx, &mut tx);
                 return Ok(());
             }
         };
@@ -185,7 +200,12 @@ pub async fn stream(
             Answered::Error(e, _) => Some(Err(e)),
             Answered::Empty => None,
         };
-        let _ = sink.send(StreamItem::new(response, last));
+        credit.charge(frame.payload.len() as u64);
+        let _ = sink.send(StreamItem {
+            response,
+            last,
+            credit: Some(credit),
+        });
         forwarded += 1;
         if last {
             return Ok(());

@@ -171,17 +171,29 @@ async fn single_answer<D: Dispatch + ?Sized>(
     dispatch: &D,
     request: InferRequest,
 ) -> Result<InferResponse> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    super::stream::run_stream(plan, dispatch, request, tx).await;
-    let mut answers = Vec::new();
-    while let Ok(item) = rx.try_recv() {
-        if let Some(answer) = item.response {
-            answers.push(answer?);
+    let (tx, mut rx) = crate::stream::stream_channel(crate::stream::Window::for_stream());
+    // Answers are taken as they come (their credits return at once); only the first is kept.
+    let collect = async {
+        let (mut first, mut count) = (None, 0usize);
+        while let Some(item) = rx.recv().await {
+            if let Some(answer) = item.response {
+                count += 1;
+                match (answer, &first) {
+                    (Err(e), _) => return Err(e),
+                    (Ok(a), None) => first = Some(a),
+                    (Ok(_), Some(_)) => {}
+                }
+            }
+            if item.last {
+                break;
+            }
         }
-    }
-    match answers.len() {
-        1 => Ok(answers.remove(0)),
-        n => Err(Error::unsupported(format!(
+        Ok((first, count))
+    };
+    let ((), collected) = tokio::join!(super::stream::run_stream(plan, dispatch, request, tx), collect);
+    match collected? {
+        (Some(answer), 1) => Ok(answer),
+        (_, n) => Err(Error::unsupported(format!(
             "ensemble '{}' has decoupled steps and gave {n} responses; a single-answer request needs exactly 1 \
              (use the gRPC stream or generate_stream for several)",
             plan.name

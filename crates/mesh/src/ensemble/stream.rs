@@ -2,6 +2,10 @@
 //! the steps after it as a branch of its own, and every branch that reaches the end is one answer
 //! of the ensemble (Triton's behaviour for a decoupled model inside an ensemble). Branches fork
 //! only once the steps running beside the decoupled one are done, so each fork sees their outputs.
+//!
+//! A decoupled step streams into the client's window: each of its answers carries a credit through
+//! its branch to the ensemble's answer, so a client that stops reading stops the step (a branch that
+//! runs a decoupled step of its own gives its credit back, since its forks answer in its place).
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -14,6 +18,7 @@ use super::{Plan, Progress};
 use crate::dispatch::Dispatch;
 use crate::error::{Error, Result};
 use crate::request::{InferRequest, InferResponse, Params, StreamItem, StreamSender};
+use crate::stream::{stream_channel, Credit, Window};
 use crate::tensor::Tensor;
 
 impl Branch {
@@ -25,6 +30,7 @@ impl Branch {
             streams: 0,
             pending: VecDeque::new(),
             forked: false,
+            credit: None,
         }
     }
 }
@@ -38,9 +44,11 @@ struct Branch {
     /// Decoupled steps still answering (at most one at a time).
     streams: usize,
     /// Answers of the decoupled step, waiting for `calls` to reach zero before they fork.
-    pending: VecDeque<(usize, InferResponse)>,
+    pending: VecDeque<(usize, InferResponse, Option<Credit>)>,
     /// Whether a decoupled step ran here: its forks answer, this branch does not.
     forked: bool,
+    /// The client-window credit of the answer this branch came from, sent on with its own answer.
+    credit: Option<Credit>,
 }
 
 type Call<'a> = Pin<Box<dyn Future<Output = (usize, usize, Result<InferResponse>)> + Send + 'a>>;
@@ -77,6 +85,8 @@ struct Run<'a, D: Dispatch + ?Sized> {
     id: String,
     params: Params,
     branches: Vec<Option<Branch>>,
+    /// The client's window, which decoupled steps stream into.
+    window: std::sync::Arc<Window>,
     calls: FuturesUnordered<Call<'a>>,
     drivers: FuturesUnordered<Driver<'a>>,
     items: SelectAll<Items>,
@@ -104,7 +114,8 @@ impl<'a, D: Dispatch + ?Sized> Run<'a, D> {
             }
             branch.streams += 1;
             branch.forked = true;
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            branch.credit = None;
+            let (tx, rx) = stream_channel(self.window.clone());
             self.drivers.push(Box::pin(self.dispatch.infer_stream(req, tx)));
             let tag: Box<dyn FnMut(StreamItem) -> (usize, usize, StreamItem) + Send> =
                 Box::new(move |item| (b, n, item));
@@ -114,13 +125,15 @@ impl<'a, D: Dispatch + ?Sized> Run<'a, D> {
     }
 
     /// A new branch from `b` with the decoupled step `n`'s answer; its next steps start.
-    fn fork(&mut self, b: usize, n: usize, response: InferResponse) -> Result<usize> {
+    fn fork(&mut self, b: usize, n: usize, response: InferResponse, credit: Option<Credit>) -> Result<usize> {
         let parent = self.branches[b].as_ref().expect("a live branch");
         let mut tensors = parent.tensors.clone();
         let mut progress = parent.progress.clone();
         store_outputs(&self.plan.steps[n], response.outputs, &mut tensors);
         let ready = progress.step_done(self.plan, n);
-        self.branches.push(Some(Branch::new(tensors, progress)));
+        let mut branch = Branch::new(tensors, progress);
+        branch.credit = credit;
+        self.branches.push(Some(branch));
         let child = self.branches.len() - 1;
         self.launch(child, ready)?;
         Ok(child)
@@ -136,8 +149,8 @@ impl<'a, D: Dispatch + ?Sized> Run<'a, D> {
             if branch.calls > 0 {
                 continue;
             }
-            if let Some((n, response)) = branch.pending.pop_front() {
-                let child = self.fork(b, n, response)?;
+            if let Some((n, response, credit)) = branch.pending.pop_front() {
+                let child = self.fork(b, n, response, credit)?;
                 todo.extend([child, b]);
                 continue;
             }
@@ -151,7 +164,11 @@ impl<'a, D: Dispatch + ?Sized> Run<'a, D> {
                     outputs,
                     ..template.clone()
                 };
-                let _ = sink.send(StreamItem::new(Some(Ok(response)), false));
+                let _ = sink.send(StreamItem {
+                    response: Some(Ok(response)),
+                    last: false,
+                    credit: branch.credit,
+                });
             }
         }
         Ok(())
@@ -189,6 +206,7 @@ async fn branches<D: Dispatch + ?Sized>(
         id,
         params: parameters,
         branches: vec![Some(Branch::new(tensors, progress))],
+        window: sink.window().clone(),
         calls: FuturesUnordered::new(),
         drivers: FuturesUnordered::new(),
         items: SelectAll::new(),
@@ -206,14 +224,15 @@ async fn branches<D: Dispatch + ?Sized>(
                 run.launch(b, ready)?;
                 run.settle(b, sink, &wanted, &template)?;
             }
-            Some((b, n, item)) = run.items.next(), if !run.items.is_empty() => {
+            Some((b, n, mut item)) = run.items.next(), if !run.items.is_empty() => {
+                let credit = item.credit.take();
                 let answer = item
                     .response
                     .map(|a| a.map_err(|e| step_error(plan, n, e)))
                     .transpose()?;
                 let branch = run.branches[b].as_mut().expect("a live branch");
                 if let Some(response) = answer {
-                    branch.pending.push_back((n, response));
+                    branch.pending.push_back((n, response, credit));
                 }
                 if item.last {
                     branch.streams -= 1;

@@ -168,7 +168,8 @@ impl Dispatch for Arith {
             ..Default::default()
         })
     }
-    /// `count` is decoupled: x + 1, x + 2 and x + 3, then the final flag.
+    /// `count` is decoupled: x + 1, x + 2 and x + 3, then the final flag; each answer waits for a credit of
+    /// its client's window, as a real producer does.
     async fn infer_stream(&self, r: InferRequest, sink: crate::request::StreamSender) {
         if r.model_name != "count" {
             let answer = self.infer(r).await;
@@ -177,6 +178,9 @@ impl Dispatch for Arith {
         }
         let x = floats(&r.input("x").unwrap().tensor);
         for k in 1..=3 {
+            let Some(credit) = sink.credit().await else {
+                return;
+            };
             let y: Vec<f32> = x.iter().map(|v| v + k as f32).collect();
             let response = InferResponse {
                 outputs: vec![NamedTensor {
@@ -185,7 +189,11 @@ impl Dispatch for Arith {
                 }],
                 ..Default::default()
             };
-            let _ = sink.send(crate::request::StreamItem::new(Some(Ok(response)), false));
+            let _ = sink.send(crate::request::StreamItem {
+                response: Some(Ok(response)),
+                last: false,
+                credit: Some(credit),
+            });
         }
         let _ = sink.send(crate::request::StreamItem::new(None, true));
     }
@@ -281,7 +289,7 @@ fn counting() -> Plan {
 async fn each_answer_of_a_decoupled_step_is_an_answer_of_the_ensemble() {
     let plan = counting();
     assert!(plan.decoupled && plan.steps[0].decoupled);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = crate::stream::stream_channel(crate::stream::Window::new(64, u64::MAX));
     run_stream(&plan, &arith(), request([5.0, 6.0, 7.0, 8.0]), tx).await;
     let mut answers = Vec::new();
     let mut last = false;
@@ -297,6 +305,37 @@ async fn each_answer_of_a_decoupled_step_is_an_answer_of_the_ensemble() {
     assert!(last, "the final flag ends the answers");
     answers.sort_by(f32::total_cmp);
     assert_eq!(answers, vec![1.0, 2.0, 3.0]);
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_stops_the_decoupled_step_at_its_window() {
+    let plan = counting();
+    let window = crate::stream::Window::new(1, u64::MAX);
+    let (tx, mut rx) = crate::stream::stream_channel(window.clone());
+    let dispatch = arith();
+    let run = run_stream(&plan, &dispatch, request([5.0, 6.0, 7.0, 8.0]), tx);
+    tokio::pin!(run);
+    // Unread, the first answer holds the window's one credit: the step cannot make its second.
+    let stalled = tokio::time::timeout(std::time::Duration::from_millis(100), &mut run).await;
+    assert!(stalled.is_err(), "the ensemble ran past a full window");
+    assert_eq!(window.out(), 1);
+    let first = rx.try_recv().expect("one answer waits");
+    assert!(rx.try_recv().is_err(), "only one answer was made");
+    drop(first);
+    // Reading on lets it finish.
+    let mut answers = 1;
+    let reader = async {
+        while let Some(item) = rx.recv().await {
+            answers += usize::from(item.response.is_some());
+            if item.last {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), async { tokio::join!(run, reader) })
+        .await
+        .expect("the ensemble finishes once its client reads");
+    assert_eq!((answers, window.out()), (3, 0));
 }
 
 #[tokio::test]

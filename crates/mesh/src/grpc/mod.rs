@@ -12,6 +12,7 @@ use crate::error::Error;
 use crate::metadata::ModelMetadata;
 use crate::proto::{self, grpc_inference_service_server::GrpcInferenceService};
 use crate::shm::SharedMemory;
+use crate::stream::{stream_channel, Credit, Window};
 
 pub use proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 
@@ -63,7 +64,10 @@ fn final_flag(last: bool) -> proto::InferParameter {
     }
 }
 
-type StreamTx = tokio::sync::mpsc::Sender<Result<proto::ModelStreamInferResponse, Status>>;
+/// Messages of one ModelStreamInfer call on their way to tonic, each with the window credit of its answer,
+/// returned only when tonic takes the message to write it (so a client that stops reading holds the
+/// producers back by the window, not by this channel).
+type StreamTx = tokio::sync::mpsc::Sender<(Result<proto::ModelStreamInferResponse, Status>, Option<Credit>)>;
 
 /// One stream message; like Triton, every answer says in `triton_final_response` whether it is
 /// the request's last, errors included.
@@ -110,7 +114,7 @@ async fn stream_answers<D: Dispatch>(
     shm: &SharedMemory,
     forward: Option<(&regex::Regex, &tonic::metadata::MetadataMap)>,
     msg: proto::ModelInferRequest,
-    tx: &StreamTx,
+    (tx, window): (&StreamTx, Arc<Window>),
     grpc_errors: bool,
 ) {
     let flagged = wants_final_flag(&msg);
@@ -123,25 +127,26 @@ async fn stream_answers<D: Dispatch>(
     let (mut request, written) = match codec::decode_request(msg, shm) {
         Ok(decoded) => decoded,
         Err(e) => {
-            let _ = tx.send(stream_error(e, &echo, true, grpc_errors)).await;
+            let _ = tx.send((stream_error(e, &echo, true, grpc_errors), None)).await;
             return;
         }
     };
     if let Some((pattern, metadata)) = forward {
         forward_metadata(pattern, metadata, &mut request.parameters);
     }
-    let (sink, mut answers) = tokio::sync::mpsc::unbounded_channel::<crate::request::StreamItem>();
+    let (sink, mut answers) = stream_channel(window);
     // Owns the receiver, so a client that went away reads as cancelled to the model.
     let forward = async move {
         loop {
             // A client that went away (even after half-closing) ends the wait at once, not at the next send.
-            let item = tokio::select! {
+            let mut item = tokio::select! {
                 item = answers.recv() => match item {
                     Some(item) => item,
                     None => return,
                 },
                 _ = tx.closed() => return,
             };
+            let credit = item.credit.take();
             let message = match item.response {
                 Some(Ok(response)) => match codec::encode_response(response, &written) {
                     Ok(encoded) => Ok(stream_message(String::new(), encoded, item.last)),
@@ -153,7 +158,7 @@ async fn stream_answers<D: Dispatch>(
                 None => continue,
             };
             let ends = message.is_err();
-            if tx.send(message).await.is_err() || ends {
+            if tx.send((message, credit)).await.is_err() || ends {
                 return;
             }
         }
@@ -323,6 +328,8 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         let metadata = Arc::new(metadata);
         let (dispatch, shm, forward) = (self.dispatch.clone(), self.shm.clone(), self.forward.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_WINDOW);
+        // One window for every request of the stream: its unread answers are bounded together.
+        let window = Window::for_stream();
         tokio::spawn(async move {
             let mut running = tokio::task::JoinSet::new();
             let mut sequences = SequenceOrder::default();
@@ -336,6 +343,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                     next = inbound.message(), if room => match next {
                         Ok(Some(msg)) => {
                             let (d, shm, tx) = (dispatch.clone(), shm.clone(), tx.clone());
+                            let window = window.clone();
                             let (forward, metadata) = (forward.clone(), metadata.clone());
                             let bytes = prost::Message::encoded_len(&msg);
                             held += bytes;
@@ -346,7 +354,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                                     let _ = previous.await;
                                 }
                                 let forward = forward.as_deref().map(|p| (p, &*metadata));
-                                stream_answers(&*d, &shm, forward, msg, &tx, grpc_errors).await;
+                                stream_answers(&*d, &shm, forward, msg, (&tx, window), grpc_errors).await;
                                 done.finish();
                             });
                             sizes.insert(task.id(), bytes);
@@ -373,7 +381,11 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
             }
             while running.join_next().await.is_some() {}
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        let messages = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(futures::StreamExt::map(
+            messages,
+            |(m, _credit)| m,
+        ))))
     }
 
     async fn model_config(

@@ -21,9 +21,11 @@ use crate::dispatch::Dispatch;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::request::{InferRequest, InferResponse, Param, StreamItem};
+use crate::stream::{stream_channel, Credit, Window};
 use crate::tensor::{NamedTensor, Tensor};
 
-/// Answers the server-sent events a client has not read yet; past this the stream waits for it.
+/// Server-sent events waiting to be written; each holds its answer's window credit until the body takes it,
+/// so a client that stops reading holds the producer back by the stream's window.
 const EVENT_WINDOW: usize = 16;
 
 /// The content type of `generate_stream` answers, as Triton sends it.
@@ -158,7 +160,7 @@ pub async fn generate<D: Dispatch>(dispatch: &D, request: InferRequest) -> Resul
         .as_ref()
         .is_some_and(|p| p.decoupled);
     let response = if decoupled {
-        let (sink, mut answers) = tokio::sync::mpsc::unbounded_channel::<StreamItem>();
+        let (sink, mut answers) = stream_channel(Window::for_stream());
         let collect = async move {
             let mut responses = Vec::new();
             while let Some(item) = answers.recv().await {
@@ -194,7 +196,7 @@ pub async fn generate<D: Dispatch>(dispatch: &D, request: InferRequest) -> Resul
 /// `generate_stream`: one server-sent event per response. An error that fails the whole request
 /// before any answer (a bad input, a model that raised) is answered as a plain error response.
 pub async fn generate_stream<D: Dispatch>(dispatch: Arc<D>, request: InferRequest) -> Result<Response> {
-    let (sink, mut answers) = tokio::sync::mpsc::unbounded_channel::<StreamItem>();
+    let (sink, mut answers) = stream_channel(Window::for_stream());
     tokio::spawn(async move { dispatch.infer_stream(request, sink).await });
     let first = answers.recv().await;
     let first = match first {
@@ -206,13 +208,14 @@ pub async fn generate_stream<D: Dispatch>(dispatch: Arc<D>, request: InferReques
         None => None,
         Some(item) => Some(item),
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(EVENT_WINDOW);
+    let (tx, rx) = tokio::sync::mpsc::channel::<(Bytes, Option<Credit>)>(EVENT_WINDOW);
     tokio::spawn(async move {
         let mut next = first;
-        while let Some(item) = next.take() {
+        while let Some(mut item) = next.take() {
             let last = item.last;
+            let credit = item.credit.take();
             if let Some(event) = event(item) {
-                if tx.send(event).await.is_err() {
+                if tx.send((event, credit)).await.is_err() {
                     return; // the client went away: dropping `answers` cancels the request
                 }
             }
@@ -225,7 +228,9 @@ pub async fn generate_stream<D: Dispatch>(dispatch: Arc<D>, request: InferReques
             };
         }
     });
-    let body = futures::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), Ok::<_, std::io::Error>);
+    let body = futures::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), |(event, _credit)| {
+        Ok::<_, std::io::Error>(event)
+    });
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, EVENT_STREAM)

@@ -40,31 +40,27 @@ pub struct RequestView<'a> {
     pub sink: Option<&'a ResponseSink>,
 }
 
-/// Answers of one decoupled request sent and not yet taken by its client: past this, the model's
-/// next send waits, so a slow client slows its model instead of growing the node's memory.
-pub const STREAM_WINDOW: usize = 16;
+/// Answers of one decoupled request sent and not yet taken by its client, by default: past this (or
+/// the window's bytes), the model's next send waits, so a slow client slows its model instead of
+/// growing the node's memory. The client's frontend sets the window ([`mesh::stream::Window`]).
+pub const STREAM_WINDOW: usize = mesh::stream::STREAM_WINDOW_ANSWERS;
 
 /// Where a decoupled model's answers to one request go, as they are sent. Clones share the
-/// request's stream and window.
+/// request's stream and its client's window.
 #[derive(Clone)]
 pub struct ResponseSink {
     tx: StreamSender,
     /// Model name, version and request id every answer carries.
     template: InferResponse,
-    window: std::sync::Arc<mesh::request::Window>,
 }
 
 impl ResponseSink {
     pub fn new(tx: StreamSender, template: InferResponse) -> Self {
-        ResponseSink {
-            tx,
-            template,
-            window: mesh::request::Window::new(STREAM_WINDOW),
-        }
+        ResponseSink { tx, template }
     }
 
     /// Sends one answer (None: only the final flag); a client that went away is not an error.
-    /// Blocks (this is never an async thread) while the window is full and the client reads.
+    /// Blocks (this is never an async thread) while the client's window is full and the client reads.
     pub fn send(&self, outputs: Option<Result<Vec<NamedTensor>>>, last: bool) {
         // The backend sends only the requested outputs (the stub leaves the rest out).
         let response = outputs.map(|r| {
@@ -73,7 +69,13 @@ impl ResponseSink {
                 ..self.template.clone()
             })
         });
-        let credit = (!self.tx.is_closed()).then(|| self.window.take());
+        let credit = (!self.tx.is_closed()).then(|| {
+            let mut credit = self.tx.window().take();
+            if let Some(Ok(r)) = &response {
+                credit.charge(r.outputs.iter().map(|t| t.tensor.data.len() as u64).sum());
+            }
+            credit
+        });
         let _ = self.tx.send(StreamItem { response, last, credit });
     }
 

@@ -189,7 +189,8 @@ impl NodeDispatch {
             start,
             finished: false,
         };
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<StreamItem>();
+        // The steps stream into the client's own window; each answer's credit travels on with it.
+        let (tx, mut rx) = mesh::stream::stream_channel(sink.window().clone());
         let forward = async {
             let mut failed = None;
             while let Some(item) = rx.recv().await {

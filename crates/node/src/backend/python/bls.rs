@@ -175,7 +175,7 @@ pub fn start(ctx: &Arc<PythonContext>, to: &Answers, frame: Value, blob: &[u8]) 
     };
     if frame["decoupled"].as_bool() == Some(true) {
         ctx.runtime.spawn(async move {
-            let (sink, mut answers) = tokio::sync::mpsc::unbounded_channel();
+            let (sink, mut answers) = mesh::stream::stream_channel(mesh::stream::Window::for_stream());
             let run = dispatch.infer_stream(request, sink);
             let forward = async {
                 while let Some(item) = answers.recv().await {

@@ -211,7 +211,8 @@ impl PythonBackend {
             let sink = match r.sink {
                 Some(sink) => sink.clone(),
                 None => {
-                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                    // Collected here once execute returns: no window (the model's answers are kept whole).
+                    let (tx, rx) = mesh::stream::stream_channel(mesh::stream::Window::new(usize::MAX, u64::MAX));
                     local.push((i, rx));
                     ResponseSink::new(tx, Default::default())
                 }
@@ -290,8 +291,13 @@ impl PythonBackend {
 mod tests {
     use super::*;
 
+    /// A stream with the default window's count of answers.
+    fn window_sink() -> (mesh::StreamSender, mesh::stream::StreamReceiver) {
+        mesh::stream::stream_channel(mesh::stream::Window::new(crate::backend::STREAM_WINDOW, u64::MAX))
+    }
+
     fn sink() -> (ResponseSink, tokio::sync::mpsc::UnboundedReceiver<mesh::StreamItem>) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = window_sink();
         (ResponseSink::new(tx, Default::default()), rx)
     }
 
@@ -330,7 +336,7 @@ mod tests {
 
     #[test]
     fn a_slow_client_holds_back_its_sender() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, mut rx) = window_sink();
         let sink = ResponseSink::new(tx, Default::default());
         let sender = std::thread::spawn(move || {
             for _ in 0..crate::backend::STREAM_WINDOW + 5 {

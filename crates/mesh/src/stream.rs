@@ -1,0 +1,264 @@
+//! The answers of one streamed request on their way to the client: a channel whose credit window bounds what is
+//! produced and not yet consumed, by answers and by bytes, so a client that stops reading slows its producer (a
+//! model, or a node across the cluster link) instead of growing a queue.
+//!
+//! A producer takes a [`Credit`] before it makes (or reads from a link) the next answer, charges the answer's
+//! bytes to it, and sends it with the answer; whoever finally hands the answer to the client's connection drops
+//! the credit. Async producers wait with [`StreamSender::credit`], model threads with [`Window::take`].
+
+use std::sync::{Arc, Condvar, Mutex};
+
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::Notify;
+
+use crate::request::StreamItem;
+
+/// Answers a stream may hold produced and not consumed, unless its creator says otherwise.
+pub const STREAM_WINDOW_ANSWERS: usize = 16;
+/// Bytes of tensors those answers may hold (one answer is always let through, whatever its size).
+pub const STREAM_WINDOW_BYTES: u64 = 16 << 20;
+
+#[derive(Debug, Default)]
+struct Out {
+    answers: usize,
+    bytes: u64,
+}
+
+/// A bound on the answers of a stream that are produced and not yet consumed.
+#[derive(Debug)]
+pub struct Window {
+    out: Mutex<Out>,
+    returned: Condvar,
+    woken: Notify,
+    answers: usize,
+    bytes: u64,
+}
+
+impl Window {
+    /// A window of `answers` answers (at least one) and `bytes` bytes.
+    pub fn new(answers: usize, bytes: u64) -> Arc<Window> {
+        Arc::new(Window {
+            out: Mutex::new(Out::default()),
+            returned: Condvar::new(),
+            woken: Notify::new(),
+            answers: answers.max(1),
+            bytes,
+        })
+    }
+
+    /// The default window of a client's stream.
+    pub fn for_stream() -> Arc<Window> {
+        Window::new(STREAM_WINDOW_ANSWERS, STREAM_WINDOW_BYTES)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Out> {
+        self.out.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a credit when one is free: fewer answers out than the window and their bytes under its bound,
+    /// or nothing out at all (an answer larger than the window still passes, alone).
+    fn try_take(self: &Arc<Self>) -> Option<Credit> {
+        let mut out = self.lock();
+        let free = out.answers == 0 || (out.answers < self.answers && out.bytes < self.bytes);
+        free.then(|| {
+            out.answers += 1;
+            Credit {
+                window: self.clone(),
+                bytes: 0,
+            }
+        })
+    }
+
+    /// Takes a credit, blocking the calling (non-async) thread while the window is full.
+    pub fn take(self: &Arc<Self>) -> Credit {
+        let mut out = self.lock();
+        while !(out.answers == 0 || (out.answers < self.answers && out.bytes < self.bytes)) {
+            out = self.returned.wait(out).unwrap_or_else(|p| p.into_inner());
+        }
+        out.answers += 1;
+        Credit {
+            window: self.clone(),
+            bytes: 0,
+        }
+    }
+
+    /// Takes a credit, waiting (async) while the window is full.
+    pub async fn acquire(self: &Arc<Self>) -> Credit {
+        loop {
+            let woken = self.woken.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if let Some(credit) = self.try_take() {
+                return credit;
+            }
+            woken.await;
+        }
+    }
+
+    /// Answers out now.
+    pub fn out(&self) -> usize {
+        self.lock().answers
+    }
+
+    /// Bytes charged to the answers out now.
+    pub fn bytes_out(&self) -> u64 {
+        self.lock().bytes
+    }
+}
+
+/// One answer's place in a [`Window`], returned when dropped.
+#[derive(Debug)]
+pub struct Credit {
+    window: Arc<Window>,
+    bytes: u64,
+}
+
+impl Credit {
+    /// Charges the answer's bytes to the window (the next credit waits while the bytes out pass its bound).
+    pub fn charge(&mut self, bytes: u64) {
+        self.window.lock().bytes += bytes;
+        self.bytes += bytes;
+    }
+}
+
+impl Drop for Credit {
+    fn drop(&mut self) {
+        {
+            let mut out = self.window.lock();
+            out.answers = out.answers.saturating_sub(1);
+            out.bytes = out.bytes.saturating_sub(self.bytes);
+        }
+        self.window.returned.notify_all();
+        self.window.woken.notify_waiters();
+    }
+}
+
+/// A stream's client went away: nobody takes its answers any more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientGone;
+
+/// Where the answers of one streamed request go, as they are produced, with the window of its client.
+#[derive(Debug, Clone)]
+pub struct StreamSender {
+    tx: UnboundedSender<StreamItem>,
+    window: Arc<Window>,
+}
+
+/// The client's end of a [`StreamSender`].
+pub type StreamReceiver = UnboundedReceiver<StreamItem>;
+
+/// A stream of answers bounded by `window` (shared by every request of one client stream, if given to each).
+pub fn stream_channel(window: Arc<Window>) -> (StreamSender, StreamReceiver) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    (StreamSender { tx, window }, rx)
+}
+
+impl StreamSender {
+    /// Sends one answer; never waits (a producer that can wait takes a credit first and sends it along).
+    /// Errs once the client went away (the answer is dropped, and its credit returned).
+    pub fn send(&self, item: StreamItem) -> Result<(), ClientGone> {
+        self.tx.send(item).map_err(|_| ClientGone)
+    }
+
+    /// A credit for the next answer, waiting while the window is full; `None` once the client went away.
+    pub async fn credit(&self) -> Option<Credit> {
+        tokio::select! {
+            credit = self.window.acquire() => Some(credit),
+            _ = self.tx.closed() => None,
+        }
+    }
+
+    /// The window answers of this stream count against.
+    pub fn window(&self) -> &Arc<Window> {
+        &self.window
+    }
+
+    /// Resolves once the client's end is dropped.
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+
+    /// Whether the client's end is dropped.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// Bytes of tensors an answer carries, as charged to a window.
+pub fn answer_bytes(item: &StreamItem) -> u64 {
+    match &item.response {
+        Some(Ok(r)) => r.outputs.iter().map(|t| t.tensor.data.len() as u64).sum(),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_full_window_holds_the_producer_until_an_answer_is_consumed() {
+        let window = Window::new(2, 1 << 20);
+        let a = window.acquire().await;
+        let mut b = window.acquire().await;
+        b.charge(10);
+        assert_eq!((window.out(), window.bytes_out()), (2, 10));
+        let waiting = tokio::spawn({
+            let window = window.clone();
+            async move { window.acquire().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "a third credit past a window of two");
+        drop(a);
+        let c = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("a returned credit wakes the producer")
+            .unwrap();
+        drop((b, c));
+        assert_eq!((window.out(), window.bytes_out()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn bytes_bound_the_window_but_one_answer_always_passes() {
+        let window = Window::new(8, 100);
+        let mut big = window.acquire().await;
+        big.charge(1_000);
+        let next = tokio::time::timeout(Duration::from_millis(20), window.acquire()).await;
+        assert!(next.is_err(), "bytes past the bound hold the next answer");
+        drop(big);
+        let mut alone = window.take();
+        alone.charge(5_000);
+        assert_eq!(
+            window.bytes_out(),
+            5_000,
+            "an answer larger than the window passes when none is out"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_that_went_away_ends_the_wait_for_credit() {
+        let (sink, rx) = stream_channel(Window::new(1, 1));
+        let held = sink.credit().await.expect("a credit");
+        drop(rx);
+        let none = tokio::time::timeout(Duration::from_secs(5), sink.credit()).await;
+        assert!(matches!(none, Ok(None)), "the wait must end when the client is gone");
+        drop(held);
+    }
+
+    #[test]
+    fn a_blocking_producer_waits_for_a_returned_credit() {
+        let window = Window::new(1, 1 << 20);
+        let held = window.take();
+        let producer = std::thread::spawn({
+            let window = window.clone();
+            move || drop(window.take())
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!producer.is_finished());
+        drop(held);
+        producer.join().unwrap();
+        assert_eq!(window.out(), 0);
+    }
+}
