@@ -91,7 +91,7 @@ async fn quic_pair() -> (quinn::Connection, quinn::Endpoint) {
             tokio::spawn(async move {
                 if let Ok(Some(frame)) = read_frame(&mut recv, &limits).await {
                     if let Ok((req, stream)) = answer::request_of(frame) {
-                        answer::serve(&Echo, req, stream, send, &limits, |_| ErrorKind::Answered).await;
+                        answer::serve(&Echo, req, stream, (send, recv), &limits, |_| ErrorKind::Answered).await;
                     }
                 }
             });

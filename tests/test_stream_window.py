@@ -1,8 +1,10 @@
-"""Router streams are credit windows (issue 24, item 3): a gRPC client that opens a stream of a
-decoupled model through the router and then reads nothing for 20 s holds a small window of answers
-in the router, not all of them; credit flows back to the node only as the client reads, so the
-model itself waits. Meanwhile 200 other requests through the router succeed, and once the client
-goes away the model is released and the router serves on."""
+"""Router streams are credit windows (issue 24, item 3): gRPC clients that open streams of a
+decoupled model through the router and then read nothing for 20 s hold a small window of answers
+each in the router, not all of them, and nothing unread in the link: credit flows back to the node
+only as a client reads, so the model itself waits. Twenty such streams on one node would fill the
+link's 64 MiB connection window four times over if their answers waited unread in it; meanwhile
+200 other requests through the router to the same node succeed, and once the clients go away the
+models are released and the router serves on."""
 from __future__ import annotations
 
 import sys
@@ -22,7 +24,7 @@ pytestmark = [pytest.mark.server, pytest.mark.cluster]
 
 PY_MODELS = Path(__file__).parent / "python_models"
 PY_ARGS = ["--backend-config", f"python,interpreter={sys.executable}"]
-COUNT, SIZE = 150, 4 << 20  # 600 MiB if nothing held the model back
+STREAMS, COUNT, SIZE = 20, 150, 1 << 20  # 3000 MiB if nothing held the models back
 
 
 def status_kib(pid: int, field: str) -> int:
@@ -33,7 +35,7 @@ def status_kib(pid: int, field: str) -> int:
 
 
 def flood_request(progress: Path) -> service_pb2.ModelInferRequest:
-    r = service_pb2.ModelInferRequest(model_name="flood_py", id="flood")
+    r = service_pb2.ModelInferRequest(model_name="flood_py", id=progress.name)
     r.parameters["progress"].string_param = str(progress)
     for name, value in (("COUNT", COUNT), ("SIZE", SIZE)):
         t = r.inputs.add(name=name, datatype="INT32")
@@ -49,7 +51,7 @@ def sent(progress: Path) -> int:
         return 0
 
 
-def test_a_stream_client_that_stops_reading_holds_a_window_not_the_router(cluster_factory, models_dir, tmp_path):
+def test_stream_clients_that_stop_reading_hold_a_window_not_the_router(cluster_factory, models_dir, tmp_path):
     repo = copy_models(models_dir / "simple", tmp_path / "repo", ["add_sub"])
     copy_models(PY_MODELS, repo, ["flood_py"])
     c = cluster_factory()
@@ -70,16 +72,19 @@ def test_a_stream_client_that_stops_reading_holds_a_window_not_the_router(cluste
     pid = router.proc.pid
     before = status_kib(pid, "VmRSS")
 
-    progress = tmp_path / "progress"
-    channel = grpc.insecure_channel(router.grpc_url, options=[("grpc.max_receive_message_length", -1)])
-    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    progress = [tmp_path / f"flood-{k}" for k in range(STREAMS)]
     hold = threading.Event()
+    channels, streams = [], []
+    for p in progress:
+        channel = grpc.insecure_channel(router.grpc_url, options=[("grpc.max_receive_message_length", -1)])
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
-    def requests():
-        yield flood_request(progress)
-        hold.wait(120)  # the stream stays open, and nothing is read
+        def requests(p=p):
+            yield flood_request(p)
+            hold.wait(120)  # the stream stays open, and nothing is read
 
-    answers = stub.ModelStreamInfer(requests())
+        channels.append(channel)
+        streams.append(stub.ModelStreamInfer(requests()))
     try:
         deadline = time.monotonic() + 20
         done = 0
@@ -88,30 +93,34 @@ def test_a_stream_client_that_stops_reading_holds_a_window_not_the_router(cluste
             done += 1
             if done >= 200:
                 time.sleep(0.05)
-        assert done >= 200, f"only {done} requests got through in 20 s beside the stalled stream"
-        made = sent(progress)
+        assert done >= 200, f"only {done} requests got through in 20 s beside the stalled streams"
+        made = [sent(p) for p in progress]
         peak = status_kib(pid, "VmHWM") - before
-        # Unbounded, the model would have sent all 150 answers (600 MiB) into the router by now.
-        assert 0 < made < COUNT // 3, f"the model sent {made} of {COUNT} answers to a client reading none"
-        assert peak < 160 * 1024, f"the router grew by {peak // 1024} MiB for one stalled stream"
-        print(f"stalled 20 s: {done} other requests served, the model sent {made} of {COUNT} answers, "
-              f"router peak growth {peak // 1024} MiB")
-        # Reading resumes: the answers come in order, one window at a time.
-        first = next(answers)
+        # Unbounded, each model would have sent all its answers into the router by now.
+        assert all(0 < m < COUNT // 3 for m in made), f"answers sent to clients reading none: {made}"
+        assert peak < 320 * 1024, f"the router grew by {peak // 1024} MiB for {STREAMS} stalled streams"
+        node = next(n for n in c.view()["nodes"] if n["name"] == "w1")
+        assert node["state"] == "up", node
+        print(f"{STREAMS} streams stalled 20 s: {done} other requests served, the models sent "
+              f"{min(made)}-{max(made)} of {COUNT} answers each, router peak growth {peak // 1024} MiB")
+        # Reading resumes: answers come in order.
+        first = next(streams[0])
         assert first.error_message == "", first.error_message
-        assert first.infer_response.id == "flood"
+        assert first.infer_response.id == "flood-0"
     finally:
-        answers.cancel()
+        for s in streams:
+            s.cancel()
         hold.set()
-        channel.close()
-    # The client is gone: the model is released (this one does not check is_cancelled(), so its
+        for ch in channels:
+            ch.close()
+    # The clients are gone: the models are released (this one does not check is_cancelled(), so its
     # remaining answers are dropped unsent), nothing piles up in the router, and it serves on.
     deadline = time.monotonic() + 60
-    while sent(progress) < COUNT and time.monotonic() < deadline:
+    while min(sent(p) for p in progress) < COUNT and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert sent(progress) == COUNT, f"the model stayed blocked on a client that left ({sent(progress)} sent)"
+    assert all(sent(p) == COUNT for p in progress), "a model stayed blocked on a client that left"
     grown = status_kib(pid, "VmRSS") - before
-    assert grown < 160 * 1024, f"the router holds {grown // 1024} MiB after the client left"
+    assert grown < 320 * 1024, f"the router holds {grown // 1024} MiB after the clients left"
     for i in range(5):
         add_sub(1000 + i)
     http.close()

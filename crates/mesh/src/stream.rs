@@ -16,7 +16,7 @@ use crate::request::StreamItem;
 /// Answers a stream may hold produced and not consumed, unless its creator says otherwise.
 pub const STREAM_WINDOW_ANSWERS: usize = 16;
 /// Bytes of tensors those answers may hold (one answer is always let through, whatever its size).
-pub const STREAM_WINDOW_BYTES: u64 = 16 << 20;
+pub const STREAM_WINDOW_BYTES: u64 = 8 << 20;
 
 #[derive(Debug, Default)]
 struct Out {
@@ -166,6 +166,11 @@ impl StreamSender {
             credit = self.window.acquire() => Some(credit),
             _ = self.tx.closed() => None,
         }
+    }
+
+    /// A credit for the next answer if the window has room now.
+    pub fn try_credit(&self) -> Option<Credit> {
+        self.window.try_take()
     }
 
     /// The window answers of this stream count against.

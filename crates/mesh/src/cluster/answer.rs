@@ -5,7 +5,7 @@ use quinn::{RecvStream, SendStream, VarInt};
 
 use super::convert::{answer_frame, request_from, ErrorKind};
 use super::frame::{Frame, FrameError, Limits};
-use super::io::write_frame;
+use super::io::{read_frame, write_frame};
 use super::msg::Message;
 use super::transport::stream_code;
 use crate::dispatch::Dispatch;
@@ -68,6 +68,7 @@ pub fn message_name(m: &Message) -> &'static str {
         Message::Fetch(_) => "fetch",
         Message::FileChunk(_) => "file chunk",
         Message::FetchEnd(_) => "fetch end",
+        Message::Credit(_) => "credit",
     }
 }
 
@@ -86,14 +87,15 @@ async fn write_answer(
 }
 
 /// Runs `request` on `dispatch` and writes its answers to `send`: one for a unary request, each as
-/// it is produced for a stream. If the sender stops the stream (its client went away) or the link
+/// it is produced for a stream, as far as the caller's credit on `recv` allows (a caller that grants
+/// none holds the stream, and the node's own window then holds the model back). If the sender stops the stream (its client went away) or the link
 /// drops, the request is dropped, which cancels it. `kind_of` says whether an error means the
 /// request never ran.
 pub async fn serve<D: Dispatch + ?Sized>(
     dispatch: &D,
     request: InferRequest,
     stream: bool,
-    mut send: SendStream,
+    (mut send, mut recv): (SendStream, RecvStream),
     limits: &Limits,
     kind_of: impl Fn(&Error) -> ErrorKind,
 ) {
@@ -115,7 +117,25 @@ pub async fn serve<D: Dispatch + ?Sized>(
     // Each answer's credit is held until its frame is written: a reader that stops holds the producer back.
     let (tx, mut rx) = crate::stream::stream_channel(crate::stream::Window::for_stream());
     let forward = async {
+        let mut allowed = 0u64;
         while let Some(item) = rx.recv().await {
+            while allowed == 0 {
+                match read_frame(&mut recv, limits).await {
+                    Ok(Some(Frame {
+                        message: Message::Credit(n),
+                        ..
+                    })) => allowed += u64::from(n),
+                    Ok(Some(other)) => {
+                        let what = message_name(&other.message);
+                        tracing::debug!("a streamed request's caller sent a {what}, not credit");
+                        let _ = send.reset(VarInt::from_u32(stream_code::PROTOCOL));
+                        return;
+                    }
+                    // The caller went away (its reset also stops the stream, which cancels the request).
+                    Ok(None) | Err(_) => return,
+                }
+            }
+            allowed -= 1;
             let answer = item.response.map(|r| {
                 r.map_err(|e| {
                     let k = kind_of(&e);
@@ -139,3 +159,7 @@ pub async fn serve<D: Dispatch + ?Sized>(
         _ = cancelled => {}
     }
 }
+
+#[cfg(test)]
+#[path = "answer_tests.rs"]
+mod tests;

@@ -1,6 +1,7 @@
 //! The asking side of a request stream: one attempt of a request on one link (open a stream, write
 //! the request frame, read the answers), with every failure classified by what the peer could have
 //! done, for the router's retry rules. Routers call nodes with it, and nodes call routers (BLS).
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -12,6 +13,7 @@ use super::io::read_frame;
 use super::msg::{Message, StatsQuery, StatsReply};
 use super::transport::stream_code;
 use crate::proto::ModelStatisticsResponse;
+use crate::stream::Credit;
 use crate::{Error, InferResponse, StreamItem, StreamSender};
 
 /// The other end of a link: its connection, and how messages name it ("node 'a'").
@@ -82,10 +84,12 @@ async fn refusal(link: Peer<'_>, rx: &mut quinn::RecvStream, limits: &Limits) ->
     Failure::NotSent(format!("{} stopped reading the request", link.name))
 }
 
+/// Opens a stream and writes the request; `finish`: nothing else follows (a stream's caller sends credit).
 async fn open(
     link: Peer<'_>,
     chunks: Vec<Bytes>,
     limits: &Limits,
+    finish: bool,
 ) -> Result<(quinn::SendStream, quinn::RecvStream), Failure> {
     let not_sent = |e: String| Failure::NotSent(format!("{}: {e}", link.name));
     let (mut tx, mut rx) = link.conn.open_bi().await.map_err(|e| not_sent(e.to_string()))?;
@@ -96,13 +100,15 @@ async fn open(
         Err(quinn::WriteError::Stopped(_)) => return Err(refusal(link, &mut rx, limits).await),
         Err(e) => return Err(not_sent(e.to_string())),
     }
-    let _ = tx.finish();
+    if finish {
+        let _ = tx.finish();
+    }
     Ok((tx, rx))
 }
 
 /// One request that answers once.
 pub async fn unary(link: Peer<'_>, chunks: Vec<Bytes>, limits: &Limits) -> Result<InferResponse, Failure> {
-    let (_tx, mut rx) = open(link, chunks, limits).await?;
+    let (_tx, mut rx) = open(link, chunks, limits, true).await?;
     let frame = match read_frame(&mut rx, limits).await {
         Ok(Some(f)) => f,
         Ok(None) => {
@@ -144,7 +150,7 @@ pub async fn stream(
         let e = Error::unavailable(format!("the request's deadline passed before {} answered", link.name));
         (Failure::Answered(e), 0)
     };
-    let (mut tx, mut rx) = match tokio::time::timeout_at(first_by.into(), open(link, chunks, limits)).await {
+    let (mut tx, mut rx) = match tokio::time::timeout_at(first_by.into(), open(link, chunks, limits, false)).await {
         Ok(opened) => opened.map_err(|f| (f, 0))?,
         Err(_) => return Err(late()),
     };
@@ -153,18 +159,35 @@ pub async fn stream(
         let _ = rx.stop(VarInt::from_u32(stream_code::CANCELLED));
         let _ = tx.reset(VarInt::from_u32(stream_code::CANCELLED));
     };
+    // Client credits held for the answers granted to the peer and not read yet, oldest first.
+    let mut held: VecDeque<Credit> = VecDeque::new();
     loop {
-        let credit = tokio::select! {
-            credit = sink.credit() => credit,
-            _ = tokio::time::sleep_until(first_by.into()), if forwarded == 0 => {
+        let mut granted = 0u32;
+        while held.len() < GRANT_AHEAD {
+            let Some(credit) = sink.try_credit() else { break };
+            held.push_back(credit);
+            granted += 1;
+        }
+        if held.is_empty() {
+            let credit = tokio::select! {
+                credit = sink.credit() => credit,
+                _ = tokio::time::sleep_until(first_by.into()), if forwarded == 0 => {
+                    cancel(&mut rx, &mut tx);
+                    return Err(late());
+                }
+            };
+            let Some(credit) = credit else {
                 cancel(&mut rx, &mut tx);
-                return Err(late());
+                return Ok(());
+            };
+            held.push_back(credit);
+            granted += 1;
+        }
+        if granted > 0 {
+            if let Err(e) = grant(&mut tx, granted, limits).await {
+                return Err((Failure::Lost(format!("{}: {e}", link.name)), forwarded));
             }
-        };
-        let Some(mut credit) = credit else {
-            cancel(&mut rx, &mut tx);
-            return Ok(());
-        };
+        }
         let next = tokio::select! {
             next = read_frame(&mut rx, limits) => next,
             _ = tokio::time::sleep_until(first_by.into()), if forwarded == 0 => {
@@ -200,6 +223,7 @@ pub async fn stream(
             Answered::Error(e, _) => Some(Err(e)),
             Answered::Empty => None,
         };
+        let mut credit = held.pop_front().expect("an answer is read only with a credit held");
         credit.charge(frame.payload.len() as u64);
         let _ = sink.send(StreamItem {
             response,
@@ -208,10 +232,27 @@ pub async fn stream(
         });
         forwarded += 1;
         if last {
+            let _ = tx.finish();
             return Ok(());
         }
     }
 }
+
+/// Answers a streamed request's caller lets the peer send ahead of its client's reading: enough to
+/// overlap the next answer with this one, few enough that requests sharing a client's window are
+/// not starved by one that holds its credits.
+const GRANT_AHEAD: usize = 2;
+
+/// Lets the peer send `answers` more answers on a streamed request.
+async fn grant(tx: &mut quinn::SendStream, answers: u32, limits: &Limits) -> Result<(), FrameError> {
+    let chunks = frame::encode(&Message::Credit(answers), Default::default(), limits)?;
+    tokio::time::timeout(CREDIT_WRITE_TIMEOUT, super::io::write_frame(tx, chunks))
+        .await
+        .map_err(|_| FrameError::Io(format!("the peer took no credit for {CREDIT_WRITE_TIMEOUT:?}")))?
+}
+
+/// How long a credit frame may take to be accepted by the peer's stream.
+const CREDIT_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Asks a node for its statistics of a model (empty name: every model).
 pub async fn stats(
@@ -225,7 +266,7 @@ pub async fn stats(
         version: version.to_string(),
     });
     let chunks = frame::encode(&query, Default::default(), limits)?;
-    let (_tx, mut rx) = open(link, chunks, limits)
+    let (_tx, mut rx) = open(link, chunks, limits, true)
         .await
         .map_err(|f| Error::unavailable(f.to_string()))?;
     let frame = read_frame(&mut rx, limits)

@@ -17,7 +17,7 @@ use super::msg::Message;
 /// The frame format's magic, the first three bytes of every frame.
 pub const MAGIC: [u8; 3] = *b"MSH";
 /// The protocol version this build speaks; a frame with another one is refused with a reason.
-pub const PROTOCOL_VERSION: u8 = 4;
+pub const PROTOCOL_VERSION: u8 = 5;
 pub const PRELUDE_LEN: usize = 16;
 /// Every tensor starts at a multiple of this in the payload, so the receive buffer (allocated with
 /// this alignment) hands backends aligned slices.

@@ -45,6 +45,10 @@ pub enum Message {
     FileChunk(FileChunk),
     /// The last frame of a shipment: every file was sent, or why not.
     FetchEnd(FetchEnd),
+    /// Caller → server, on a streamed request's stream: the server may send this many more answers.
+    /// The caller grants them only as its own client makes room, so a client that stops reading
+    /// stops the stream at the server (nothing piles up unread in the link).
+    Credit(u32),
 }
 
 /// A model the router places on a node.

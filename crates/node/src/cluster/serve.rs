@@ -93,7 +93,15 @@ impl Serving {
             }
             Err(e) => return refuse(&mut send, e, ErrorKind::NotStarted, &self.limits).await,
         };
-        serve(&*self.dispatch, request, stream, send, &self.limits, kind_of(ensemble)).await;
+        serve(
+            &*self.dispatch,
+            request,
+            stream,
+            (send, recv),
+            &self.limits,
+            kind_of(ensemble),
+        )
+        .await;
     }
 }
 

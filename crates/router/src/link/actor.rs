@@ -167,7 +167,10 @@ async fn accept_requests(link: Arc<Link>, dispatch: Arc<RouterDispatch>, limits:
             }
             match request_of(first) {
                 Ok((request, stream)) => {
-                    serve(&*dispatch, request, stream, send, &limits, |_| ErrorKind::Answered).await
+                    serve(&*dispatch, request, stream, (send, recv), &limits, |_| {
+                        ErrorKind::Answered
+                    })
+                    .await
                 }
                 Err(e) => reject(send, recv, e, &limits).await,
             }

@@ -1,0 +1,137 @@
+//! The credit of a streamed request over a real QUIC stream: the serving side sends only the answers its
+//! caller granted, and the caller grants only as its own client makes room.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::serve;
+use crate::cluster::call::{self, Peer};
+use crate::cluster::convert::{request_frame, ErrorKind};
+use crate::cluster::io::read_frame;
+use crate::cluster::{tls, Limits};
+use crate::dispatch::Dispatch;
+use crate::request::{InferRequest, InferResponse, StreamItem};
+use crate::stream::{stream_channel, StreamSender, Window};
+use crate::tensor::{NamedTensor, Tensor};
+use crate::{IndexEntry, ModelView};
+
+const ANSWERS: usize = 100;
+
+/// A decoupled model that sends ANSWERS answers of 1 KiB as fast as its stream's window lets it.
+struct Flood {
+    made: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl Dispatch for Flood {
+    async fn infer(&self, _: InferRequest) -> crate::Result<InferResponse> {
+        Err(crate::Error::unsupported("streams only"))
+    }
+    async fn infer_stream(&self, _: InferRequest, sink: StreamSender) {
+        for n in 0..ANSWERS {
+            let Some(credit) = sink.credit().await else { return };
+            let response = InferResponse {
+                outputs: vec![NamedTensor {
+                    name: "N".into(),
+                    tensor: Tensor::from_values(vec![256], &[n as i32; 256]),
+                }],
+                ..Default::default()
+            };
+            let last = n + 1 == ANSWERS;
+            let _ = sink.send(StreamItem {
+                response: Some(Ok(response)),
+                last,
+                credit: Some(credit),
+            });
+            self.made.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn ready(&self) -> bool {
+        true
+    }
+    fn model(&self, _: &str, _: &str) -> crate::Result<ModelView> {
+        Err(crate::Error::not_found("no views here"))
+    }
+    fn repository_index(&self) -> Vec<IndexEntry> {
+        Vec::new()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_sends_only_what_its_callers_client_made_room_for() {
+    let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    let server_crypto = tls::insecure_server_crypto().unwrap();
+    let server = quinn::Endpoint::server(quinn::ServerConfig::with_crypto(server_crypto), local).unwrap();
+    let addr = server.local_addr().unwrap();
+    let made = Arc::new(AtomicUsize::new(0));
+    let flood = Flood { made: made.clone() };
+    let limits = Limits::default();
+    let serving = {
+        let limits = limits.clone();
+        tokio::spawn(async move {
+            let conn = server.accept().await.unwrap().await.unwrap();
+            let (send, mut recv) = conn.accept_bi().await.unwrap();
+            let first = read_frame(&mut recv, &limits).await.unwrap().unwrap();
+            let (request, stream) = super::request_of(first).unwrap();
+            serve(&flood, request, stream, (send, recv), &limits, |_| ErrorKind::Answered).await;
+            conn
+        })
+    };
+    let mut client = quinn::Endpoint::client(local).unwrap();
+    client.set_default_client_config(quinn::ClientConfig::new(tls::insecure_client_crypto().unwrap()));
+    let conn = client.connect(addr, "mesh").unwrap().await.unwrap();
+
+    // The caller's client has room for one answer and reads none yet.
+    let window = Window::new(1, u64::MAX);
+    let (sink, mut answers) = stream_channel(window.clone());
+    let request = InferRequest {
+        model_name: "flood".into(),
+        ..Default::default()
+    };
+    let chunks = request_frame(&request, true, &limits).unwrap();
+    let calling = tokio::spawn(async move {
+        let peer = Peer {
+            conn: &conn,
+            name: "peer",
+        };
+        let far = Instant::now() + Duration::from_secs(30);
+        let result = call::stream(peer, chunks, &limits, &sink, far).await;
+        (result.map_err(|(f, n)| format!("{f} after {n}")), conn)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = made.load(Ordering::SeqCst);
+    // The serving side's own window (16) and one granted answer; without credit it would send all 100.
+    assert!(
+        held <= 20,
+        "the model made {held} answers for a client with room for one"
+    );
+    assert_eq!(
+        window.out(),
+        1,
+        "the caller holds the one answer its client has room for"
+    );
+    let first = answers.try_recv().expect("the granted answer arrived");
+    assert!(answers.try_recv().is_err(), "only one answer was read off the link");
+    drop(first);
+
+    // Reading on, every answer arrives, in order.
+    let mut seen = 1;
+    while let Some(item) = tokio::time::timeout(Duration::from_secs(10), answers.recv())
+        .await
+        .unwrap()
+    {
+        let response = item.response.expect("an answer").expect("no error");
+        let n = i32::from_ne_bytes(response.outputs[0].tensor.data[..4].try_into().unwrap());
+        assert_eq!(n as usize, seen);
+        seen += 1;
+        if item.last {
+            break;
+        }
+    }
+    assert_eq!(seen, ANSWERS);
+    let (result, _conn) = calling.await.unwrap();
+    assert_eq!(result, Ok(()));
+    let _ = tokio::time::timeout(Duration::from_secs(5), serving).await;
+}
