@@ -22,6 +22,7 @@ pub mod restrict;
 pub mod serve;
 pub mod shm;
 pub mod stream;
+pub mod sync;
 pub mod telemetry;
 pub mod tensor;
 pub mod trace;

@@ -6,6 +6,7 @@
 //! bytes to it, and sends it with the answer; whoever finally hands the answer to the client's connection drops
 //! the credit. Async producers wait with [`StreamSender::credit`], model threads with [`Window::take`].
 
+use crate::sync::Locked;
 use std::sync::{Arc, Condvar, Mutex};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
@@ -52,7 +53,7 @@ impl Window {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Out> {
-        self.out.lock().unwrap_or_else(|p| p.into_inner())
+        self.out.locked()
     }
 
     /// Takes a credit when one is free: fewer answers out than the window and their bytes under its bound,
@@ -73,7 +74,7 @@ impl Window {
     pub fn take(self: &Arc<Self>) -> Credit {
         let mut out = self.lock();
         while !(out.answers == 0 || (out.answers < self.answers && out.bytes < self.bytes)) {
-            out = self.returned.wait(out).unwrap_or_else(|p| p.into_inner());
+            out = crate::sync::wait(&self.returned, out);
         }
         out.answers += 1;
         Credit {

@@ -2,6 +2,7 @@
 //! HTTP and gRPC, which requests are traced by them (`trace_rate`, `trace_count`), and the trace
 //! file of each traced request's timestamps in Triton's JSON form. One tracer per process, like
 //! the logging settings.
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -371,7 +372,7 @@ pub fn sample(model: &str) -> Option<u64> {
 pub static TRACER: LazyLock<Mutex<Tracer>> = LazyLock::new(|| Mutex::new(Tracer::default()));
 
 pub fn tracer() -> std::sync::MutexGuard<'static, Tracer> {
-    TRACER.lock().unwrap_or_else(|p| p.into_inner())
+    TRACER.locked()
 }
 
 /// Writes trace entries as one JSON array (a file of its own per write, as Triton's).

@@ -1,4 +1,5 @@
 //! The running node: its Dispatch and the root of its actor tree, started and stopped together.
+use mesh::sync::ReadWrite;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,7 +54,7 @@ impl Node {
 
     /// Loads the models the control mode asks for; returns how many failed.
     pub async fn load_at_start(&self, explicit: &[String]) -> usize {
-        let manager = self.manager.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let manager = self.manager.reading().clone();
         let Some(manager) = manager else { return 0 };
         let explicit = explicit.to_vec();
         crate::actors::ask(&manager, "repository manager", |reply| {

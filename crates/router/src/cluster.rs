@@ -1,5 +1,6 @@
 //! The router's shared view of the cluster: membership (written only by the MembershipActor), the
 //! routing snapshot requests read without a hop, the live links, and the balancer.
+use mesh::sync::{Locked, ReadWrite};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
@@ -66,25 +67,25 @@ impl Cluster {
 
     /// The routing snapshot of the moment (an `Arc`, so a request reads it without holding a lock).
     pub fn routing(&self) -> Arc<RoutingTable> {
-        self.routing.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.routing.reading().clone()
     }
 
     /// Reads membership (queries only: the MembershipActor is its one writer).
     pub fn membership(&self) -> RwLockReadGuard<'_, Membership> {
-        self.membership.read().unwrap_or_else(|p| p.into_inner())
+        self.membership.reading()
     }
 
     /// Changes membership and, when `f` says the view changed, publishes the new routing snapshot
     /// and wakes the requests waiting for one; only the MembershipActor calls it.
     pub(crate) fn update(&self, f: impl FnOnce(&mut Membership) -> bool) {
         let table = {
-            let mut m = self.membership.write().unwrap_or_else(|p| p.into_inner());
+            let mut m = self.membership.writing();
             if !f(&mut m) {
                 return;
             }
             Arc::new(m.routing_table())
         };
-        *self.routing.write().unwrap_or_else(|p| p.into_inner()) = table;
+        *self.routing.writing() = table;
         self.changed.send_modify(|g| *g += 1);
     }
 
@@ -95,7 +96,7 @@ impl Cluster {
 
     /// Sends a membership change to the MembershipActor (the current one, if it was restarted).
     pub fn tell(&self, msg: MembershipMsg) {
-        let actor = self.membership_actor.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let actor = self.membership_actor.reading().clone();
         match actor {
             Some(a) => {
                 let _ = a.cast(msg);
@@ -105,11 +106,11 @@ impl Cluster {
     }
 
     pub(crate) fn set_membership_actor(&self, actor: ActorRef<MembershipMsg>) {
-        *self.membership_actor.write().unwrap_or_else(|p| p.into_inner()) = Some(actor);
+        *self.membership_actor.writing() = Some(actor);
     }
 
     pub fn balancer(&self) -> MutexGuard<'_, Balancer> {
-        self.balancer.lock().unwrap_or_else(|p| p.into_inner())
+        self.balancer.locked()
     }
 
     pub fn next_link_id(&self) -> LinkId {
@@ -117,27 +118,19 @@ impl Cluster {
     }
 
     pub fn link(&self, id: LinkId) -> Option<Arc<Link>> {
-        self.links.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+        self.links.reading().get(&id).cloned()
     }
 
     pub fn links(&self) -> Vec<Arc<Link>> {
-        self.links
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.links.reading().values().cloned().collect()
     }
 
     pub(crate) fn add_link(&self, link: Arc<Link>) {
-        self.links
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(link.id, link);
+        self.links.writing().insert(link.id, link);
     }
 
     pub(crate) fn remove_link(&self, id: LinkId) -> Option<Arc<Link>> {
-        let gone = self.links.write().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        let gone = self.links.writing().remove(&id);
         self.balancer().forget(id);
         gone
     }

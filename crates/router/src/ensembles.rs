@@ -1,6 +1,7 @@
 //! The router's own ensembles (`--model-repository`): planned with the shared planner against the
 //! configs of the models the cluster serves, planned again when membership changes, and run step
 //! by step through the router, so each step goes wherever its model is served.
+use mesh::sync::Locked;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -120,7 +121,7 @@ impl Ensembles {
     /// model's config as the cluster serves it.
     pub fn plan(&self, name: &str, generation: u64, view: &dyn Fn(&str, &str) -> Result<ModelView>) -> Option<Planned> {
         let ensemble = self.models.get(name)?;
-        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        let mut plans = self.plans.locked();
         if plans.0 != generation {
             plans.1.clear();
             plans.0 = generation;

@@ -1,6 +1,7 @@
 //! What the request path and the router's API see of placement: the cluster repository, the
 //! PlacementActor to ask (load, unload, scale, drain), its last published view, and which models
 //! requests use (for least-recently-used eviction).
+use mesh::sync::ReadWrite;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -63,11 +64,11 @@ impl Placement {
     }
 
     pub(crate) fn set_actor(&self, actor: ActorRef<PlacementMsg>) {
-        *self.actor.write().unwrap_or_else(|p| p.into_inner()) = Some(actor);
+        *self.actor.writing() = Some(actor);
     }
 
     pub fn tell(&self, msg: PlacementMsg) {
-        if let Some(a) = self.actor.read().unwrap_or_else(|p| p.into_inner()).clone() {
+        if let Some(a) = self.actor.reading().clone() {
             let _ = a.cast(msg);
         }
     }
@@ -77,7 +78,7 @@ impl Placement {
         wait: Duration,
         msg: impl FnOnce(RpcReplyPort<Result<T>>) -> PlacementMsg,
     ) -> Result<T> {
-        let actor = self.actor.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let actor = self.actor.reading().clone();
         let actor = actor.ok_or_else(|| Error::unavailable("placement is restarting; try again"))?;
         match actor.call(msg, Some(wait)).await {
             Ok(ractor::rpc::CallResult::Success(r)) => r,
@@ -149,11 +150,11 @@ impl Placement {
     }
 
     pub fn view(&self) -> Arc<PlacementView> {
-        self.view.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.view.reading().clone()
     }
 
     pub(crate) fn publish(&self, view: PlacementView) {
-        *self.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(view);
+        *self.view.writing() = Arc::new(view);
     }
 
     /// Whether a model is one the cluster places and wants now (a request for it may wait for a
@@ -206,15 +207,14 @@ impl Placement {
     /// Notes that a request for `model` was routed (cheap: an atomic store for known models).
     pub fn touch(&self, model: &str) {
         let now = self.started.elapsed().as_millis() as u64;
-        if let Some(at) = self.usage.read().unwrap_or_else(|p| p.into_inner()).get(model) {
+        if let Some(at) = self.usage.reading().get(model) {
             at.store(now, Ordering::Relaxed);
             return;
         }
         // Only models of the cluster repository are tracked, so request names cannot grow the map.
         if self.repo.contains(model) {
             self.usage
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
+                .writing()
                 .entry(model.to_string())
                 .or_default()
                 .store(now, Ordering::Relaxed);
@@ -224,8 +224,7 @@ impl Placement {
     /// When each tracked model was last used.
     pub(crate) fn last_used(&self) -> Vec<(String, Instant)> {
         self.usage
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .reading()
             .iter()
             .map(|(m, at)| {
                 (
@@ -237,6 +236,6 @@ impl Placement {
     }
 
     pub(crate) fn forget_usage(&self, model: &str) {
-        self.usage.write().unwrap_or_else(|p| p.into_inner()).remove(model);
+        self.usage.writing().remove(model);
     }
 }

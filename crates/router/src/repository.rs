@@ -1,6 +1,7 @@
 //! The cluster repository (`mesh-router --model-repository`): the models the router places on
 //! nodes, each with its files' manifest (the content key nodes cache by), its footprint and what
 //! its config asks of placement (`mesh.min_replicas`, `mesh.max_replicas`, `KIND_GPU`).
+use mesh::sync::ReadWrite;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -160,7 +161,7 @@ impl ClusterRepo {
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<RepoModel>> {
-        self.models.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+        self.models.reading().get(name).cloned()
     }
 
     /// The model whose current manifest has this key (what a node's fetch asks for).
@@ -169,27 +170,19 @@ impl ClusterRepo {
     }
 
     pub fn set(&self, model: Arc<RepoModel>) {
-        self.models
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(model.name.clone(), model);
+        self.models.writing().insert(model.name.clone(), model);
     }
 
     pub fn remove(&self, name: &str) -> Option<Arc<RepoModel>> {
-        self.models.write().unwrap_or_else(|p| p.into_inner()).remove(name)
+        self.models.writing().remove(name)
     }
 
     pub fn all(&self) -> Vec<Arc<RepoModel>> {
-        self.models
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.models.reading().values().cloned().collect()
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.models.read().unwrap_or_else(|p| p.into_inner()).contains_key(name)
+        self.models.reading().contains_key(name)
     }
 }
 

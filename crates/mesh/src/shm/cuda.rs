@@ -23,6 +23,7 @@ pub struct CudaRegion {
 // SAFETY: the context and device pointer are process-wide driver handles, valid on any thread once
 // the context is made current there (every use does so first).
 unsafe impl Send for CudaRegion {}
+// SAFETY: as for Send; the region is only read through driver calls, which the driver serialises.
 unsafe impl Sync for CudaRegion {}
 
 fn driver_error(name: &str, what: &str, e: DriverError) -> Error {
@@ -81,6 +82,8 @@ impl CudaRegion {
             // SAFETY: `device` came from device::get; the context is released in Drop or below.
             let context = unsafe { result::primary_ctx::retain(device) }
                 .map_err(|e| driver_error(name, "creating a context", e))?;
+            // SAFETY: `context` was retained above and `handle` is the client's IPC handle, which the driver
+            // validates; the pointer it opens is closed in Drop.
             let opened = unsafe {
                 result::ctx::set_current(context).map_err(|e| driver_error(name, "using the context", e))?;
                 let mut pointer: sys::CUdeviceptr = 0;

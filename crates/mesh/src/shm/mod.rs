@@ -12,6 +12,7 @@ pub const MAX_REGIONS: usize = 512;
 /// and 128 random bits); a client's registration of such a key is refused.
 pub const OWN_SHM_PREFIX: &str = "mesh-node-";
 
+use crate::sync::Locked;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -85,7 +86,7 @@ impl SharedMemory {
     }
 
     fn regions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Region>>> {
-        self.regions.lock().unwrap_or_else(|p| p.into_inner())
+        self.regions.locked()
     }
 
     fn refuse_taken(&self, name: &str) -> Result<()> {

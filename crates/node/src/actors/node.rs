@@ -1,4 +1,5 @@
 //! NodeSupervisor: the root of the node's actor tree; it runs the RepositoryManager and restarts it if it dies.
+use mesh::sync::ReadWrite;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ impl SupervisorArgs {
             poll_every: self.poll_every,
         };
         let (manager, _) = Actor::spawn_linked(None, RepositoryManager, args, supervisor.get_cell()).await?;
-        *self.manager.write().unwrap_or_else(|p| p.into_inner()) = Some(manager.clone());
+        *self.manager.writing() = Some(manager.clone());
         Ok(manager)
     }
 }
@@ -57,7 +58,7 @@ impl Actor for NodeSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         if let SupervisionEvent::ActorFailed(_, err) = event {
             tracing::error!("repository manager failed: {err}; restarting it");
-            *state.manager.write().unwrap_or_else(|p| p.into_inner()) = None;
+            *state.manager.writing() = None;
             let manager = state.spawn_manager(&myself).await?;
             let _ = manager.cast(ManagerMsg::Recover);
         }

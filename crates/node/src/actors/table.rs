@@ -1,4 +1,5 @@
 //! The node's model table: every model's state, read by each request and written only by the RepositoryManager.
+use mesh::sync::ReadWrite;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
@@ -52,22 +53,18 @@ pub struct ModelTable {
 
 impl ModelTable {
     pub(crate) fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, ModelEntry>> {
-        self.models.read().unwrap_or_else(|p| p.into_inner())
+        self.models.reading()
     }
 
     /// Replaces a model's entry; the old versions' supervisors stop, their instances finish in-flight work.
     pub fn set(&self, name: &str, entry: ModelEntry) {
-        let old = self
-            .models
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name.to_string(), entry);
+        let old = self.models.writing().insert(name.to_string(), entry);
         drop(old);
     }
 
     /// Publishes a new serving config after an in-place change.
     pub fn set_config(&self, name: &str, config: Arc<ModelConfig>, written: ModelConfig, fingerprint: u64) {
-        let mut models = self.models.write().unwrap_or_else(|p| p.into_inner());
+        let mut models = self.models.writing();
         if let Some(entry) = models.get_mut(name) {
             entry.fingerprint = Some(fingerprint);
             if let Some(s) = entry.source.as_mut() {
@@ -79,14 +76,14 @@ impl ModelTable {
 
     /// Records the directory fingerprint a load attempt saw.
     pub fn set_fingerprint(&self, name: &str, fingerprint: u64) {
-        if let Some(entry) = self.models.write().unwrap_or_else(|p| p.into_inner()).get_mut(name) {
+        if let Some(entry) = self.models.writing().get_mut(name) {
             entry.fingerprint = Some(fingerprint);
         }
     }
 
     /// Drops every model, which stops their instances once in-flight work ends.
     pub fn clear(&self) {
-        let old = std::mem::take(&mut *self.models.write().unwrap_or_else(|p| p.into_inner()));
+        let old = std::mem::take(&mut *self.models.writing());
         drop(old);
     }
 

@@ -101,6 +101,7 @@ fn string_tensor(t: &Tensor, shape: Vec<i64>) -> ort::Result<DynTensor> {
         // SAFETY: `v` is a string tensor with at least i+1 elements; ORT resizes element i to
         // e.len() bytes and returns a writable buffer of that size.
         let status = unsafe { (api.GetResizedStringTensorElementBuffer)(v.ptr_mut(), i, e.len(), &mut buf) };
+        // SAFETY: `status` is the one ORT just returned; result_from_status releases it.
         unsafe { ort::Error::result_from_status(status) }?;
         if !e.is_empty() {
             // SAFETY: buf points to e.len() writable bytes (see above).

@@ -6,6 +6,7 @@ pub mod placing;
 pub mod report;
 pub mod serve;
 
+use mesh::sync::ReadWrite;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -155,19 +156,16 @@ impl Routers {
             conn,
             released: AtomicBool::new(false),
         });
-        self.live.write().unwrap_or_else(|p| p.into_inner()).push(live.clone());
+        self.live.writing().push(live.clone());
         live
     }
 
     fn remove(&self, conn: &Connection) {
-        self.live
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|r| r.conn.stable_id() != conn.stable_id());
+        self.live.writing().retain(|r| r.conn.stable_id() != conn.stable_id());
     }
 
     fn all(&self) -> Vec<Arc<LiveRouter>> {
-        self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.live.reading().clone()
     }
 }
 

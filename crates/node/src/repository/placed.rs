@@ -1,4 +1,5 @@
 //! Models the cluster's router placed on this node: where their shipped files lie, by model name.
+use mesh::sync::ReadWrite;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::RwLock;
@@ -17,22 +18,19 @@ pub struct PlacedModels(RwLock<BTreeMap<String, PlacedDir>>);
 
 impl PlacedModels {
     pub fn get(&self, name: &str) -> Option<PlacedDir> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+        self.0.reading().get(name).cloned()
     }
 
     pub fn set(&self, name: &str, dir: PlacedDir) {
-        self.0
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name.to_string(), dir);
+        self.0.writing().insert(name.to_string(), dir);
     }
 
     /// Forgets a placement; returns whether it was one.
     pub fn remove(&self, name: &str) -> bool {
-        self.0.write().unwrap_or_else(|p| p.into_inner()).remove(name).is_some()
+        self.0.writing().remove(name).is_some()
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).contains_key(name)
+        self.0.reading().contains_key(name)
     }
 }

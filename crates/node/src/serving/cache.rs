@@ -2,6 +2,7 @@
 //! a bounded least-recently-used map from a request's model and inputs to the outputs it produced.
 //! The key is a SHA-256 digest of the model, version and every input (name, type, shape, bytes),
 //! so request ids, parameters and the outputs asked for do not change it, as in Triton.
+use mesh::sync::Locked;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -148,7 +149,7 @@ impl ResponseCache {
     }
 
     fn lru(&self) -> std::sync::MutexGuard<'_, Lru> {
-        self.lru.lock().unwrap_or_else(|p| p.into_inner())
+        self.lru.locked()
     }
 
     /// The outputs stored for `key`, marking them recently used.

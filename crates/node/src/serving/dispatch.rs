@@ -1,4 +1,5 @@
 //! The node's Dispatch: finds the model version, checks the request, runs it on the instance, records metrics.
+use mesh::sync::ReadWrite;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -139,7 +140,7 @@ impl NodeDispatch {
         &self,
         msg: impl FnOnce(ractor::RpcReplyPort<Result<T>>) -> ManagerMsg,
     ) -> Result<T> {
-        let manager = self.manager.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let manager = self.manager.reading().clone();
         let manager = manager.ok_or_else(|| Error::unavailable("the repository manager is restarting; try again"))?;
         crate::actors::ask(&manager, "repository manager", msg)
             .await

@@ -1,6 +1,7 @@
 //! Custom metrics Python models define (`pb_utils.MetricFamily`): counters, gauges and histograms
 //! kept here, in the node, and rendered on `/metrics` after Triton's own. Families and metrics are
 //! counted references: each Python object holds one, per stub, so a stub that dies gives its back.
+use mesh::sync::Locked;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{LazyLock, Mutex};
@@ -128,7 +129,7 @@ fn take(holders: &mut BTreeMap<String, usize>, holder: &str) -> bool {
 
 impl Registry {
     fn families(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Family>> {
-        self.families.lock().unwrap_or_else(|p| p.into_inner())
+        self.families.locked()
     }
 
     /// Applies one `metric` frame of a stub (`holder` names it) and returns the stub's answer:

@@ -1,4 +1,5 @@
 //! Per-version inference statistics (Triton's statistics extension), kept in step with the Prometheus metrics.
+use mesh::sync::Locked;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -102,7 +103,7 @@ impl ModelStats {
         self.last_inference_ms.store(now_ms(), Relaxed);
         if let Some(batch) = execution {
             self.execution_count.fetch_add(1, Relaxed);
-            let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+            let mut batches = self.batches.locked();
             let b = batches.entry(batch).or_default();
             b.count += 1;
             b.input_ns += t.input.as_nanos() as u64;
@@ -137,7 +138,7 @@ impl ModelStats {
     /// The statistics extension's view of this version.
     pub fn snapshot(&self) -> ModelStatistics {
         let d = |n: u64, ns: u64| Some(StatisticDuration { count: n, ns });
-        let batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        let batches = self.batches.locked();
         ModelStatistics {
             name: self.name.clone(),
             version: self.version.clone(),

@@ -6,6 +6,7 @@
 //! the target sees one peer per client, and answers go back to the client they belong to.
 pub mod policy;
 
+use mesh::sync::Locked;
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -86,8 +87,8 @@ struct Shared {
 
 impl Shared {
     fn decide(&self, dir: Direction) -> Vec<Instant> {
-        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-        let mut chaos = self.chaos.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rng = self.rng.locked();
+        let mut chaos = self.chaos.locked();
         chaos.decide(dir, Instant::now(), &mut *rng)
     }
 }
@@ -165,7 +166,7 @@ async fn relay(args: RelayArgs, shared: Arc<Shared>) -> Result<(), String> {
 async fn control(shared: Arc<Shared>) {
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        let answer = shared.chaos.lock().unwrap_or_else(|p| p.into_inner()).command(&line);
+        let answer = shared.chaos.locked().command(&line);
         let mut out = std::io::stdout();
         let _ = match answer {
             Ok(text) if text.is_empty() => Ok(()),

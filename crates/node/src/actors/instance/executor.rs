@@ -1,6 +1,7 @@
 //! What runs an instance's work: requests and their results, the guarded execution (a panic or a dead
 //! backend marks the instance failed), batches merged or per request, the executor thread, and the
 //! instance actor's messages (the thread sends it some).
+use mesh::sync::Locked;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -145,7 +146,7 @@ pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
     let started = Instant::now();
     let total: usize = jobs.iter().map(|j| j.sub.rows).sum();
     let result = {
-        let mut b = exec.backend.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = exec.backend.locked();
         if b.takes_requests() {
             let subs: Vec<&Submission> = jobs.iter().map(|j| &j.sub).collect();
             exec.run_requests(label, &mut **b, &views(&subs))

@@ -6,6 +6,7 @@ pub mod batching;
 pub mod executor;
 pub mod supervision;
 
+use mesh::sync::Locked;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -258,7 +259,7 @@ impl InstanceHandle {
             health: Arc::new(Health::new(&metric_labels)),
             on_failure,
         });
-        let inline_off_runtime_only = !exec.backend.lock().unwrap_or_else(|p| p.into_inner()).may_run_inline();
+        let inline_off_runtime_only = !exec.backend.locked().may_run_inline();
         let inline = match (config.dynamic, config.max_queue_delay.is_zero()) {
             (false, _) => Inline::WhenIdle,
             (true, true) => Inline::WhenAlone,
@@ -295,7 +296,7 @@ impl InstanceHandle {
 
     /// Puts a rebuilt backend in place and routes to the instance again.
     pub fn install(&self, backend: Box<dyn Backend>) {
-        *self.exec.backend.lock().unwrap_or_else(|p| p.into_inner()) = backend;
+        *self.exec.backend.locked() = backend;
         self.exec.health.mark_restarted();
         let _ = self.actor.cast(InstanceMsg::Wake);
     }

@@ -3,6 +3,7 @@
 pub mod source;
 pub mod warmup;
 
+use mesh::sync::ReadWrite;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock};
@@ -66,7 +67,7 @@ pub struct ModelHandle {
 impl ModelHandle {
     /// The current snapshot (one uncontended read lock).
     pub fn snapshot(&self) -> Arc<LoadedVersion> {
-        self.slot.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.slot.reading().clone()
     }
 
     /// Changes the instances in place: keeps those whose name and device stay, starts (and warms
@@ -219,7 +220,7 @@ async fn spawn_instance(
 
 impl Supervised {
     fn current(&self) -> Arc<LoadedVersion> {
-        self.slot.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.slot.reading().clone()
     }
 
     fn publish(&self, config: Arc<ModelConfig>, instances: Vec<Arc<InstanceHandle>>) {
@@ -235,7 +236,7 @@ impl Supervised {
             labels: old.labels.clone(),
             sequences: old.sequences.clone(),
         });
-        *self.slot.write().unwrap_or_else(|p| p.into_inner()) = next;
+        *self.slot.writing() = next;
     }
 
     /// Carries out an in-place instance change; the old snapshot stays if anything fails.

@@ -1,5 +1,6 @@
 //! BLS calls from a Python model: decoded from the stub's frame, run through the node's Dispatch (the
 //! same seam clients use, so a router can later send them to other nodes), answered on the socket.
+use mesh::sync::Locked;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 
@@ -77,7 +78,7 @@ fn request_from(frame: &Value, blob: &[u8], shm: &Shm) -> Result<InferRequest> {
 }
 
 pub(super) fn reply(writer: &Mutex<UnixStream>, header: &Value, blob: &[u8]) {
-    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+    let mut w = writer.locked();
     if let Err(e) = write_frame(&mut *w, header, blob) {
         tracing::warn!("cannot answer a BLS call: {e}");
     }

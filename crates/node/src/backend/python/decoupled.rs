@@ -4,6 +4,7 @@
 //! every frame of the stub: stream answers go straight to their requests, BLS calls to the node,
 //! and the rest to the instance's thread. A client that goes away reaches `is_cancelled()` as a
 //! `cancel` frame.
+use mesh::sync::Locked;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
@@ -41,7 +42,7 @@ pub(super) struct Streams {
 
 impl Streams {
     fn open(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Open>> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
+        self.open.locked()
     }
 
     fn insert(&self, key: Key, sink: ResponseSink) {
@@ -132,7 +133,7 @@ pub(super) fn read_stub(
             looked = Instant::now();
             for (seq, index) in streams.newly_cancelled() {
                 let frame = json!({"op": "cancel", "seq": seq, "index": index});
-                let mut w = answers.writer.lock().unwrap_or_else(|p| p.into_inner());
+                let mut w = answers.writer.locked();
                 let _ = super::ipc::write_frame(&mut *w, &frame, &[]);
             }
         }

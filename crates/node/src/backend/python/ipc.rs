@@ -29,6 +29,7 @@ pub struct Shm {
 // SAFETY: writes go only to ranges handed out once by `alloc` (disjoint), and reads of the stub's
 // half happen only for ranges the stub has finished writing (it answered before we read).
 unsafe impl Send for Shm {}
+// SAFETY: as for Send: shared use touches disjoint ranges, and `next` and `path` synchronise themselves.
 unsafe impl Sync for Shm {}
 
 impl Shm {

@@ -1,5 +1,6 @@
 //! One Python stub process: started on the chosen interpreter, connected over a Unix socket, its output
 //! forwarded to the log, and stopped (finalize, then kill) without leaving a zombie.
+use mesh::sync::Locked;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -108,7 +109,7 @@ fn launch(mut command: Command) -> std::io::Result<Child> {
         Mutex::new(tx)
     });
     let (reply, answer) = std::sync::mpsc::channel();
-    let sent = sender.lock().unwrap_or_else(|p| p.into_inner()).send((command, reply));
+    let sent = sender.locked().send((command, reply));
     sent.map_err(|_| std::io::Error::other("the stub launcher thread is gone"))?;
     answer
         .recv()
@@ -138,7 +139,7 @@ fn forward(stream: impl std::io::Read + Send + 'static, label: String, tail: Opt
             match &tail {
                 Some(t) => {
                     tracing::warn!(instance = %label, "{line}");
-                    let mut t = t.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut t = t.locked();
                     if t.len() == TAIL_LINES {
                         t.pop_front();
                     }
@@ -213,12 +214,12 @@ impl Stub {
 
     /// The last lines the stub wrote to stderr (a traceback, usually).
     pub fn stderr_tail(&self) -> String {
-        let t = self.stderr_tail.lock().unwrap_or_else(|p| p.into_inner());
+        let t = self.stderr_tail.locked();
         t.iter().cloned().collect::<Vec<_>>().join("\n")
     }
 
     pub fn send(&self, header: &Value, blob: &[u8]) -> std::io::Result<()> {
-        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.writer.locked();
         write_frame(&mut *w, header, blob)
     }
 
@@ -364,7 +365,7 @@ fn accept(listener: &UnixListener, child: &mut Child, tail: &Mutex<VecDeque<Stri
         }
         if let Ok(Some(status)) = child.try_wait() {
             std::thread::sleep(Duration::from_millis(50)); // let the log threads read the last lines
-            let t = tail.lock().unwrap_or_else(|p| p.into_inner());
+            let t = tail.locked();
             let said: Vec<_> = t.iter().cloned().collect();
             return Err(format!(
                 "the python stub exited ({status}) before connecting:\n{}",

@@ -4,6 +4,7 @@
 pub mod inputs;
 pub mod setup;
 
+use mesh::sync::Locked;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -251,7 +252,7 @@ pub struct Step {
 }
 
 fn lock(table: &std::sync::Mutex<Sequences>) -> std::sync::MutexGuard<'_, Sequences> {
-    table.lock().unwrap_or_else(|p| p.into_inner())
+    table.locked()
 }
 
 impl Step {
