@@ -19,9 +19,10 @@ use crate::{IndexEntry, ModelView};
 
 const ANSWERS: usize = 100;
 
-/// A decoupled model that sends ANSWERS answers of 1 KiB as fast as its stream's window lets it.
+/// A decoupled model that sends `answers` answers of 1 KiB as fast as its stream's window lets it.
 struct Flood {
     made: Arc<AtomicUsize>,
+    answers: usize,
 }
 
 #[async_trait::async_trait]
@@ -30,7 +31,7 @@ impl Dispatch for Flood {
         Err(crate::Error::unsupported("streams only"))
     }
     async fn infer_stream(&self, _: InferRequest, sink: StreamSender) {
-        for n in 0..ANSWERS {
+        for n in 0..self.answers {
             let Some(credit) = sink.credit().await else { return };
             let response = InferResponse {
                 outputs: vec![NamedTensor {
@@ -39,7 +40,7 @@ impl Dispatch for Flood {
                 }],
                 ..Default::default()
             };
-            let last = n + 1 == ANSWERS;
+            let last = n + 1 == self.answers;
             let _ = sink.send(StreamItem {
                 response: Some(Ok(response)),
                 last,
@@ -59,14 +60,23 @@ impl Dispatch for Flood {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_sends_only_what_its_callers_client_made_room_for() {
+/// A served Flood of `answers` on a real QUIC pair; returns the connection to call it, and its count of answers made.
+async fn flood(
+    answers: usize,
+) -> (
+    quinn::Connection,
+    Arc<AtomicUsize>,
+    tokio::task::JoinHandle<quinn::Connection>,
+) {
     let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
     let server_crypto = tls::insecure_server_crypto().unwrap();
     let server = quinn::Endpoint::server(quinn::ServerConfig::with_crypto(server_crypto), local).unwrap();
     let addr = server.local_addr().unwrap();
     let made = Arc::new(AtomicUsize::new(0));
-    let flood = Flood { made: made.clone() };
+    let flood = Flood {
+        made: made.clone(),
+        answers,
+    };
     let limits = Limits::default();
     let serving = {
         let limits = limits.clone();
@@ -82,7 +92,13 @@ async fn a_stream_sends_only_what_its_callers_client_made_room_for() {
     let mut client = quinn::Endpoint::client(local).unwrap();
     client.set_default_client_config(quinn::ClientConfig::new(tls::insecure_client_crypto().unwrap()));
     let conn = client.connect(addr, "mesh").unwrap().await.unwrap();
+    (conn, made, serving)
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_sends_only_what_its_callers_client_made_room_for() {
+    let (conn, made, serving) = flood(ANSWERS).await;
+    let limits = Limits::default();
     // The caller's client has room for one answer and reads none yet.
     let window = Window::new(1, u64::MAX);
     let (sink, mut answers) = stream_channel(window.clone());
@@ -134,4 +150,32 @@ async fn a_stream_sends_only_what_its_callers_client_made_room_for() {
     let (result, _conn) = calling.await.unwrap();
     assert_eq!(result, Ok(()));
     let _ = tokio::time::timeout(Duration::from_secs(5), serving).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_finished_and_stopped_reading_credit_still_delivers_its_last_answers() {
+    // With room for all, the serving side has credit for every answer, writes them, and ends its stream
+    // (refusing further credit) before the caller's later grants: that is not a failure.
+    for _ in 0..20 {
+        let (conn, _made, _serving) = flood(4).await;
+        let limits = Limits::default();
+        let (sink, mut answers) = stream_channel(Window::new(64, u64::MAX));
+        let request = InferRequest {
+            model_name: "flood".into(),
+            ..Default::default()
+        };
+        let chunks = request_frame(&request, true, &limits).unwrap();
+        let peer = Peer {
+            conn: &conn,
+            name: "peer",
+        };
+        let far = Instant::now() + Duration::from_secs(30);
+        let result = call::stream(peer, chunks, &limits, &sink, far).await;
+        assert_eq!(result.map_err(|(f, n)| format!("{f} after {n}")), Ok(()));
+        let mut got = 0;
+        while let Ok(item) = answers.try_recv() {
+            got += usize::from(item.response.is_some());
+        }
+        assert_eq!(got, 4);
+    }
 }

@@ -161,6 +161,7 @@ pub async fn stream(
     };
     // Client credits held for the answers granted to the peer and not read yet, oldest first.
     let mut held: VecDeque<Credit> = VecDeque::new();
+    let mut granting = true;
     loop {
         let mut granted = 0u32;
         while held.len() < GRANT_AHEAD {
@@ -183,10 +184,10 @@ pub async fn stream(
             held.push_back(credit);
             granted += 1;
         }
-        if granted > 0 {
-            if let Err(e) = grant(&mut tx, granted, limits).await {
-                return Err((Failure::Lost(format!("{}: {e}", link.name)), forwarded));
-            }
+        // A peer that sent its final answer stops reading credit (its stream ends), so a grant that
+        // fails is not the stream's failure: reading on finds the final answer, or the real error.
+        if granted > 0 && granting {
+            granting = grant(&mut tx, granted, limits).await.is_ok();
         }
         let next = tokio::select! {
             next = read_frame(&mut rx, limits) => next,
