@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.server, pytest.mark.cluster]
 
 PY_MODELS = Path(__file__).parent / "python_models"
 PY_ARGS = ["--backend-config", f"python,interpreter={sys.executable}"]
-STREAMS, COUNT, SIZE = 20, 150, 1 << 20  # 3000 MiB if nothing held the models back
+STREAMS, COUNT, SIZE = 20, 300, 256 << 10  # 1.5 GiB if nothing held the models back
 
 
 def status_kib(pid: int, field: str) -> int:
@@ -34,10 +34,10 @@ def status_kib(pid: int, field: str) -> int:
     raise AssertionError(f"no {field}")
 
 
-def flood_request(progress: Path) -> service_pb2.ModelInferRequest:
+def flood_request(progress: Path, count: int = COUNT, size: int = SIZE) -> service_pb2.ModelInferRequest:
     r = service_pb2.ModelInferRequest(model_name="flood_py", id=progress.name)
     r.parameters["progress"].string_param = str(progress)
-    for name, value in (("COUNT", COUNT), ("SIZE", SIZE)):
+    for name, value in (("COUNT", count), ("SIZE", size)):
         t = r.inputs.add(name=name, datatype="INT32")
         t.shape.append(1)
         r.raw_input_contents.append(np.array([value], np.int32).tobytes())
@@ -124,3 +124,40 @@ def test_stream_clients_that_stop_reading_hold_a_window_not_the_router(cluster_f
     for i in range(5):
         add_sub(1000 + i)
     http.close()
+
+
+def test_a_stalled_stream_holds_its_models_thread_not_the_instance(server_factory, tmp_path):
+    """On a node: a client that stops reading a decoupled Python model's answers stops the model's
+    thread that sends them (the stub's allowance), not the instance's reading thread, so the same
+    instance keeps serving every other client."""
+    repo = copy_models(PY_MODELS, tmp_path / "repo", ["flood_py"])
+    server = server_factory([repo], PY_ARGS, name="stalled-stream", wait_models=["flood_py"])
+    stalled = tmp_path / "stalled"
+    hold = threading.Event()
+    channel = grpc.insecure_channel(server.grpc_url, options=[("grpc.max_receive_message_length", -1)])
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+    def requests():
+        yield flood_request(stalled)
+        hold.wait(60)
+
+    answers = stub.ModelStreamInfer(requests())
+    try:
+        deadline = time.monotonic() + 10
+        while sent(stalled) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1)
+        assert 0 < sent(stalled) < COUNT // 3, sent(stalled)
+        # Another client of the same instance is served in full meanwhile.
+        got = []
+        for a in stub.ModelStreamInfer(iter([flood_request(tmp_path / "other", 5, 1024)]), timeout=30):
+            assert a.error_message == "", a.error_message
+            if a.infer_response.outputs:
+                got.append(a.infer_response.id)
+            if a.infer_response.parameters["triton_final_response"].bool_param or len(got) == 5:
+                break
+        assert len(got) == 5, got
+    finally:
+        answers.cancel()
+        hold.set()
+        channel.close()

@@ -17,7 +17,7 @@ use crate::request::StreamItem;
 /// Answers a stream may hold produced and not consumed, unless its creator says otherwise.
 pub const STREAM_WINDOW_ANSWERS: usize = 16;
 /// Bytes of tensors those answers may hold (one answer is always let through, whatever its size).
-pub const STREAM_WINDOW_BYTES: u64 = 8 << 20;
+pub const STREAM_WINDOW_BYTES: u64 = 4 << 20;
 
 #[derive(Debug, Default)]
 struct Out {
@@ -66,8 +66,20 @@ impl Window {
             Credit {
                 window: self.clone(),
                 bytes: 0,
+                returned: None,
             }
         })
+    }
+
+    /// Takes a credit even when the window is full, for a producer bounded another way (a Python stub's
+    /// own allowance): it still counts, so the window's other producers wait for it.
+    pub fn force(self: &Arc<Self>) -> Credit {
+        self.lock().answers += 1;
+        Credit {
+            window: self.clone(),
+            bytes: 0,
+            returned: None,
+        }
     }
 
     /// Takes a credit, blocking the calling (non-async) thread while the window is full.
@@ -80,6 +92,7 @@ impl Window {
         Credit {
             window: self.clone(),
             bytes: 0,
+            returned: None,
         }
     }
 
@@ -108,13 +121,27 @@ impl Window {
 }
 
 /// One answer's place in a [`Window`], returned when dropped.
-#[derive(Debug)]
 pub struct Credit {
     window: Arc<Window>,
     bytes: u64,
+    /// Told when the credit is returned (the answer was taken): a producer across a process boundary.
+    returned: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl std::fmt::Debug for Credit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credit")
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Credit {
+    /// Runs `f` when the credit is returned.
+    pub fn on_return(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.returned = Some(Box::new(f));
+    }
+
     /// Charges the answer's bytes to the window (the next credit waits while the bytes out pass its bound).
     pub fn charge(&mut self, bytes: u64) {
         self.window.lock().bytes += bytes;
@@ -131,6 +158,9 @@ impl Drop for Credit {
         }
         self.window.returned.notify_all();
         self.window.woken.notify_waiters();
+        if let Some(f) = self.returned.take() {
+            f();
+        }
     }
 }
 

@@ -31,6 +31,9 @@ from mesh_stub_calls import ANSWERS, Calls  # noqa: E402
 
 ALIGN = 64
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# Answers of one decoupled request a model's thread may send ahead of its client (mesh-node's
+# STUB_ALLOWANCE, which returns one credit per answer its client takes).
+STREAM_ALLOWANCE = 8
 _NP = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
        "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
        "FP32": np.float32, "FP64": np.float64}
@@ -111,6 +114,10 @@ class Host(Calls):
         self.artifact = None
         self.inbox = None  # decoupled models: frames the reader thread took for the main thread
         self.cancelled = set()  # decoupled models: (seq, index) of requests whose client went away
+        # decoupled models: answers each open request may still send before mesh-node returns credit
+        # (its client took earlier ones); a model's own thread waits at zero, execute() never does.
+        self.allowance = {}
+        self.allowance_cv = threading.Condition()
         self.decoupled = False
         self.concurrent = False
         self.later = collections.deque()  # frames to send with the next one (from __del__, which may run anywhere)
@@ -129,7 +136,16 @@ class Host(Calls):
                     self.complete(header, blob)
                     continue
                 if op == "cancel":
-                    self.cancelled.add((header.get("seq"), header.get("index")))
+                    with self.allowance_cv:
+                        self.cancelled.add((header.get("seq"), header.get("index")))
+                        self.allowance_cv.notify_all()
+                    continue
+                if op == "credit":
+                    key = (header.get("seq"), header.get("index"))
+                    with self.allowance_cv:
+                        if key in self.allowance:
+                            self.allowance[key] += 1
+                            self.allowance_cv.notify_all()
                     continue
                 self.inbox.put((header, blob))
                 if header is None:
@@ -377,7 +393,22 @@ class Host(Calls):
             return {"error": f"cannot send the outputs: {e}"}
 
     def stream(self, seq, index, wanted, response, flags):
-        """One answer of a decoupled model's response sender, sent at once."""
+        """One answer of a decoupled model's response sender. From the model's own threads it waits
+        while the request's client holds STREAM_ALLOWANCE answers not taken yet (mesh-node returns
+        credit as it takes them), so a client that stops reading stops that thread, not the instance;
+        from execute() it is sent at once (the instance's thread serves every request)."""
+        key = (seq, index)
+        final = bool(flags & FINAL)
+        with self.allowance_cv:
+            left = self.allowance.setdefault(key, STREAM_ALLOWANCE)
+            if threading.current_thread() is not threading.main_thread():
+                while left <= 0 and key not in self.cancelled:
+                    self.allowance_cv.wait()
+                    left = self.allowance.get(key, STREAM_ALLOWANCE)
+            if final:
+                self.allowance.pop(key, None)
+            else:
+                self.allowance[key] = left - 1
         blobs, blob_len = [], [0]
         desc = None if response is None else self.response_desc(response, blobs, blob_len, wanted, inline=True)
         self.send({"op": "stream", "seq": seq, "index": index, "flags": flags, "response": desc}, blobs)

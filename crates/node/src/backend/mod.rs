@@ -45,6 +45,9 @@ pub struct RequestView<'a> {
 /// growing the node's memory. The client's frontend sets the window ([`mesh::stream::Window`]).
 pub const STREAM_WINDOW: usize = mesh::stream::STREAM_WINDOW_ANSWERS;
 
+/// What runs when a client took an answer.
+pub type Taken = Box<dyn FnOnce() + Send>;
+
 /// Where a decoupled model's answers to one request go, as they are sent. Clones share the
 /// request's stream and its client's window.
 #[derive(Clone)]
@@ -59,9 +62,11 @@ impl ResponseSink {
         ResponseSink { tx, template }
     }
 
-    /// Sends one answer (None: only the final flag); a client that went away is not an error.
-    /// Blocks (this is never an async thread) while the client's window is full and the client reads.
-    pub fn send(&self, outputs: Option<Result<Vec<NamedTensor>>>, last: bool) {
+    /// Sends one answer (None: only the final flag); a client that went away is not an error. Never
+    /// waits: the answer counts against the client's window even past it (the stub that sends it is
+    /// held back by its own allowance), and `taken` runs once the client took it, which returns that
+    /// allowance.
+    pub fn send(&self, outputs: Option<Result<Vec<NamedTensor>>>, last: bool, taken: Option<Taken>) {
         // The backend sends only the requested outputs (the stub leaves the rest out).
         let response = outputs.map(|r| {
             r.map(|outputs| InferResponse {
@@ -69,14 +74,19 @@ impl ResponseSink {
                 ..self.template.clone()
             })
         });
-        let credit = (!self.tx.is_closed()).then(|| {
-            let mut credit = self.tx.window().take();
-            if let Some(Ok(r)) = &response {
-                credit.charge(r.outputs.iter().map(|t| t.tensor.data.len() as u64).sum());
-            }
-            credit
+        let mut credit = self.tx.window().force();
+        if let Some(Ok(r)) = &response {
+            credit.charge(r.outputs.iter().map(|t| t.tensor.data.len() as u64).sum());
+        }
+        if let Some(taken) = taken {
+            credit.on_return(taken);
+        }
+        // A client that went away drops the answer here, which returns its credit (and allowance) at once.
+        let _ = self.tx.send(StreamItem {
+            response,
+            last,
+            credit: Some(credit),
         });
-        let _ = self.tx.send(StreamItem { response, last, credit });
     }
 
     /// True once nobody reads the answers any more (the client cancelled or disconnected).

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use super::bls::{self, Answers};
 use super::ipc::read_frame;
 use super::{decode_response, log, stub_error, PythonBackend, PythonContext};
-use crate::backend::{PerRequest, RequestView, ResponseSink, Timings};
+use crate::backend::{PerRequest, RequestView, ResponseSink, Taken, Timings};
 
 /// How often the reading thread looks for requests whose client went away.
 const CANCEL_POLL: Duration = Duration::from_millis(20);
@@ -32,6 +32,9 @@ type Key = (u64, usize);
 struct Open {
     sink: ResponseSink,
     cancel_sent: bool,
+    /// A warm-up request with no client, read only once execute returns: its stub gets its
+    /// allowance back at once, or an execute that streams many answers would wait on itself.
+    local: bool,
 }
 
 /// The requests of a decoupled instance that have not sent their final flag yet.
@@ -45,28 +48,37 @@ impl Streams {
         self.open.locked()
     }
 
-    fn insert(&self, key: Key, sink: ResponseSink) {
+    fn insert(&self, key: Key, sink: ResponseSink, local: bool) {
         self.open().insert(
             key,
             Open {
                 sink,
                 cancel_sent: false,
+                local,
             },
         );
     }
 
-    /// Sends one answer to its request (the lock is not held while the send waits for the client).
-    fn deliver(&self, key: Key, answer: Option<Result<Vec<NamedTensor>>>, last: bool) -> bool {
-        let sink = {
+    /// Sends one answer to its request; `taken` (for answers before the final one) returns the stub's
+    /// allowance once the client took the answer (at once for a request with no client).
+    fn deliver(&self, key: Key, answer: Option<Result<Vec<NamedTensor>>>, last: bool, taken: Option<Taken>) -> bool {
+        let open = {
             let mut open = self.open();
             match last {
-                true => open.remove(&key).map(|o| o.sink),
-                false => open.get(&key).map(|o| o.sink.clone()),
+                true => open.remove(&key).map(|o| (o.sink, o.local)),
+                false => open.get(&key).map(|o| (o.sink.clone(), o.local)),
             }
         };
-        match sink {
-            Some(sink) => {
-                sink.send(answer, last);
+        match open {
+            Some((sink, local)) => {
+                let taken = match (local, taken) {
+                    (true, Some(taken)) => {
+                        taken();
+                        None
+                    }
+                    (_, taken) => taken,
+                };
+                sink.send(answer, last, taken);
                 true
             }
             None => false,
@@ -94,7 +106,7 @@ impl Streams {
     fn fail_all(&self, error: &Error) {
         let all: Vec<Open> = self.open().drain().map(|(_, o)| o).collect();
         for o in all {
-            o.sink.send(Some(Err(error.clone())), true);
+            o.sink.send(Some(Err(error.clone())), true, None);
         }
     }
 }
@@ -120,6 +132,7 @@ pub(super) fn read_stub(
     ctx: Arc<PythonContext>,
     answers: Answers,
     label: String,
+    credits: mpsc::Sender<Key>,
 ) {
     let failed = |e: std::io::Error| {
         streams.fail_all(&Error::unavailable(format!("python stub {label} is gone ({e})")));
@@ -161,7 +174,17 @@ pub(super) fn read_stub(
                     Value::Null => None,
                     response => Some(decode_response(&answers.shm, response, &blob)),
                 };
-                if !streams.deliver(key, answer, last) {
+                // Each answer before the final one gives the stub back one of its allowance once its
+                // client took it (the stub holds its own threads at zero; see mesh_stub.py).
+                // The hook runs wherever the answer is taken (often an async task), so it only queues
+                // the credit for the instance's credit thread, which writes it to the stub.
+                let taken = (!last).then(|| {
+                    let credits = credits.clone();
+                    Box::new(move || {
+                        let _ = credits.send(key);
+                    }) as Taken
+                });
+                if !streams.deliver(key, answer, last, taken) {
                     tracing::warn!(instance = %label, "ignoring an answer for request {key:?}, which is not open");
                 }
             }
@@ -188,9 +211,24 @@ impl PythonBackend {
             self.stub.answers(),
             self.stub.label.clone(),
         );
+        // Credits go back to the stub from their own thread: writing to the stub must never block an
+        // async task, nor the reading thread (the stub may be writing to us at the same moment).
+        let (credits, returned) = mpsc::channel::<Key>();
+        let writer = answers.writer.clone();
+        std::thread::Builder::new()
+            .name(format!("{label}-credit"))
+            .spawn(move || {
+                while let Ok((seq, index)) = returned.recv() {
+                    let frame = json!({"op": "credit", "seq": seq, "index": index});
+                    if super::ipc::write_frame(&mut *writer.locked(), &frame, &[]).is_err() {
+                        return; // the stub is gone
+                    }
+                }
+            })
+            .map_err(|e| format!("cannot start the stub's credit thread: {e}"))?;
         std::thread::Builder::new()
             .name(format!("{label}-reader"))
-            .spawn(move || read_stub(reader, streams, tx, ctx, answers, label))
+            .spawn(move || read_stub(reader, streams, tx, ctx, answers, label, credits))
             .map(|_| ())
             .map_err(|e| format!("cannot start the stub's reading thread: {e}"))
     }
@@ -218,7 +256,7 @@ impl PythonBackend {
                     ResponseSink::new(tx, Default::default())
                 }
             };
-            self.streams.insert((seq, i), sink);
+            self.streams.insert((seq, i), sink, r.sink.is_none());
         }
         let close_all = |streams: &Streams| {
             for i in 0..requests.len() {
@@ -306,11 +344,11 @@ mod tests {
     fn answers_reach_open_requests_until_their_final_flag() {
         let streams = Streams::default();
         let (a, mut rx) = sink();
-        streams.insert((1, 0), a);
-        assert!(streams.deliver((1, 0), Some(Ok(vec![])), false));
-        assert!(streams.deliver((1, 0), None, true));
+        streams.insert((1, 0), a, false);
+        assert!(streams.deliver((1, 0), Some(Ok(vec![])), false, None));
+        assert!(streams.deliver((1, 0), None, true, None));
         assert!(
-            !streams.deliver((1, 0), Some(Ok(vec![])), false),
+            !streams.deliver((1, 0), Some(Ok(vec![])), false, None),
             "closed by its final flag"
         );
         let first = rx.try_recv().unwrap();
@@ -324,8 +362,8 @@ mod tests {
         let streams = Streams::default();
         let (a, rx_a) = sink();
         let (b, mut rx_b) = sink();
-        streams.insert((1, 0), a);
-        streams.insert((2, 0), b);
+        streams.insert((1, 0), a, false);
+        streams.insert((2, 0), b, false);
         drop(rx_a);
         assert_eq!(streams.newly_cancelled(), vec![(1, 0)]);
         assert!(streams.newly_cancelled().is_empty());
@@ -335,27 +373,56 @@ mod tests {
         assert!(!streams.close((2, 0)));
     }
 
+    /// A hook that counts how many answers were taken.
+    fn counter() -> (Arc<std::sync::atomic::AtomicUsize>, impl Fn() -> Option<Taken>) {
+        let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let m = n.clone();
+        let hook = move || {
+            let m = m.clone();
+            Some(Box::new(move || {
+                m.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }) as Taken)
+        };
+        (n, hook)
+    }
+
     #[test]
-    fn a_slow_client_holds_back_its_sender() {
+    fn answers_never_wait_and_return_the_stubs_allowance_as_the_client_takes_them() {
+        let streams = Streams::default();
         let (tx, mut rx) = window_sink();
-        let sink = ResponseSink::new(tx, Default::default());
-        let sender = std::thread::spawn(move || {
-            for _ in 0..crate::backend::STREAM_WINDOW + 5 {
-                sink.send(Some(Ok(vec![])), false);
-            }
-        });
-        // The client reads but does not consume (drop) what it read: the sender stops at the window.
-        let mut held = Vec::new();
-        while held.len() < crate::backend::STREAM_WINDOW {
-            held.push(rx.blocking_recv().unwrap());
+        let window = tx.window().clone();
+        streams.insert((1, 0), ResponseSink::new(tx, Default::default()), false);
+        let (taken, hook) = counter();
+        // Past the client's window: delivered at once (the reading thread never waits), and counted.
+        for _ in 0..crate::backend::STREAM_WINDOW + 5 {
+            assert!(streams.deliver((1, 0), Some(Ok(vec![])), false, hook()));
         }
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(rx.try_recv().is_err(), "the sender waits for the client");
-        assert!(!sender.is_finished());
-        drop(held.pop()); // one consumed: one more may be sent
-        held.push(rx.blocking_recv().unwrap());
-        drop(rx); // the client goes away: what it held is dropped and the sender is released
-        drop(held);
-        sender.join().unwrap();
+        assert_eq!(window.out(), crate::backend::STREAM_WINDOW + 5);
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing taken yet");
+        let first = rx.try_recv().unwrap();
+        drop(first);
+        assert_eq!(
+            taken.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "one taken: one credit back"
+        );
+        drop(rx); // the client goes away: what it held is dropped, and every allowance comes back
+        assert_eq!(
+            taken.load(std::sync::atomic::Ordering::SeqCst),
+            crate::backend::STREAM_WINDOW + 5
+        );
+        assert_eq!(window.out(), 0);
+    }
+
+    #[test]
+    fn a_request_without_a_client_returns_allowance_at_once() {
+        let streams = Streams::default();
+        let (tx, _rx) = window_sink();
+        streams.insert((1, 0), ResponseSink::new(tx, Default::default()), true);
+        let (taken, hook) = counter();
+        for _ in 0..3 {
+            assert!(streams.deliver((1, 0), Some(Ok(vec![])), false, hook()));
+        }
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 }
