@@ -14,6 +14,7 @@ pub mod listen;
 pub mod logging;
 pub mod metadata;
 pub mod overrides;
+pub mod params;
 pub mod private;
 pub mod process;
 pub mod repository;

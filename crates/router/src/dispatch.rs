@@ -8,9 +8,7 @@ use async_trait::async_trait;
 use mesh::cluster::call::{self, Failure as CallFailure, Peer};
 use mesh::cluster::convert::request_frame;
 use mesh::proto::ModelStatisticsResponse;
-use mesh::{
-    Dispatch, Error, IndexEntry, InferRequest, InferResponse, ModelView, Param, Result, StreamItem, StreamSender,
-};
+use mesh::{Dispatch, Error, IndexEntry, InferRequest, InferResponse, ModelView, Result, StreamItem, StreamSender};
 
 use crate::cluster::Cluster;
 use crate::ensembles::Ensembles;
@@ -28,25 +26,18 @@ pub struct RouterDispatch {
     retry: RetryPolicy,
 }
 
-/// The request's `timeout` parameter (µs), which also bounds routing and retries.
+/// The request's `timeout` parameter (µs), which also bounds routing and retries (checked on entry,
+/// [`mesh::params::check`]).
 fn timeout_of(request: &InferRequest) -> Option<Duration> {
-    request
-        .parameters
-        .iter()
-        .find(|(k, _)| k == "timeout")
-        .and_then(|(_, v)| v.as_u64())
-        .filter(|&us| us > 0)
-        .map(Duration::from_micros)
+    mesh::params::timeout(&request.parameters).ok().flatten()
 }
 
 /// The request's sequence, when it belongs to one (stateful: pinned to one node, never moved).
 fn sequence_of(request: &InferRequest) -> Option<String> {
-    request.parameters.iter().find_map(|(k, v)| match (k.as_str(), v) {
-        ("sequence_id", Param::Int(i)) if *i != 0 => Some(i.to_string()),
-        ("sequence_id", Param::Uint(u)) if *u != 0 => Some(u.to_string()),
-        ("sequence_id", Param::String(s)) if !s.is_empty() => Some(s.clone()),
-        _ => None,
-    })
+    mesh::params::sequence_id(&request.parameters)
+        .ok()
+        .flatten()
+        .map(|id| id.to_string())
 }
 
 /// The replica a sequence is pinned to: the highest rendezvous hash of (sequence, node name), so
@@ -427,6 +418,8 @@ impl RouterDispatch {
 #[async_trait]
 impl Dispatch for RouterDispatch {
     async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        // Refused here as a node would refuse it: one rule per parameter (mesh::params).
+        mesh::params::check(&request.parameters)?;
         if self.ensembles.get(&request.model_name).is_some() {
             return self.run_ensemble(request).await;
         }
@@ -434,6 +427,10 @@ impl Dispatch for RouterDispatch {
     }
 
     async fn infer_stream(&self, request: InferRequest, sink: StreamSender) {
+        if let Err(e) = mesh::params::check(&request.parameters) {
+            let _ = sink.send(StreamItem::new(Some(Err(e)), true));
+            return;
+        }
         if let Some(ensemble) = self.ensembles.get(&request.model_name) {
             // An ensemble with a decoupled step streams each of its answers.
             if let Some(Ok(plan)) = self.ensemble_plan(&request.model_name) {
@@ -584,6 +581,7 @@ impl Dispatch for RouterDispatch {
 mod tests {
     use super::*;
     use crate::membership::Replica;
+    use mesh::Param;
 
     fn replica(link: u64, node: &str) -> Replica {
         Replica {
@@ -628,8 +626,16 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(sequence_of(&with(Param::Uint(42))).as_deref(), Some("42"));
-        assert_eq!(sequence_of(&with(Param::Int(-3))).as_deref(), Some("-3"));
-        assert_eq!(sequence_of(&with(Param::String("s1".into()))).as_deref(), Some("s1"));
+        assert_eq!(
+            sequence_of(&with(Param::Int(-3))),
+            None,
+            "refused on entry, as a node refuses it"
+        );
+        assert_eq!(sequence_of(&with(Param::String("s1".into()))).as_deref(), Some("'s1'"));
+        assert_ne!(
+            sequence_of(&with(Param::String("1".into()))),
+            sequence_of(&with(Param::Uint(1)))
+        );
         assert_eq!(sequence_of(&with(Param::Uint(0))), None, "0 means no sequence");
         assert_eq!(sequence_of(&with(Param::String(String::new()))), None);
         assert_eq!(sequence_of(&InferRequest::default()), None);

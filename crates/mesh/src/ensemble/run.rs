@@ -48,14 +48,10 @@ fn call<'a, D: Dispatch + ?Sized>(
     async move { (n, answer.await) }
 }
 
-/// The `timeout` request parameter (µs), which bounds the whole ensemble.
+/// The `timeout` request parameter (µs), which bounds the whole ensemble ([`crate::params`]; a bad
+/// one was refused before the ensemble ran).
 pub(super) fn timeout_of(params: &Params) -> Option<Duration> {
-    params
-        .iter()
-        .find(|(k, _)| k == "timeout")
-        .and_then(|(_, v)| v.as_u64())
-        .filter(|&us| us > 0)
-        .map(Duration::from_micros)
+    crate::params::timeout(params).ok().flatten()
 }
 
 /// A step's error as the ensemble's, naming the step and its model. The step's code stays: bad

@@ -12,17 +12,19 @@ use crate::tensor::{NamedTensor, Tensor};
 
 fn params_in(map: HashMap<String, proto::InferParameter>) -> Params {
     map.into_iter()
-        .filter_map(|(k, v)| {
-            let p = match v.parameter_choice? {
-                ParameterChoice::BoolParam(b) => Param::Bool(b),
-                ParameterChoice::Int64Param(i) => Param::Int(i),
-                ParameterChoice::Uint64Param(u) => Param::Uint(u),
-                ParameterChoice::DoubleParam(d) => Param::Double(d),
-                ParameterChoice::StringParam(s) => Param::String(s),
-            };
-            Some((k, p))
-        })
+        .filter_map(|(k, v)| Some((k, param_in(v.parameter_choice?))))
         .collect()
+}
+
+/// One parameter's value as the server reads it.
+pub fn param_in(choice: ParameterChoice) -> Param {
+    match choice {
+        ParameterChoice::BoolParam(b) => Param::Bool(b),
+        ParameterChoice::Int64Param(i) => Param::Int(i),
+        ParameterChoice::Uint64Param(u) => Param::Uint(u),
+        ParameterChoice::DoubleParam(d) => Param::Double(d),
+        ParameterChoice::StringParam(s) => Param::String(s),
+    }
 }
 
 fn params_out(params: &Params) -> HashMap<String, proto::InferParameter> {

@@ -201,17 +201,16 @@ impl Drop for Done {
 impl SequenceOrder {
     /// What a request must wait for (the previous request of its sequence) and how it signals its end.
     fn enter(&mut self, msg: &proto::ModelInferRequest) -> (Option<tokio::sync::oneshot::Receiver<()>>, Done) {
-        use proto::infer_parameter::ParameterChoice as P;
         let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let id = match msg
+        // The one rule of mesh::params: a request whose id it refuses is not ordered (it is refused).
+        let id = msg
             .parameters
             .get("sequence_id")
-            .and_then(|p| p.parameter_choice.as_ref())
-        {
-            Some(P::Int64Param(i)) if *i != 0 => i.to_string(),
-            Some(P::Uint64Param(u)) if *u != 0 => u.to_string(),
-            Some(P::StringParam(s)) if !s.is_empty() => format!("'{s}"),
-            _ => return (None, Done(None, flag)),
+            .and_then(|p| p.parameter_choice.clone())
+            .map(|choice| vec![("sequence_id".to_string(), codec::param_in(choice))])
+            .and_then(|params| crate::params::sequence_id(&params).ok().flatten());
+        let Some(id) = id.map(|id| id.to_string()) else {
+            return (None, Done(None, flag));
         };
         if self.last.len() >= 1024 {
             self.last

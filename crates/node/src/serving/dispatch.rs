@@ -45,31 +45,10 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// Reads Triton's `priority` and `timeout` (µs) request parameters.
+/// Reads Triton's `priority` and `timeout` (µs) request parameters ([`mesh::params`]).
 fn scheduling_params(request: &InferRequest) -> Result<(u32, Option<std::time::Duration>)> {
-    let mut priority = 0;
-    let mut timeout = None;
-    for (key, value) in &request.parameters {
-        match key.as_str() {
-            "priority" => {
-                priority = value.as_u64().and_then(|p| u32::try_from(p).ok()).ok_or_else(|| {
-                    Error::invalid(format!(
-                        "parameter 'priority' must be a small non-negative integer, got {value:?}"
-                    ))
-                })?;
-            }
-            "timeout" => {
-                let us = value.as_u64().ok_or_else(|| {
-                    Error::invalid(format!(
-                        "parameter 'timeout' must be a non-negative integer (µs), got {value:?}"
-                    ))
-                })?;
-                timeout = (us > 0).then(|| std::time::Duration::from_micros(us));
-            }
-            _ => {}
-        }
-    }
-    Ok((priority, timeout))
+    let params = &request.parameters;
+    Ok((mesh::params::priority(params)?, mesh::params::timeout(params)?))
 }
 
 /// Rows of a request: its batch dimension for batching models, else 1.
@@ -211,6 +190,8 @@ impl NodeDispatch {
     /// Runs one request; `stream` is where a decoupled model's answers go (None: it must answer
     /// once). Ok(None): the answers went to `stream`.
     async fn run(&self, mut request: InferRequest, stream: Option<StreamSender>) -> Result<Option<InferResponse>> {
+        // One rule per parameter, for every model (mesh::params), as a router checks them too.
+        mesh::params::check(&request.parameters)?;
         let start = Instant::now();
         let model = self.table.resolve(&request.model_name, &request.model_version)?;
         // An ensemble with a decoupled step answers any number of times, as a decoupled model does.

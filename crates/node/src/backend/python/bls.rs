@@ -57,8 +57,14 @@ fn request_from(frame: &Value, blob: &[u8], shm: &Shm) -> Result<InferRequest> {
     if let Some(t) = frame["timeout"].as_u64().filter(|&t| t > 0) {
         parameters.push(("timeout".into(), Param::Uint(t)));
     }
-    if let Some(c) = frame["correlation_id"].as_u64().filter(|&c| c > 0) {
-        parameters.push(("sequence_id".into(), Param::Uint(c)));
+    // An integer or a string id, as Triton's InferenceRequest takes it (0 and "" mean none).
+    let correlation = match &frame["correlation_id"] {
+        Value::Number(n) => n.as_u64().filter(|&c| c > 0).map(Param::Uint),
+        Value::String(s) if !s.is_empty() => Some(Param::String(s.clone())),
+        _ => None,
+    };
+    if let Some(c) = correlation {
+        parameters.push(("sequence_id".into(), c));
         // Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START (1) and _END (2).
         let flags = frame["flags"].as_u64().unwrap_or(0);
         for (bit, name) in [(1, "sequence_start"), (2, "sequence_end")] {

@@ -298,7 +298,12 @@ impl PythonBackend {
             .iter()
             .map(|r| {
                 let param = |name: &str| r.parameters.iter().find(|(k, _)| k == name).map(|(_, v)| v);
-                let correlation = param("sequence_id").and_then(|v| v.as_u64());
+                // An integer id, or a string one, as Triton's correlation_id() gives it.
+                let correlation = match mesh::params::sequence_id(r.parameters).ok().flatten() {
+                    Some(mesh::params::SequenceId::Int(i)) => json!(i),
+                    Some(mesh::params::SequenceId::Str(s)) => json!(s),
+                    None => json!(0),
+                };
                 let flag = |name: &str, bit: u64| match param(name) {
                     Some(mesh::Param::Bool(true)) => bit,
                     _ => 0,
@@ -307,10 +312,10 @@ impl PythonBackend {
                     "id": r.id,
                     "outputs": r.outputs,
                     "parameters": params_json(r.parameters),
-                    "correlation_id": correlation.unwrap_or(0),
+                    "correlation_id": correlation,
                     // Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and _END.
                     "flags": flag("sequence_start", 1) | flag("sequence_end", 2),
-                    "timeout": param("timeout").and_then(|v| v.as_u64()).unwrap_or(0),
+                    "timeout": mesh::params::timeout(r.parameters).ok().flatten().map_or(0, |t| t.as_micros() as u64),
                     "inputs": r.inputs.iter().map(|t| encode_tensor(&self.stub.shm, t, &mut blob)).collect::<Vec<_>>(),
                 })
             })

@@ -9,25 +9,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use mesh::{Error, InferRequest, Param, Result, Tensor};
+use mesh::{Error, InferRequest, Result, Tensor};
 
 pub use setup::SequenceSetup;
 
-/// A sequence's correlation id as the client sent it (`sequence_id`: an integer or a string).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum SequenceId {
-    Int(u64),
-    Str(String),
-}
-
-impl std::fmt::Display for SequenceId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SequenceId::Int(i) => write!(f, "{i}"),
-            SequenceId::Str(s) => write!(f, "'{s}'"),
-        }
-    }
-}
+pub use mesh::params::SequenceId;
 
 /// The sequence parameters of one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,38 +24,11 @@ pub struct Flags {
 }
 
 impl Flags {
-    /// Reads `sequence_id`, `sequence_start` and `sequence_end` as tritonclient sends them; a
-    /// sequence model needs a non-zero, non-empty id.
+    /// Reads `sequence_id`, `sequence_start` and `sequence_end` ([`mesh::params`]); a sequence model
+    /// needs a non-zero, non-empty id.
     pub fn of(model: &str, request: &InferRequest) -> Result<Flags> {
-        let mut id = None;
-        let (mut start, mut end) = (false, false);
-        for (key, value) in &request.parameters {
-            let flag = |v: &Param| match v {
-                Param::Bool(b) => Ok(*b),
-                other => Err(Error::invalid(format!(
-                    "parameter '{key}' must be a boolean, got {other:?}"
-                ))),
-            };
-            match key.as_str() {
-                "sequence_id" => {
-                    id = match value {
-                        Param::Int(i) if *i > 0 => Some(SequenceId::Int(*i as u64)),
-                        Param::Uint(u) if *u > 0 => Some(SequenceId::Int(*u)),
-                        Param::String(s) if !s.is_empty() => Some(SequenceId::Str(s.clone())),
-                        Param::Int(0) | Param::Uint(0) | Param::String(_) => None,
-                        other => {
-                            return Err(Error::invalid(format!(
-                                "parameter 'sequence_id' must be a positive integer or a string, got {other:?}"
-                            )))
-                        }
-                    }
-                }
-                "sequence_start" => start = flag(value)?,
-                "sequence_end" => end = flag(value)?,
-                _ => {}
-            }
-        }
-        let id = id.ok_or_else(|| {
+        let (start, end) = mesh::params::sequence_flags(&request.parameters)?;
+        let id = mesh::params::sequence_id(&request.parameters)?.ok_or_else(|| {
             Error::invalid(format!(
                 "inference request to model '{model}' must specify a non-zero or non-empty correlation ID (sequence_id)"
             ))

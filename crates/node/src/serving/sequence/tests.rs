@@ -3,6 +3,7 @@ use std::time::Duration;
 use super::setup::{ControlKind, ControlSpec, StateSpec};
 use super::*;
 use mesh::proto::model_sequence_batching::control::Kind;
+use mesh::Param;
 use mesh::{DataType, NamedTensor};
 
 fn setup(idle_ms: u64) -> Arc<SequenceSetup> {
