@@ -1,11 +1,15 @@
 //! KServe v2 HTTP/REST frontend, generic over `Dispatch`.
 pub mod codec;
-mod compress;
-mod generate;
+#[doc(hidden)] // public for the fuzz targets (fuzz/)
+pub mod compress;
+#[doc(hidden)]
+pub mod generate;
 pub mod json_bounded;
 mod json_data;
-mod raw;
-mod shm;
+#[doc(hidden)]
+pub mod raw;
+#[doc(hidden)]
+pub mod shm;
 mod trace;
 
 use std::sync::Arc;

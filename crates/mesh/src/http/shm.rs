@@ -60,20 +60,23 @@ async fn system_status(State(shm): St, Path(name): Path<String>) -> Response {
     answer(shm.system_status(&name))
 }
 
-#[derive(Deserialize)]
+/// A system register body: what `register_system` is given.
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SystemRegister {
-    key: String,
+pub struct SystemRegister {
+    pub key: String,
     #[serde(default)]
-    offset: u64,
-    byte_size: u64,
+    pub offset: u64,
+    pub byte_size: u64,
+}
+
+/// Reads a system register body (nothing is opened).
+pub fn parse_system_register(body: &[u8]) -> Result<SystemRegister> {
+    parse::<SystemRegister>(body, "system shared memory register")
 }
 
 async fn system_register(State(shm): St, Path(name): Path<String>, body: Bytes) -> Response {
-    done(
-        parse::<SystemRegister>(&body, "system shared memory register")
-            .and_then(|r| shm.register_system(&name, &r.key, r.offset, r.byte_size)),
-    )
+    done(parse_system_register(&body).and_then(|r| shm.register_system(&name, &r.key, r.offset, r.byte_size)))
 }
 async fn system_unregister(State(shm): St, Path(name): Path<String>) -> Response {
     done(shm.unregister_system(&name))
@@ -103,19 +106,53 @@ struct CudaRegister {
     byte_size: u64,
 }
 
-async fn cuda_register(State(shm): St, Path(name): Path<String>, body: Bytes) -> Response {
+/// Reads a CUDA register body: the raw handle (decoded from base64), device id and byte size
+/// that `register_cuda` is given (nothing is opened).
+pub fn parse_cuda_register(body: &[u8]) -> Result<(Vec<u8>, i64, u64)> {
     use base64::Engine;
-    let registered = parse::<CudaRegister>(&body, "CUDA shared memory register").and_then(|r| {
-        let handle = base64::engine::general_purpose::STANDARD
-            .decode(&r.raw_handle.b64)
-            .map_err(|e| Error::invalid(format!("raw_handle.b64 is not valid base64: {e}")))?;
-        shm.register_cuda(&name, &handle, r.device_id, r.byte_size)
-    });
-    done(registered)
+    let r = parse::<CudaRegister>(body, "CUDA shared memory register")?;
+    let handle = base64::engine::general_purpose::STANDARD
+        .decode(&r.raw_handle.b64)
+        .map_err(|e| Error::invalid(format!("raw_handle.b64 is not valid base64: {e}")))?;
+    Ok((handle, r.device_id, r.byte_size))
+}
+
+async fn cuda_register(State(shm): St, Path(name): Path<String>, body: Bytes) -> Response {
+    done(
+        parse_cuda_register(&body)
+            .and_then(|(handle, device_id, byte_size)| shm.register_cuda(&name, &handle, device_id, byte_size)),
+    )
 }
 async fn cuda_unregister(State(shm): St, Path(name): Path<String>) -> Response {
     done(shm.unregister_cuda(&name))
 }
 async fn cuda_unregister_all(State(shm): St) -> Response {
     done(shm.unregister_cuda(""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn register_bodies_parse_without_opening_anything() {
+        let r = parse_system_register(br#"{"key": "/k", "byte_size": 64}"#).unwrap();
+        assert_eq!((r.key.as_str(), r.offset, r.byte_size), ("/k", 0, 64));
+        let e = parse_system_register(br#"{"key": "/k", "byte_size": 64, "extra": 1}"#).unwrap_err();
+        assert!(
+            e.message
+                .contains("failed to parse the system shared memory register request"),
+            "{}",
+            e.message
+        );
+        let (handle, device, size) =
+            parse_cuda_register(br#"{"raw_handle": {"b64": "AAEC"}, "device_id": 1, "byte_size": 8}"#).unwrap();
+        assert_eq!((handle, device, size), (vec![0, 1, 2], 1, 8));
+        let e = parse_cuda_register(br#"{"raw_handle": {"b64": "!"}, "device_id": 0, "byte_size": 8}"#).unwrap_err();
+        assert!(
+            e.message.contains("raw_handle.b64 is not valid base64"),
+            "{}",
+            e.message
+        );
+    }
 }
