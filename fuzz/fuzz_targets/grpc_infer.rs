@@ -7,7 +7,6 @@
 use libfuzzer_sys::fuzz_target;
 use mesh::grpc::codec;
 use mesh::proto::ModelInferRequest;
-use mesh::InferResponse;
 use prost::Message as _;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,13 +17,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = mesh::validate::check_request(&mesh_fuzz::configs()[0], &request);
-    let response = InferResponse {
-        model_name: request.model_name,
-        model_version: request.model_version,
-        id: request.id,
-        outputs: request.inputs,
-        parameters: request.parameters,
-    };
+    let response = mesh_fuzz::echo(request);
     if let Ok(encoded) = codec::encode_response(response, &shm_outputs) {
         let _ = encoded.encode_to_vec();
     }

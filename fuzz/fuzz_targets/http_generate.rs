@@ -6,7 +6,6 @@
 
 use libfuzzer_sys::fuzz_target;
 use mesh::http::generate;
-use mesh::InferResponse;
 
 fuzz_target!(|data: &[u8]| {
     let (config, body) = match data.first() {
@@ -18,12 +17,6 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = mesh::validate::check_request(config, &request);
-    let response = InferResponse {
-        model_name: request.model_name,
-        model_version: request.model_version,
-        id: request.id,
-        outputs: request.inputs,
-        parameters: request.parameters,
-    };
+    let response = mesh_fuzz::echo(request);
     let _ = generate::encode_generate(&response);
 });

@@ -9,7 +9,6 @@
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use mesh::http::{codec, raw};
-use mesh::InferResponse;
 
 fuzz_target!(|data: &[u8]| {
     let Some((line, body)) = mesh_fuzz::split_line(data) else {
@@ -44,12 +43,6 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = mesh::validate::check_request(config, &request);
-    let response = InferResponse {
-        model_name: request.model_name,
-        model_version: request.model_version,
-        id: request.id,
-        outputs: request.inputs,
-        parameters: request.parameters,
-    };
+    let response = mesh_fuzz::echo(request);
     let _ = codec::encode_response(&response, &format);
 });

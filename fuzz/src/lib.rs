@@ -35,6 +35,18 @@ input [ { name: "B" data_type: TYPE_INT8 dims: [ 2, -1 ] } ]
 output [ { name: "C" data_type: TYPE_UINT16 dims: [ 2, -1 ] } ]"#,
 ];
 
+/// The response a server would give back for `request`: its inputs as outputs, so the targets drive
+/// the encoders with whatever the decoders let through.
+pub fn echo(request: mesh::InferRequest) -> mesh::InferResponse {
+    mesh::InferResponse {
+        model_name: request.model_name,
+        model_version: request.model_version,
+        id: request.id,
+        outputs: request.inputs,
+        parameters: request.parameters,
+    }
+}
+
 /// The configs, parsed once.
 pub fn configs() -> &'static [ModelConfig] {
     static PARSED: OnceLock<Vec<ModelConfig>> = OnceLock::new();
