@@ -4,15 +4,16 @@
 //!
 //! A producer takes a [`Credit`] before it makes (or reads from a link) the next answer, charges the answer's
 //! bytes to it, and sends it with the answer; whoever finally hands the answer to the client's connection drops
-//! the credit. Async producers wait with [`StreamSender::credit`], model threads with [`Window::take`].
+//! the credit. Async producers wait with [`StreamSender::credit`]; a Python stub, bounded by its own allowance,
+//! takes its credits with [`Window::force`].
 
 use crate::sync::Locked;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::sync::Notify;
 
-use crate::request::StreamItem;
+use crate::request::{InferResponse, StreamItem};
 
 /// Answers a stream may hold produced and not consumed, unless its creator says otherwise.
 pub const STREAM_WINDOW_ANSWERS: usize = 16;
@@ -25,11 +26,18 @@ struct Out {
     bytes: u64,
 }
 
+impl Out {
+    /// Whether `window` lets one more answer out: fewer answers out than it and their bytes under its
+    /// bound, or nothing out at all (an answer larger than the window still passes, alone).
+    fn has_room(&self, window: &Window) -> bool {
+        self.answers == 0 || (self.answers < window.answers && self.bytes < window.bytes)
+    }
+}
+
 /// A bound on the answers of a stream that are produced and not yet consumed.
 #[derive(Debug)]
 pub struct Window {
     out: Mutex<Out>,
-    returned: Condvar,
     woken: Notify,
     answers: usize,
     bytes: u64,
@@ -40,7 +48,6 @@ impl Window {
     pub fn new(answers: usize, bytes: u64) -> Arc<Window> {
         Arc::new(Window {
             out: Mutex::new(Out::default()),
-            returned: Condvar::new(),
             woken: Notify::new(),
             answers: answers.max(1),
             bytes,
@@ -56,44 +63,26 @@ impl Window {
         self.out.locked()
     }
 
-    /// Takes a credit when one is free: fewer answers out than the window and their bytes under its bound,
-    /// or nothing out at all (an answer larger than the window still passes, alone).
-    fn try_take(self: &Arc<Self>) -> Option<Credit> {
-        let mut out = self.lock();
-        let free = out.answers == 0 || (out.answers < self.answers && out.bytes < self.bytes);
-        free.then(|| {
-            out.answers += 1;
-            Credit {
-                window: self.clone(),
-                bytes: 0,
-                returned: None,
-            }
-        })
-    }
-
-    /// Takes a credit even when the window is full, for a producer bounded another way (a Python stub's
-    /// own allowance): it still counts, so the window's other producers wait for it.
-    pub fn force(self: &Arc<Self>) -> Credit {
-        self.lock().answers += 1;
-        Credit {
-            window: self.clone(),
-            bytes: 0,
-            returned: None,
-        }
-    }
-
-    /// Takes a credit, blocking the calling (non-async) thread while the window is full.
-    pub fn take(self: &Arc<Self>) -> Credit {
-        let mut out = self.lock();
-        while !(out.answers == 0 || (out.answers < self.answers && out.bytes < self.bytes)) {
-            out = crate::sync::wait(&self.returned, out);
-        }
+    /// One more answer out, and its credit.
+    fn credit(self: &Arc<Self>, out: &mut Out) -> Credit {
         out.answers += 1;
         Credit {
             window: self.clone(),
             bytes: 0,
             returned: None,
         }
+    }
+
+    /// Takes a credit when the window has room.
+    fn try_take(self: &Arc<Self>) -> Option<Credit> {
+        let mut out = self.lock();
+        out.has_room(self).then(|| self.credit(&mut out))
+    }
+
+    /// Takes a credit even when the window is full, for a producer bounded another way (a Python stub's
+    /// own allowance): it still counts, so the window's other producers wait for it.
+    pub fn force(self: &Arc<Self>) -> Credit {
+        self.credit(&mut self.lock())
     }
 
     /// Takes a credit, waiting (async) while the window is full.
@@ -156,7 +145,6 @@ impl Drop for Credit {
             out.answers = out.answers.saturating_sub(1);
             out.bytes = out.bytes.saturating_sub(self.bytes);
         }
-        self.window.returned.notify_all();
         self.window.woken.notify_waiters();
         if let Some(f) = self.returned.take() {
             f();
@@ -221,11 +209,8 @@ impl StreamSender {
 }
 
 /// Bytes of tensors an answer carries, as charged to a window.
-pub fn answer_bytes(item: &StreamItem) -> u64 {
-    match &item.response {
-        Some(Ok(r)) => r.outputs.iter().map(|t| t.tensor.data.len() as u64).sum(),
-        _ => 0,
-    }
+pub fn response_bytes(response: &InferResponse) -> u64 {
+    response.outputs.iter().map(|t| t.tensor.data.len() as u64).sum()
 }
 
 #[cfg(test)]
@@ -264,7 +249,7 @@ mod tests {
         let next = tokio::time::timeout(Duration::from_millis(20), window.acquire()).await;
         assert!(next.is_err(), "bytes past the bound hold the next answer");
         drop(big);
-        let mut alone = window.take();
+        let mut alone = window.try_take().expect("a credit when none is out");
         alone.charge(5_000);
         assert_eq!(
             window.bytes_out(),
@@ -281,20 +266,5 @@ mod tests {
         let none = tokio::time::timeout(Duration::from_secs(5), sink.credit()).await;
         assert!(matches!(none, Ok(None)), "the wait must end when the client is gone");
         drop(held);
-    }
-
-    #[test]
-    fn a_blocking_producer_waits_for_a_returned_credit() {
-        let window = Window::new(1, 1 << 20);
-        let held = window.take();
-        let producer = std::thread::spawn({
-            let window = window.clone();
-            move || drop(window.take())
-        });
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(!producer.is_finished());
-        drop(held);
-        producer.join().unwrap();
-        assert_eq!(window.out(), 0);
     }
 }

@@ -1,7 +1,7 @@
 //! Locks that go on after a panic: a thread that panicked while holding a lock leaves the data as it
 //! was (every critical section here keeps its data consistent at each step), so a poisoned lock is
 //! taken as is instead of spreading the panic to every later user.
-use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// [`Mutex::lock`], poisoned or not.
 pub trait Locked<T: ?Sized> {
@@ -28,11 +28,6 @@ impl<T: ?Sized> ReadWrite<T> for RwLock<T> {
     fn writing(&self) -> RwLockWriteGuard<'_, T> {
         self.write().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-/// [`Condvar::wait`], poisoned or not.
-pub fn wait<'a, T>(condvar: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-    condvar.wait(guard).unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

@@ -31,8 +31,8 @@ from mesh_stub_calls import ANSWERS, Calls  # noqa: E402
 
 ALIGN = 64
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
-# Answers of one decoupled request a model's thread may send ahead of its client (mesh-node's
-# STUB_ALLOWANCE, which returns one credit per answer its client takes).
+# Answers of one decoupled request a model's thread may send ahead of its client; mesh-node sends a
+# `credit` frame back for each answer its client takes (decoupled.rs).
 STREAM_ALLOWANCE = 8
 _NP = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
        "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,

@@ -441,19 +441,6 @@ pub(crate) fn check_issued_by(
     ))
 }
 
-/// A short name for a certificate, for logs: its common name, else its first DNS name.
-pub fn display_name(der: &[u8]) -> Option<String> {
-    let (_, x509) = x509_parser::parse_x509_certificate(der).ok()?;
-    if let Some(cn) = x509.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()) {
-        return Some(cn.to_string());
-    }
-    let sans = x509.subject_alternative_name().ok()??;
-    sans.value.general_names.iter().find_map(|name| match name {
-        GeneralName::DNSName(dns) => Some(dns.to_string()),
-        _ => None,
-    })
-}
-
 /// The SANs of a PEM certificate, for reports (`DNS:…`, `IP:…`).
 pub fn sans_of_pem(cert_pem: &str) -> Result<Vec<San>, String> {
     let der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|e| format!("not a PEM certificate: {e}"))?;

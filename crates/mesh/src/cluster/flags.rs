@@ -7,7 +7,6 @@ use std::time::Duration;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 
 use super::frame::{Budget, Limits};
-use super::identity::Role;
 use super::{tls, transport};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -67,23 +66,13 @@ impl LinkArgs {
         }
     }
 
-    /// A node's side: mutual TLS against the cluster CA, or the development mode.
-    pub fn client_crypto(&self) -> Result<Arc<QuicClientConfig>, String> {
+    /// A node's side: mutual TLS against the cluster CA and the name in the node's certificate (its name
+    /// in the cluster), or the development mode (no name).
+    pub fn node_crypto(&self) -> Result<(Arc<QuicClientConfig>, Option<String>), String> {
         match self.files("join the cluster")? {
-            Some(f) => tls::client_crypto(&f),
-            None => tls::insecure_client_crypto(),
+            Some(f) => tls::node_crypto(&f).map(|(config, name)| (config, Some(name))),
+            None => Ok((tls::insecure_client_crypto()?, None)),
         }
-    }
-
-    /// The name in this member's certificate, checked to carry `role` (None in the development mode): a node's
-    /// name in the cluster.
-    pub fn certificate_name(&self, role: Role) -> Result<Option<String>, String> {
-        let files = tls::TlsFiles::from_flags(
-            self.cluster_ca.clone(),
-            self.cluster_cert.clone(),
-            self.cluster_key.clone(),
-        )?;
-        files.map(|f| tls::own_name(&f, role)).transpose()
     }
 
     /// The link's transport settings.

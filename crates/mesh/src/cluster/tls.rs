@@ -114,6 +114,11 @@ pub fn server_crypto(files: &TlsFiles) -> Result<Arc<QuicServerConfig>, String> 
 /// A node's side: checks that the router's certificate is a router certificate of the CA in `files.ca` (the
 /// name it dials must be one of its SANs) and presents `files.cert` (a node certificate) as its own.
 pub fn client_crypto(files: &TlsFiles) -> Result<Arc<QuicClientConfig>, String> {
+    node_crypto(files).map(|(config, _)| config)
+}
+
+/// [`client_crypto`], and the name in the node's certificate: its name in the cluster.
+pub fn node_crypto(files: &TlsFiles) -> Result<(Arc<QuicClientConfig>, String), String> {
     let loaded = Loaded::read(files, Role::Node)?;
     let provider = provider();
     let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(loaded.roots), provider.clone())
@@ -136,7 +141,7 @@ pub fn client_crypto(files: &TlsFiles) -> Result<Arc<QuicClientConfig>, String> 
         .with_client_auth_cert(loaded.chain, loaded.key)
         .map_err(|e| key_error(e, files))?;
     config.alpn_protocols = vec![ALPN.to_vec()];
-    quic_client(config)
+    Ok((quic_client(config)?, loaded.name))
 }
 
 /// DEVELOPMENT ONLY — never use in production. Serves an ephemeral self-signed certificate made at start-up
@@ -175,11 +180,6 @@ pub fn insecure_client_crypto() -> Result<Arc<QuicClientConfig>, String> {
 /// (a node in development mode) or it cannot be read.
 pub fn peer_name(conn: &quinn::Connection) -> Option<String> {
     identity::of_peer(conn).map(|id| id.name)
-}
-
-/// The name in the certificate of `files`, checked to carry `role`: the name a member has in the cluster.
-pub fn own_name(files: &TlsFiles, role: Role) -> Result<String, String> {
-    Ok(Loaded::read(files, role)?.name)
 }
 
 /// A member's files, read and checked against each other.

@@ -40,11 +40,6 @@ pub struct RequestView<'a> {
     pub sink: Option<&'a ResponseSink>,
 }
 
-/// Answers of one decoupled request sent and not yet taken by its client, by default: past this (or
-/// the window's bytes), the model's next send waits, so a slow client slows its model instead of
-/// growing the node's memory. The client's frontend sets the window ([`mesh::stream::Window`]).
-pub const STREAM_WINDOW: usize = mesh::stream::STREAM_WINDOW_ANSWERS;
-
 /// What runs when a client took an answer.
 pub type Taken = Box<dyn FnOnce() + Send>;
 
@@ -76,7 +71,7 @@ impl ResponseSink {
         });
         let mut credit = self.tx.window().force();
         if let Some(Ok(r)) = &response {
-            credit.charge(r.outputs.iter().map(|t| t.tensor.data.len() as u64).sum());
+            credit.charge(mesh::stream::response_bytes(r));
         }
         if let Some(taken) = taken {
             credit.on_return(taken);

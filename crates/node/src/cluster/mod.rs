@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use mesh::cluster::call::{self, Failure, Peer};
 use mesh::cluster::convert::request_frame;
-use mesh::cluster::identity::Role;
 use mesh::cluster::{transport, Limits};
 use mesh::{Error, InferRequest, InferResponse, Result};
 use quinn::{Connection, TransportConfig};
@@ -62,8 +61,8 @@ impl Settings {
         if args.cluster_join.is_empty() {
             return Ok(None);
         }
-        let crypto = args.link.client_crypto()?;
-        let name = node_name(args.node_name.as_deref(), args.link.certificate_name(Role::Node)?)?
+        let (crypto, certificate) = args.link.node_crypto()?;
+        let name = node_name(args.node_name.as_deref(), certificate)?
             .unwrap_or_else(|| format!("{}:{}", hostname(), args.listen.http_port));
         let transport = args.link.transport()?;
         let mut devices = vec!["cpu".to_string()];

@@ -332,7 +332,7 @@ mod tests {
 
     /// A stream with the default window's count of answers.
     fn window_sink() -> (mesh::StreamSender, mesh::stream::StreamReceiver) {
-        mesh::stream::stream_channel(mesh::stream::Window::new(crate::backend::STREAM_WINDOW, u64::MAX))
+        mesh::stream::stream_channel(mesh::stream::Window::new(mesh::stream::STREAM_WINDOW_ANSWERS, u64::MAX))
     }
 
     fn sink() -> (ResponseSink, tokio::sync::mpsc::UnboundedReceiver<mesh::StreamItem>) {
@@ -394,10 +394,10 @@ mod tests {
         streams.insert((1, 0), ResponseSink::new(tx, Default::default()), false);
         let (taken, hook) = counter();
         // Past the client's window: delivered at once (the reading thread never waits), and counted.
-        for _ in 0..crate::backend::STREAM_WINDOW + 5 {
+        for _ in 0..mesh::stream::STREAM_WINDOW_ANSWERS + 5 {
             assert!(streams.deliver((1, 0), Some(Ok(vec![])), false, hook()));
         }
-        assert_eq!(window.out(), crate::backend::STREAM_WINDOW + 5);
+        assert_eq!(window.out(), mesh::stream::STREAM_WINDOW_ANSWERS + 5);
         assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing taken yet");
         let first = rx.try_recv().unwrap();
         drop(first);
@@ -409,7 +409,7 @@ mod tests {
         drop(rx); // the client goes away: what it held is dropped, and every allowance comes back
         assert_eq!(
             taken.load(std::sync::atomic::Ordering::SeqCst),
-            crate::backend::STREAM_WINDOW + 5
+            mesh::stream::STREAM_WINDOW_ANSWERS + 5
         );
         assert_eq!(window.out(), 0);
     }
