@@ -4,8 +4,10 @@
 # the tritonclient integration suite against the real mesh-node (built with TorchScript support),
 # mesh-router and mesh-ops binaries, cluster tests included; the supervision tests and the
 # build-without-torch check use a debug build with the test-only fault-injection feature instead.
+# First, the router's layering: its modules import only downward (scripts/check_layers.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+python3 scripts/check_layers.py
 scripts/setup.sh --torch
 scripts/setup-tensorflow.sh
 (source scripts/torch-env.sh && MESH_REQUIRE_SERVER=1 cargo test --workspace --features mesh-node/torch)

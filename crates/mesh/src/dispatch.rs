@@ -5,7 +5,8 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 use crate::proto::{ModelConfig, ModelStatisticsResponse};
-use crate::request::{InferRequest, InferResponse, StreamItem, StreamSender};
+use crate::request::{InferRequest, InferResponse};
+use crate::stream::{StreamItem, StreamSender};
 
 /// What a frontend needs to know about one served model version.
 #[derive(Debug, Clone)]

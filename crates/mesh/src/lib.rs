@@ -43,7 +43,8 @@ pub mod proto {
 pub use dispatch::{Dispatch, IndexEntry, LoadOptions, ModelView};
 pub use dtype::DataType;
 pub use error::{Code, Error, Result};
-pub use request::{InferRequest, InferResponse, Param, Params, RequestedOutput, StreamItem, StreamSender};
+pub use request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
+pub use stream::{StreamItem, StreamSender};
 pub use tensor::{NamedTensor, Tensor};
 
 /// The server name and version reported by server metadata.

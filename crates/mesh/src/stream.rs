@@ -13,7 +13,28 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::sync::Notify;
 
-use crate::request::{InferResponse, StreamItem};
+use crate::request::InferResponse;
+
+/// One message of a streamed answer: decoupled models send zero or more per request.
+#[derive(Debug)]
+pub struct StreamItem {
+    /// None for a bare end of stream (Triton's final flag sent without a response).
+    pub response: Option<crate::error::Result<InferResponse>>,
+    /// The request's final flag: nothing follows for this request.
+    pub last: bool,
+    /// Held until the item is consumed, for producers that must not run ahead of their reader.
+    pub credit: Option<Credit>,
+}
+
+impl StreamItem {
+    pub fn new(response: Option<crate::error::Result<InferResponse>>, last: bool) -> Self {
+        StreamItem {
+            response,
+            last,
+            credit: None,
+        }
+    }
+}
 
 /// Answers a stream may hold produced and not consumed, unless its creator says otherwise.
 pub const STREAM_WINDOW_ANSWERS: usize = 16;

@@ -8,12 +8,8 @@ use serde_json::{json, Value};
 
 use crate::http;
 use crate::placement::models_table;
-use crate::status::{fetch, parse, pretty_json, sanitize};
-
-/// The router's base URL (`http://` added when missing, no trailing slash).
-pub fn base(router: &str) -> String {
-    http::with_scheme(router.trim().trim_end_matches('/'))
-}
+use crate::render::{pretty_json, sanitize};
+use crate::status::{fetch, parse};
 
 /// POSTs `body` to the router; the answer's JSON, or an error naming the URL and the router's reason.
 fn post(url: &str, body: &Value, timeout: Duration) -> anyhow::Result<Value> {
@@ -68,7 +64,11 @@ pub fn models(router: &str, json: bool, timeout: Duration) -> anyhow::Result<Str
 /// `mesh-ops load MODEL [--config FILE]`: places (or places again) a model of the cluster
 /// repository; returns once a replica is ready.
 pub fn load(router: &str, model: &str, config: Option<String>, timeout: Duration) -> anyhow::Result<String> {
-    let url = format!("{}/v2/repository/models/{}/load", base(router), path_segment(model));
+    let url = format!(
+        "{}/v2/repository/models/{}/load",
+        http::base(router),
+        path_segment(model)
+    );
     let body = match config {
         Some(c) => json!({"parameters": {"config": c}}),
         None => json!({}),
@@ -79,7 +79,11 @@ pub fn load(router: &str, model: &str, config: Option<String>, timeout: Duration
 
 /// `mesh-ops unload MODEL`: removes a model from every node.
 pub fn unload(router: &str, model: &str, timeout: Duration) -> anyhow::Result<String> {
-    let url = format!("{}/v2/repository/models/{}/unload", base(router), path_segment(model));
+    let url = format!(
+        "{}/v2/repository/models/{}/unload",
+        http::base(router),
+        path_segment(model)
+    );
     post(&url, &json!({}), timeout)?;
     Ok(format!("model '{model}' is unloaded from every node"))
 }
@@ -95,7 +99,7 @@ pub fn scale(
     if min.is_none() && max.is_none() {
         bail!("give --min, --max or both");
     }
-    let url = format!("{}/mesh/v1/models/{}/scale", base(router), path_segment(model));
+    let url = format!("{}/mesh/v1/models/{}/scale", http::base(router), path_segment(model));
     let answer = post(&url, &json!({"min": min, "max": max}), timeout)?;
     let bound = |k: &str| {
         answer
@@ -114,7 +118,7 @@ pub fn scale(
 pub fn drain(router: &str, node: &str, timeout: Duration) -> anyhow::Result<String> {
     let url = format!(
         "{}/mesh/v1/nodes/{}/drain?timeout_s={}",
-        base(router),
+        http::base(router),
         path_segment(node),
         timeout.as_secs().max(1)
     );
@@ -131,8 +135,8 @@ mod tests {
 
     #[test]
     fn urls_are_built_and_names_encoded() {
-        assert_eq!(base("localhost:8000/"), "http://localhost:8000");
-        assert_eq!(base("http://r:1"), "http://r:1");
+        assert_eq!(http::base("localhost:8000/"), "http://localhost:8000");
+        assert_eq!(http::base("http://r:1"), "http://r:1");
         assert_eq!(path_segment("model a/b"), "model%20a%2Fb");
         assert_eq!(path_segment("ok_name-1.2"), "ok_name-1.2");
     }

@@ -359,6 +359,11 @@ fn clip(text: &str) -> String {
     text.chars().take(80).collect()
 }
 
+/// The router's base URL (`http://` added when missing, no trailing slash).
+pub fn base(router: &str) -> String {
+    with_scheme(router.trim().trim_end_matches('/'))
+}
+
 #[cfg(test)]
 #[path = "http_tests.rs"]
 pub(crate) mod tests;

@@ -6,4 +6,5 @@ pub mod cli;
 pub mod control;
 pub mod http;
 pub mod placement;
+pub mod render;
 pub mod status;

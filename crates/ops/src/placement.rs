@@ -2,7 +2,7 @@
 //! placement and scaling events, drains) and its tables in `mesh-ops status` and `mesh-ops models`.
 use serde::Deserialize;
 
-use crate::status::{age, lenient, lenient_list, table, text};
+use crate::render::{age, lenient, lenient_list, table, text};
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default)]

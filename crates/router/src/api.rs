@@ -15,7 +15,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::dispatch::RouterDispatch;
-use crate::placement::PlacementView;
+use crate::place::ReplicaState;
+use crate::shared::PlacementView;
 
 /// The placement part of the status: models with their replicas, recent events, drains.
 fn placement_status(view: &PlacementView, now: Instant) -> Value {
@@ -28,8 +29,8 @@ fn placement_status(view: &PlacementView, now: Instant) -> Value {
                 "min": m.min,
                 "max": m.max,
                 "wanted": m.wanted,
-                "ready": m.replicas.iter().filter(|r| r.state == "ready").count(),
-                "replicas": m.replicas.iter().map(|r| json!({"node": r.node, "state": r.state, "reason": r.reason})).collect::<Vec<_>>(),
+                "ready": m.replicas.iter().filter(|r| r.state == ReplicaState::Ready).count(),
+                "replicas": m.replicas.iter().map(|r| json!({"node": r.node, "state": r.state.as_str(), "reason": r.reason})).collect::<Vec<_>>(),
                 "reason": m.reason,
             })
         })
@@ -42,7 +43,7 @@ fn placement_status(view: &PlacementView, now: Instant) -> Value {
         .map(|e| {
             json!({
                 "age_ms": now.saturating_duration_since(e.at).as_millis() as u64,
-                "kind": e.kind,
+                "kind": e.kind.as_str(),
                 "model": e.model,
                 "node": e.node,
                 "detail": e.detail,
@@ -59,7 +60,7 @@ fn placement_status(view: &PlacementView, now: Instant) -> Value {
 
 /// The JSON of `GET /mesh/v1/cluster`: the router, its nodes, and the models they serve.
 pub fn cluster_status(dispatch: &RouterDispatch) -> Value {
-    let cluster = &dispatch.cluster;
+    let cluster = &dispatch.view;
     let nodes = cluster.membership().nodes(Instant::now());
     let nodes: Vec<Value> = nodes
         .iter()

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::placement_actor::PlacementSettings;
+use crate::place::PlacementSettings;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -9,17 +9,18 @@ use mesh::cluster::transport;
 use ractor::Actor;
 use tokio::sync::watch;
 
+use mesh_router::actors::link::handshake;
+use mesh_router::actors::{RouterSupervisor, SupervisorArgs};
 use mesh_router::cli::Args;
-use mesh_router::cluster::{Cluster, RouteSettings};
 use mesh_router::dispatch::RouterDispatch;
 use mesh_router::ensembles::Ensembles;
 use mesh_router::lead::{self, Lead};
 use mesh_router::membership::MembershipSettings;
-use mesh_router::placement::Placement;
+use mesh_router::messages::{mailbox, SupervisorMsg};
 use mesh_router::repository::ClusterRepo;
 use mesh_router::route::{BalanceSettings, Balancer};
-use mesh_router::supervisor::{RouterSupervisor, SupervisorArgs, SupervisorMsg};
-use mesh_router::{api, link, metrics};
+use mesh_router::shared::{Placement, RouteSettings, RoutingView};
+use mesh_router::{api, metrics};
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -96,7 +97,7 @@ async fn run(args: Args) -> Result<(), String> {
             },
         })
     };
-    let cluster = Arc::new(Cluster::new(
+    let view = Arc::new(RoutingView::new(
         id,
         MembershipSettings::default(),
         balancer,
@@ -105,20 +106,29 @@ async fn run(args: Args) -> Result<(), String> {
     ));
     let repo = Arc::new(ClusterRepo::new(args.model_repository.clone()));
     let http_rules = Arc::new(args.listen.http_rules()?);
+    // The mailboxes are made first, so each part is built with those it talks to.
+    let (membership, membership_inbox) = mailbox("membership");
+    let (placement_mailbox, placement_inbox) = mailbox("placement");
     let placement = Arc::new(Placement::new(
         repo,
         lead,
         args.control.model_control_mode,
         http_rules.clone(),
+        placement_mailbox.clone(),
     ));
-    let dispatch = Arc::new(RouterDispatch::new(cluster.clone(), ensembles, placement));
+    let dispatch = Arc::new(RouterDispatch::new(view.clone(), ensembles, placement.clone()));
     let (supervisor, supervisor_task) = Actor::spawn(
         None,
         RouterSupervisor,
         SupervisorArgs {
-            cluster: cluster.clone(),
-            dispatch: dispatch.clone(),
-            placement: args.placement(),
+            view: view.clone(),
+            placement,
+            settings: args.placement(),
+            bls: dispatch.clone(),
+            membership,
+            membership_inbox,
+            placement_mailbox,
+            placement_inbox,
         },
     )
     .await
@@ -133,7 +143,7 @@ async fn run(args: Args) -> Result<(), String> {
                     let peer = incoming.remote_address();
                     match incoming.await {
                         Ok(conn) => {
-                            if let Some(joining) = link::handshake(conn, &limits).await {
+                            if let Some(joining) = handshake::handshake(conn, &limits).await {
                                 let _ = supervisor.cast(SupervisorMsg::Joined(joining));
                             }
                         }
@@ -144,20 +154,21 @@ async fn run(args: Args) -> Result<(), String> {
         })
     };
     let sampler = {
-        let cluster = cluster.clone();
+        let view = view.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                let nodes = cluster.membership().nodes(std::time::Instant::now());
+                let nodes = view.membership().nodes(std::time::Instant::now());
                 let mut states = [("up", 0), ("draining", 0), ("silent", 0), ("lost", 0), ("left", 0)];
                 for n in &nodes {
                     if let Some(s) = states.iter_mut().find(|(s, _)| *s == n.state.as_str()) {
                         s.1 += 1;
                     }
                 }
-                let links: Vec<_> = cluster
-                    .links()
+                let links: Vec<_> = view
+                    .links
+                    .all()
                     .iter()
                     .map(|l| (l.name.clone(), l.conn.rtt(), l.inflight()))
                     .collect();

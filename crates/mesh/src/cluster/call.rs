@@ -24,7 +24,7 @@ pub struct Peer<'a> {
 }
 
 /// How one attempt failed.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
     /// The request never reached the node whole (the link was gone, or died while it was written):
     /// the node cannot have started it.
@@ -44,6 +44,19 @@ impl std::fmt::Display for Failure {
         match self {
             Failure::NotSent(why) | Failure::Lost(why) => f.write_str(why),
             Failure::Refused(e) | Failure::Overloaded(e) | Failure::Answered(e) => f.write_str(&e.message),
+        }
+    }
+}
+
+impl Failure {
+    /// The label a retry after this failure is counted under (`None`: an answer, never retried).
+    pub fn metric_reason(&self) -> Option<&'static str> {
+        match self {
+            Failure::NotSent(_) => Some("not_sent"),
+            Failure::Refused(_) => Some("refused"),
+            Failure::Overloaded(_) => Some("overloaded"),
+            Failure::Lost(_) => Some("lost"),
+            Failure::Answered(_) => None,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Triton ensembles: the step DAG built and validated from `ensemble_scheduling` (sans-IO), which
 //! steps are ready as tensors appear, and an executor that drives any `Dispatch`.
 mod run;
+mod step;
 mod stream;
 
 use std::collections::{HashMap, HashSet};

@@ -13,12 +13,13 @@ use std::pin::Pin;
 use futures::stream::{FuturesUnordered, SelectAll, StreamExt};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::run::{outputs_of, step_error, step_request, store_outputs, timeout_of};
+use super::step::{outputs_of, step_error, step_request, store_outputs, timeout_of};
 use super::{Plan, Progress};
 use crate::dispatch::Dispatch;
 use crate::error::{Error, Result};
-use crate::request::{InferRequest, InferResponse, Params, StreamItem, StreamSender};
+use crate::request::{InferRequest, InferResponse, Params};
 use crate::stream::{stream_channel, Credit, Window};
+use crate::stream::{StreamItem, StreamSender};
 use crate::tensor::Tensor;
 
 impl Branch {

@@ -170,10 +170,10 @@ impl Dispatch for Arith {
     }
     /// `count` is decoupled: x + 1, x + 2 and x + 3, then the final flag; each answer waits for a credit of
     /// its client's window, as a real producer does.
-    async fn infer_stream(&self, r: InferRequest, sink: crate::request::StreamSender) {
+    async fn infer_stream(&self, r: InferRequest, sink: crate::stream::StreamSender) {
         if r.model_name != "count" {
             let answer = self.infer(r).await;
-            let _ = sink.send(crate::request::StreamItem::new(Some(answer), true));
+            let _ = sink.send(crate::stream::StreamItem::new(Some(answer), true));
             return;
         }
         let x = floats(&r.input("x").unwrap().tensor);
@@ -189,13 +189,13 @@ impl Dispatch for Arith {
                 }],
                 ..Default::default()
             };
-            let _ = sink.send(crate::request::StreamItem {
+            let _ = sink.send(crate::stream::StreamItem {
                 response: Some(Ok(response)),
                 last: false,
                 credit: Some(credit),
             });
         }
-        let _ = sink.send(crate::request::StreamItem::new(None, true));
+        let _ = sink.send(crate::stream::StreamItem::new(None, true));
     }
     fn ready(&self) -> bool {
         true

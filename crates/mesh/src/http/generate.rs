@@ -20,7 +20,8 @@ use crate::config::ModelConfig;
 use crate::dispatch::Dispatch;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::request::{InferRequest, InferResponse, Param, StreamItem};
+use crate::request::{InferRequest, InferResponse, Param};
+use crate::stream::StreamItem;
 use crate::stream::{stream_channel, Credit, Window};
 use crate::tensor::{NamedTensor, Tensor};
 

@@ -38,6 +38,21 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+/// What the PlacementActor runs with, from the router's flags.
+#[derive(Debug, Clone)]
+pub struct PlacementSettings {
+    pub place: PlaceSettings,
+    pub scale: ScaleSettings,
+    pub mode: mesh::control::ControlMode,
+    /// Explicit mode: loaded at start (`*` for every model).
+    pub load_at_start: Vec<String>,
+    pub poll_every: Duration,
+    pub tick: Duration,
+    /// After the router starts, nodes rejoin and report what an earlier router placed; nothing is
+    /// placed or unloaded for this long, so those replicas are adopted, not placed again.
+    pub startup_grace: Duration,
+}
+
 /// The placement policy's knobs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlaceSettings {
@@ -144,17 +159,68 @@ pub struct ModelView {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaView {
     pub node: String,
-    /// "loading" | "ready" | "unloading" | "failed".
-    pub state: String,
+    pub state: ReplicaState,
     pub reason: String,
+}
+
+/// What a placement event records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Place,
+    Ready,
+    Failed,
+    Evict,
+    Move,
+    Unload,
+    Lost,
+    Scale,
+    Drained,
+}
+
+impl EventKind {
+    /// The kind as status output, logs and metrics write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Place => "place",
+            EventKind::Ready => "ready",
+            EventKind::Failed => "failed",
+            EventKind::Evict => "evict",
+            EventKind::Move => "move",
+            EventKind::Unload => "unload",
+            EventKind::Lost => "lost",
+            EventKind::Scale => "scale",
+            EventKind::Drained => "drained",
+        }
+    }
+}
+
+/// Where one replica is, as status output shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaState {
+    Loading,
+    Ready,
+    Unloading,
+    /// A recent failed placement on the node (no replica there).
+    Failed,
+}
+
+impl ReplicaState {
+    /// The state as status output writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaState::Loading => "loading",
+            ReplicaState::Ready => "ready",
+            ReplicaState::Unloading => "unloading",
+            ReplicaState::Failed => "failed",
+        }
+    }
 }
 
 /// A past decision or observation, for status output.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlaceEvent {
     pub at: Instant,
-    /// "place", "ready", "failed", "evict", "move", "unload", "lost", "scale", "drained".
-    pub kind: String,
+    pub kind: EventKind,
     pub model: String,
     pub node: String,
     pub detail: String,
@@ -291,7 +357,7 @@ impl Placer {
         for k in gone {
             let r = self.replicas.remove(&k).expect("listed");
             if !r.is_unloading() {
-                self.event(now, "lost", &k.0, &k.1, "node gone");
+                self.event(now, EventKind::Lost, &k.0, &k.1, "node gone");
             }
         }
         self.foreign.retain(|(_, n)| next.contains_key(n));
@@ -330,7 +396,7 @@ impl Placer {
             .cloned()
             .collect();
         for k in removed {
-            self.unload(&k, "model removed", "unload", now);
+            self.unload(&k, "model removed", EventKind::Unload, now);
         }
         self.failures.retain(|(m, _), _| next.contains_key(m));
         self.models = next;
@@ -391,7 +457,7 @@ impl Placer {
     }
 
     /// Marks a replica for unloading (the Unload goes out on the next tick); a move from it is no move any more.
-    fn unload(&mut self, k: &Key, why: &str, kind: &str, now: Instant) {
+    fn unload(&mut self, k: &Key, why: &str, kind: EventKind, now: Instant) {
         let Some(r) = self.replicas.get_mut(k) else { return };
         if r.is_unloading() {
             return;
@@ -410,7 +476,7 @@ impl Placer {
     }
 
     /// Records a failed load (or a replica that failed): the pair waits `retry_after`.
-    fn fail(&mut self, k: Key, why: String, kind: &str, now: Instant) {
+    fn fail(&mut self, k: Key, why: String, kind: EventKind, now: Instant) {
         self.event(now, kind, &k.0, &k.1, &why);
         if let Some(m) = self.models.get_mut(&k.0) {
             m.last_failure = Some((now, format!("{}: {why}", k.1)));
@@ -418,7 +484,7 @@ impl Placer {
         self.failures.insert(k, Failure { at: now, reason: why });
     }
 
-    fn event(&mut self, at: Instant, kind: &str, model: &str, node: &str, detail: &str) {
+    fn event(&mut self, at: Instant, kind: EventKind, model: &str, node: &str, detail: &str) {
         if self.settings.history == 0 {
             return;
         }
@@ -427,7 +493,7 @@ impl Placer {
         }
         self.events.push_back(PlaceEvent {
             at,
-            kind: kind.into(),
+            kind,
             model: model.into(),
             node: node.into(),
             detail: detail.into(),

@@ -33,7 +33,7 @@ fn a_draining_node_is_emptied_make_before_break_then_reported_drained_once() {
     assert!(p
         .events()
         .iter()
-        .any(|e| e.kind == "move" && e.node == "c" && e.detail == "from a"));
+        .any(|e| e.kind == EventKind::Move && e.node == "c" && e.detail == "from a"));
     assert!(p.tick(now + ms(200)).is_empty(), "a stays until c is Ready");
     assert_eq!(view_of(&p, "m").replicas[2].reason, "replaces the copy on a");
     p.observed("c", "m", Observed::Ready, now + ms(300));
@@ -45,7 +45,7 @@ fn a_draining_node_is_emptied_make_before_break_then_reported_drained_once() {
     p.observed("a", "m", Observed::Absent, now + ms(700));
     assert_eq!(show(&p.tick(now + ms(800))), ["drained a"]);
     assert!(p.tick(now + secs(1)).is_empty(), "once");
-    assert!(p.events().iter().any(|e| e.kind == "drained" && e.node == "a"));
+    assert!(p.events().iter().any(|e| e.kind == EventKind::Drained && e.node == "a"));
     // Up again, then draining again: reported again.
     p.set_nodes(nodes, now + secs(2));
     assert!(p.tick(now + secs(2)).is_empty());
@@ -82,7 +82,7 @@ fn drain_moves_respect_max_moves() {
     settle(&mut p, &first, now + ms(500));
     settle(&mut p, &second, now + ms(500));
     let end = run(&mut p, now + ms(500), 20);
-    assert!(p.events().iter().any(|e| e.kind == "drained" && e.node == "a"));
+    assert!(p.events().iter().any(|e| e.kind == EventKind::Drained && e.node == "a"));
     assert_eq!(per_node(&p), BTreeMap::from([("b".to_string(), 5)]));
     assert!(p.tick(end + ms(200)).is_empty());
 }
@@ -99,12 +99,12 @@ fn a_replica_no_other_node_can_hold_stays_on_a_draining_node() {
         view_of(&p, "m").reason,
         "cannot move off draining node a: no other node can hold it"
     );
-    assert!(p.events().iter().all(|e| e.kind != "drained"));
+    assert!(p.events().iter().all(|e| e.kind != EventKind::Drained));
     // A node joins: the move happens and the drain completes.
     p.set_nodes(vec![draining(node("a", 5000)), node("b", 5000), node("c", 5000)], now);
     run(&mut p, now, 5);
     assert_eq!(replicas(&p, "m"), ["b:ready", "c:ready"]);
-    assert!(p.events().iter().any(|e| e.kind == "drained" && e.node == "a"));
+    assert!(p.events().iter().any(|e| e.kind == EventKind::Drained && e.node == "a"));
 }
 
 #[test]
@@ -154,12 +154,15 @@ fn a_new_node_gets_replicas_gradually_until_the_spread_is_at_most_one() {
             .view()
             .iter()
             .flat_map(|v| v.replicas.clone())
-            .filter(|r| r.state == "loading")
+            .filter(|r| r.state == ReplicaState::Loading)
             .count();
         assert!(in_flight <= 2, "at most max_moves moves at once");
         // Every model keeps both Ready replicas while its move is under way.
         for v in p.view() {
-            assert!(v.replicas.iter().filter(|r| r.state == "ready").count() >= 2, "{v:?}");
+            assert!(
+                v.replicas.iter().filter(|r| r.state == ReplicaState::Ready).count() >= 2,
+                "{v:?}"
+            );
         }
         settle(&mut p, &actions, now + ms(100));
         now += ms(200);
@@ -208,7 +211,7 @@ fn a_full_cluster_evicts_the_least_recently_used_spare_replica() {
     assert!(p
         .events()
         .iter()
-        .any(|e| e.kind == "evict" && e.model == "q" && e.detail == "evicted for r"));
+        .any(|e| e.kind == EventKind::Evict && e.model == "q" && e.detail == "evicted for r"));
     // Nothing more while the unload is outstanding: no second victim, no load over capacity.
     assert!(p.tick(now + ms(200)).is_empty());
     p.observed("a", "q", Observed::Absent, now + ms(300));

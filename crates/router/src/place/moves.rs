@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::tick::Block;
-use super::{key, Action, NodeState, Placer, State};
+use super::{key, Action, EventKind, NodeState, Placer, State};
 
 impl Placer {
     /// When the model is used (a request was routed), else when it was first placed; None: never placed.
@@ -99,7 +99,7 @@ impl Placer {
         }
         if let Some((_, _, node, victims)) = best {
             for vm in victims {
-                self.unload(&key(&vm, &node), &format!("evicted for {name}"), "evict", now);
+                self.unload(&key(&vm, &node), &format!("evicted for {name}"), EventKind::Evict, now);
             }
         }
     }

@@ -1,7 +1,7 @@
 //! What nodes and requests report to the placer: replica states, measured footprints, use (for LRU).
 use std::time::Instant;
 
-use super::{key, Key, Model, Observed, Placer, Replica, State};
+use super::{key, EventKind, Key, Model, Observed, Placer, Replica, State};
 
 impl Placer {
     /// What a node reports about a model: call it for every change a node reports (and for its full list
@@ -16,22 +16,22 @@ impl Placer {
             (Observed::Ready, State::Loading { .. }) => {
                 r.state = State::Ready { since: now };
                 let from = r.move_from.take();
-                self.event(now, "ready", model, node, "");
+                self.event(now, EventKind::Ready, model, node, "");
                 if let Some(from) = from {
                     let old = key(model, &from);
                     if self.replicas.get(&old).is_some_and(Replica::is_ready) {
-                        self.unload(&old, &format!("moved to {node}"), "unload", now);
+                        self.unload(&old, &format!("moved to {node}"), EventKind::Unload, now);
                     }
                 }
             }
             (Observed::Failed(why), State::Loading { .. } | State::Ready { .. }) => {
                 self.replicas.remove(&k);
-                self.fail(k, why, "failed", now);
+                self.fail(k, why, EventKind::Failed, now);
             }
             (Observed::Absent, State::Ready { .. }) => {
                 // Unasked: the node dropped it (a crash, an operator). Not placed there again before retry_after.
                 self.replicas.remove(&k);
-                self.fail(k, "the node stopped serving it".into(), "lost", now);
+                self.fail(k, "the node stopped serving it".into(), EventKind::Lost, now);
             }
             (Observed::Absent | Observed::Failed(_), State::Unloading { .. }) => {
                 self.replicas.remove(&k);
@@ -71,7 +71,7 @@ impl Placer {
                         why: "model removed".into(),
                     },
                 };
-                self.event(now, "ready", &k.0, &k.1, "reported by the node again");
+                self.event(now, EventKind::Ready, &k.0, &k.1, "reported by the node again");
                 let replica = Replica {
                     state,
                     bytes,

@@ -1,7 +1,7 @@
 //! What the placer shows: each model's replicas and reason for status and the repository index, and recent events.
 use std::collections::BTreeSet;
 
-use super::{key, ModelView, PlaceEvent, Placer, ReplicaView, State};
+use super::{key, ModelView, PlaceEvent, Placer, ReplicaState, ReplicaView, State};
 
 impl Placer {
     /// Every wanted model (and every removed one still unloading), for status and the repository index.
@@ -18,15 +18,15 @@ impl Placer {
                     .map(|((_, node), r)| {
                         let (state, reason) = match &r.state {
                             State::Loading { .. } => (
-                                "loading",
+                                ReplicaState::Loading,
                                 r.move_from.as_ref().map(|f| format!("replaces the copy on {f}")),
                             ),
-                            State::Ready { .. } => ("ready", None),
-                            State::Unloading { why, .. } => ("unloading", Some(why.clone())),
+                            State::Ready { .. } => (ReplicaState::Ready, None),
+                            State::Unloading { why, .. } => (ReplicaState::Unloading, Some(why.clone())),
                         };
                         ReplicaView {
                             node: node.clone(),
-                            state: state.into(),
+                            state,
                             reason: reason.unwrap_or_default(),
                         }
                     })
@@ -35,7 +35,7 @@ impl Placer {
                     if m == name && !self.replicas.contains_key(&key(m, node)) {
                         replicas.push(ReplicaView {
                             node: node.clone(),
-                            state: "failed".into(),
+                            state: ReplicaState::Failed,
                             reason: f.reason.clone(),
                         });
                     }

@@ -78,7 +78,7 @@ impl Sim {
         let actions = self.placer.tick(now);
         let evicted: BTreeSet<(String, String)> = self.placer.events()[events_before..]
             .iter()
-            .filter(|e| e.kind == "evict")
+            .filter(|e| e.kind == EventKind::Evict)
             .map(|e| (e.node.clone(), e.model.clone()))
             .collect();
         for a in &actions {
@@ -172,7 +172,7 @@ impl Sim {
         let view = self.placer.view();
         view.iter()
             .flat_map(|v| &v.replicas)
-            .filter(|r| r.state == "loading" && r.reason.starts_with("replaces"))
+            .filter(|r| r.state == ReplicaState::Loading && r.reason.starts_with("replaces"))
             .count()
     }
 }
@@ -210,7 +210,11 @@ fn a_killed_node_is_replaced_within_five_seconds() {
     let killed = sim.now;
     assert!(sim.until(secs(5), |s| s.all_ready(2)), "not re-placed within 5 s");
     assert!(sim.now - killed <= secs(2), "took {:?}", sim.now - killed);
-    assert!(sim.placer.events().iter().any(|e| e.kind == "lost" && e.node == "a"));
+    assert!(sim
+        .placer
+        .events()
+        .iter()
+        .any(|e| e.kind == EventKind::Lost && e.node == "a"));
 }
 
 #[test]
@@ -278,7 +282,10 @@ fn a_node_failing_a_load_is_skipped_and_the_failure_shows() {
     assert_eq!(sim.ready_on("m0"), ["b", "c"]);
     let view = sim.placer.view();
     assert_eq!(view[0].reason, "last failure on a: simulated failure");
-    assert!(view[0].replicas.iter().any(|r| r.node == "a" && r.state == "failed"));
+    assert!(view[0]
+        .replicas
+        .iter()
+        .any(|r| r.node == "a" && r.state == ReplicaState::Failed));
     // The failure ages out of the reason after retry_after.
     sim.until(secs(61), |_| false);
     assert_eq!(sim.placer.view()[0].reason, "");
@@ -315,7 +322,7 @@ fn eviction_picks_the_least_recently_used_model_with_spare_replicas() {
         .placer
         .events()
         .iter()
-        .filter(|e| e.kind == "evict")
+        .filter(|e| e.kind == EventKind::Evict)
         .map(|e| e.model.clone())
         .collect();
     assert_eq!(evicted, ["q"]);

@@ -99,7 +99,7 @@ pub(super) fn replicas(p: &Placer, name: &str) -> Vec<String> {
     view_of(p, name)
         .replicas
         .iter()
-        .map(|r| format!("{}:{}", r.node, r.state))
+        .map(|r| format!("{}:{}", r.node, r.state.as_str()))
         .collect()
 }
 
@@ -241,13 +241,13 @@ fn a_failed_load_goes_to_another_node_and_the_failure_is_visible() {
     assert_eq!(v.reason, "last failure on a: bad weights");
     assert!(v.replicas.contains(&ReplicaView {
         node: "a".into(),
-        state: "failed".into(),
+        state: ReplicaState::Failed,
         reason: "bad weights".into()
     }));
     assert!(p
         .events()
         .iter()
-        .any(|e| e.kind == "failed" && e.node == "a" && e.detail == "bad weights"));
+        .any(|e| e.kind == EventKind::Failed && e.node == "a" && e.detail == "bad weights"));
     // b fails too: c next, and a again only after retry_after.
     p.observed("b", "m", Observed::Failed("oom".into()), t0 + ms(300));
     assert_eq!(show(&p.tick(t0 + ms(400))), ["load m@c"]);
@@ -293,7 +293,10 @@ fn scale_down_unloads_ready_replicas_beyond_wanted_from_the_fullest_node_first()
     );
     assert_eq!(show(&p.tick(now + ms(200))), ["unload m@b"]);
     assert!(p.tick(now + ms(400)).is_empty());
-    assert!(p.events().iter().any(|e| e.kind == "scale" && e.detail == "3 → 1"));
+    assert!(p
+        .events()
+        .iter()
+        .any(|e| e.kind == EventKind::Scale && e.detail == "3 → 1"));
 }
 
 #[test]
@@ -352,7 +355,7 @@ fn a_lost_node_is_replaced_on_the_next_tick() {
     assert!(p
         .events()
         .iter()
-        .any(|e| e.kind == "lost" && e.node == "a" && e.model == "m"));
+        .any(|e| e.kind == EventKind::Lost && e.node == "a" && e.model == "m"));
     assert_eq!(replicas(&p, "m"), ["b:ready"]);
     assert_eq!(show(&p.tick(now + ms(200))), ["load m@c"]);
 }
@@ -477,13 +480,13 @@ fn events_are_a_bounded_ring_oldest_first() {
     let now = run(&mut p, t0, 2);
     p.set_desired("m", 3);
     p.tick(now + ms(200));
-    let kinds: Vec<(String, String, String)> = p.events().into_iter().map(|e| (e.kind, e.node, e.detail)).collect();
+    let kinds: Vec<(EventKind, String, String)> = p.events().into_iter().map(|e| (e.kind, e.node, e.detail)).collect();
     assert_eq!(
         kinds,
         [
-            ("scale".to_string(), String::new(), "1 → 3".to_string()),
-            ("place".into(), "b".into(), String::new()),
-            ("place".into(), "c".into(), String::new()),
+            (EventKind::Scale, String::new(), "1 → 3".to_string()),
+            (EventKind::Place, "b".into(), String::new()),
+            (EventKind::Place, "c".into(), String::new()),
         ]
     );
     assert_eq!(p.events()[0].at, now + ms(200));

@@ -2,7 +2,7 @@
 use std::time::Instant;
 
 use super::report::{bytes, count};
-use super::{key, Action, Key, Model, NodeState, Placer, Replica, State};
+use super::{key, Action, EventKind, Key, Model, NodeState, Placer, Replica, State};
 
 /// Why a node cannot take a replica of a model now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,8 +62,8 @@ impl Placer {
             .collect();
         for k in timed_out {
             let why = format!("load timed out after {timeout:?}");
-            self.unload(&k, &why, "unload", now);
-            self.fail(k, why, "failed", now);
+            self.unload(&k, &why, EventKind::Unload, now);
+            self.fail(k, why, EventKind::Failed, now);
         }
         self.replicas.retain(|_, r| match r.state {
             State::Unloading { sent: Some(sent), .. } => now.saturating_duration_since(sent) < timeout,
@@ -80,7 +80,7 @@ impl Placer {
             .map(|(k, _)| k.clone())
             .collect();
         for k in cancel {
-            self.unload(&k, "node draining", "unload", now);
+            self.unload(&k, "node draining", EventKind::Unload, now);
         }
     }
 
@@ -107,7 +107,7 @@ impl Placer {
         let before = m.wanted_seen;
         self.models.get_mut(name).expect("present").wanted_seen = Some(wanted);
         if let Some(before) = before.filter(|b| *b != wanted) {
-            self.event(now, "scale", name, "", &format!("{before} → {wanted}"));
+            self.event(now, EventKind::Scale, name, "", &format!("{before} → {wanted}"));
         }
     }
 
@@ -124,7 +124,12 @@ impl Placer {
             None
         };
         if let Some(node) = victim {
-            self.unload(&key(name, &node), &format!("scale down to {wanted}"), "unload", now);
+            self.unload(
+                &key(name, &node),
+                &format!("scale down to {wanted}"),
+                EventKind::Unload,
+                now,
+            );
         }
     }
 
@@ -252,8 +257,8 @@ impl Placer {
         let bytes = m.footprint();
         let k = key(name, node);
         let (kind, detail) = match &move_from {
-            Some(from) => ("move", format!("from {from}")),
-            None => ("place", String::new()),
+            Some(from) => (EventKind::Move, format!("from {from}")),
+            None => (EventKind::Place, String::new()),
         };
         self.event(now, kind, name, node, &detail);
         self.asked.insert(k.clone());
@@ -296,7 +301,7 @@ impl Placer {
             .into_iter()
             .map(|node| {
                 self.nodes.get_mut(&node).expect("listed").drained_sent = true;
-                self.event(now, "drained", "", &node, "");
+                self.event(now, EventKind::Drained, "", &node, "");
                 Action::Drained { node }
             })
             .collect()

@@ -6,8 +6,9 @@
 //! - A request of a **sequence** (it carries a `sequence_id`) is pinned to one node, where the
 //!   sequence's state lives: it is never moved to another node, whatever failed; it gets UNAVAILABLE
 //!   naming the node and the failure.
-//! - An attempt the node **did not start** (it is draining, does not serve the model, or the stream could
-//!   not be opened) or refused as **overloaded** never ran, so it is always safe to retry on another node.
+//! - An attempt **not sent** whole (the stream could not be opened or written), one the node **refused**
+//!   (it is draining, does not serve the model) or refused as **overloaded** never ran, so it is always
+//!   safe to retry on another node.
 //! - An attempt **lost** after it was sent (the link or stream failed) may have run. It is retried only for
 //!   an idempotent request that has forwarded no answer yet. A decoupled stream that already answered gets
 //!   UNAVAILABLE saying the node was lost after N answers; a request of a model marked non-idempotent gets
@@ -19,6 +20,7 @@
 //!   that joined again over a new link counts as untried.
 use std::time::Instant;
 
+pub use mesh::cluster::call::Failure;
 use mesh::Error;
 
 use crate::membership::LinkId;
@@ -34,19 +36,6 @@ impl Default for RetrySettings {
     fn default() -> Self {
         RetrySettings { max_attempts: 3 }
     }
-}
-
-/// How the last attempt failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
-    /// The node refused before running it (draining, model not served, stream not opened).
-    NotStarted(String),
-    /// The node is busy; it did not run the request.
-    Overloaded(String),
-    /// The link or stream failed after the request was sent: it may have run.
-    Lost(String),
-    /// The model ran and answered this error.
-    Answered(Error),
 }
 
 /// What to do after a failed attempt.
@@ -187,8 +176,9 @@ impl RetryPolicy {
         let node = req.nodes.last().map(String::as_str).unwrap_or("?");
         let last = match &failure {
             Failure::Answered(e) => return Decision::GiveUp(e.clone()),
-            Failure::NotStarted(why) => format!("node '{node}' did not start it: {why}"),
-            Failure::Overloaded(why) => format!("node '{node}' is overloaded: {why}"),
+            Failure::NotSent(why) => format!("node '{node}' did not start it: {why}"),
+            Failure::Refused(e) => format!("node '{node}' did not start it: {}", e.message),
+            Failure::Overloaded(e) => format!("node '{node}' is overloaded: {}", e.message),
             Failure::Lost(why) => format!("node '{node}' was lost: {why}"),
         };
         let model = &req.model;

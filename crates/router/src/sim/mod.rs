@@ -1,8 +1,9 @@
-//! A simulated cluster on a fake clock: nodes, links and requests wired through membership, balancer and retry rules.
+//! A simulated cluster on a fake clock: nodes, links and requests wired through membership and the routing rules.
 //!
-//! Wired the way the router wires them: resolve on the published routing table, pick, send, and on a failed
-//! attempt ask the retry rules. Everything is stepped from one ordered event queue with a seeded RNG, so a
-//! run is a pure function of its seed and script.
+//! Each request runs the router's own [`Attempts`] (resolve on the published routing table, pin a sequence
+//! or pick, wait for a replica, record each outcome in the balancer and the retry rules), so what is
+//! simulated is the code the dispatcher runs. Everything is stepped from one ordered event queue with a
+//! seeded RNG, so a run is a pure function of its seed and script; a failing run names its seed.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,12 +12,11 @@ use mesh::Error;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::membership::{
-    Joined, LinkId, Membership, MembershipSettings, ModelLoad, NodeHello, ResolveError, RoutingTable,
-};
-use crate::route::{Balancer, Decision, Failure, Pick, RequestState, RetryPolicy};
+use crate::membership::{Joined, LinkId, Membership, MembershipSettings, ModelLoad, NodeHello, RoutingTable};
+use crate::route::{Attempts, Balancer, Decision, Failure, RetryPolicy, Step, View};
 
 mod node;
+mod route_tests;
 mod tests;
 
 use node::NodeAnswer;
@@ -28,6 +28,8 @@ const TICK: Duration = Duration::from_millis(10);
 const REPORT_EVERY: Duration = Duration::from_millis(250);
 /// The link's idle timeout by default: a frozen or killed node's link is declared lost this long after it went quiet.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The router's `--route-wait-ms` by default.
+pub const ROUTE_WAIT: Duration = Duration::from_secs(5);
 
 enum Up {
     Hello(NodeHello),
@@ -79,10 +81,11 @@ struct Link {
 
 /// One client request and everything that happened to it.
 pub struct Req {
-    pub state: RequestState,
+    pub attempts: Attempts,
     model: String,
+    /// The sequence the request belongs to.
+    pub sequence: Option<String>,
     current: Option<(LinkId, u32)>,
-    wait_reason: Option<String>,
     /// The node that answered, or the error the client got.
     pub outcome: Option<Result<String, Error>>,
     /// Terminal answers the client got (must end at exactly 1).
@@ -114,6 +117,8 @@ pub struct Sim {
     pub requests: Vec<Req>,
     waiting: BTreeSet<usize>,
     non_idempotent: BTreeSet<String>,
+    /// Models of the cluster repository being placed (a request for one waits instead of failing unknown).
+    placing: BTreeSet<String>,
     /// Links the router closed because a node joined again over a new one.
     pub closed_on_join: Vec<LinkId>,
     /// The link's idle timeout.
@@ -123,6 +128,8 @@ pub struct Sim {
 impl Sim {
     /// An empty cluster whose RNG is seeded with `seed`.
     pub fn new(seed: u64) -> Self {
+        // Shown with a failing test's output, so its run can be replayed.
+        eprintln!("simulated cluster, seed {seed}");
         let mut sim = Sim {
             seed,
             base: Instant::now(),
@@ -141,6 +148,7 @@ impl Sim {
             requests: Vec::new(),
             waiting: BTreeSet::new(),
             non_idempotent: BTreeSet::new(),
+            placing: BTreeSet::new(),
             closed_on_join: Vec::new(),
             idle_timeout: IDLE_TIMEOUT,
         };
@@ -163,9 +171,15 @@ impl Sim {
         self.schedule(at, Ev::Script(Box::new(f)));
     }
 
-    /// Marks a model as non-idempotent: its requests must never run twice.
+    /// Marks a model as non-idempotent (`mesh.idempotent: false` in the config nodes report, so
+    /// call it before adding them): its requests must never run twice.
     pub fn non_idempotent(&mut self, model: &str) {
         self.non_idempotent.insert(model.into());
+    }
+
+    /// Marks a model as one the cluster is placing: its requests wait for a replica.
+    pub fn placing(&mut self, model: &str) {
+        self.placing.insert(model.into());
     }
 
     /// Client requests for `model`, one every `every` from `from` until `until`, each with `timeout`.
@@ -179,15 +193,19 @@ impl Sim {
 
     /// One client request for `model` arriving at `at`. Returns its index.
     pub fn request(&mut self, model: &str, at: Duration, timeout: Duration) -> usize {
-        let mut state = RequestState::new(model, self.base + at, self.base + at + timeout);
-        if self.non_idempotent.contains(model) {
-            state = state.non_idempotent();
-        }
+        self.request_in(model, None, at, timeout)
+    }
+
+    /// One client request for `model` in `sequence` (when given) arriving at `at`. Returns its index.
+    pub fn request_in(&mut self, model: &str, sequence: Option<&str>, at: Duration, timeout: Duration) -> usize {
+        let start = self.base + at;
+        let sequence = sequence.map(str::to_string);
+        let attempts = Attempts::new(model, "", sequence.clone(), start, start + timeout, ROUTE_WAIT);
         self.requests.push(Req {
-            state,
+            attempts,
             model: model.into(),
+            sequence,
             current: None,
-            wait_reason: None,
             outcome: None,
             terminals: 0,
             finished_at: None,
@@ -252,7 +270,7 @@ impl Sim {
         }
     }
 
-    /// One attempt of request `id`: resolve, pick, send (or wait, or give up).
+    /// One attempt of request `id`: the routing rules say send, wait or give up.
     fn dispatch(&mut self, id: usize) {
         let now = self.now();
         self.waiting.remove(&id);
@@ -260,29 +278,24 @@ impl Sim {
         if req.outcome.is_some() || req.current.is_some() {
             return;
         }
-        if req.state.expired(now) {
-            let reason = req.wait_reason.as_deref().unwrap_or("no replica was picked");
-            let e = req.state.waited_out(reason, now);
-            return self.finish(id, Err(e));
-        }
         let table = self.table.clone();
-        let pick = match table.resolve(&req.model, "") {
-            Ok(r) => {
-                let inflight = &self.inflight;
-                let load = |l: LinkId| inflight.get(&l).copied().unwrap_or(0);
-                self.balancer
-                    .pick(r.replicas, load, req.state.tried(), now, &mut self.rng)
-            }
-            Err(ResolveError::NoReplica { reason }) => Pick::Wait { reason, until: None },
-            Err(e) => Pick::Unavailable(e.into()),
+        let placing = |m: &str| self.placing.contains(m);
+        let view = View {
+            table: &table,
+            placing: &placing,
+            inflight: |l: LinkId| self.inflight.get(&l).copied().unwrap_or(0),
         };
-        match pick {
-            Pick::Routed(link) => self.send(id, link),
-            Pick::Wait { reason, .. } => {
-                self.requests[id].wait_reason = Some(reason);
+        let step = self.requests[id]
+            .attempts
+            .next(&view, &self.balancer, now, &mut self.rng);
+        match step {
+            Step::Send { link, .. } => self.send(id, link),
+            Step::Wait { until, .. } => {
                 self.waiting.insert(id);
+                // Asked again at `until`, on each tick, and when the routing table changes.
+                self.schedule(until.duration_since(self.base), Ev::Arrive(id));
             }
-            Pick::Unavailable(e) => self.finish(id, Err(e)),
+            Step::Fail(e) => self.finish(id, Err(e)),
         }
     }
 
@@ -290,12 +303,12 @@ impl Sim {
         let l = self.links.get_mut(&link).expect("routed links are known");
         let node = self.nodes[l.node].name.clone();
         let req = &mut self.requests[id];
-        req.state.sent(link, node.clone());
+        req.attempts.sent(link, &node);
         req.sends.push((self.t, node));
-        let attempt = req.state.attempts();
+        let attempt = req.attempts.state().attempts();
         if !l.open {
             // A stale table named a link the router already closed: the stream cannot even be opened.
-            return self.failed(id, Failure::NotStarted("the link is closed".into()));
+            return self.failed(id, link, Failure::NotSent("the link is closed".into()));
         }
         req.current = Some((link, attempt));
         l.attempts.insert((id, attempt));
@@ -324,24 +337,22 @@ impl Sim {
         if !self.end_attempt(link, id, attempt) {
             return;
         }
-        let now = self.now();
         match answer {
             NodeAnswer::Ok => {
-                self.balancer.succeeded(link);
+                self.requests[id].attempts.succeeded(link, &mut self.balancer);
                 let node = self.nodes[self.links[&link].node].name.clone();
                 self.finish(id, Ok(node));
             }
-            NodeAnswer::NotStarted(why) => self.failed(id, Failure::NotStarted(why)),
-            NodeAnswer::Overloaded(why) => {
-                self.balancer.overloaded(link, now);
-                self.failed(id, Failure::Overloaded(why));
-            }
+            NodeAnswer::NotStarted(why) => self.failed(id, link, Failure::Refused(Error::unavailable(why))),
+            NodeAnswer::Overloaded(why) => self.failed(id, link, Failure::Overloaded(Error::overloaded(why))),
         }
     }
 
-    fn failed(&mut self, id: usize, failure: Failure) {
+    /// The attempt of request `id` on `link` failed: its routing records the outcome and decides.
+    fn failed(&mut self, id: usize, link: LinkId, failure: Failure) {
         let now = self.now();
-        match self.retry.decide(&self.requests[id].state, failure, now) {
+        let attempts = &mut self.requests[id].attempts;
+        match attempts.failed(link, failure, &mut self.balancer, &self.retry, now) {
             Decision::Retry => self.dispatch(id),
             Decision::GiveUp(e) => self.finish(id, Err(e)),
         }
@@ -386,7 +397,7 @@ impl Sim {
                 self.membership.goodbye(link, now);
                 self.republish();
                 // A node says goodbye only after answering all it started: what is left never started.
-                self.close(link, |why| Failure::NotStarted(why.into()), "the node left");
+                self.close(link, |why| Failure::Refused(Error::unavailable(why)), "the node left");
             }
         }
         self.republish();
@@ -399,7 +410,6 @@ impl Sim {
         self.membership.link_lost(link, now);
         self.republish();
         if self.links.get(&link).is_some_and(|l| l.open) {
-            self.balancer.transport_failed(link, now);
             self.close(link, |why| Failure::Lost(why.into()), "the link idled out");
         }
     }
@@ -414,7 +424,7 @@ impl Sim {
         self.inflight.remove(&link);
         for (id, _) in attempts {
             self.requests[id].current = None;
-            self.failed(id, failure(why));
+            self.failed(id, link, failure(why));
         }
     }
 

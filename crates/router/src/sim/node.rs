@@ -100,19 +100,29 @@ impl Sim {
         );
         let n = &mut self.nodes[node];
         n.link = Some(link);
+        let non_idempotent = &self.non_idempotent;
         let models = n
             .models
             .iter()
-            .map(|m| ModelStatus {
-                name: m.name.clone(),
-                version: 1,
-                ready: true,
-                reason: String::new(),
-                config: Arc::new(ModelConfig {
+            .map(|m| {
+                let mut config = ModelConfig {
                     name: m.name.clone(),
                     ..ModelConfig::default()
-                }),
-                placed: false,
+                };
+                if non_idempotent.contains(&m.name) {
+                    let flag = mesh::proto::ModelParameter {
+                        string_value: "false".into(),
+                    };
+                    config.parameters.insert("mesh.idempotent".into(), flag);
+                }
+                ModelStatus {
+                    name: m.name.clone(),
+                    version: 1,
+                    ready: true,
+                    reason: String::new(),
+                    config: Arc::new(config),
+                    placed: false,
+                }
             })
             .collect();
         let hello = NodeHello {

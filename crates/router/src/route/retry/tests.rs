@@ -27,12 +27,9 @@ fn not_started_and_overloaded_are_retried_even_when_unsafe_to_rerun() {
     let t0 = Instant::now();
     let p = RetryPolicy::default();
     for r in [request(t0), request(t0).non_idempotent()] {
+        assert_eq!(p.decide(&r, Failure::NotSent("draining".into()), t0), Decision::Retry);
         assert_eq!(
-            p.decide(&r, Failure::NotStarted("draining".into()), t0),
-            Decision::Retry
-        );
-        assert_eq!(
-            p.decide(&r, Failure::Overloaded("queue full".into()), t0),
+            p.decide(&r, Failure::Overloaded(Error::overloaded("queue full")), t0),
             Decision::Retry
         );
     }
@@ -72,7 +69,7 @@ fn a_stream_that_answered_is_not_retried_after_loss() {
     );
     // A stream that answered is still retried when the node refused before running it.
     assert_eq!(
-        RetryPolicy::default().decide(&r, Failure::NotStarted("draining".into()), t0),
+        RetryPolicy::default().decide(&r, Failure::NotSent("draining".into()), t0),
         Decision::Retry
     );
 }
@@ -96,8 +93,8 @@ fn a_sequence_request_never_moves_to_another_node() {
     let r = request(t0).in_sequence();
     for failure in [
         Failure::Lost("reset".into()),
-        Failure::NotStarted("draining".into()),
-        Failure::Overloaded("queue full".into()),
+        Failure::NotSent("draining".into()),
+        Failure::Overloaded(Error::overloaded("queue full")),
     ] {
         let e = given_up(RetryPolicy::default().decide(&r, failure, t0));
         assert_eq!(e.code, Code::Unavailable);
@@ -120,7 +117,7 @@ fn attempts_are_bounded() {
     r.sent(13, "c");
     assert_eq!(r.attempts(), 3);
     assert_eq!(r.tried(), &[11, 12, 13]);
-    let e = given_up(p.decide(&r, Failure::Overloaded("busy".into()), t0));
+    let e = given_up(p.decide(&r, Failure::Overloaded(Error::overloaded("busy")), t0));
     assert_eq!(e.code, Code::Unavailable);
     assert_eq!(
         e.message,
@@ -128,10 +125,13 @@ fn attempts_are_bounded() {
     );
     // The bound is configurable.
     let p5 = RetryPolicy::new(RetrySettings { max_attempts: 5 });
-    assert_eq!(p5.decide(&r, Failure::Overloaded("busy".into()), t0), Decision::Retry);
+    assert_eq!(
+        p5.decide(&r, Failure::Overloaded(Error::overloaded("busy")), t0),
+        Decision::Retry
+    );
     let p1 = RetryPolicy::new(RetrySettings { max_attempts: 1 });
     assert!(matches!(
-        p1.decide(&request(t0), Failure::NotStarted("x".into()), t0),
+        p1.decide(&request(t0), Failure::NotSent("x".into()), t0),
         Decision::GiveUp(_)
     ));
 }
@@ -142,10 +142,10 @@ fn the_deadline_ends_retries() {
     let r = request(t0);
     let p = RetryPolicy::default();
     assert_eq!(
-        p.decide(&r, Failure::NotStarted("draining".into()), t0 + ms(999)),
+        p.decide(&r, Failure::NotSent("draining".into()), t0 + ms(999)),
         Decision::Retry
     );
-    let e = given_up(p.decide(&r, Failure::NotStarted("draining".into()), t0 + ms(1000)));
+    let e = given_up(p.decide(&r, Failure::NotSent("draining".into()), t0 + ms(1000)));
     assert_eq!(e.code, Code::Unavailable);
     assert_eq!(
         e.message,

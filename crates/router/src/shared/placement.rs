@@ -1,5 +1,5 @@
-//! What the request path and the router's API see of placement: the cluster repository, the
-//! PlacementActor to ask (load, unload, scale, drain), its last published view, and which models
+//! Placement as the request path and the router's API see it: the cluster repository, the
+//! PlacementActor's mailbox (load, unload, scale, drain), its last published view, and which models
 //! requests use (for least-recently-used eviction).
 use mesh::sync::ReadWrite;
 use std::collections::HashMap;
@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use mesh::{Error, LoadOptions, Result};
-use ractor::{ActorRef, RpcReplyPort};
+use mesh::{LoadOptions, Result};
+use ractor::RpcReplyPort;
 
 use crate::lead::forward::Forward;
 use crate::lead::{Lead, Role};
-use crate::place::{ModelView, PlaceEvent};
-use crate::placement_actor::PlacementMsg;
+use crate::messages::{Mailbox, PlacementMsg};
+use crate::place::{ModelView, PlaceEvent, ReplicaState};
 use crate::repository::ClusterRepo;
 
 /// The PlacementActor's published state, for status and the repository index.
@@ -37,7 +37,8 @@ pub struct Placement {
     rules: Arc<mesh::restrict::Restrictions>,
     /// Whether this router decides placement (always, without etcd).
     pub lead: Arc<Lead>,
-    actor: RwLock<Option<ActorRef<PlacementMsg>>>,
+    /// The PlacementActor.
+    actor: Mailbox<PlacementMsg>,
     view: RwLock<Arc<PlacementView>>,
     /// Last use of each cluster-repository model, in ms since `started`.
     usage: RwLock<HashMap<String, Arc<AtomicU64>>>,
@@ -50,27 +51,22 @@ impl Placement {
         lead: Arc<Lead>,
         mode: mesh::control::ControlMode,
         rules: Arc<mesh::restrict::Restrictions>,
+        actor: Mailbox<PlacementMsg>,
     ) -> Self {
         Placement {
             repo,
             mode,
             rules,
             lead,
-            actor: RwLock::default(),
+            actor,
             view: RwLock::default(),
             usage: RwLock::default(),
             started: Instant::now(),
         }
     }
 
-    pub(crate) fn set_actor(&self, actor: ActorRef<PlacementMsg>) {
-        *self.actor.writing() = Some(actor);
-    }
-
     pub fn tell(&self, msg: PlacementMsg) {
-        if let Some(a) = self.actor.reading().clone() {
-            let _ = a.cast(msg);
-        }
+        self.actor.tell(msg);
     }
 
     async fn ask<T: Send + 'static>(
@@ -78,16 +74,7 @@ impl Placement {
         wait: Duration,
         msg: impl FnOnce(RpcReplyPort<Result<T>>) -> PlacementMsg,
     ) -> Result<T> {
-        let actor = self.actor.reading().clone();
-        let actor = actor.ok_or_else(|| Error::unavailable("placement is restarting; try again"))?;
-        match actor.call(msg, Some(wait)).await {
-            Ok(ractor::rpc::CallResult::Success(r)) => r,
-            Ok(ractor::rpc::CallResult::Timeout) => Err(Error::unavailable(format!(
-                "placement did not finish within {}s; see mesh-ops status",
-                wait.as_secs()
-            ))),
-            _ => Err(Error::unavailable("placement stopped before answering; try again")),
-        }
+        self.actor.ask(wait, msg).await
     }
 
     /// Places a model of the cluster repository (or places it again after a change); answers once
@@ -172,7 +159,7 @@ impl Placement {
                 rows.push(mesh::IndexEntry {
                     name: m.name.clone(),
                     version: String::new(),
-                    state: if m.replicas.iter().any(|r| r.state == "loading") {
+                    state: if m.replicas.iter().any(|r| r.state == ReplicaState::Loading) {
                         "LOADING"
                     } else {
                         "UNAVAILABLE"

@@ -1,47 +1,56 @@
 //! RouterSupervisor, the root of the router's actor tree: it starts the MembershipActor, the
-//! PlacementActor and one NodeLink per connected node.
-//! The supervisor turns a link actor's end (clean or not) into a membership event, and restarts the
-//! MembershipActor if it fails (membership itself lives in `Cluster`, so nothing is lost).
+//! PlacementActor and one NodeLink per connected node, each with what it talks to.
+//!
+//! Supervision edges: the supervisor is linked to every actor it starts. A NodeLink's end (clean
+//! or not) becomes a membership event; the MembershipActor and the PlacementActor are started again
+//! if they fail, and their mailboxes are delivered to the new instance (membership itself lives in
+//! the routing view, and placement reads its state back from what nodes report, so nothing is lost).
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use mesh::Dispatch;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 
-use crate::cluster::Cluster;
-use crate::dispatch::RouterDispatch;
-use crate::link::actor::{LinkArgs, NodeLink};
-use crate::link::{Joining, Link};
+use super::link::{LinkArgs, NodeLink};
+use super::membership::MembershipActor;
+use super::placement::{PlacementActor, PlacementArgs};
 use crate::membership::LinkId;
-use crate::membership_actor::{MembershipActor, MembershipMsg};
-use crate::placement_actor::{PlacementActor, PlacementArgs, PlacementMsg, PlacementSettings};
-
-/// Messages to the supervisor: a connection finished its handshake.
-pub enum SupervisorMsg {
-    Joined(Joining),
-}
+use crate::messages::{mailbox, Inbox, LinkMsg, Mailbox, MembershipMsg, PlacementMsg, SupervisorMsg};
+use crate::place::PlacementSettings;
+use crate::shared::{Link, Placement, RoutingView};
 
 pub struct RouterSupervisor;
 
+/// What the actor tree is built from (made in `main.rs`).
 pub struct SupervisorArgs {
-    pub cluster: Arc<Cluster>,
-    pub dispatch: Arc<RouterDispatch>,
-    pub placement: PlacementSettings,
+    pub view: Arc<RoutingView>,
+    pub placement: Arc<Placement>,
+    pub settings: PlacementSettings,
+    /// The request path, where BLS calls from nodes go.
+    pub bls: Arc<dyn Dispatch>,
+    /// The MembershipActor's mailbox (NodeLinks and the supervisor tell it) and inbox.
+    pub membership: Mailbox<MembershipMsg>,
+    pub membership_inbox: Inbox<MembershipMsg>,
+    /// The PlacementActor's mailbox (NodeLinks tell it; the request path asks through `Placement`).
+    pub placement_mailbox: Mailbox<PlacementMsg>,
+    pub placement_inbox: Inbox<PlacementMsg>,
 }
 
 pub struct SupervisorState {
     args: SupervisorArgs,
     membership: ActorRef<MembershipMsg>,
     placement: ActorRef<PlacementMsg>,
-    links: HashMap<ActorId, LinkId>,
+    /// Each NodeLink's link, and the inbox its actor reads.
+    links: HashMap<ActorId, (LinkId, Inbox<LinkMsg>)>,
 }
 
 impl RouterSupervisor {
     async fn spawn_membership(
         myself: &ActorRef<SupervisorMsg>,
-        cluster: &Arc<Cluster>,
+        args: &SupervisorArgs,
     ) -> Result<ActorRef<MembershipMsg>, ActorProcessingErr> {
-        let (m, _) = Actor::spawn_linked(None, MembershipActor, cluster.clone(), myself.get_cell()).await?;
-        cluster.set_membership_actor(m.clone());
+        let (m, _) = Actor::spawn_linked(None, MembershipActor, args.view.clone(), myself.get_cell()).await?;
+        args.membership_inbox.deliver_to(m.clone());
         Ok(m)
     }
 
@@ -50,12 +59,12 @@ impl RouterSupervisor {
         args: &SupervisorArgs,
     ) -> Result<ActorRef<PlacementMsg>, ActorProcessingErr> {
         let placement = PlacementArgs {
-            handle: args.dispatch.placement.clone(),
-            cluster: args.cluster.clone(),
-            settings: args.placement.clone(),
+            handle: args.placement.clone(),
+            view: args.view.clone(),
+            settings: args.settings.clone(),
         };
         let (p, _) = Actor::spawn_linked(None, PlacementActor, placement, myself.get_cell()).await?;
-        args.dispatch.placement.set_actor(p.clone());
+        args.placement_inbox.deliver_to(p.clone());
         Ok(p)
     }
 }
@@ -70,7 +79,7 @@ impl Actor for RouterSupervisor {
         myself: ActorRef<SupervisorMsg>,
         args: SupervisorArgs,
     ) -> Result<SupervisorState, ActorProcessingErr> {
-        let membership = Self::spawn_membership(&myself, &args.cluster).await?;
+        let membership = Self::spawn_membership(&myself, &args).await?;
         let placement = Self::spawn_placement(&myself, &args).await?;
         Ok(SupervisorState {
             args,
@@ -87,25 +96,29 @@ impl Actor for RouterSupervisor {
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         let SupervisorMsg::Joined(joining) = msg;
-        let cluster = &state.args.cluster;
-        let id = cluster.next_link_id();
-        let link = Arc::new(Link::new(id, joining.hello.name.clone(), joining.conn.clone()));
+        let view = &state.args.view;
+        let id = view.links.next_id();
+        let (control, inbox) = mailbox("node link");
+        let link = Arc::new(Link::new(id, joining.hello.name.clone(), joining.conn.clone(), control));
         let args = LinkArgs {
             link: link.clone(),
             joining,
-            cluster: cluster.clone(),
-            dispatch: state.args.dispatch.clone(),
+            view: view.clone(),
+            membership: state.args.membership.clone(),
+            placement: state.args.placement_mailbox.clone(),
+            repo: state.args.placement.repo.clone(),
+            bls: state.args.bls.clone(),
         };
         // Registered before membership hears of the node, so the routing view never names a link
         // the request path cannot find.
-        cluster.add_link(link.clone());
+        view.links.add(link.clone());
         match Actor::spawn_linked(None, NodeLink, args, myself.get_cell()).await {
             Ok((actor, _)) => {
-                link.set_control(actor.clone());
-                state.links.insert(actor.get_id(), id);
+                inbox.deliver_to(actor.clone());
+                state.links.insert(actor.get_id(), (id, inbox));
             }
             Err(e) => {
-                cluster.remove_link(id);
+                view.remove_link(id);
                 tracing::warn!(node = %link.name, "could not start the node's link: {e}");
                 link.close(
                     mesh::cluster::transport::close::PROTOCOL,
@@ -127,15 +140,15 @@ impl Actor for RouterSupervisor {
             SupervisionEvent::ActorFailed(cell, e) => (cell, format!("link actor failed: {e}")),
             _ => return Ok(()),
         };
-        if let Some(link) = state.links.remove(&cell.get_id()) {
-            if let Some(l) = state.args.cluster.remove_link(link) {
+        if let Some((link, _inbox)) = state.links.remove(&cell.get_id()) {
+            if let Some(l) = state.args.view.remove_link(link) {
                 l.close(mesh::cluster::transport::close::NORMAL, "link closed by the router");
                 tracing::info!(node = %l.name, link, "node link ended: {why}");
             }
-            let _ = state.membership.cast(MembershipMsg::LinkGone(link, why));
+            state.args.membership.tell(MembershipMsg::LinkGone(link, why));
         } else if cell.get_id() == state.membership.get_id() {
             tracing::error!("membership actor ended ({why}); starting it again");
-            state.membership = Self::spawn_membership(&myself, &state.args.cluster).await?;
+            state.membership = Self::spawn_membership(&myself, &state.args).await?;
         } else if cell.get_id() == state.placement.get_id() {
             // Its state is read back from what nodes report: placed replicas are adopted.
             tracing::error!("placement actor ended ({why}); starting it again");

@@ -12,46 +12,41 @@ use mesh::cluster::msg::{self, Message, Welcome};
 use mesh::cluster::ship;
 use mesh::cluster::transport::{close, CONTROL_PRIORITY, CONTROL_WRITE_TIMEOUT};
 use mesh::config::ModelConfig;
+use mesh::Dispatch;
 use quinn::{RecvStream, SendStream};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
 
-use super::{Joining, Link};
-use crate::cluster::Cluster;
-use crate::dispatch::RouterDispatch;
 use crate::membership::{ModelEvent, ModelLoad, ModelStatus, NodeHello};
-use crate::membership_actor::MembershipMsg;
-use crate::placement::Placement;
-use crate::placement_actor::PlacementMsg;
+use crate::messages::{Joining, LinkMsg, Mailbox, MembershipMsg, PlacementMsg};
+use crate::repository::ClusterRepo;
+use crate::shared::{Link, RoutingView};
 
+pub mod handshake;
+
+/// What a NodeLink is built with: its node, and everyone it talks to.
 pub struct LinkArgs {
     pub link: Arc<Link>,
     pub joining: Joining,
-    pub cluster: Arc<Cluster>,
-    pub dispatch: Arc<RouterDispatch>,
-}
-
-pub enum LinkMsg {
-    Control(Message),
-    /// The control stream or the connection ended, with why.
-    Closed(String),
-    /// The node sent a frame that breaks the protocol on the control stream.
-    Broken(String),
-    /// While the node drains: release it once nothing of ours is in flight on it.
-    CheckDrain,
-    /// Write a command (place, evict, may-stop) on the node's control stream.
-    Send(Message),
+    pub view: Arc<RoutingView>,
+    pub membership: Mailbox<MembershipMsg>,
+    pub placement: Mailbox<PlacementMsg>,
+    /// The cluster repository, whose files nodes fetch for placed models.
+    pub repo: Arc<ClusterRepo>,
+    /// Where BLS calls from the node go (the router's request path).
+    pub bls: Arc<dyn Dispatch>,
 }
 
 pub struct LinkState {
     link: Arc<Link>,
-    placement: Arc<Placement>,
-    cluster: Arc<Cluster>,
+    view: Arc<RoutingView>,
+    membership: Mailbox<MembershipMsg>,
+    placement: Mailbox<PlacementMsg>,
     control: SendStream,
     /// The node's hello until the welcome is written (then it goes to membership).
     hello: Option<NodeHello>,
-    /// The control stream's reader and the BLS acceptor, started once the node is welcomed.
-    pending: Option<(RecvStream, Arc<RouterDispatch>)>,
+    /// The control stream's reader and the BLS and fetch acceptor, started once the node is welcomed.
+    pending: Option<(RecvStream, Arc<dyn Dispatch>, Arc<ClusterRepo>)>,
     tasks: Vec<JoinHandle<()>>,
     draining: Option<JoinHandle<()>>,
     quiet_checks: u32,
@@ -64,7 +59,7 @@ const MIN_REPORT_GAP: Duration = Duration::from_millis(20);
 
 /// Writes one control frame to the node within `limit`.
 async fn write_control(state: &mut LinkState, message: &Message, limit: Duration) -> Result<(), String> {
-    let chunks = frame::encode(message, Default::default(), &state.cluster.limits).map_err(|e| e.to_string())?;
+    let chunks = frame::encode(message, Default::default(), &state.view.limits).map_err(|e| e.to_string())?;
     match tokio::time::timeout(limit, write_frame(&mut state.control, chunks)).await {
         Ok(written) => written.map_err(|e| e.to_string()),
         Err(_) => Err(format!("the node took no control frame for {limit:?}")),
@@ -86,10 +81,10 @@ fn model_status(m: msg::ModelStatus) -> Result<ModelStatus, String> {
     })
 }
 
-/// The node's hello, once its certificate proves the name it claims ([`super::check_identity`]).
-fn node_hello(hello: msg::Hello, link: &Link, cluster: &Cluster) -> Result<NodeHello, String> {
+/// The node's hello, once its certificate proves the name it claims ([`handshake::check_identity`]).
+fn node_hello(hello: msg::Hello, link: &Link, view: &RoutingView) -> Result<NodeHello, String> {
     let models = hello.models.into_iter().map(model_status).collect::<Result<_, _>>()?;
-    let key = super::check_identity(&hello.name, &link.conn, &cluster.membership())?;
+    let key = handshake::check_identity(&hello.name, &link.conn, &view.membership())?;
     Ok(NodeHello {
         name: hello.name,
         incarnation: hello.incarnation,
@@ -126,13 +121,9 @@ async fn read_control(mut recv: RecvStream, actor: ActorRef<LinkMsg>, limits: me
     }
 }
 
-fn dispatch_placed(placement: &Placement, node: &str, placed: msg::Placed) {
-    placement.tell(PlacementMsg::Placed(node.to_string(), placed));
-}
-
 /// Sends the files of a placed model a node asks for, if the key is the model's current one.
-async fn send_files(mut send: SendStream, fetch: msg::Fetch, placement: &Placement, limits: &mesh::cluster::Limits) {
-    let result = match placement.repo.by_key(&fetch.model, &fetch.key) {
+async fn send_files(mut send: SendStream, fetch: msg::Fetch, repo: &ClusterRepo, limits: &mesh::cluster::Limits) {
+    let result = match repo.by_key(&fetch.model, &fetch.key) {
         Some(m) => ship::send_files(&mut send, &m.dir, &m.manifest, limits).await,
         None => {
             let why = format!(
@@ -149,13 +140,18 @@ async fn send_files(mut send: SendStream, fetch: msg::Fetch, placement: &Placeme
 
 /// Serves the streams a node opens: BLS calls leaving the node (through the router), and fetches
 /// of placed models' files.
-async fn accept_requests(link: Arc<Link>, dispatch: Arc<RouterDispatch>, limits: mesh::cluster::Limits) {
+async fn accept_requests(
+    link: Arc<Link>,
+    dispatch: Arc<dyn Dispatch>,
+    repo: Arc<ClusterRepo>,
+    limits: mesh::cluster::Limits,
+) {
     loop {
         let (send, mut recv) = match link.conn.accept_bi().await {
             Ok(s) => s,
             Err(_) => return, // the connection ended; the control reader reports why
         };
-        let (dispatch, limits) = (dispatch.clone(), limits.clone());
+        let (dispatch, repo, limits) = (dispatch.clone(), repo.clone(), limits.clone());
         tokio::spawn(async move {
             let first = match read_frame(&mut recv, &limits).await {
                 Ok(Some(f)) => f,
@@ -163,7 +159,7 @@ async fn accept_requests(link: Arc<Link>, dispatch: Arc<RouterDispatch>, limits:
                 Err(e) => return reject(send, recv, e, &limits).await,
             };
             if let Message::Fetch(fetch) = first.message {
-                return send_files(send, fetch, &dispatch.placement, &limits).await;
+                return send_files(send, fetch, &repo, &limits).await;
             }
             match request_of(first) {
                 Ok((request, stream)) => {
@@ -187,13 +183,16 @@ impl Actor for NodeLink {
         let LinkArgs {
             link,
             joining,
-            cluster,
-            dispatch,
+            view,
+            membership,
+            placement,
+            repo,
+            bls,
         } = args;
         let Joining { control, hello, .. } = joining;
         let (control_tx, control_rx) = control;
         let _ = control_tx.set_priority(CONTROL_PRIORITY);
-        let hello = match node_hello(hello, &link, &cluster) {
+        let hello = match node_hello(hello, &link, &view) {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(peer = %link.address, "refused a node: {e}");
@@ -202,12 +201,13 @@ impl Actor for NodeLink {
             }
         };
         Ok(LinkState {
-            placement: dispatch.placement.clone(),
             link,
-            cluster,
+            view,
+            membership,
+            placement,
             control: control_tx,
             hello: Some(hello),
-            pending: Some((control_rx, dispatch)),
+            pending: Some((control_rx, bls, repo)),
             tasks: Vec::new(),
             draining: None,
             quiet_checks: 0,
@@ -219,15 +219,15 @@ impl Actor for NodeLink {
     /// then tells membership, whose routing view may now send requests on the link.
     async fn post_start(&self, myself: ActorRef<LinkMsg>, state: &mut LinkState) -> Result<(), ActorProcessingErr> {
         let welcome = Message::Welcome(Welcome {
-            router: state.cluster.id.clone(),
+            router: state.view.id.clone(),
             link: state.link.id,
         });
-        if let Err(why) = write_control(state, &welcome, super::HELLO_TIMEOUT).await {
+        if let Err(why) = write_control(state, &welcome, handshake::HELLO_TIMEOUT).await {
             state.link.close(close::PROTOCOL, &why);
             myself.stop(Some(format!("welcome not delivered: {why}")));
             return Ok(());
         }
-        let (Some(hello), Some((control_rx, dispatch))) = (state.hello.take(), state.pending.take()) else {
+        let (Some(hello), Some((control_rx, bls, repo))) = (state.hello.take(), state.pending.take()) else {
             return Ok(());
         };
         tracing::info!(
@@ -237,11 +237,11 @@ impl Actor for NodeLink {
             incarnation = format!("{:016x}", hello.incarnation),
             "node joined"
         );
-        state.cluster.tell(MembershipMsg::Join(state.link.id, hello));
-        let limits = state.cluster.limits.clone();
+        state.membership.tell(MembershipMsg::Join(state.link.id, hello));
+        let limits = state.view.limits.clone();
         state.tasks = vec![
             tokio::spawn(read_control(control_rx, myself.clone(), limits.clone())),
-            tokio::spawn(accept_requests(state.link.clone(), dispatch, limits)),
+            tokio::spawn(accept_requests(state.link.clone(), bls, repo, limits)),
         ];
         Ok(())
     }
@@ -266,7 +266,7 @@ impl Actor for NodeLink {
                     },
                     msg::ModelEvent::Removed { name, version } => ModelEvent::Removed { name, version },
                 };
-                state.cluster.tell(MembershipMsg::Event(id, event));
+                state.membership.tell(MembershipMsg::Event(id, event));
             }
             LinkMsg::Control(Message::LoadReport(_))
                 if state.reported.is_some_and(|t| t.elapsed() < MIN_REPORT_GAP) =>
@@ -286,18 +286,18 @@ impl Actor for NodeLink {
                         exec_us: m.exec_us,
                     })
                     .collect();
-                state.cluster.tell(MembershipMsg::Report(id, loads));
+                state.membership.tell(MembershipMsg::Report(id, loads));
             }
             LinkMsg::Control(Message::Drain) => {
                 tracing::info!(node = %state.link.name, "node is draining: no new requests go to it");
-                state.cluster.tell(MembershipMsg::Drain(id));
+                state.membership.tell(MembershipMsg::Drain(id));
                 if state.draining.is_none() {
                     let cell = myself.get_cell();
                     state.draining = Some(ractor::time::send_interval(DRAIN_CHECK, cell, || LinkMsg::CheckDrain));
                 }
             }
             LinkMsg::Control(Message::Placed(p)) => {
-                dispatch_placed(&state.placement, &state.link.name, p);
+                state.placement.tell(PlacementMsg::Placed(state.link.name.clone(), p));
             }
             LinkMsg::Send(message) => {
                 if let Err(why) = write_control(state, &message, CONTROL_WRITE_TIMEOUT).await {
@@ -306,7 +306,7 @@ impl Actor for NodeLink {
                 }
             }
             LinkMsg::Control(Message::Goodbye) => {
-                state.cluster.tell(MembershipMsg::Goodbye(id));
+                state.membership.tell(MembershipMsg::Goodbye(id));
                 myself.stop(Some("the node said goodbye".into()));
             }
             LinkMsg::Control(other) => {

@@ -6,59 +6,36 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mesh::cluster::msg::{self, Message};
-use mesh::{Error, LoadOptions, Result};
+use mesh::{Error, Result};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::cluster::Cluster;
-use crate::link::actor::LinkMsg;
 use crate::membership::{NodeState as Member, NodeSummary};
+use crate::messages::{LinkMsg, PlacementMsg};
 use crate::place::{
-    Action, Autoscaler, ModelSpec, ModelView, NodeSpec, NodeState, Observed, PlaceSettings, Placer, ScaleSettings,
+    Action, Autoscaler, EventKind, ModelSpec, ModelView, NodeSpec, NodeState, Observed, PlacementSettings, Placer,
+    ReplicaState,
 };
-use crate::placement::{Placement, PlacementView};
 use crate::repository::{self, RepoModel};
+use crate::shared::{Placement, PlacementView, RoutingView};
 
 mod lead;
 mod requests;
 
-pub enum PlacementMsg {
-    Tick,
-    /// A node answered a Place.
-    Placed(String, msg::Placed),
-    Load(String, LoadOptions, RpcReplyPort<Result<()>>),
-    Unload(String, RpcReplyPort<Result<()>>),
-    Scale(String, Option<u32>, Option<u32>, RpcReplyPort<Result<(u32, u32)>>),
-    Drain(String, RpcReplyPort<Result<()>>),
-}
-
 pub use mesh::control::ControlMode;
 
-#[derive(Debug, Clone)]
-pub struct PlacementSettings {
-    pub place: PlaceSettings,
-    pub scale: ScaleSettings,
-    pub mode: ControlMode,
-    /// Explicit mode: loaded at start (`*` for every model).
-    pub load_at_start: Vec<String>,
-    pub poll_every: Duration,
-    pub tick: Duration,
-    /// After the router starts, nodes rejoin and report what an earlier router placed; nothing is
-    /// placed or unloaded for this long, so those replicas are adopted, not placed again.
-    pub startup_grace: Duration,
-}
-
+/// What the PlacementActor is built with.
 pub struct PlacementArgs {
     pub handle: Arc<Placement>,
-    pub cluster: Arc<Cluster>,
+    pub view: Arc<RoutingView>,
     pub settings: PlacementSettings,
 }
 
 pub struct PlacementState {
     handle: Arc<Placement>,
-    cluster: Arc<Cluster>,
+    view: Arc<RoutingView>,
     settings: PlacementSettings,
     placer: Placer,
     scaler: Autoscaler,
@@ -82,7 +59,7 @@ pub struct PlacementState {
     unload_waiters: Vec<(String, RpcReplyPort<Result<()>>)>,
     drain_waiters: Vec<(String, RpcReplyPort<Result<()>>)>,
     last_scan: Option<Instant>,
-    logged: Option<(Instant, String, String, String)>,
+    logged: Option<(Instant, EventKind, String, String)>,
     /// Until when nothing is placed (see `PlacementSettings::startup_grace`).
     settle_until: Instant,
     /// The epoch this router last acted with (None: it did not lead).
@@ -259,11 +236,11 @@ impl PlacementState {
 
     /// Sends a control message to a node's link actor; false when the node has no live link.
     fn send(&self, node: &str, message: Message) -> bool {
-        let link = self.cluster.membership().link_of(node);
-        let Some(actor) = link.and_then(|l| self.cluster.link(l)).and_then(|l| l.control()) else {
+        let link = self.view.membership().link_of(node);
+        let Some(link) = link.and_then(|l| self.view.link(l)) else {
             return false;
         };
-        actor.cast(LinkMsg::Send(message)).is_ok()
+        link.control.tell(LinkMsg::Send(message))
     }
 
     fn place_message(&self, model: &str) -> Option<(Message, String)> {
@@ -348,7 +325,7 @@ impl PlacementState {
         if due {
             self.scan(now).await;
         }
-        let nodes = self.cluster.membership().nodes(now);
+        let nodes = self.view.membership().nodes(now);
         let live: BTreeSet<String> = nodes
             .iter()
             .filter(|n| n.link.is_some())
@@ -401,19 +378,19 @@ impl PlacementState {
         let fresh = match &self.logged {
             Some(last) => events
                 .iter()
-                .position(|e| (e.at, e.kind.clone(), e.model.clone(), e.node.clone()) == *last)
+                .position(|e| (e.at, e.kind, e.model.clone(), e.node.clone()) == *last)
                 .map_or(0, |i| i + 1),
             None => 0,
         };
         for e in &events[fresh..] {
-            tracing::info!(kind = %e.kind, model = %e.model, node = %e.node, "placement: {}", e.detail);
-            crate::metrics::placement_event(&e.kind);
+            tracing::info!(kind = e.kind.as_str(), model = %e.model, node = %e.node, "placement: {}", e.detail);
+            crate::metrics::placement_event(e.kind.as_str());
         }
         if let Some(e) = events.last() {
-            self.logged = Some((e.at, e.kind.clone(), e.model.clone(), e.node.clone()));
+            self.logged = Some((e.at, e.kind, e.model.clone(), e.node.clone()));
         }
         for m in &models {
-            let ready = m.replicas.iter().filter(|r| r.state == "ready").count();
+            let ready = m.replicas.iter().filter(|r| r.state == ReplicaState::Ready).count();
             crate::metrics::replicas(&m.name, m.wanted, ready);
         }
         self.handle.publish(PlacementView {
@@ -463,7 +440,7 @@ impl Actor for PlacementActor {
             placer: Placer::new(args.settings.place.clone()),
             scaler: Autoscaler::new(args.settings.scale),
             handle: args.handle,
-            cluster: args.cluster,
+            view: args.view,
             settings: args.settings,
             wanted,
             errors: BTreeMap::new(),

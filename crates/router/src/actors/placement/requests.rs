@@ -8,7 +8,7 @@ use ractor::RpcReplyPort;
 
 use super::PlacementState;
 use crate::membership::NodeSummary;
-use crate::place::ModelView;
+use crate::place::{ModelView, ReplicaState};
 use crate::repository::{self, RepoModel};
 
 /// A load waiting for its outcome.
@@ -45,10 +45,15 @@ impl PlacementState {
                     failed.unwrap_or_default()
                 )))),
                 // Ready somewhere, and every replica shipped again (a reload) has answered.
-                (Some(m), _) if answering && m.replicas.iter().any(|r| r.state == "ready") => Some(Ok(())),
-                (Some(m), _) if !m.reason.is_empty() && !m.replicas.iter().any(|r| r.state == "loading") => Some(Err(
-                    Error::unavailable(format!("failed to load '{name}': {}", m.reason)),
-                )),
+                (Some(m), _) if answering && m.replicas.iter().any(|r| r.state == ReplicaState::Ready) => Some(Ok(())),
+                (Some(m), _)
+                    if !m.reason.is_empty() && !m.replicas.iter().any(|r| r.state == ReplicaState::Loading) =>
+                {
+                    Some(Err(Error::unavailable(format!(
+                        "failed to load '{name}': {}",
+                        m.reason
+                    ))))
+                }
                 _ => None,
             };
             match outcome {
@@ -150,7 +155,7 @@ impl PlacementState {
 
     pub(super) fn drain(&mut self, node: String, reply: RpcReplyPort<Result<()>>) {
         let found = self
-            .cluster
+            .view
             .membership()
             .nodes(Instant::now())
             .into_iter()

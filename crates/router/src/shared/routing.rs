@@ -1,19 +1,15 @@
-//! The router's shared view of the cluster: membership (written only by the MembershipActor), the
-//! routing snapshot requests read without a hop, the live links, and the balancer.
+//! The routing view: membership (written only by the MembershipActor), the routing snapshot
+//! requests read without a hop, the live links, the balancer, and how the router routes.
 use mesh::sync::{Locked, ReadWrite};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use mesh::cluster::Limits;
 use tokio::sync::watch;
 
-use crate::link::Link;
+use super::links::{Link, Links};
 use crate::membership::{LinkId, Membership, MembershipSettings, RoutingTable};
-use crate::membership_actor::MembershipMsg;
 use crate::route::Balancer;
-use ractor::ActorRef;
 
 /// How the router routes, from its flags.
 #[derive(Debug, Clone)]
@@ -25,14 +21,12 @@ pub struct RouteSettings {
     pub route_wait: Duration,
 }
 
-pub struct Cluster {
+pub struct RoutingView {
     membership: RwLock<Membership>,
     routing: RwLock<Arc<RoutingTable>>,
     changed: watch::Sender<u64>,
-    links: RwLock<HashMap<LinkId, Arc<Link>>>,
+    pub links: Links,
     balancer: Mutex<Balancer>,
-    membership_actor: RwLock<Option<ActorRef<MembershipMsg>>>,
-    next_link: AtomicU64,
     pub limits: Limits,
     pub route: RouteSettings,
     pub started: Instant,
@@ -40,7 +34,7 @@ pub struct Cluster {
     pub id: String,
 }
 
-impl Cluster {
+impl RoutingView {
     pub fn new(
         id: String,
         membership: MembershipSettings,
@@ -50,14 +44,12 @@ impl Cluster {
     ) -> Self {
         let membership = Membership::new(membership);
         let routing = Arc::new(membership.routing_table());
-        Cluster {
+        RoutingView {
             membership: RwLock::new(membership),
             routing: RwLock::new(routing),
             changed: watch::channel(0).0,
-            links: RwLock::new(HashMap::new()),
+            links: Links::default(),
             balancer: Mutex::new(balancer),
-            membership_actor: RwLock::new(None),
-            next_link: AtomicU64::new(1),
             limits,
             route,
             started: Instant::now(),
@@ -94,43 +86,18 @@ impl Cluster {
         self.changed.subscribe()
     }
 
-    /// Sends a membership change to the MembershipActor (the current one, if it was restarted).
-    pub fn tell(&self, msg: MembershipMsg) {
-        let actor = self.membership_actor.reading().clone();
-        match actor {
-            Some(a) => {
-                let _ = a.cast(msg);
-            }
-            None => tracing::warn!("membership actor is not running; a membership event was dropped"),
-        }
-    }
-
-    pub(crate) fn set_membership_actor(&self, actor: ActorRef<MembershipMsg>) {
-        *self.membership_actor.writing() = Some(actor);
-    }
-
     pub fn balancer(&self) -> MutexGuard<'_, Balancer> {
         self.balancer.locked()
     }
 
-    pub fn next_link_id(&self) -> LinkId {
-        self.next_link.fetch_add(1, Ordering::Relaxed)
-    }
-
+    /// The link `id`, while it is live.
     pub fn link(&self, id: LinkId) -> Option<Arc<Link>> {
-        self.links.reading().get(&id).cloned()
+        self.links.get(id)
     }
 
-    pub fn links(&self) -> Vec<Arc<Link>> {
-        self.links.reading().values().cloned().collect()
-    }
-
-    pub(crate) fn add_link(&self, link: Arc<Link>) {
-        self.links.writing().insert(link.id, link);
-    }
-
+    /// Removes an ended link, and the balancer's memory of it.
     pub(crate) fn remove_link(&self, id: LinkId) -> Option<Arc<Link>> {
-        let gone = self.links.writing().remove(&id);
+        let gone = self.links.remove(id);
         self.balancer().forget(id);
         gone
     }

@@ -1,86 +1,17 @@
-//! The router's side of the cluster link: the QUIC listener, the join handshake, one `NodeLink`
-//! actor per connected node, and single request attempts over a link.
-pub mod actor;
-
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+//! The join handshake on a new cluster connection: read the node's hello, and check that its
+//! certificate proves the name it claims.
 use std::time::Duration;
 
 use mesh::cluster::io::read_frame;
-use mesh::cluster::msg::{Hello, Message};
+use mesh::cluster::msg::Message;
 use mesh::cluster::transport::close;
 use mesh::cluster::{FrameError, Limits};
-use quinn::{Connection, RecvStream, SendStream, VarInt};
+use quinn::{Connection, VarInt};
 
 use mesh::cluster::identity::{self, Role};
 
-use crate::membership::{LinkId, Membership};
-
-/// One connected node as the request path sees it: its connection and the router's in-flight count.
-pub struct Link {
-    pub id: LinkId,
-    pub name: String,
-    pub conn: Connection,
-    pub address: SocketAddr,
-    inflight: AtomicU32,
-    /// The link's actor, which owns the control stream (placement sends commands through it).
-    control: std::sync::OnceLock<ractor::ActorRef<actor::LinkMsg>>,
-}
-
-impl Link {
-    pub fn new(id: LinkId, name: String, conn: Connection) -> Self {
-        Link {
-            id,
-            name,
-            address: conn.remote_address(),
-            conn,
-            inflight: AtomicU32::new(0),
-            control: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// The link's actor, once started.
-    pub fn control(&self) -> Option<ractor::ActorRef<actor::LinkMsg>> {
-        self.control.get().cloned()
-    }
-
-    pub(crate) fn set_control(&self, actor: ractor::ActorRef<actor::LinkMsg>) {
-        let _ = self.control.set(actor);
-    }
-
-    /// Requests of this router in flight on this link.
-    pub fn inflight(&self) -> u32 {
-        self.inflight.load(Ordering::Acquire)
-    }
-
-    /// Counts one request in flight until the permit drops (answered, failed or cancelled alike).
-    pub fn permit(self: &Arc<Self>) -> InflightPermit {
-        self.inflight.fetch_add(1, Ordering::AcqRel);
-        InflightPermit(self.clone())
-    }
-
-    /// Closes the link with a code and a reason the node logs.
-    pub fn close(&self, code: u32, reason: &str) {
-        self.conn.close(VarInt::from_u32(code), reason.as_bytes());
-    }
-}
-
-/// One request in flight on a link; dropping it releases the count.
-pub struct InflightPermit(Arc<Link>);
-
-impl Drop for InflightPermit {
-    fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A node whose hello was read: what the NodeLink actor starts from.
-pub struct Joining {
-    pub conn: Connection,
-    pub control: (SendStream, RecvStream),
-    pub hello: Hello,
-}
+use crate::membership::Membership;
+use crate::messages::Joining;
 
 /// Checks who a joining node is. With certificates, it must show a node certificate whose name is the name in
 /// its hello, and a name a live member holds with another key is refused ([`Membership::admits`]); returns the

@@ -1,0 +1,217 @@
+//! Forwarding a request to a node: the routing rules ([`Attempts`]) choose each attempt's link,
+//! the link carries it (one QUIC stream), and a failed attempt goes where the rules say, within the
+//! request's deadline.
+use std::sync::Arc;
+use std::time::Instant;
+
+use mesh::cluster::call::{self, Peer};
+use mesh::cluster::convert::request_frame;
+use mesh::{Error, InferRequest, InferResponse, Result, StreamSender};
+
+use super::RouterDispatch;
+use crate::metrics;
+use crate::route::{Attempts, Decision, Failure, Step, View};
+use crate::shared::{InflightPermit, Link};
+
+/// The request's sequence, when it belongs to one (stateful: pinned to one node, never moved).
+pub(super) fn sequence_of(request: &InferRequest) -> Option<String> {
+    mesh::params::sequence_id(&request.parameters)
+        .ok()
+        .flatten()
+        .map(|id| id.to_string())
+}
+
+/// One attempt on its way to a node: the link, the encoded request, and its place in the link's
+/// in-flight count (released when the attempt ends).
+struct Attempt {
+    link: Arc<Link>,
+    chunks: Vec<bytes::Bytes>,
+    name: String,
+    _permit: InflightPermit,
+}
+
+impl Attempt {
+    fn peer(&self) -> Peer<'_> {
+        Peer {
+            conn: &self.link.conn,
+            name: &self.name,
+        }
+    }
+}
+
+impl RouterDispatch {
+    fn begin(&self, request: &InferRequest) -> Attempts {
+        self.placement.touch(&request.model_name);
+        let now = Instant::now();
+        // The request's `timeout` parameter (µs) bounds routing and retries too (checked on entry).
+        let timeout = mesh::params::timeout(&request.parameters).ok().flatten();
+        let route = &self.view.route;
+        Attempts::new(
+            &request.model_name,
+            &request.model_version,
+            sequence_of(request),
+            now,
+            now + timeout.unwrap_or(route.request_timeout),
+            route.route_wait,
+        )
+    }
+
+    /// Picks the node for the next attempt; waits (within the deadline and the route wait) while
+    /// the model is known but no replica can take it now.
+    async fn choose(&self, r: &mut Attempts, request: &mut InferRequest) -> Result<Arc<Link>> {
+        let mut changes = self.view.subscribe();
+        let placing = |m: &str| self.placement.is_placing(m);
+        loop {
+            changes.borrow_and_update();
+            let now = Instant::now();
+            let step = {
+                let table = self.view.routing();
+                let view = View {
+                    table: &table,
+                    placing: &placing,
+                    inflight: |l| self.view.link(l).map_or(0, |l| l.inflight()),
+                };
+                r.next(&view, &self.view.balancer(), now, &mut rand::rng())
+            };
+            let step = match step {
+                Step::Send { link, version } => match self.view.link(link) {
+                    Some(link) => {
+                        request.model_version = version;
+                        return Ok(link);
+                    }
+                    None => r.vanished(now),
+                },
+                other => other,
+            };
+            match step {
+                Step::Wait { until, .. } => {
+                    let _ = tokio::time::timeout_at(until.into(), changes.changed()).await;
+                }
+                Step::Fail(e) => return Err(e),
+                Step::Send { .. } => unreachable!("a vanished link waits or fails"),
+            }
+        }
+    }
+
+    /// Picks the next node and encodes the request for it (`stream`: the answers stream back).
+    async fn attempt(&self, r: &mut Attempts, request: &mut InferRequest, stream: bool) -> Result<Attempt> {
+        let link = self.choose(r, request).await?;
+        let chunks = request_frame(request, stream, &self.view.limits)?;
+        r.sent(link.id, &link.name);
+        metrics::attempt(&link.name);
+        Ok(Attempt {
+            name: format!("node '{}'", link.name),
+            _permit: link.permit(),
+            link,
+            chunks,
+        })
+    }
+
+    /// What to do after an attempt failed: Ok to try again, or the error for the client.
+    fn after_failure(&self, r: &mut Attempts, model: &str, link: &Link, failure: Failure) -> Result<()> {
+        let reason = failure.metric_reason();
+        let decision = r.failed(link.id, failure, &mut self.view.balancer(), &self.retry, Instant::now());
+        match decision {
+            Decision::Retry => {
+                if let Some(why) = reason {
+                    metrics::retry(why);
+                }
+                tracing::debug!(model = %model, node = %link.name, "retrying on another node");
+                Ok(())
+            }
+            Decision::GiveUp(e) => Err(e),
+        }
+    }
+
+    fn finish<T>(&self, r: &Attempts, model: &str, started: Instant, result: &Result<T>) {
+        let failure = result.as_ref().err().map(|e| e.metric_reason());
+        if result.is_ok() && r.failed_over() {
+            metrics::failover();
+        }
+        metrics::request(model, r.version().unwrap_or(""), 1, started.elapsed(), failure);
+    }
+
+    pub(super) async fn route_unary(&self, mut request: InferRequest) -> Result<InferResponse> {
+        let started = Instant::now();
+        let mut r = self.begin(&request);
+        let result = self.unary_attempts(&mut r, &mut request).await;
+        self.finish(&r, &request.model_name, started, &result);
+        result
+    }
+
+    async fn unary_attempts(&self, r: &mut Attempts, request: &mut InferRequest) -> Result<InferResponse> {
+        loop {
+            let mut a = self.attempt(r, request, false).await?;
+            let (link, chunks) = (a.link.clone(), std::mem::take(&mut a.chunks));
+            let deadline = r.deadline();
+            match tokio::time::timeout_at(deadline.into(), call::unary(a.peer(), chunks, &self.view.limits)).await {
+                Ok(Ok(response)) => {
+                    r.succeeded(link.id, &mut self.view.balancer());
+                    return Ok(response);
+                }
+                Ok(Err(failure)) => self.after_failure(r, &request.model_name, &link, failure)?,
+                Err(_) => {
+                    return Err(Error::unavailable(format!(
+                        "model '{}': the request's deadline passed while node '{}' ran it",
+                        request.model_name, link.name
+                    )))
+                }
+            }
+        }
+    }
+
+    pub(super) async fn route_stream(&self, mut request: InferRequest, sink: &StreamSender) -> Result<()> {
+        let started = Instant::now();
+        let mut r = self.begin(&request);
+        let result = async {
+            loop {
+                let mut a = self.attempt(&mut r, &mut request, true).await?;
+                let (link, chunks) = (a.link.clone(), std::mem::take(&mut a.chunks));
+                let first_by = r.deadline();
+                match call::stream(a.peer(), chunks, &self.view.limits, sink, first_by).await {
+                    Ok(()) => {
+                        r.succeeded(link.id, &mut self.view.balancer());
+                        return Ok(());
+                    }
+                    Err((failure, forwarded)) => {
+                        for _ in 0..forwarded {
+                            r.answered();
+                        }
+                        self.after_failure(&mut r, &request.model_name, &link, failure)?;
+                    }
+                }
+            }
+        }
+        .await;
+        self.finish(&r, &request.model_name, started, &result);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mesh::Param;
+
+    #[test]
+    fn sequence_ids_are_read_as_tritonclient_sends_them() {
+        let with = |v: Param| InferRequest {
+            parameters: vec![("sequence_id".into(), v)],
+            ..Default::default()
+        };
+        assert_eq!(sequence_of(&with(Param::Uint(42))).as_deref(), Some("42"));
+        assert_eq!(
+            sequence_of(&with(Param::Int(-3))),
+            None,
+            "refused on entry, as a node refuses it"
+        );
+        assert_eq!(sequence_of(&with(Param::String("s1".into()))).as_deref(), Some("'s1'"));
+        assert_ne!(
+            sequence_of(&with(Param::String("1".into()))),
+            sequence_of(&with(Param::Uint(1)))
+        );
+        assert_eq!(sequence_of(&with(Param::Uint(0))), None, "0 means no sequence");
+        assert_eq!(sequence_of(&with(Param::String(String::new()))), None);
+        assert_eq!(sequence_of(&InferRequest::default()), None);
+    }
+}

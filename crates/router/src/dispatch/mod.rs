@@ -1,0 +1,116 @@
+//! The router's Dispatch, the request path: each request is forwarded to a node serving its model
+//! (`forward`), router ensembles run their steps through this same Dispatch (`ensemble`), statistics
+//! are gathered from the nodes (`stats`), and model control goes to placement (`control`).
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use mesh::proto::ModelStatisticsResponse;
+use mesh::{Dispatch, IndexEntry, InferRequest, InferResponse, ModelView, Result, StreamItem, StreamSender};
+
+use crate::ensembles::Ensembles;
+use crate::route::{RetryPolicy, RetrySettings};
+use crate::shared::{Placement, RoutingView};
+
+mod control;
+mod ensemble;
+mod forward;
+mod stats;
+
+pub struct RouterDispatch {
+    pub view: Arc<RoutingView>,
+    pub ensembles: Ensembles,
+    pub placement: Arc<Placement>,
+    retry: RetryPolicy,
+}
+
+impl RouterDispatch {
+    pub fn new(view: Arc<RoutingView>, ensembles: Ensembles, placement: Arc<Placement>) -> Self {
+        let retry = RetryPolicy::new(RetrySettings {
+            max_attempts: view.route.max_attempts,
+        });
+        RouterDispatch {
+            view,
+            ensembles,
+            placement,
+            retry,
+        }
+    }
+
+    /// The generation-stamped view of a model a step or metadata request needs.
+    fn cluster_view(&self, name: &str, version: &str) -> Result<ModelView> {
+        self.view.routing().model_view(name, version)
+    }
+}
+
+#[async_trait]
+impl Dispatch for RouterDispatch {
+    async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        // Refused here as a node would refuse it: one rule per parameter (mesh::params).
+        mesh::params::check(&request.parameters)?;
+        if self.ensembles.get(&request.model_name).is_some() {
+            return self.run_ensemble(request).await;
+        }
+        self.route_unary(request).await
+    }
+
+    async fn infer_stream(&self, request: InferRequest, sink: StreamSender) {
+        if let Err(e) = mesh::params::check(&request.parameters) {
+            let _ = sink.send(StreamItem::new(Some(Err(e)), true));
+            return;
+        }
+        if self.ensembles.get(&request.model_name).is_some() {
+            return self.stream_ensemble(request, sink).await;
+        }
+        if let Err(e) = self.route_stream(request, &sink).await {
+            let _ = sink.send(StreamItem::new(Some(Err(e)), true));
+        }
+    }
+
+    /// Ready when at least one node serves a ready model.
+    fn ready(&self) -> bool {
+        self.view.routing().ready()
+    }
+
+    fn model(&self, name: &str, version: &str) -> Result<ModelView> {
+        if let Some(e) = self.ensembles.get(name) {
+            let ready = matches!(self.ensemble_ready(name), Some(Ok(())));
+            return self.ensembles.view(e, ready, version);
+        }
+        self.cluster_view(name, version)
+    }
+
+    fn repository_index(&self) -> Vec<IndexEntry> {
+        let table = self.view.routing();
+        let mut rows: Vec<IndexEntry> = table.index().iter().map(|r| r.entry()).collect();
+        self.ensemble_rows(&mut rows);
+        self.placement.index_rows(&mut rows);
+        rows.sort_by(|a, b| a.name.cmp(&b.name).then(a.version.cmp(&b.version)));
+        rows
+    }
+
+    async fn model_statistics(&self, name: &str, version: &str) -> Result<ModelStatisticsResponse> {
+        self.statistics(name, version).await
+    }
+
+    async fn load_model(&self, name: &str, options: mesh::LoadOptions) -> Result<()> {
+        self.load(name, options).await
+    }
+
+    async fn unload_model(&self, name: &str, _: bool) -> Result<()> {
+        self.unload(name).await
+    }
+
+    fn extensions(&self) -> Vec<&'static str> {
+        vec![
+            "binary_tensor_data",
+            "model_configuration",
+            "parameters",
+            "statistics",
+            "schedule_policy",
+            "classification",
+            "logging",
+            "system_shared_memory",
+            "cuda_shared_memory",
+        ]
+    }
+}
