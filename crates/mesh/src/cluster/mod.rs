@@ -14,6 +14,7 @@ pub mod frame;
 pub mod identity;
 pub mod io;
 pub mod msg;
+pub mod session;
 pub mod ship;
 #[cfg(feature = "testkit")]
 pub mod testkit;

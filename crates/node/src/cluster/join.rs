@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use mesh::cluster::frame;
 use mesh::cluster::io::{read_frame, write_frame};
-use mesh::cluster::msg::{Hello, Message, Placed};
+use mesh::cluster::msg::{Hello, Message};
+use mesh::cluster::session::node::{Effect, NodeSession};
+use mesh::cluster::session::End;
 use mesh::cluster::transport::{close, CONTROL_PRIORITY, CONTROL_WRITE_TIMEOUT};
 use mesh::cluster::FrameError;
 use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
@@ -22,14 +24,14 @@ enum Ended {
     Refused(String),
     /// The link broke or the router went away.
     Lost(String),
+    /// The router broke the protocol on the control stream (the link closes with PROTOCOL).
+    Broken(String),
     /// Another process joined under this node's name (names must be unique): retry slowly.
     Replaced(String),
     /// This node left cleanly.
     Left,
 }
 
-/// How long the hello and the router's welcome may take together.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a goodbye waits for the router to close the link, so the goodbye is delivered.
 const GOODBYE_WAIT: Duration = Duration::from_secs(1);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -60,7 +62,7 @@ pub async fn run(addr: String, ctx: Arc<Context>) {
                 );
                 REFUSED_BACKOFF
             }
-            Ended::Lost(why) => {
+            Ended::Lost(why) | Ended::Broken(why) => {
                 if began.elapsed() > Duration::from_secs(5) {
                     backoff = FIRST_BACKOFF; // it was up a while: dial again quickly
                 }
@@ -137,30 +139,38 @@ async fn goodbye(tx: &mut SendStream, conn: &Connection, ctx: &Context) -> Ended
     Ended::Left
 }
 
-/// How a session that ends on a broken control frame says so (it closes with PROTOCOL then).
-const PROTOCOL_PREFIX: &str = "bad control frame: ";
+/// What the control stream's reader hands the session.
+enum Read {
+    Frame(Message),
+    /// The stream or the link ended.
+    Ended(String),
+    /// A frame that breaks the protocol.
+    Broken(String),
+}
 
 /// Forwards control frames to the session; read in its own task because a frame read is not
 /// cancel-safe inside a select.
-async fn read_control(
-    mut rx: RecvStream,
-    limits: mesh::cluster::Limits,
-    out: mpsc::Sender<Result<Message, FrameError>>,
-) {
+async fn read_control(mut rx: RecvStream, limits: mesh::cluster::Limits, out: mpsc::Sender<Read>) {
     loop {
         let next = match read_frame(&mut rx, &limits).await {
-            Ok(Some(f)) => Ok(f.message),
-            Ok(None) => Err(FrameError::Io("the router ended the control stream".into())),
-            Err(e) => Err(e),
+            Ok(Some(f)) => Read::Frame(f.message),
+            Ok(None) => Read::Ended("the router ended the control stream".into()),
+            Err(FrameError::Io(why)) => Read::Ended(why),
+            Err(e) => Read::Broken(format!("bad control frame: {e}")),
         };
-        let next = next.map_err(|e| match e {
-            FrameError::Io(why) => FrameError::Io(why),
-            other => FrameError::Invalid(format!("{PROTOCOL_PREFIX}{other}")),
-        });
-        let end = next.is_err();
+        let end = !matches!(next, Read::Frame(_));
         if out.send(next).await.is_err() || end {
             return;
         }
+    }
+}
+
+/// How a session's end is reported.
+fn ended(end: End) -> Ended {
+    match end {
+        End::Protocol(why) => Ended::Broken(why),
+        End::Lost(why) => Ended::Lost(why),
+        End::Left => Ended::Left,
     }
 }
 
@@ -173,9 +183,7 @@ async fn session(addr: &str, ctx: &Arc<Context>) -> Ended {
     ctx.routers.remove(&conn);
     match &result {
         Ended::Left => {}
-        Ended::Lost(why) if why.starts_with(PROTOCOL_PREFIX) => {
-            conn.close(VarInt::from_u32(close::PROTOCOL), why.as_bytes())
-        }
+        Ended::Broken(why) => conn.close(VarInt::from_u32(close::PROTOCOL), why.as_bytes()),
         _ => conn.close(VarInt::from_u32(close::NORMAL), b"session ended"),
     }
     result
@@ -190,7 +198,7 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
     let placed = ctx.placing.placed.clone();
     let mut last = snapshot(&versions(&ctx.serving.table), &placed);
     let s = &ctx.settings;
-    let hello = Message::Hello(Hello {
+    let hello = Hello {
         name: s.name.clone(),
         incarnation: s.incarnation,
         devices: s.devices.clone(),
@@ -198,28 +206,43 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
         grpc: s.grpc.clone(),
         models: hello_models(&last),
         memory: s.memory,
-    });
+    };
     let (frames_tx, mut frames) = mpsc::channel(16);
     let _reader = AbortOnDrop(tokio::spawn(read_control(rx, s.limits.clone(), frames_tx)));
-    let greeted = tokio::time::timeout(HELLO_TIMEOUT, async {
-        send(&mut tx, &hello, ctx).await?;
-        match frames.recv().await {
-            Some(Ok(Message::Welcome(w))) => Ok(w),
-            Some(Ok(other)) => Err(Ended::Lost(format!(
-                "{PROTOCOL_PREFIX}expected a welcome, got a {}",
-                mesh::cluster::answer::message_name(&other)
-            ))),
-            Some(Err(e)) => Err(Ended::Lost(e.to_string())),
-            None => Err(Ended::Lost("the control stream reader ended".into())),
+    let (mut session, first) = NodeSession::start(hello, Instant::now());
+    // The hello's write counts against the welcome's deadline (a router may take no bytes at all).
+    if let (Effect::Send(m), Some(by)) = (first, session.poll_timeout()) {
+        match tokio::time::timeout_at(by.into(), send(&mut tx, &m, ctx)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return e,
+            Err(_) => {
+                let end = session.on_timeout(by).into_iter().find_map(|e| match e {
+                    Effect::End(end) => Some(ended(end)),
+                    _ => None,
+                });
+                return end.unwrap_or_else(|| Ended::Lost("the hello could not be written".into()));
+            }
         }
-    })
-    .await;
-    match greeted {
-        Ok(Ok(w)) => tracing::info!(router = %addr, router_id = %w.router, link = w.link, "joined the cluster"),
-        Ok(Err(Ended::Lost(why))) if why.starts_with(PROTOCOL_PREFIX) => return Ended::Lost(why),
-        Ok(Err(Ended::Lost(why))) => return ended_by(conn, why).await,
-        Ok(Err(other)) => return other,
-        Err(_) => return Ended::Lost(format!("no welcome within {HELLO_TIMEOUT:?} of the hello")),
+    }
+    // Until the welcome: the session ends on anything else, or at its deadline.
+    while !session.joined() {
+        let deadline = session.poll_timeout().unwrap_or_else(Instant::now);
+        let effects = match tokio::time::timeout_at(deadline.into(), frames.recv()).await {
+            Err(_) => session.on_timeout(Instant::now()),
+            Ok(Some(Read::Frame(m))) => session.on_message(m, &ctx.placing.fencing),
+            Ok(Some(Read::Broken(why))) => return Ended::Broken(why),
+            Ok(Some(Read::Ended(why))) => return ended_by(conn, why).await,
+            Ok(None) => return Ended::Lost("the control stream reader ended".into()),
+        };
+        for effect in effects {
+            match effect {
+                Effect::Joined(w) => {
+                    tracing::info!(router = %addr, router_id = %w.router, link = w.link, "joined the cluster")
+                }
+                Effect::End(end) => return ended(end),
+                _ => {}
+            }
+        }
     }
     let live = ctx.routers.add(addr, conn.clone());
     let acceptor = {
@@ -236,88 +259,83 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
     let mut tick = tokio::time::interval(s.report_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut phase = ctx.phase.subscribe();
-    let mut drained = false;
     let (placed_tx, mut placed_rx) = mpsc::unbounded_channel();
     let mut queues = Queues::new(ctx.placing.clone(), conn.clone(), placed_tx);
     loop {
         // Read (and mark seen) before waiting, so a change made meanwhile wakes `changed()` below.
         let now = *phase.borrow_and_update();
-        if now == Phase::Leaving {
-            return goodbye(&mut tx, conn, ctx).await;
-        }
-        if now == Phase::Draining && !drained {
-            drained = true;
-            if let Err(e) = send(&mut tx, &Message::Drain, ctx).await {
-                return e;
-            }
-        }
-        tokio::select! {
-            _ = tick.tick() => {
-                let now = versions(&ctx.serving.table);
-                let snap = snapshot(&now, &placed);
-                for event in diff(&last, &snap) {
-                    if let Err(e) = send(&mut tx, &Message::ModelEvent(event), ctx).await {
-                        return e;
-                    }
-                }
-                last = snap;
-                if let Err(e) = send(&mut tx, &Message::LoadReport(tracker.report(&now)), ctx).await {
-                    return e;
-                }
-            }
-            Some(done) = placed_rx.recv() => {
-                if let Err(e) = send(&mut tx, &Message::Placed(done), ctx).await {
-                    return e;
-                }
-            }
-            frame = frames.recv() => match frame {
-                Some(Ok(Message::Place(p))) => match admit(ctx, addr, p.epoch, "place") {
-                    Ok(()) => {
-                        tracing::info!(router = %addr, model = %p.model, "the router places a model here");
-                        queues.submit(&p.model.clone(), Command::Place(p));
-                    }
-                    Err(why) => {
-                        let refused = Placed { model: p.model, key: p.key, error: why, footprint: 0 };
-                        if let Err(e) = send(&mut tx, &Message::Placed(refused), ctx).await {
+        let effects = match now {
+            Phase::Leaving => session.on_leave(),
+            Phase::Draining => session.on_drain(),
+            _ => vec![],
+        };
+        let effects = if !effects.is_empty() {
+            effects
+        } else {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let now = versions(&ctx.serving.table);
+                    let snap = snapshot(&now, &placed);
+                    for event in diff(&last, &snap) {
+                        if let Err(e) = send(&mut tx, &Message::ModelEvent(event), ctx).await {
                             return e;
                         }
                     }
+                    last = snap;
+                    if let Err(e) = send(&mut tx, &Message::LoadReport(tracker.report(&now)), ctx).await {
+                        return e;
+                    }
+                    vec![]
+                }
+                Some(done) = placed_rx.recv() => session.on_placed(done),
+                frame = frames.recv() => match frame {
+                    Some(Read::Frame(m)) => session.on_message(m, &ctx.placing.fencing),
+                    Some(Read::Broken(why)) => return Ended::Broken(why),
+                    Some(Read::Ended(why)) => return ended_by(conn, why).await,
+                    None => return Ended::Lost("control stream reader ended".into()),
                 },
-                Some(Ok(Message::Evict(e))) => {
-                    if admit(ctx, addr, e.epoch, "evict").is_ok() {
-                        queues.submit(&e.model, Command::Evict(e.model.clone()));
+                changed = phase.changed() => {
+                    if changed.is_err() {
+                        session.on_leave()
+                    } else {
+                        vec![]
                     }
                 }
-                Some(Ok(Message::MayStop(f))) => {
-                    if admit(ctx, addr, f.epoch, "may-stop").is_ok() {
-                        tracing::info!(
-                            router = %addr,
-                            "the router moved every placed model off this node (mesh-ops drain): it may be stopped"
-                        );
+            }
+        };
+        for effect in effects {
+            match effect {
+                Effect::Send(Message::Goodbye) => return goodbye(&mut tx, conn, ctx).await,
+                Effect::Send(m) => {
+                    if let Err(e) = send(&mut tx, &m, ctx).await {
+                        return e;
                     }
                 }
-                Some(Ok(Message::Fence(f))) => {
-                    if admit(ctx, addr, f.epoch, "fence").is_ok() {
-                        tracing::info!(router = %addr, epoch = f.epoch, "this router leads placement now");
-                    }
+                Effect::Place(p) => {
+                    tracing::info!(router = %addr, model = %p.model, "the router places a model here");
+                    queues.submit(&p.model.clone(), Command::Place(p));
                 }
-                Some(Ok(Message::Released)) => {
+                Effect::Evict(model) => queues.submit(&model, Command::Evict(model.clone())),
+                Effect::MayStop => tracing::info!(
+                    router = %addr,
+                    "the router moved every placed model off this node (mesh-ops drain): it may be stopped"
+                ),
+                Effect::Leads(epoch) => tracing::info!(router = %addr, epoch, "this router leads placement now"),
+                Effect::Released => {
                     tracing::info!(router = %addr, "the router released this node");
                     live.released.store(true, Ordering::Release);
                     ctx.released.notify_waiters();
                 }
-                Some(Ok(other)) => {
-                    let what = mesh::cluster::answer::message_name(&other);
-                    tracing::warn!(router = %addr, "ignoring an unexpected {what} on the control stream");
+                Effect::Fenced { command, why } => {
+                    tracing::warn!(router = %addr, command, "{why}");
+                    metrics::counter!("mesh_node_fenced_commands_total", "command" => command).increment(1);
                 }
-                Some(Err(FrameError::Invalid(why))) => return Ended::Lost(why),
-                Some(Err(e)) => return ended_by(conn, e.to_string()).await,
-                None => return Ended::Lost("control stream reader ended".into()),
-            },
-            changed = phase.changed() => {
-                if changed.is_err() {
-                    return goodbye(&mut tx, conn, ctx).await;
+                Effect::Ignored(what) => {
+                    tracing::warn!(router = %addr, "ignoring an unexpected {what} on the control stream")
                 }
+                Effect::Joined(_) => {}
+                Effect::End(End::Left) => return goodbye(&mut tx, conn, ctx).await,
+                Effect::End(end) => return ended(end),
             }
         }
     }
@@ -338,15 +356,4 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-/// Checks a placement command's epoch against the highest seen; a refused one is logged and
-/// counted (`mesh_node_fenced_commands_total`).
-fn admit(ctx: &Context, router: &str, epoch: u64, what: &'static str) -> Result<(), String> {
-    ctx.placing.fencing.admit(epoch).map_err(|seen| {
-        let why = mesh::cluster::fence::Fencing::refusal(epoch, seen);
-        tracing::warn!(router = %router, command = what, "{why}");
-        metrics::counter!("mesh_node_fenced_commands_total", "command" => what).increment(1);
-        why
-    })
 }

@@ -8,10 +8,7 @@ mod table;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use mesh::config::ModelConfig;
 
 pub use table::{IndexRow, Replica, ResolveError, Resolved, RoutingTable};
 
@@ -37,27 +34,7 @@ pub struct NodeHello {
     pub key: Option<[u8; 32]>,
 }
 
-/// One model version on one node.
-#[derive(Debug, Clone)]
-pub struct ModelStatus {
-    pub name: String,
-    pub version: i64,
-    pub ready: bool,
-    /// Why the version is not ready (empty when it is).
-    pub reason: String,
-    pub config: Arc<ModelConfig>,
-    /// The router placed it (from the cluster repository); false: the node's own repository.
-    pub placed: bool,
-}
-
-/// A change to what a node serves.
-#[derive(Debug, Clone)]
-pub enum ModelEvent {
-    /// A version was added, or its readiness or config changed.
-    Update(ModelStatus),
-    /// A version is no longer served by the node.
-    Removed { name: String, version: i64 },
-}
+pub use mesh::cluster::session::router::{ModelEvent, ModelLoad, ModelStatus};
 
 /// One model version's load in a node's periodic report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -67,16 +44,6 @@ pub struct Load {
     /// Requests waiting in the node's queues.
     pub queued: u32,
     /// Recent execution time per request, in microseconds.
-    pub exec_us: u64,
-}
-
-/// One entry of a load report, naming the model version it is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelLoad {
-    pub name: String,
-    pub version: i64,
-    pub inflight: u32,
-    pub queued: u32,
     pub exec_us: u64,
 }
 

@@ -2,22 +2,23 @@
 //! membership events, releases it once drained, and serves the BLS requests the node sends; client
 //! requests to the node do not pass through it (they open streams on the link directly).
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use mesh::cluster::answer::{message_name, reject, request_of, serve};
+use mesh::cluster::answer::{reject, request_of, serve};
 use mesh::cluster::convert::ErrorKind;
 use mesh::cluster::frame::{self, FrameError};
 use mesh::cluster::io::{read_frame, write_frame};
 use mesh::cluster::msg::{self, Message, Welcome};
+use mesh::cluster::session::router::{model_status, Effect, RouterSession};
+use mesh::cluster::session::End;
 use mesh::cluster::ship;
 use mesh::cluster::transport::{close, CONTROL_PRIORITY, CONTROL_WRITE_TIMEOUT};
-use mesh::config::ModelConfig;
 use mesh::Dispatch;
 use quinn::{RecvStream, SendStream};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
 
-use crate::membership::{ModelEvent, ModelLoad, ModelStatus, NodeHello};
+use crate::membership::NodeHello;
 use crate::messages::{Joining, LinkMsg, Mailbox, MembershipMsg, PlacementMsg};
 use crate::repository::ClusterRepo;
 use crate::shared::{Link, RoutingView};
@@ -48,14 +49,11 @@ pub struct LinkState {
     /// The control stream's reader and the BLS and fetch acceptor, started once the node is welcomed.
     pending: Option<(RecvStream, Arc<dyn Dispatch>, Arc<ClusterRepo>)>,
     tasks: Vec<JoinHandle<()>>,
-    draining: Option<JoinHandle<()>>,
-    quiet_checks: u32,
-    /// When the last load report was taken.
-    reported: Option<std::time::Instant>,
+    /// The control stream's protocol (sans-IO); this actor drives it.
+    session: RouterSession,
+    /// A check the session asked for is scheduled.
+    check_due: bool,
 }
-
-/// Load reports closer together than this are dropped (nodes report every 250 ms by default).
-const MIN_REPORT_GAP: Duration = Duration::from_millis(20);
 
 /// Writes one control frame to the node within `limit`.
 async fn write_control(state: &mut LinkState, message: &Message, limit: Duration) -> Result<(), String> {
@@ -67,19 +65,6 @@ async fn write_control(state: &mut LinkState, message: &Message, limit: Duration
 }
 
 pub struct NodeLink;
-
-fn model_status(m: msg::ModelStatus) -> Result<ModelStatus, String> {
-    let config: ModelConfig = prost::Message::decode(m.config.as_slice())
-        .map_err(|e| format!("model '{}' version {} has an unreadable config: {e}", m.name, m.version))?;
-    Ok(ModelStatus {
-        name: m.name,
-        version: m.version,
-        ready: m.ready,
-        reason: m.reason,
-        config: Arc::new(config),
-        placed: m.placed,
-    })
-}
 
 /// The node's hello, once its certificate proves the name it claims ([`handshake::check_identity`]).
 fn node_hello(hello: msg::Hello, link: &Link, view: &RoutingView) -> Result<NodeHello, String> {
@@ -209,9 +194,8 @@ impl Actor for NodeLink {
             hello: Some(hello),
             pending: Some((control_rx, bls, repo)),
             tasks: Vec::new(),
-            draining: None,
-            quiet_checks: 0,
-            reported: None,
+            session: RouterSession::default(),
+            check_due: false,
         })
     }
 
@@ -252,94 +236,30 @@ impl Actor for NodeLink {
         msg: LinkMsg,
         state: &mut LinkState,
     ) -> Result<(), ActorProcessingErr> {
-        let id = state.link.id;
-        match msg {
-            LinkMsg::Control(Message::ModelEvent(e)) => {
-                let event = match e {
-                    msg::ModelEvent::Update(m) => match model_status(m) {
-                        Ok(m) => ModelEvent::Update(m),
-                        Err(e) => {
-                            state.link.close(close::PROTOCOL, &e);
-                            myself.stop(Some(e));
-                            return Ok(());
-                        }
-                    },
-                    msg::ModelEvent::Removed { name, version } => ModelEvent::Removed { name, version },
-                };
-                state.membership.tell(MembershipMsg::Event(id, event));
-            }
-            LinkMsg::Control(Message::LoadReport(_))
-                if state.reported.is_some_and(|t| t.elapsed() < MIN_REPORT_GAP) =>
-            {
-                // Faster than any node reports: dropped, so one node cannot flood membership.
-            }
-            LinkMsg::Control(Message::LoadReport(r)) => {
-                state.reported = Some(std::time::Instant::now());
-                let loads = r
-                    .models
-                    .into_iter()
-                    .map(|m| ModelLoad {
-                        name: m.name,
-                        version: m.version,
-                        inflight: m.inflight,
-                        queued: m.queued,
-                        exec_us: m.exec_us,
-                    })
-                    .collect();
-                state.membership.tell(MembershipMsg::Report(id, loads));
-            }
-            LinkMsg::Control(Message::Drain) => {
-                tracing::info!(node = %state.link.name, "node is draining: no new requests go to it");
-                state.membership.tell(MembershipMsg::Drain(id));
-                if state.draining.is_none() {
-                    let cell = myself.get_cell();
-                    state.draining = Some(ractor::time::send_interval(DRAIN_CHECK, cell, || LinkMsg::CheckDrain));
-                }
-            }
-            LinkMsg::Control(Message::Placed(p)) => {
-                state.placement.tell(PlacementMsg::Placed(state.link.name.clone(), p));
-            }
-            LinkMsg::Send(message) => {
-                if let Err(why) = write_control(state, &message, CONTROL_WRITE_TIMEOUT).await {
-                    state.link.close(close::PROTOCOL, &why);
-                    myself.stop(Some(why));
-                }
-            }
-            LinkMsg::Control(Message::Goodbye) => {
-                state.membership.tell(MembershipMsg::Goodbye(id));
-                myself.stop(Some("the node said goodbye".into()));
-            }
-            LinkMsg::Control(other) => {
-                let why = format!("a {} on the control stream", message_name(&other));
-                state.link.close(close::PROTOCOL, &why);
-                myself.stop(Some(why));
-            }
+        let now = Instant::now();
+        let effects = match msg {
+            LinkMsg::Control(message) => state.session.on_message(message, now),
             LinkMsg::CheckDrain => {
-                // Two quiet checks in a row: a request that picked this node just before the drain
-                // was published has had time to show up in the count.
-                state.quiet_checks = if state.link.inflight() == 0 {
-                    state.quiet_checks + 1
-                } else {
-                    0
-                };
-                if state.quiet_checks >= 2 {
-                    if let Some(t) = state.draining.take() {
-                        t.abort();
-                    }
-                    match write_control(state, &Message::Released, CONTROL_WRITE_TIMEOUT).await {
-                        Ok(()) => tracing::info!(node = %state.link.name, "drained node released"),
-                        Err(why) => {
-                            state.link.close(close::PROTOCOL, &why);
-                            myself.stop(Some(why));
-                        }
-                    }
-                }
+                state.check_due = false;
+                state.session.on_timeout(state.link.inflight(), now)
             }
-            LinkMsg::Closed(why) => myself.stop(Some(why)),
-            LinkMsg::Broken(why) => {
-                state.link.close(close::PROTOCOL, &why);
+            LinkMsg::Send(message) => vec![Effect::Send(message)],
+            LinkMsg::Closed(why) => {
                 myself.stop(Some(why));
+                return Ok(());
             }
+            LinkMsg::Broken(why) => vec![Effect::End(End::Protocol(why))],
+        };
+        for effect in effects {
+            if !apply(state, &myself, effect).await {
+                return Ok(());
+            }
+        }
+        // The session's next check (a draining node's in-flight count), once.
+        if let Some(at) = state.session.poll_timeout().filter(|_| !state.check_due) {
+            state.check_due = true;
+            let wait = at.saturating_duration_since(Instant::now());
+            ractor::time::send_after(wait, myself.get_cell(), || LinkMsg::CheckDrain);
         }
         Ok(())
     }
@@ -348,12 +268,45 @@ impl Actor for NodeLink {
         for t in state.tasks.drain(..) {
             t.abort();
         }
-        if let Some(t) = state.draining.take() {
-            t.abort();
-        }
         Ok(())
     }
 }
 
-/// How often a draining node's in-flight count is checked.
-const DRAIN_CHECK: Duration = Duration::from_millis(20);
+/// Carries out one effect of the session; false once the actor stops.
+async fn apply(state: &mut LinkState, myself: &ActorRef<LinkMsg>, effect: Effect) -> bool {
+    let id = state.link.id;
+    match effect {
+        Effect::Model(e) => drop(state.membership.tell(MembershipMsg::Event(id, e))),
+        Effect::Report(loads) => drop(state.membership.tell(MembershipMsg::Report(id, loads))),
+        Effect::Draining => {
+            tracing::info!(node = %state.link.name, "node is draining: no new requests go to it");
+            state.membership.tell(MembershipMsg::Drain(id));
+        }
+        Effect::Goodbye => drop(state.membership.tell(MembershipMsg::Goodbye(id))),
+        Effect::Placed(p) => drop(state.placement.tell(PlacementMsg::Placed(state.link.name.clone(), p))),
+        Effect::Send(message) => {
+            if let Err(why) = write_control(state, &message, CONTROL_WRITE_TIMEOUT).await {
+                state.link.close(close::PROTOCOL, &why);
+                myself.stop(Some(why));
+                return false;
+            }
+            if message == Message::Released {
+                tracing::info!(node = %state.link.name, "drained node released");
+            }
+        }
+        Effect::End(End::Left) => {
+            myself.stop(Some("the node said goodbye".into()));
+            return false;
+        }
+        Effect::End(End::Protocol(why)) => {
+            state.link.close(close::PROTOCOL, &why);
+            myself.stop(Some(why));
+            return false;
+        }
+        Effect::End(End::Lost(why)) => {
+            myself.stop(Some(why));
+            return false;
+        }
+    }
+    true
+}
