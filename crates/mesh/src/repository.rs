@@ -119,9 +119,88 @@ pub fn version_dirs(model: &Path) -> Vec<i64> {
     v
 }
 
+/// What a directory fingerprint covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fingerprint {
+    /// Everything: a change to any file or folder changes it.
+    All,
+    /// Everything but the model's top-level `config.pbtxt` (a change of the model's files only).
+    Content,
+}
+
+/// Entries a fingerprint looks at, at most (a huge directory costs no more than this to poll).
+pub const FINGERPRINT_ENTRIES: usize = 10_000;
+/// Folder depth a fingerprint looks into (a SavedModel's `variables/` is 3 below the model).
+pub const FINGERPRINT_DEPTH: usize = 8;
+
+/// The one way the mesh tells that a model directory changed, on nodes (repository polling) and
+/// on routers (before hashing a model to ship it): a hash of the names, sizes and modification
+/// times of what lies under it (links followed, as loading does), sorted, without reading file
+/// contents. Bounded by [`FINGERPRINT_ENTRIES`] and [`FINGERPRINT_DEPTH`]; an unreadable folder
+/// counts as empty.
+pub fn fingerprint(model: &Path, what: Fingerprint) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut stack = vec![(model.to_path_buf(), 0usize)];
+    let mut seen = 0;
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let mut entries: Vec<_> = entries.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        depth.hash(&mut h);
+        for e in entries {
+            if what == Fingerprint::Content && depth == 0 && e.file_name() == "config.pbtxt" {
+                continue;
+            }
+            seen += 1;
+            if seen > FINGERPRINT_ENTRIES {
+                return h.finish();
+            }
+            e.file_name().hash(&mut h);
+            if let Ok(m) = std::fs::metadata(e.path()) {
+                m.is_dir().hash(&mut h);
+                m.len().hash(&mut h);
+                m.modified().ok().hash(&mut h);
+                if m.is_dir() && depth < FINGERPRINT_DEPTH {
+                    stack.push((e.path(), depth + 1));
+                }
+            }
+        }
+    }
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fingerprint_sees_every_change_below_the_model_and_content_skips_its_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dir.path();
+        std::fs::create_dir_all(m.join("1/model.savedmodel/variables")).unwrap();
+        std::fs::write(m.join("config.pbtxt"), "name: \"m\"").unwrap();
+        std::fs::write(m.join("1/model.savedmodel/variables/v.data"), "abc").unwrap();
+        let (all, content) = (fingerprint(m, Fingerprint::All), fingerprint(m, Fingerprint::Content));
+        assert_eq!(fingerprint(m, Fingerprint::All), all, "stable");
+        // A file three folders down (a SavedModel's variables) changes both.
+        std::fs::write(m.join("1/model.savedmodel/variables/v.data"), "abcd").unwrap();
+        let (all2, content2) = (fingerprint(m, Fingerprint::All), fingerprint(m, Fingerprint::Content));
+        assert_ne!(all2, all);
+        assert_ne!(content2, content);
+        // The config changes only the full one.
+        std::fs::write(m.join("config.pbtxt"), "name: \"m\" max_batch_size: 4").unwrap();
+        assert_ne!(fingerprint(m, Fingerprint::All), all2);
+        assert_eq!(fingerprint(m, Fingerprint::Content), content2);
+        // A new empty version folder is a change; a missing directory is stable.
+        std::fs::create_dir(m.join("2")).unwrap();
+        assert_ne!(fingerprint(m, Fingerprint::Content), content2);
+        let gone = m.join("nothing");
+        assert_eq!(
+            fingerprint(&gone, Fingerprint::All),
+            fingerprint(&gone, Fingerprint::All)
+        );
+    }
 
     #[test]
     fn model_names_are_one_path_component() {

@@ -97,7 +97,7 @@ pub fn read_model(
     files: Option<OverrideDir>,
     previous: Option<&Arc<RepoModel>>,
 ) -> Result<Arc<RepoModel>, String> {
-    let stat = ship::stat_fingerprint(dir)?;
+    let stat = mesh::repository::fingerprint(dir, mesh::repository::Fingerprint::All);
     if let Some(p) = previous.filter(|p| p.stat == stat && p.dir == dir && p.config_override == config_override) {
         return Ok(p.clone());
     }

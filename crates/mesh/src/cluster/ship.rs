@@ -94,22 +94,6 @@ fn list(dir: &Path) -> Result<Vec<FileEntry>, String> {
     Ok(files)
 }
 
-/// A cheap fingerprint of a model directory (paths, sizes and modification times, no content), so
-/// a repository poll recomputes a manifest only when something changed.
-pub fn stat_fingerprint(dir: &Path) -> Result<u64, String> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for f in list(dir)? {
-        f.path.hash(&mut h);
-        f.size.hash(&mut h);
-        std::fs::metadata(dir.join(&f.path))
-            .and_then(|m| m.modified())
-            .ok()
-            .hash(&mut h);
-    }
-    Ok(h.finish())
-}
-
 fn hash_entry(h: &mut Sha256, f: &FileEntry) {
     h.update(f.path.as_bytes());
     h.update([0]);

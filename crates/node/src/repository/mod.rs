@@ -1,9 +1,9 @@
 //! Model repository layout: which models exist, where, and which of their versions the policy serves.
 pub mod placed;
 
-pub use mesh::repository::{scan, version_dirs, ModelDir};
+pub use mesh::repository::{fingerprint, scan, version_dirs, Fingerprint, ModelDir};
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use mesh::config::ModelConfig;
 use mesh::proto::model_version_policy::PolicyChoice;
@@ -14,47 +14,6 @@ pub fn check_repositories(repos: &[PathBuf]) -> Result<(), String> {
         std::fs::read_dir(repo).map_err(|e| format!("cannot read model repository {}: {e}", repo.display()))?;
     }
     Ok(())
-}
-
-/// A hash of file names, sizes and modification times under a model directory (two levels of
-/// version folders), so poll mode can tell that something changed. Bounded to 10 000 entries.
-pub fn fingerprint(model: &Path) -> u64 {
-    hash_tree(model, false)
-}
-
-/// Like `fingerprint`, but blind to the top-level config.pbtxt: it changes only with the model files.
-pub fn content_fingerprint(model: &Path) -> u64 {
-    hash_tree(model, true)
-}
-
-fn hash_tree(model: &Path, skip_config: bool) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let mut stack = vec![(model.to_path_buf(), 0)];
-    let mut seen = 0;
-    while let Some((dir, depth)) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-        let mut entries: Vec<_> = entries.flatten().collect();
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            if skip_config && depth == 0 && e.file_name() == "config.pbtxt" {
-                continue;
-            }
-            seen += 1;
-            if seen > 10_000 {
-                return h.finish();
-            }
-            e.file_name().hash(&mut h);
-            if let Ok(m) = e.metadata() {
-                m.len().hash(&mut h);
-                m.modified().ok().hash(&mut h);
-                if m.is_dir() && depth < 2 {
-                    stack.push((e.path(), depth + 1));
-                }
-            }
-        }
-    }
-    h.finish()
 }
 
 /// The versions a config's version_policy selects from those present (default: latest 1).

@@ -184,7 +184,9 @@ impl Manager {
             (Some(Arc::new(g)), ModelDir::at(name, path))
         };
         // File overrides may change anything, so they always load afresh.
-        let content = files.is_none().then(|| repository::content_fingerprint(&dir.path));
+        let content = files
+            .is_none()
+            .then(|| repository::fingerprint(&dir.path, repository::Fingerprint::Content));
         self.load_dir(me, name, dir, override_config, files, content, why).await
     }
 
@@ -200,7 +202,7 @@ impl Manager {
         content: Option<u64>,
         why: Why,
     ) -> Result<()> {
-        let fingerprint = repository::fingerprint(&dir.path);
+        let fingerprint = repository::fingerprint(&dir.path, repository::Fingerprint::All);
         let written = loader::written_config(&dir, override_config);
         if let Ok((written, _)) = &written {
             if let Some(done) = self.change_in_place(name, written, content, fingerprint).await {
@@ -353,7 +355,7 @@ impl Manager {
         let (dirs, _) = repository::scan(&self.repos.roots);
         for dir in &dirs {
             let known = self.table.read().get(&dir.name).and_then(|e| e.fingerprint);
-            let now = repository::fingerprint(&dir.path);
+            let now = repository::fingerprint(&dir.path, repository::Fingerprint::All);
             if known != Some(now) {
                 tracing::info!(model = %dir.name, "repository change seen; loading");
                 let _ = self.load(me, &dir.name, LoadOptions::default()).await;
