@@ -87,8 +87,23 @@ pub trait Dispatch: Send + Sync + 'static {
         )))
     }
 
-    /// KServe v2 extensions this dispatcher really implements, for server metadata.
+    /// KServe v2 extensions this dispatcher really implements, for server metadata (a node and a
+    /// router start from [`SERVING_EXTENSIONS`]).
     fn extensions(&self) -> Vec<&'static str> {
         vec!["binary_tensor_data", "model_configuration", "parameters", "statistics"]
     }
 }
+
+/// The extensions every mesh server (node or router) implements; a node in explicit model-control
+/// mode adds the repository extension.
+pub const SERVING_EXTENSIONS: &[&str] = &[
+    "binary_tensor_data",
+    "model_configuration",
+    "parameters",
+    "statistics",
+    "schedule_policy",
+    "classification",
+    "logging",
+    "system_shared_memory",
+    "cuda_shared_memory",
+];

@@ -452,17 +452,7 @@ impl Dispatch for NodeDispatch {
     }
 
     fn extensions(&self) -> Vec<&'static str> {
-        let mut e = vec![
-            "binary_tensor_data",
-            "model_configuration",
-            "parameters",
-            "statistics",
-            "schedule_policy",
-            "classification",
-            "logging",
-            "system_shared_memory",
-            "cuda_shared_memory",
-        ];
+        let mut e = mesh::dispatch::SERVING_EXTENSIONS.to_vec();
         if self.mode == ControlMode::Explicit {
             e.push("model_repository");
             e.push("model_repository(unload_dependents)");

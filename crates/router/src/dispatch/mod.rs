@@ -101,16 +101,6 @@ impl Dispatch for RouterDispatch {
     }
 
     fn extensions(&self) -> Vec<&'static str> {
-        vec![
-            "binary_tensor_data",
-            "model_configuration",
-            "parameters",
-            "statistics",
-            "schedule_policy",
-            "classification",
-            "logging",
-            "system_shared_memory",
-            "cuda_shared_memory",
-        ]
+        mesh::dispatch::SERVING_EXTENSIONS.to_vec()
     }
 }

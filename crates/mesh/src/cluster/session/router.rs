@@ -42,14 +42,7 @@ pub enum ModelEvent {
 }
 
 /// One entry of a load report, naming the model version it is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelLoad {
-    pub name: String,
-    pub version: i64,
-    pub inflight: u32,
-    pub queued: u32,
-    pub exec_us: u64,
-}
+pub use crate::cluster::msg::ModelLoad;
 
 /// A model version as the node described it, with its config decoded.
 pub fn model_status(m: msg::ModelStatus) -> Result<ModelStatus, String> {
@@ -114,18 +107,7 @@ impl RouterSession {
             }
             Message::LoadReport(r) => {
                 self.reported = Some(now);
-                let loads = r
-                    .models
-                    .into_iter()
-                    .map(|m| ModelLoad {
-                        name: m.name,
-                        version: m.version,
-                        inflight: m.inflight,
-                        queued: m.queued,
-                        exec_us: m.exec_us,
-                    })
-                    .collect();
-                vec![Effect::Report(loads)]
+                vec![Effect::Report(r.models)]
             }
             Message::Drain => {
                 self.drain.get_or_insert(Drain {
