@@ -5,7 +5,9 @@
 # paths interleaved over ROUNDS rounds (A and B take turns going first). The hop of a path is its
 # p50 minus the direct p50 of the same round; the summary gives medians over rounds and B against A.
 # Usage: benches/router_ab.sh ROUTER_A ROUTER_B [SECONDS_PER_POINT] [ROUNDS]
-#   e.g. the last commit's router against the working tree's (build A from a worktree first).
+#   e.g. the last commit's router against the working tree's: build A from a `git worktree` of the
+#   old commit with its own CARGO_TARGET_DIR (sharing target/ across worktrees once made cargo link
+#   the new router against the old mesh library), then copy both binaries out of target/.
 # Output: markdown on stdout and in benches/results/router-ab-<host>.md.
 A=${1:?usage: benches/router_ab.sh ROUTER_A ROUTER_B [SECONDS_PER_POINT] [ROUNDS]}
 B=${2:?usage: benches/router_ab.sh ROUTER_A ROUTER_B [SECONDS_PER_POINT] [ROUNDS]}
