@@ -1,3 +1,4 @@
+//! Tests of trace settings: their updates, validation and what each level records.
 use super::*;
 
 fn set(key: &str, value: &str) -> Change {

@@ -1,3 +1,4 @@
+//! Tests of ensemble planning, validation and the executor over a fake Dispatch.
 use std::sync::Arc;
 
 use super::*;

@@ -1,3 +1,4 @@
+//! Tests of shared-memory regions against real POSIX shared-memory objects.
 use super::*;
 
 /// A real POSIX shared-memory object (what `shm_open` + `ftruncate` make), removed on drop.

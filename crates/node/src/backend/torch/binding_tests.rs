@@ -1,3 +1,4 @@
+//! Tests of binding TorchScript inputs and outputs to a model config.
 use super::*;
 
 fn input(name: &str, dtype: DataType, dims: &[i64]) -> TensorSpec {

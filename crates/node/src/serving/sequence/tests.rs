@@ -1,3 +1,4 @@
+//! Tests of sequence batching: control inputs, implicit state and slots on a fake clock.
 use std::time::Duration;
 
 use super::setup::{ControlKind, ControlSpec, StateSpec};
