@@ -1,4 +1,4 @@
-//! Tests of trace settings: their updates, validation and what each level records.
+//! Tests of trace settings (defaults, refusals, rate and count, log frequency, flags) and the trace clock.
 use super::*;
 
 fn set(key: &str, value: &str) -> Change {

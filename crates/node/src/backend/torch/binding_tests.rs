@@ -1,4 +1,4 @@
-//! Tests of binding TorchScript inputs and outputs to a model config.
+//! Tests of binding a config's inputs to TorchScript forward arguments (by name or by index).
 use super::*;
 
 fn input(name: &str, dtype: DataType, dims: &[i64]) -> TensorSpec {

@@ -1,4 +1,4 @@
-//! Tests of sequence batching: control inputs, implicit state and slots on a fake clock.
+//! Tests of the sequence batcher: control flags, start and end, implicit state and idle expiry.
 use std::time::Duration;
 
 use super::setup::{ControlKind, ControlSpec, StateSpec};
