@@ -10,24 +10,21 @@
 #                                                 fuzzes TARGET; corpus in fuzz/corpus/TARGET
 #                                                 (seeded from fuzz/seeds/TARGET), log in
 #                                                 fuzz/logs/TARGET.log, crashes in fuzz/artifacts/TARGET/
-#   scripts/fuzz.sh smoke [RUNS]                  checks the frame seeds are current, builds
-#                                                 (the less optimised `smoke` profile), then runs
-#                                                 every target RUNS times (default 200000) from
-#                                                 its seeds alone: for CI
+#   scripts/fuzz.sh smoke [RUNS]                  checks the frame seeds are current, builds,
+#                                                 then runs every target RUNS times (default
+#                                                 200000) from its seeds alone: for CI
 #   scripts/fuzz.sh replay TARGET FILE...         runs the target on the given inputs once each
 #   scripts/fuzz.sh seeds                         rewrites the cluster_frame and grpc_infer seeds
 #                                                 with the real encoders (the example fuzz_seeds
 #                                                 of crates/mesh, in the main workspace)
 #
-# Environment: FUZZ_PROFILE (the cargo profile: release, or smoke for `smoke`), FUZZ_TIMEOUT (seconds one input may take before it is a hang; default 10),
+# Environment: FUZZ_TIMEOUT (seconds one input may take before it is a hang; default 10),
 # FUZZ_RSS_MB (memory limit; default 2048), CARGO_BUILD_JOBS as for cargo.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 fuzz=$root/fuzz
 host=$(rustc -vV | sed -n 's/^host: //p')
-# The cargo profile the targets are built with: `release`, or `smoke` (less optimised) for CI.
-profile=${FUZZ_PROFILE:-release}
-bin_dir() { echo "$fuzz/target/$host/$profile"; }
+bin_dir=$fuzz/target/$host/release
 timeout_s=${FUZZ_TIMEOUT:-10}
 rss_mb=${FUZZ_RSS_MB:-2048}
 
@@ -63,8 +60,8 @@ known() {
 build() {
   local start=$SECONDS
   # From fuzz/, so the repository's .cargo/config.toml (PROTOC) applies as it does at the root.
-  (cd "$fuzz" && RUSTFLAGS="${flags[*]}" cargo build --locked --profile "$profile" --target "$host" --bins)
-  echo "fuzz: built $(targets | wc -l) targets in $((SECONDS - start)) s ($(bin_dir))"
+  (cd "$fuzz" && RUSTFLAGS="${flags[*]}" cargo build --locked --release --target "$host" --bins)
+  echo "fuzz: built $(targets | wc -l) targets in $((SECONDS - start)) s ($bin_dir)"
 }
 
 # Fails when the committed cluster_frame seeds are not what the link's encoder writes today (a new
@@ -120,7 +117,7 @@ fuzz_one() {
     pbtxt) dict=$fuzz/dicts/pbtxt.dict ;;
     http_* | grpc_infer | shm_register | python_ipc) dict=$fuzz/dicts/json.dict ;;
   esac
-  local exe=$(bin_dir)/$target
+  local exe=$bin_dir/$target
   [ -x "$exe" ] || {
     echo "fuzz: $exe is not built (scripts/fuzz.sh build)" >&2
     exit 1
@@ -171,7 +168,6 @@ case "$cmd" in
     ;;
   smoke)
     runs=${1:-200000}
-    profile=${FUZZ_PROFILE:-smoke}
     check_seeds
     build
     failed=0
@@ -189,7 +185,7 @@ case "$cmd" in
     target=${1:?usage: scripts/fuzz.sh replay TARGET FILE...}
     shift
     known "$target"
-    RUST_BACKTRACE=1 "$(bin_dir)/$target" -rss_limit_mb="$rss_mb" -timeout="$timeout_s" "$@"
+    RUST_BACKTRACE=1 "$bin_dir/$target" -rss_limit_mb="$rss_mb" -timeout="$timeout_s" "$@"
     ;;
   seeds)
     cd "$root"
