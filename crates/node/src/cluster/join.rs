@@ -210,18 +210,11 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
     let (frames_tx, mut frames) = mpsc::channel(16);
     let _reader = AbortOnDrop(tokio::spawn(read_control(rx, s.limits.clone(), frames_tx)));
     let (mut session, first) = NodeSession::start(hello, Instant::now());
-    // The hello's write counts against the welcome's deadline (a router may take no bytes at all).
+    // The hello's write counts against the welcome's deadline (a router may take no bytes at all):
+    // when it runs out, the loop below finds the deadline passed.
     if let (Effect::Send(m), Some(by)) = (first, session.poll_timeout()) {
-        match tokio::time::timeout_at(by.into(), send(&mut tx, &m, ctx)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return e,
-            Err(_) => {
-                let end = session.on_timeout(by).into_iter().find_map(|e| match e {
-                    Effect::End(end) => Some(ended(end)),
-                    _ => None,
-                });
-                return end.unwrap_or_else(|| Ended::Lost("the hello could not be written".into()));
-            }
+        if let Ok(Err(e)) = tokio::time::timeout_at(by.into(), send(&mut tx, &m, ctx)).await {
+            return e;
         }
     }
     // Until the welcome: the session ends on anything else, or at its deadline.

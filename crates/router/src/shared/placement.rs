@@ -8,7 +8,6 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use mesh::{LoadOptions, Result};
-use ractor::RpcReplyPort;
 
 use crate::lead::forward::Forward;
 use crate::lead::{Lead, Role};
@@ -65,18 +64,6 @@ impl Placement {
         }
     }
 
-    pub fn tell(&self, msg: PlacementMsg) {
-        self.actor.tell(msg);
-    }
-
-    async fn ask<T: Send + 'static>(
-        &self,
-        wait: Duration,
-        msg: impl FnOnce(RpcReplyPort<Result<T>>) -> PlacementMsg,
-    ) -> Result<T> {
-        self.actor.ask(wait, msg).await
-    }
-
     /// Places a model of the cluster repository (or places it again after a change); answers once
     /// a replica is ready, or why none can be.
     pub async fn load(&self, name: &str, options: LoadOptions, wait: Duration) -> Result<()> {
@@ -87,7 +74,7 @@ impl Placement {
                 .map(drop);
         }
         let name = name.to_string();
-        self.ask(wait, |r| PlacementMsg::Load(name, options, r)).await
+        self.actor.ask(wait, |r| PlacementMsg::Load(name, options, r)).await
     }
 
     /// Removes a model from every node; answers once no node holds it.
@@ -99,7 +86,7 @@ impl Placement {
                 .map(drop);
         }
         let name = name.to_string();
-        self.ask(wait, |r| PlacementMsg::Unload(name, r)).await
+        self.actor.ask(wait, |r| PlacementMsg::Unload(name, r)).await
     }
 
     /// Changes a model's replica bounds at run time; answers the bounds in effect.
@@ -112,7 +99,8 @@ impl Placement {
             return Ok((bound("min"), bound("max")));
         }
         let name = name.to_string();
-        self.ask(Duration::from_secs(10), |r| PlacementMsg::Scale(name, min, max, r))
+        self.actor
+            .ask(Duration::from_secs(10), |r| PlacementMsg::Scale(name, min, max, r))
             .await
     }
 
@@ -125,7 +113,7 @@ impl Placement {
                 .map(drop);
         }
         let node = node.to_string();
-        self.ask(wait, |r| PlacementMsg::Drain(node, r)).await
+        self.actor.ask(wait, |r| PlacementMsg::Drain(node, r)).await
     }
 
     /// The leader to hand an operator's change to, when another router leads: (name, HOST:PORT).
