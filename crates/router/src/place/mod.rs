@@ -26,7 +26,9 @@ mod report;
 mod tick;
 
 pub mod autoscale;
+pub mod reconcile;
 pub use autoscale::{Autoscaler, ScaleSettings};
+pub use reconcile::{PlacementView, Reconcile};
 
 #[cfg(test)]
 mod move_tests;

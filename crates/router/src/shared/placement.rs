@@ -12,19 +12,9 @@ use mesh::{LoadOptions, Result};
 use crate::lead::forward::Forward;
 use crate::lead::{Lead, Role};
 use crate::messages::{Mailbox, PlacementMsg};
-use crate::place::{ModelView, PlaceEvent, ReplicaState};
+pub use crate::place::PlacementView;
+use crate::place::ReplicaState;
 use crate::repository::ClusterRepo;
-
-/// The PlacementActor's published state, for status and the repository index.
-#[derive(Debug, Clone, Default)]
-pub struct PlacementView {
-    pub models: Vec<ModelView>,
-    pub events: Vec<PlaceEvent>,
-    /// Models of the cluster repository that cannot be read (bad config, unreadable files).
-    pub errors: Vec<(String, String)>,
-    /// Nodes an operator drains (`mesh-ops drain`), and whether each is empty yet.
-    pub drains: Vec<(String, bool)>,
-}
 
 /// The shared handle of placement.
 pub struct Placement {
