@@ -4,7 +4,48 @@ use std::collections::HashSet;
 use crate::config::ModelConfig;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::request::InferRequest;
+use crate::request::{InferRequest, InferResponse};
+
+/// A request checked against its model's config (inputs, the outputs it asks for, classification)
+/// before anything runs: the one admission of node and router alike. Its answer is then classified
+/// as it asked ([`Admitted::answer`]).
+#[derive(Debug)]
+pub struct Admitted {
+    /// The outputs to classify, with their class counts.
+    classify: Vec<(String, u32)>,
+}
+
+impl Admitted {
+    /// `decoupled`: the model (or an ensemble step) may answer several times.
+    pub fn check(config: &ModelConfig, req: &InferRequest, decoupled: bool) -> Result<Self> {
+        check_request(config, req)?;
+        crate::classify::check(config, &req.outputs, decoupled)?;
+        Ok(Admitted {
+            classify: crate::classify::wanted(&req.outputs),
+        })
+    }
+
+    /// The answer with each output asked for with a class count replaced by its top classes.
+    pub fn answer(
+        &self,
+        mut response: InferResponse,
+        config: &ModelConfig,
+        labels: &crate::classify::Labels,
+    ) -> Result<InferResponse> {
+        crate::classify::apply(&mut response, &self.classify, config, labels)?;
+        Ok(response)
+    }
+}
+
+/// Why a decoupled model (or an ensemble with a decoupled step) cannot be asked on an end point that
+/// takes one answer, as Triton refuses it.
+pub fn needs_stream(model: &str) -> Error {
+    Error::unsupported(format!(
+        "model '{model}' is decoupled (it may send several responses per request): this end point doesn't \
+         support models with decoupled transaction policy; use the gRPC ModelStreamInfer stream \
+         (tritonclient's start_stream / async_stream_infer) or HTTP generate_stream"
+    ))
+}
 
 /// Checks inputs (known, unique, present, dtype, shape, batch size) and requested outputs.
 pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Triton ensembles: the step DAG built and validated from `ensemble_scheduling` (sans-IO), which
 //! steps are ready as tensors appear, and an executor that drives any `Dispatch`.
 mod run;
+mod serve;
 mod step;
 mod stream;
 
@@ -11,6 +12,7 @@ use crate::dtype::DataType;
 use crate::proto::model_config::SchedulingChoice;
 
 pub use run::run;
+pub use serve::{serve, Served};
 pub use stream::run_stream;
 
 /// The ensemble's steps, checked against the models they call.

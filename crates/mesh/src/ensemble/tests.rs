@@ -368,3 +368,40 @@ async fn a_step_may_leave_an_optional_output_out() {
         e.message
     );
 }
+
+#[tokio::test]
+async fn serving_answers_once_with_the_ensembles_version_and_names_a_failure() {
+    let plan = Plan::build(&diamond(), &lookup).unwrap();
+    let served = serve(&plan, &arith(), request([1.0; 4]), "3", None).await;
+    assert_eq!(served.failed(), None);
+    let Served::Answered(Ok(answer)) = served else {
+        panic!("one answer: {served:?}")
+    };
+    assert_eq!(answer.model_version, "3");
+    // A stream does not change how an ensemble without a decoupled step answers.
+    let (tx, mut rx) = crate::stream::stream_channel(crate::stream::Window::new(8, u64::MAX));
+    let served = serve(&plan, &arith(), request([1.0; 4]), "3", Some(tx)).await;
+    assert!(matches!(served, Served::Answered(Ok(_))), "{served:?}");
+    assert!(rx.try_recv().is_err(), "the caller sends the one answer itself");
+    let steps = [
+        step("double", &[("x", "IN")], &[("y", "d")]),
+        step("fails", &[("x", "d")], &[("y", "OUT")]),
+    ];
+    let failing = Plan::build(&ensemble(&steps.join(", "), OUT), &lookup).unwrap();
+    let served = serve(&failing, &arith(), request([1.0; 4]), "1", None).await;
+    assert_eq!(served.failed(), Some(crate::Error::unavailable("").metric_reason()));
+}
+
+#[tokio::test]
+async fn serving_a_decoupled_ensemble_on_a_stream_sends_each_answer_then_the_final_flag() {
+    let (tx, mut rx) = crate::stream::stream_channel(crate::stream::Window::new(64, u64::MAX));
+    let served = serve(&counting(), &arith(), request([5.0, 6.0, 7.0, 8.0]), "2", Some(tx)).await;
+    assert!(matches!(served, Served::Streamed { failed: None }), "{served:?}");
+    let mut answers = 0;
+    let mut last = false;
+    while let Ok(item) = rx.try_recv() {
+        answers += usize::from(item.response.is_some());
+        last = item.last;
+    }
+    assert_eq!((answers, last), (3, true));
+}

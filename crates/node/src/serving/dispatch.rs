@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use mesh::ensemble::Served;
 use mesh::proto::ModelStatisticsResponse;
-use mesh::validate::check_request;
+use mesh::validate::Admitted;
 use mesh::{
     Dispatch, Error, IndexEntry, InferRequest, InferResponse, LoadOptions, ModelView, Result, StreamItem, StreamSender,
 };
@@ -127,14 +128,16 @@ impl NodeDispatch {
     }
 
     /// Runs one request through an ensemble's steps, each a request to this same Dispatch (so the
-    /// composing models keep their own statistics); the ensemble records its own.
+    /// composing models keep their own statistics); the ensemble records its own. Ok(None): the
+    /// answers went to `stream`.
     async fn run_ensemble(
         &self,
         model: &LoadedVersion,
         plan: &mesh::ensemble::Plan,
         request: InferRequest,
         start: Instant,
-    ) -> Result<InferResponse> {
+        stream: Option<StreamSender>,
+    ) -> Result<Option<InferResponse>> {
         let rows = request_rows(model, &request);
         InFlight::begin(model);
         let mut guard = InFlight {
@@ -142,49 +145,14 @@ impl NodeDispatch {
             start,
             finished: false,
         };
-        let result = mesh::ensemble::run(plan, self, request).await;
+        let served = mesh::ensemble::serve(plan, self, request, &model.version_label, stream).await;
         guard.finished = true;
         drop(guard);
-        record_ensemble(model, rows, start, result.as_ref().err().map(|e| e.metric_reason()));
-        result.map(|mut response| {
-            response.model_version = model.version_label.clone();
-            response
-        })
-    }
-
-    /// Runs one request through an ensemble with decoupled steps, its answers (any number) to `sink`.
-    async fn stream_ensemble(
-        &self,
-        model: &LoadedVersion,
-        plan: &mesh::ensemble::Plan,
-        mut request: InferRequest,
-        start: Instant,
-        sink: StreamSender,
-    ) {
-        let rows = request_rows(model, &request);
-        request.model_version = model.version_label.clone();
-        InFlight::begin(model);
-        let mut guard = InFlight {
-            model,
-            start,
-            finished: false,
-        };
-        // The steps stream into the client's own window; each answer's credit travels on with it.
-        let (tx, mut rx) = mesh::stream::stream_channel(sink.window().clone());
-        let forward = async {
-            let mut failed = None;
-            while let Some(item) = rx.recv().await {
-                if let Some(Err(e)) = &item.response {
-                    failed = Some(e.metric_reason());
-                }
-                let _ = sink.send(item);
-            }
-            failed
-        };
-        let ((), failed) = tokio::join!(mesh::ensemble::run_stream(plan, self, request, tx), forward);
-        guard.finished = true;
-        drop(guard);
-        record_ensemble(model, rows, start, failed);
+        record_ensemble(model, rows, start, served.failed());
+        match served {
+            Served::Answered(answer) => answer.map(Some),
+            Served::Streamed { .. } => Ok(None),
+        }
     }
 
     /// Runs one request; `stream` is where a decoupled model's answers go (None: it must answer
@@ -202,23 +170,16 @@ impl NodeDispatch {
             .is_some_and(|p| p.decoupled)
             || model.ensemble.as_ref().is_some_and(|plan| plan.decoupled);
         if decoupled && stream.is_none() {
-            return Err(Error::unsupported(format!(
-                "model '{}' is decoupled (it may send several responses per request): this end point doesn't \
-                 support models with decoupled transaction policy; use the gRPC ModelStreamInfer stream \
-                 (tritonclient's start_stream / async_stream_infer) or HTTP generate_stream",
-                request.model_name
-            )));
+            return Err(mesh::validate::needs_stream(&request.model_name));
         }
-        let checked = check_request(&model.config, &request)
-            .and_then(|()| mesh::classify::check(&model.config, &request.outputs, decoupled));
-        if let Err(e) = checked {
-            model.stats.failure(e.metric_reason(), start.elapsed());
-            return Err(e);
-        }
-        let wanted = mesh::classify::wanted(&request.outputs);
-        let classified = |mut response: InferResponse| {
-            mesh::classify::apply(&mut response, &wanted, &model.config, &model.labels).map(|()| response)
+        let admitted = match Admitted::check(&model.config, &request, decoupled) {
+            Ok(admitted) => admitted,
+            Err(e) => {
+                model.stats.failure(e.metric_reason(), start.elapsed());
+                return Err(e);
+            }
         };
+        let classified = |response: InferResponse| admitted.answer(response, &model.config, &model.labels);
         // Not for decoupled or sequence models: their answers depend on more than the inputs.
         let cacheable = !decoupled && model.sequences.is_none() && cache::enabled(&model.config);
         let cache = self.cache.as_deref().filter(|_| cacheable);
@@ -271,11 +232,7 @@ impl NodeDispatch {
         decoupled: bool,
     ) -> Result<Option<InferResponse>> {
         if let Some(plan) = model.ensemble.clone() {
-            if let (true, Some(sink)) = (plan.decoupled, stream) {
-                self.stream_ensemble(model, &plan, request, start, sink).await;
-                return Ok(None);
-            }
-            return self.run_ensemble(model, &plan, request, start).await.map(Some);
+            return self.run_ensemble(model, &plan, request, start, stream).await;
         }
         let rows = request_rows(model, &request);
         let (priority, timeout) = scheduling_params(&request)?;

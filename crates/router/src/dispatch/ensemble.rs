@@ -2,6 +2,8 @@
 //! now, each step routed through the router's Dispatch to wherever its model is served.
 use std::time::Instant;
 
+use mesh::ensemble::Served;
+use mesh::validate::Admitted;
 use mesh::{Error, IndexEntry, InferRequest, InferResponse, Result, StreamItem, StreamSender};
 
 use super::RouterDispatch;
@@ -54,7 +56,14 @@ impl RouterDispatch {
     }
 
     /// Runs a router ensemble: its steps go through this Dispatch, each wherever its model is served.
-    pub(super) async fn run_ensemble(&self, request: InferRequest) -> Result<InferResponse> {
+    /// `stream`: where the answers of an ensemble with a decoupled step go (None: it must answer
+    /// once). Checked, run, classified and counted as a node serves its own ensembles
+    /// (`mesh::validate::Admitted`, `mesh::ensemble::serve`).
+    async fn serve_ensemble(
+        &self,
+        request: InferRequest,
+        stream: Option<StreamSender>,
+    ) -> Result<Option<InferResponse>> {
         let name = request.model_name.clone();
         let plan = match self.ensemble_plan(&name) {
             Some(Ok(plan)) => plan,
@@ -64,39 +73,43 @@ impl RouterDispatch {
         let Some(ensemble) = self.ensembles.get(&name) else {
             return Err(Error::not_found(format!("unknown model: '{name}' is not found")));
         };
+        if plan.decoupled && stream.is_none() {
+            return Err(mesh::validate::needs_stream(&name));
+        }
         let started = Instant::now();
-        let wanted = mesh::classify::wanted(&request.outputs);
-        let checked = mesh::validate::check_request(&ensemble.config, &request)
-            .and_then(|()| mesh::classify::check(&ensemble.config, &request.outputs, false));
-        let result = match checked {
-            Ok(()) => mesh::ensemble::run(&plan, self, request).await.and_then(|mut r| {
-                mesh::classify::apply(&mut r, &wanted, &ensemble.config, &ensemble.labels).map(|()| r)
-            }),
-            Err(e) => Err(e),
+        let admitted = match Admitted::check(&ensemble.config, &request, plan.decoupled) {
+            Ok(admitted) => admitted,
+            Err(e) => {
+                self.ensembles.record(&name, false, started.elapsed());
+                return Err(e);
+            }
         };
-        self.ensembles.record(&name, result.is_ok(), started.elapsed());
-        result.map(|mut r| {
-            r.model_version = ensemble.version.to_string();
-            r
-        })
+        let version = ensemble.version.to_string();
+        let served = mesh::ensemble::serve(&plan, self, request, &version, stream).await;
+        self.ensembles
+            .record(&name, served.failed().is_none(), started.elapsed());
+        match served {
+            Served::Answered(answer) => answer
+                .and_then(|r| admitted.answer(r, &ensemble.config, &ensemble.labels))
+                .map(Some),
+            Served::Streamed { .. } => Ok(None),
+        }
+    }
+
+    /// A router ensemble asked for one answer.
+    pub(super) async fn run_ensemble(&self, request: InferRequest) -> Result<InferResponse> {
+        let name = request.model_name.clone();
+        self.serve_ensemble(request, None)
+            .await?
+            .ok_or_else(|| Error::internal(format!("ensemble '{name}' gave no answer")))
     }
 
     /// A router ensemble on a stream: one with a decoupled step streams each of its answers, any
     /// other answers once.
     pub(super) async fn stream_ensemble(&self, request: InferRequest, sink: StreamSender) {
-        let Some(ensemble) = self.ensembles.get(&request.model_name) else {
-            return;
-        };
-        if let Some(Ok(plan)) = self.ensemble_plan(&request.model_name) {
-            if plan.decoupled {
-                match mesh::validate::check_request(&ensemble.config, &request) {
-                    Ok(()) => mesh::ensemble::run_stream(&plan, self, request, sink).await,
-                    Err(e) => drop(sink.send(StreamItem::new(Some(Err(e)), true))),
-                }
-                return;
-            }
+        let answer = self.serve_ensemble(request, Some(sink.clone())).await;
+        if let Some(answer) = answer.transpose() {
+            let _ = sink.send(StreamItem::new(Some(answer), true));
         }
-        let response = self.run_ensemble(request).await;
-        let _ = sink.send(StreamItem::new(Some(response), true));
     }
 }
