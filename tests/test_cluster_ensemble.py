@@ -2,6 +2,8 @@
 in parallel branches), and BLS from a Python model on one node to an ONNX model that only another
 node serves (through the router). Node A serves add_sub_x (a renamed add_sub), bls_twice and
 bls_async; node B serves add_sub; the router's own repository holds the ensembles."""
+import json
+import queue
 import sys
 from pathlib import Path
 
@@ -48,6 +50,13 @@ def router_repo(repo: Path) -> Path:
         step("add_sub_x", {"INPUT0": "A", "INPUT1": "B"}, {"OUTPUT0": "SUM_ON_A"}),
         step("add_sub", {"INPUT0": "A", "INPUT1": "B"}, {"OUTPUT1": "DIFF_ON_B"}),
     ])
+    # one decoupled step (repeat_py on A): each of its answers is an answer of the ensemble
+    (repo / "repeat_router" / "1").mkdir(parents=True)
+    (repo / "repeat_router" / "config.pbtxt").write_text(
+        'name: "repeat_router"\nplatform: "ensemble"\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]\n'
+        'ensemble_scheduling { step [ ' + step("repeat_py", {"IN": "IN"}, {"OUT": "OUT", "IDX": "IDX"}) + ' ] }\n')
     # a plain model in the router's repository: placed on the nodes only once loaded (explicit mode)
     copy_models(PY_MODELS, repo, ["add_sub_py"])
     return repo
@@ -57,13 +66,14 @@ def router_repo(repo: Path) -> Path:
 def cluster(module_cluster_factory, models_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cluster-ens")
     a_repo = copy_models(models_dir / "simple", tmp / "a", ["add_sub"], rename={"add_sub": "add_sub_x"})
-    copy_models(PY_MODELS, a_repo, ["bls_twice", "bls_async"])
+    copy_models(PY_MODELS, a_repo, ["bls_twice", "bls_async", "repeat_py"])
     b_repo = copy_models(models_dir / "simple", tmp / "b", ["add_sub"])
     c = module_cluster_factory("cl-ens")
     c.start_router([router_repo(tmp / "router")], ["--model-control-mode", "explicit"])
     c.start_node("A", [a_repo], PY_ARGS)
     c.start_node("B", [b_repo])
-    wait_until(lambda: c.router.get("/v2/models/chain/ready").status == 200, 10, "the ensembles to be planned")
+    for name in ("chain", "repeat_router"):
+        wait_until(lambda: c.router.get(f"/v2/models/{name}/ready").status == 200, 30, "the ensembles to be planned")
     return c
 
 
@@ -95,7 +105,7 @@ def counts(cluster):
 
 def test_each_node_serves_only_its_models(cluster):
     view = {n["name"]: n for n in cluster.view()["nodes"]}
-    assert sorted(view["A"]["models"]) == ["add_sub_x:1", "bls_async:1", "bls_twice:1"]
+    assert sorted(view["A"]["models"]) == ["add_sub_x:1", "bls_async:1", "bls_twice:1", "repeat_py:1"]
     assert view["B"]["models"] == ["add_sub:1"]
     assert cluster.nodes["A"].get("/v2/models/add_sub/ready").status != 200
     assert cluster.nodes["B"].get("/v2/models/add_sub_x/ready").status != 200
@@ -131,6 +141,35 @@ def test_parallel_branches_run_on_different_nodes(cluster, http):
     np.testing.assert_array_equal(r.as_numpy("DIFF_ON_B"), a - b)
     after = counts(cluster)
     assert {k: after[k] - before[k] for k in after} == {"A": 1, "B": 1}
+
+
+def test_a_decoupled_step_streams_through_a_router_ensemble_and_one_answer_paths_refuse_it(cluster):
+    answers = queue.Queue()
+    client = grpcclient.InferenceServerClient(cluster.router.grpc_url)
+    inp = grpcclient.InferInput("IN", [3], "INT32")
+    inp.set_data_from_numpy(np.array([3, 5, 7], np.int32))
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    got = []
+    try:
+        client.async_stream_infer("repeat_router", [inp], enable_empty_final_response=True)
+        while True:
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            if result.as_numpy("OUT") is not None:
+                got.append((int(result.as_numpy("IDX")[0]), int(result.as_numpy("OUT")[0])))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    assert sorted(got) == [(0, 3), (1, 5), (2, 7)]
+    stats = cluster.router.get_json("/v2/models/repeat_router/stats")["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] >= 1, "the router counts a streamed ensemble"
+    # As a node refuses it (tests/test_ensemble_stream.py): 501, naming the decoupled policy.
+    body = json.dumps({"inputs": [{"name": "IN", "datatype": "INT32", "shape": [2], "data": [1, 2]}]}).encode()
+    r = cluster.router.post("/v2/models/repeat_router/infer", body)
+    assert r.status == 501, (r.status, r.body)
+    assert "decoupled transaction policy" in json.loads(r.body)["error"]
 
 
 def test_ensemble_metadata_and_statistics_through_the_router(http):
