@@ -2,7 +2,8 @@
 //! ServerLive round trip (the same transport with no model work), so the inference path's own cost shows.
 //!
 //! Run: `cargo bench -p mesh-node --bench grpc_load -- ADDR MODEL CONCURRENCY SECONDS`
-//! (defaults: http://127.0.0.1:8001 mlp 1 5). The model's first input must be FP32; MODEL `-` measures ServerLive only.
+//! (defaults: http://127.0.0.1:8001 mlp 1 5). The model's first input must be FP32; MODEL `-` measures ServerLive only;
+//! `--no-live` leaves the ServerLive row out (so that every request the server sees is a ModelInfer).
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -74,6 +75,7 @@ async fn main() {
     let model = args.get(1).cloned().unwrap_or_else(|| "mlp".into());
     let concurrency: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
     let seconds: f64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5.0);
+    let live = !std::env::args().any(|a| a == "--no-live");
     let channel = Channel::from_shared(addr.clone())
         .expect("address")
         .connect()
@@ -112,7 +114,9 @@ async fn main() {
         ..Default::default()
     };
     println!("| {addr} {model} c={concurrency} | req/s | p50 µs | p99 µs |\n|---|---|---|---|");
-    measure_live(&client, concurrency, seconds).await;
+    if live {
+        measure_live(&client, concurrency, seconds).await;
+    }
     let (lat, wall) = run(concurrency, seconds, move || {
         let mut c = client.clone();
         let r = request.clone();
