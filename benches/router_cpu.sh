@@ -7,11 +7,12 @@
 # nodes one router core can front. Then the same with pinning (taskset): the router alone on CPU 0,
 # the node and the client on CPU 1, throughput through the router against direct on that pinning.
 # Usage: benches/router_cpu.sh [SECONDS_PER_POINT] [CONCURRENCY]   (needs scripts/setup.sh; ~1 minute)
+# ROUTER_BIN and NODE_BIN run other builds (to compare a change against the commit before it).
 DEFAULT_SECS=8
 CONC=${2:-4}
 set -- "${1:-$DEFAULT_SECS}"
 source "$(dirname "$0")/common.sh"
-ROUTER=target/release/mesh-router
+ROUTER=${ROUTER_BIN:-target/release/mesh-router}
 OPS=target/release/mesh-ops
 OUT=benches/results/router-cpu-$(hostname).md
 [ -x "$ROUTER" ] && [ -x "$OPS" ] || { echo "run scripts/setup.sh first" >&2; exit 1; }
@@ -31,7 +32,7 @@ TICK=$(getconf CLK_TCK)
 "$ROUTER" --http-port 28600 --grpc-port 28601 --metrics-port 28602 --cluster-port 28603 $(tls router) \
   >"$WORK/router.log" 2>&1 &
 ROUTER_PID=$!
-"$BIN" --model-repository "$WORK/repo" --http-port 28610 --grpc-port 28611 --metrics-port 28612 \
+"${NODE_BIN:-$BIN}" --model-repository "$WORK/repo" --http-port 28610 --grpc-port 28611 --metrics-port 28612 \
   --cluster-join 127.0.0.1:28603 --node-name node $(tls node) >"$WORK/node.log" 2>&1 &
 NODE_PID=$!
 wait_live 28610; wait_live 28600

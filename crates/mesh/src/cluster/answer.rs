@@ -5,7 +5,7 @@ use quinn::{RecvStream, SendStream, VarInt};
 
 use super::convert::{answer_frame, request_from, ErrorKind};
 use super::frame::{Frame, FrameError, Limits};
-use super::io::{read_frame, write_frame};
+use super::io::{read_frame, take_end, write_frame};
 use super::msg::Message;
 use super::transport::stream_code;
 use crate::dispatch::Dispatch;
@@ -101,6 +101,8 @@ pub async fn serve<D: Dispatch + ?Sized>(
 ) {
     let cancelled = send.stopped();
     if !stream {
+        // The request was the stream's only frame: its end, read now, spares the caller a STOP_SENDING.
+        take_end(&mut recv);
         let result = tokio::select! {
             r = dispatch.infer(request) => r,
             _ = cancelled => return,

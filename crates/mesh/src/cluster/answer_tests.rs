@@ -180,3 +180,80 @@ async fn a_peer_that_finished_and_stopped_reading_credit_still_delivers_its_last
         assert_eq!(got, 4);
     }
 }
+
+/// Answers every request with its own inputs.
+struct Echo;
+
+#[async_trait::async_trait]
+impl Dispatch for Echo {
+    async fn infer(&self, request: InferRequest) -> crate::Result<InferResponse> {
+        Ok(InferResponse {
+            model_name: request.model_name,
+            outputs: request.inputs,
+            ..Default::default()
+        })
+    }
+    fn ready(&self) -> bool {
+        true
+    }
+    fn model(&self, _: &str, _: &str) -> crate::Result<ModelView> {
+        Err(crate::Error::not_found("no views here"))
+    }
+    fn repository_index(&self) -> Vec<IndexEntry> {
+        Vec::new()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unary_requests_end_their_streams_without_a_stop_sending_each() {
+    const CALLS: u64 = 200;
+    let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    let server_crypto = tls::insecure_server_crypto().unwrap();
+    let server = quinn::Endpoint::server(quinn::ServerConfig::with_crypto(server_crypto), local).unwrap();
+    let addr = server.local_addr().unwrap();
+    let limits = Limits::default();
+    let serving = {
+        let limits = limits.clone();
+        tokio::spawn(async move {
+            let conn = server.accept().await.unwrap().await.unwrap();
+            for _ in 0..CALLS {
+                let (send, mut recv) = conn.accept_bi().await.unwrap();
+                let first = read_frame(&mut recv, &limits).await.unwrap().unwrap();
+                let (request, stream) = super::request_of(first).unwrap();
+                serve(&Echo, request, stream, (send, recv), &limits, |_| ErrorKind::Answered).await;
+            }
+            conn
+        })
+    };
+    let mut client = quinn::Endpoint::client(local).unwrap();
+    client.set_default_client_config(quinn::ClientConfig::new(tls::insecure_client_crypto().unwrap()));
+    let conn = client.connect(addr, "mesh").unwrap().await.unwrap();
+    let peer = Peer {
+        conn: &conn,
+        name: "peer",
+    };
+    for n in 0..CALLS {
+        let request = InferRequest {
+            model_name: "echo".into(),
+            inputs: vec![NamedTensor {
+                name: "X".into(),
+                tensor: Tensor::from_values(vec![4], &[n as i32; 4]),
+            }],
+            ..Default::default()
+        };
+        let chunks = request_frame(&request, false, &limits).unwrap();
+        let answer = call::unary(peer, chunks, &limits).await.unwrap();
+        assert_eq!(answer.outputs[0].tensor.data, request.inputs[0].tensor.data);
+    }
+    let served = tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .unwrap()
+        .unwrap();
+    // Each side read the other's end (it came with the last frame) before dropping its stream, so
+    // no request cost a STOP_SENDING packet; a few may when an end travels in a later packet.
+    let (caller, callee) = (conn.stats().frame_tx.stop_sending, served.stats().frame_tx.stop_sending);
+    assert!(
+        caller < CALLS / 4 && callee < CALLS / 4,
+        "{caller} STOP_SENDING from the caller and {callee} from the callee for {CALLS} requests"
+    );
+}

@@ -9,7 +9,7 @@ use quinn::{Connection, VarInt};
 
 use super::convert::{answer_from, error_from, Answered, ErrorKind};
 use super::frame::{self, FrameError, Limits};
-use super::io::read_frame;
+use super::io::{read_frame, take_end};
 use super::msg::{Message, StatsQuery, StatsReply};
 use super::transport::stream_code;
 use crate::proto::ModelStatisticsResponse;
@@ -123,7 +123,10 @@ async fn open(
 pub async fn unary(link: Peer<'_>, chunks: Vec<Bytes>, limits: &Limits) -> Result<InferResponse, Failure> {
     let (_tx, mut rx) = open(link, chunks, limits, true).await?;
     let frame = match read_frame(&mut rx, limits).await {
-        Ok(Some(f)) => f,
+        Ok(Some(f)) => {
+            take_end(&mut rx);
+            f
+        }
         Ok(None) => {
             return Err(Failure::Lost(format!(
                 "{} closed the stream without answering",
