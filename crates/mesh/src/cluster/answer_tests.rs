@@ -20,7 +20,8 @@ use crate::{IndexEntry, ModelView};
 
 const ANSWERS: usize = 100;
 
-/// A decoupled model that sends `answers` answers of 1 KiB as fast as its stream's window lets it.
+/// A decoupled model that sends `answers` answers of 1 KiB as fast as its stream's window lets it
+/// (and echoes a unary request's inputs).
 struct Flood {
     made: Arc<AtomicUsize>,
     answers: usize,
@@ -28,8 +29,13 @@ struct Flood {
 
 #[async_trait::async_trait]
 impl Dispatch for Flood {
-    async fn infer(&self, _: InferRequest) -> crate::Result<InferResponse> {
-        Err(crate::Error::unsupported("streams only"))
+    /// A unary request is answered with its own inputs.
+    async fn infer(&self, request: InferRequest) -> crate::Result<InferResponse> {
+        Ok(InferResponse {
+            model_name: request.model_name,
+            outputs: request.inputs,
+            ..Default::default()
+        })
     }
     async fn infer_stream(&self, _: InferRequest, sink: StreamSender) {
         for n in 0..self.answers {
@@ -61,6 +67,36 @@ impl Dispatch for Flood {
     }
 }
 
+/// `dispatch` serving `streams` requests, one after another, on a real QUIC pair on loopback (test
+/// certificates); returns the caller's connection and the serving task, which ends with its own.
+async fn served<D: Dispatch + Send + Sync + 'static>(
+    dispatch: D,
+    streams: usize,
+) -> (quinn::Connection, tokio::task::JoinHandle<quinn::Connection>) {
+    let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    let server_crypto = tls::insecure_server_crypto().unwrap();
+    let server = quinn::Endpoint::server(quinn::ServerConfig::with_crypto(server_crypto), local).unwrap();
+    let addr = server.local_addr().unwrap();
+    let serving = tokio::spawn(async move {
+        let limits = Limits::default();
+        let conn = server.accept().await.unwrap().await.unwrap();
+        for _ in 0..streams {
+            let (send, mut recv) = conn.accept_bi().await.unwrap();
+            let first = read_frame(&mut recv, &limits).await.unwrap().unwrap();
+            let (request, stream) = super::request_of(first).unwrap();
+            serve(&dispatch, request, stream, (send, recv), &limits, |_| {
+                ErrorKind::Answered
+            })
+            .await;
+        }
+        conn
+    });
+    let mut client = quinn::Endpoint::client(local).unwrap();
+    client.set_default_client_config(quinn::ClientConfig::new(tls::insecure_client_crypto().unwrap()));
+    let conn = client.connect(addr, "mesh").unwrap().await.unwrap();
+    (conn, serving)
+}
+
 /// A served Flood of `answers` on a real QUIC pair; returns the connection to call it, and its count of answers made.
 async fn flood(
     answers: usize,
@@ -69,30 +105,12 @@ async fn flood(
     Arc<AtomicUsize>,
     tokio::task::JoinHandle<quinn::Connection>,
 ) {
-    let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
-    let server_crypto = tls::insecure_server_crypto().unwrap();
-    let server = quinn::Endpoint::server(quinn::ServerConfig::with_crypto(server_crypto), local).unwrap();
-    let addr = server.local_addr().unwrap();
     let made = Arc::new(AtomicUsize::new(0));
     let flood = Flood {
         made: made.clone(),
         answers,
     };
-    let limits = Limits::default();
-    let serving = {
-        let limits = limits.clone();
-        tokio::spawn(async move {
-            let conn = server.accept().await.unwrap().await.unwrap();
-            let (send, mut recv) = conn.accept_bi().await.unwrap();
-            let first = read_frame(&mut recv, &limits).await.unwrap().unwrap();
-            let (request, stream) = super::request_of(first).unwrap();
-            serve(&flood, request, stream, (send, recv), &limits, |_| ErrorKind::Answered).await;
-            conn
-        })
-    };
-    let mut client = quinn::Endpoint::client(local).unwrap();
-    client.set_default_client_config(quinn::ClientConfig::new(tls::insecure_client_crypto().unwrap()));
-    let conn = client.connect(addr, "mesh").unwrap().await.unwrap();
+    let (conn, serving) = served(flood, 1).await;
     (conn, made, serving)
 }
 
@@ -181,53 +199,15 @@ async fn a_peer_that_finished_and_stopped_reading_credit_still_delivers_its_last
     }
 }
 
-/// Answers every request with its own inputs.
-struct Echo;
-
-#[async_trait::async_trait]
-impl Dispatch for Echo {
-    async fn infer(&self, request: InferRequest) -> crate::Result<InferResponse> {
-        Ok(InferResponse {
-            model_name: request.model_name,
-            outputs: request.inputs,
-            ..Default::default()
-        })
-    }
-    fn ready(&self) -> bool {
-        true
-    }
-    fn model(&self, _: &str, _: &str) -> crate::Result<ModelView> {
-        Err(crate::Error::not_found("no views here"))
-    }
-    fn repository_index(&self) -> Vec<IndexEntry> {
-        Vec::new()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unary_requests_end_their_streams_without_a_stop_sending_each() {
     const CALLS: u64 = 200;
-    let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
-    let server_crypto = tls::insecure_server_crypto().unwrap();
-    let server = quinn::Endpoint::server(quinn::ServerConfig::with_crypto(server_crypto), local).unwrap();
-    let addr = server.local_addr().unwrap();
-    let limits = Limits::default();
-    let serving = {
-        let limits = limits.clone();
-        tokio::spawn(async move {
-            let conn = server.accept().await.unwrap().await.unwrap();
-            for _ in 0..CALLS {
-                let (send, mut recv) = conn.accept_bi().await.unwrap();
-                let first = read_frame(&mut recv, &limits).await.unwrap().unwrap();
-                let (request, stream) = super::request_of(first).unwrap();
-                serve(&Echo, request, stream, (send, recv), &limits, |_| ErrorKind::Answered).await;
-            }
-            conn
-        })
+    let echo = Flood {
+        made: Arc::default(),
+        answers: 0,
     };
-    let mut client = quinn::Endpoint::client(local).unwrap();
-    client.set_default_client_config(quinn::ClientConfig::new(tls::insecure_client_crypto().unwrap()));
-    let conn = client.connect(addr, "mesh").unwrap().await.unwrap();
+    let (conn, serving) = served(echo, CALLS as usize).await;
+    let limits = Limits::default();
     let peer = Peer {
         conn: &conn,
         name: "peer",
