@@ -131,7 +131,14 @@ pub struct InstancePlacement {
 }
 
 /// Expands a model's `instance_group` into concrete instances on this node's `gpus` (Triton rules).
-pub fn place_instances(config: &ModelConfig, gpus: &[i32]) -> Result<Vec<InstancePlacement>, String> {
+/// `auto_on_gpu`: whether the model's backend can run on these GPUs, so KIND_AUTO (and a config
+/// without instance groups) takes them; else KIND_AUTO runs on CPU, and only KIND_GPU or an AUTO
+/// group that lists GPUs asks for a GPU (and fails with the backend's reason if it cannot have one).
+pub fn place_instances(
+    config: &ModelConfig,
+    gpus: &[i32],
+    auto_on_gpu: bool,
+) -> Result<Vec<InstancePlacement>, String> {
     let implicit = [ModelInstanceGroup {
         kind: Kind::Auto as i32,
         count: 1,
@@ -163,7 +170,7 @@ pub fn place_instances(config: &ModelConfig, gpus: &[i32]) -> Result<Vec<Instanc
         let on_gpu = match kind {
             Kind::Gpu => true,
             // AUTO listing GPUs is an explicit GPU request, so it fails like KIND_GPU without them.
-            Kind::Auto => !gpus.is_empty() || !listed.is_empty(),
+            Kind::Auto => (auto_on_gpu && !gpus.is_empty()) || !listed.is_empty(),
             Kind::Cpu | Kind::Model => {
                 if !listed.is_empty() {
                     let k = kind.as_str_name();
@@ -243,13 +250,13 @@ mod tests {
 
     /// Placements rendered as "name:device" words, for compact assertions.
     fn ok(groups: Vec<ModelInstanceGroup>, gpus: &[i32]) -> String {
-        let placed = place_instances(&config(groups), gpus).unwrap();
+        let placed = place_instances(&config(groups), gpus, true).unwrap();
         let words: Vec<String> = placed.iter().map(|p| format!("{}:{:?}", p.name, p.device)).collect();
         words.join(" ")
     }
 
     fn err(groups: Vec<ModelInstanceGroup>, gpus: &[i32]) -> String {
-        place_instances(&config(groups), gpus).unwrap_err()
+        place_instances(&config(groups), gpus, true).unwrap_err()
     }
 
     fn gpu(index: i32) -> GpuInfo {
@@ -335,15 +342,32 @@ mod tests {
     }
 
     #[test]
+    fn auto_kind_stays_on_cpu_when_the_backend_cannot_use_the_gpus() {
+        let cpu = |groups| {
+            let placed = place_instances(&config(groups), &[0, 1], false).unwrap();
+            placed
+                .iter()
+                .map(|p| format!("{}:{:?}", p.name, p.device))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(cpu(vec![group("a", Kind::Auto, 2, &[])]), "a_0:Cpu a_1:Cpu");
+        assert_eq!(cpu(vec![]), "m_0_0:Cpu", "a config without instance groups");
+        // Naming a GPU, or KIND_GPU, is still a request for one (the backend then says why it fails).
+        assert_eq!(cpu(vec![group("a", Kind::Auto, 1, &[1])]), "a_0:Gpu(1)");
+        assert_eq!(cpu(vec![group("g", Kind::Gpu, 1, &[])]), "g_0:Gpu(0) g_1:Gpu(1)");
+    }
+
+    #[test]
     fn model_kind_is_backend_managed() {
-        let placed = place_instances(&config(vec![group("x", Kind::Model, 2, &[])]), &[0]).unwrap();
+        let placed = place_instances(&config(vec![group("x", Kind::Model, 2, &[])]), &[0], true).unwrap();
         let got: Vec<_> = placed
             .iter()
             .map(|p| (p.name.as_str(), p.device, p.model_managed))
             .collect();
         assert_eq!(got, [("x_0", Device::Cpu, true), ("x_1", Device::Cpu, true)]);
         assert!(err(vec![group("x", Kind::Model, 1, &[0])], &[0]).contains("KIND_MODEL but lists GPUs"));
-        let other = place_instances(&config(vec![group("c", Kind::Cpu, 1, &[])]), &[]).unwrap();
+        let other = place_instances(&config(vec![group("c", Kind::Cpu, 1, &[])]), &[], true).unwrap();
         assert!(!other[0].model_managed);
     }
 
@@ -354,13 +378,13 @@ mod tests {
             group("", Kind::Gpu, 1, &[0]),
             group("fast", Kind::Gpu, 1, &[]),
         ];
-        let placed = place_instances(&config(groups), &[0]).unwrap();
+        let placed = place_instances(&config(groups), &[0], true).unwrap();
         let got: Vec<(&str, usize)> = placed.iter().map(|p| (p.name.as_str(), p.group)).collect();
         assert_eq!(got, [("m_0_0", 0), ("m_1_0", 1), ("fast_0", 2)]);
         // Triton's names: a group of one is named by its group alone, a larger group per instance.
         let triton: Vec<&str> = placed.iter().map(|p| p.triton_name.as_str()).collect();
         assert_eq!(triton, ["m_0", "m_1", "fast"]);
-        let pair = place_instances(&config(vec![group("", Kind::Cpu, 2, &[])]), &[]).unwrap();
+        let pair = place_instances(&config(vec![group("", Kind::Cpu, 2, &[])]), &[], true).unwrap();
         let triton: Vec<&str> = pair.iter().map(|p| p.triton_name.as_str()).collect();
         assert_eq!(triton, ["m_0_0", "m_0_1"]);
         let dup = vec![group("m_1", Kind::Cpu, 1, &[]), group("", Kind::Cpu, 1, &[])];
@@ -378,7 +402,7 @@ mod tests {
 
     #[test]
     fn total_instances_are_capped() {
-        let placed = place_instances(&config(vec![group("g", Kind::Cpu, 64, &[])]), &[]).unwrap();
+        let placed = place_instances(&config(vec![group("g", Kind::Cpu, 64, &[])]), &[], true).unwrap();
         assert_eq!(placed.len(), MAX_INSTANCES_PER_MODEL);
         assert!(err(vec![group("g", Kind::Cpu, 65, &[])], &[]).contains("more than 64 instances"));
         assert!(err(vec![group("g", Kind::Gpu, i32::MAX, &[])], &[0, 1]).contains("more than 64"));

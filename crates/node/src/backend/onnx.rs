@@ -62,6 +62,24 @@ fn thread_param(config: &ModelConfig, key: &str) -> Result<Option<usize>, String
     }
 }
 
+/// Whether the loaded ONNX Runtime has its CUDA execution provider (the PyPI `onnxruntime` wheel does
+/// not; `onnxruntime-gpu` does). Asked once; when it has none, one line says what follows.
+pub fn cuda_available() -> bool {
+    static CUDA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CUDA.get_or_init(|| {
+        use ort::ep::ExecutionProvider;
+        let available = ort::ep::CUDA::is_available().unwrap_or(false);
+        if !available {
+            tracing::info!(
+                "this ONNX Runtime has no CUDA execution provider: ONNX models with KIND_AUTO instances (or no \
+                 instance_group) run on CPU, and KIND_GPU ones fail to load; for GPUs point \
+                 --backend-config onnxruntime,library= (or ORT_DYLIB_PATH) at an onnxruntime-gpu library"
+            );
+        }
+        available
+    })
+}
+
 /// Opens an ONNX Runtime session on the given device.
 pub fn open_session(
     env: &ort::environment::Environment,

@@ -62,6 +62,19 @@ fn adopt_name(config: &mut ModelConfig, name: &str, source: &str) -> Result<(), 
     Ok(())
 }
 
+/// The model's instances on this node's `gpus`. KIND_AUTO takes the GPUs only when the model's
+/// backend can run there (an ONNX Runtime or torch without CUDA runs such a model on CPU, as the
+/// log's one line at the first such model says); KIND_GPU always asks for one.
+pub(super) fn placements(config: &ModelConfig, gpus: &[i32]) -> Result<Vec<placement::InstancePlacement>, String> {
+    let auto_on_gpu = !gpus.is_empty()
+        && match backend_kind(config)? {
+            BackendKind::Onnx => crate::backend::onnx::cuda_available(),
+            BackendKind::Torch => crate::backend::torch::cuda_available(),
+            BackendKind::Python | BackendKind::TensorFlow => true,
+        };
+    placement::place_instances(config, gpus, auto_on_gpu)
+}
+
 fn backend_kind(config: &ModelConfig) -> Result<BackendKind, String> {
     match (config.platform.as_str(), config.backend.as_str()) {
         ("" | "onnxruntime_onnx", "" | "onnxruntime") => Ok(BackendKind::Onnx),
@@ -195,7 +208,7 @@ pub async fn load_model(
     let kind = backend_kind(&written)?;
     validate_config(&written)?;
     let versions = repository::select_versions(&written, &dir.versions)?;
-    let placements = placement::place_instances(&written, &repos.gpus)?;
+    let placements = placements(&written, &repos.gpus)?;
     let mut files = Vec::with_capacity(versions.len());
     for &v in &versions {
         let file = dir.path.join(v.to_string()).join(repository::model_file_name(&written));

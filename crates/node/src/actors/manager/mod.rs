@@ -12,7 +12,6 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 use crate::actors::model::ModelHandle;
 use crate::actors::table::{ModelEntry, ModelState, ModelTable, Source};
 use crate::cli::ControlMode;
-use crate::placement;
 use crate::repository::{self, ModelDir};
 use loader::Repositories;
 use mesh::overrides::write_override_dir;
@@ -275,7 +274,7 @@ impl Manager {
         next.instance_group = written.instance_group.clone();
         let resized = async {
             validate_config(&next)?;
-            let placements = placement::place_instances(&next, &self.repos.gpus)?;
+            let placements = loader::placements(&next, &self.repos.gpus)?;
             let next = Arc::new(next);
             for h in &handles {
                 h.resize(next.clone(), placements.clone()).await?;

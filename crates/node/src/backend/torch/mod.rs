@@ -20,6 +20,28 @@ pub const PARAM_INTRA_OP_THREADS: &str = "INTRA_OP_THREAD_COUNT";
 pub const PARAM_INTER_OP_THREADS: &str = "INTER_OP_THREAD_COUNT";
 pub const PARAM_DISABLE_OPTIMIZED_EXECUTION: &str = "DISABLE_OPTIMIZED_EXECUTION";
 
+/// Whether torch can run on CUDA here (a CPU build of torch cannot); asked once, and when it
+/// cannot, one line says what follows. Without the `torch` feature no TorchScript model loads, so
+/// the answer does not matter.
+pub fn cuda_available() -> bool {
+    #[cfg(feature = "torch")]
+    {
+        static CUDA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *CUDA.get_or_init(|| {
+            let available = tch::Cuda::is_available();
+            if !available {
+                tracing::info!(
+                    "torch cannot use CUDA here: TorchScript models with KIND_AUTO instances (or no instance_group) \
+                     run on CPU, and KIND_GPU ones fail to load"
+                );
+            }
+            available
+        })
+    }
+    #[cfg(not(feature = "torch"))]
+    true
+}
+
 /// Why a build without the feature cannot load a TorchScript model, and how to get one that can.
 pub const NOT_BUILT: &str = "this mesh-node was built without TorchScript support; run scripts/setup-torch.sh \
      (it installs PyTorch 2.13 into .venv and builds with `--features torch`)";
