@@ -21,24 +21,25 @@ pub const PARAM_INTER_OP_THREADS: &str = "INTER_OP_THREAD_COUNT";
 pub const PARAM_DISABLE_OPTIMIZED_EXECUTION: &str = "DISABLE_OPTIMIZED_EXECUTION";
 
 /// Whether torch can run on CUDA here (a CPU build of torch cannot); asked once, and when it
-/// cannot, one line says what follows. Without the `torch` feature no TorchScript model loads, so
-/// the answer does not matter.
+/// cannot, one line says what follows.
+#[cfg(feature = "torch")]
 pub fn cuda_available() -> bool {
-    #[cfg(feature = "torch")]
-    {
-        static CUDA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *CUDA.get_or_init(|| {
-            let available = tch::Cuda::is_available();
-            if !available {
-                tracing::info!(
-                    "torch cannot use CUDA here: TorchScript models with KIND_AUTO instances (or no instance_group) \
-                     run on CPU, and KIND_GPU ones fail to load"
-                );
-            }
-            available
-        })
-    }
-    #[cfg(not(feature = "torch"))]
+    static CUDA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CUDA.get_or_init(|| {
+        let available = tch::Cuda::is_available();
+        if !available {
+            tracing::info!(
+                "torch cannot use CUDA here: TorchScript models with KIND_AUTO instances (or no instance_group) \
+                 run on CPU, and KIND_GPU ones fail to load"
+            );
+        }
+        available
+    })
+}
+
+/// Without the `torch` feature no TorchScript model loads, so where it would run does not matter.
+#[cfg(not(feature = "torch"))]
+pub fn cuda_available() -> bool {
     true
 }
 
