@@ -100,16 +100,16 @@ impl AsRef<[u8]> for Payload {
     }
 }
 
-/// Writes an encoded frame (the chunks of `frame::encode`) without copying its tensors.
 /// Takes the end of a stream whose last frame was read, when the end has already arrived (it
 /// usually travels in the same packet as that frame). A stream read to its end is dropped quietly;
 /// one dropped before would send the peer a STOP_SENDING, which costs a packet and a wake-up on
 /// both ends for every request. Never waits.
-pub fn take_end(recv: &mut RecvStream) -> bool {
+pub fn take_end(recv: &mut RecvStream) {
     use futures::FutureExt;
-    matches!(recv.read_chunk(usize::MAX, true).now_or_never(), Some(Ok(None)))
+    let _ = recv.read_chunk(usize::MAX, true).now_or_never();
 }
 
+/// Writes an encoded frame (the chunks of `frame::encode`) without copying its tensors.
 pub async fn write_frame(send: &mut SendStream, mut chunks: Vec<Bytes>) -> Result<(), FrameError> {
     send.write_all_chunks(&mut chunks)
         .await
