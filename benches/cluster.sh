@@ -15,10 +15,7 @@ OUT=benches/results/cluster-$(hostname).md
 [ -x "$ROUTER" ] && [ -x "$OPS" ] || { echo "run scripts/setup.sh first" >&2; exit 1; }
 
 # Models: the MLP unbatched (latency), and a 16 MiB identity.
-mkdir -p "$WORK/repo/mlp/1" && cp target/models/simple/mlp/1/model.onnx "$WORK/repo/mlp/1/"
-printf 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 32\n%s\n' \
-  'input [ { name: "x" data_type: TYPE_FP32 dims: [ 64 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]' \
-  > "$WORK/repo/mlp/config.pbtxt"
+write_mlp "$WORK/repo"
 mkdir -p "$WORK/repo/big/1"
 .venv/bin/python - "$WORK/repo/big/1/model.onnx" <<'PY'
 import sys, onnx
@@ -31,10 +28,7 @@ m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 m.ir_version = 8  # what onnxruntime 1.31 reads (the onnx wheel writes a newer one by default)
 onnx.save(m, sys.argv[1])
 PY
-"$OPS" certs init "$WORK/certs" >/dev/null
-"$OPS" certs issue "$WORK/certs" router --role router >/dev/null
-"$OPS" certs issue "$WORK/certs" node --role node >/dev/null
-tls() { echo --cluster-ca "$WORK/certs/ca.pem" --cluster-cert "$WORK/certs/$1.pem" --cluster-key "$WORK/certs/$1.key"; }
+cluster_certs router:router node:node
 
 cargo build -q --release -p mesh-node --bench grpc_load
 cargo build -q --release -p mesh-router --bench link

@@ -1,5 +1,6 @@
 # Shared set-up of the benchmark scripts (sourced): repository root, peers, binary, a work folder
-# removed on exit with every server started in the background. Sets SECS, PEERS, BIN, WORK.
+# removed on exit with every server started in the background. Sets SECS, PEERS, BIN, WORK; defines
+# measure, wait_live, write_add_sub, write_mlp, cluster_certs and tls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-${DEFAULT_SECS:-5}}
@@ -50,3 +51,24 @@ class TritonPythonModel:
         return out
 PY
 }
+
+# The small MLP (FP32 [64] -> [16], max_batch_size 32, no dynamic batching, so latency is measured
+# unbatched) as model "mlp" in repository $1.
+write_mlp() {
+  mkdir -p "$1/mlp/1" && cp target/models/simple/mlp/1/model.onnx "$1/mlp/1/"
+  printf 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 32\n%s\n' \
+    'input [ { name: "x" data_type: TYPE_FP32 dims: [ 64 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]' \
+    > "$1/mlp/config.pbtxt"
+}
+
+# A cluster CA in $WORK/certs and one certificate per NAME:ROLE argument (mesh-ops certs issue).
+cluster_certs() {
+  target/release/mesh-ops certs init "$WORK/certs" >/dev/null
+  local spec
+  for spec in "$@"; do
+    target/release/mesh-ops certs issue "$WORK/certs" "${spec%%:*}" --role "${spec##*:}" >/dev/null
+  done
+}
+
+# The cluster TLS flags of certificate NAME made by cluster_certs.
+tls() { echo --cluster-ca "$WORK/certs/ca.pem" --cluster-cert "$WORK/certs/$1.pem" --cluster-key "$WORK/certs/$1.key"; }

@@ -10,11 +10,8 @@ DEFAULT_SECS=4
 source "$(dirname "$0")/common.sh"
 MODEL_DIR=target/models/simple/mlp
 OUT=benches/results/e2e-$(hostname).md
-mkdir -p "$WORK/mlp/1" && cp "$MODEL_DIR/1/model.onnx" "$WORK/mlp/1/"
 # Latency is measured unbatched: dynamic batching would add its queue delay at concurrency 1.
-printf 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 32\n%s\n' \
-  'input [ { name: "x" data_type: TYPE_FP32 dims: [ 64 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]' \
-  > "$WORK/mlp/config.pbtxt"
+write_mlp "$WORK"
 mkdir -p "$WORK/empty"
 cargo build -q --release -p mesh-node --benches
 

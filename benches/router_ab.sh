@@ -16,17 +16,10 @@ ROUNDS=${4:-4}
 DEFAULT_SECS=4
 set -- "${3:-4}"
 source "$(dirname "$0")/common.sh"
-OPS=target/release/mesh-ops
 OUT=benches/results/router-ab-$(hostname).md
 
-mkdir -p "$WORK/repo/mlp/1" && cp target/models/simple/mlp/1/model.onnx "$WORK/repo/mlp/1/"
-printf 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 32\n%s\n' \
-  'input [ { name: "x" data_type: TYPE_FP32 dims: [ 64 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]' \
-  > "$WORK/repo/mlp/config.pbtxt"
-"$OPS" certs init "$WORK/certs" >/dev/null
-for name in router-a router-b; do "$OPS" certs issue "$WORK/certs" "$name" --role router >/dev/null; done
-"$OPS" certs issue "$WORK/certs" node --role node >/dev/null
-tls() { echo --cluster-ca "$WORK/certs/ca.pem" --cluster-cert "$WORK/certs/$1.pem" --cluster-key "$WORK/certs/$1.key"; }
+write_mlp "$WORK/repo"
+cluster_certs router-a:router router-b:router node:node
 cargo build -q --release -p mesh-node --bench grpc_load
 LOAD=$(ls -t target/release/deps/grpc_load-* | grep -v '\.d$' | head -1)
 

@@ -17,14 +17,8 @@ OPS=target/release/mesh-ops
 OUT=benches/results/router-cpu-$(hostname).md
 [ -x "$ROUTER" ] && [ -x "$OPS" ] || { echo "run scripts/setup.sh first" >&2; exit 1; }
 
-mkdir -p "$WORK/repo/mlp/1" && cp target/models/simple/mlp/1/model.onnx "$WORK/repo/mlp/1/"
-printf 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 32\n%s\n' \
-  'input [ { name: "x" data_type: TYPE_FP32 dims: [ 64 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]' \
-  > "$WORK/repo/mlp/config.pbtxt"
-"$OPS" certs init "$WORK/certs" >/dev/null
-"$OPS" certs issue "$WORK/certs" router --role router >/dev/null
-"$OPS" certs issue "$WORK/certs" node --role node >/dev/null
-tls() { echo --cluster-ca "$WORK/certs/ca.pem" --cluster-cert "$WORK/certs/$1.pem" --cluster-key "$WORK/certs/$1.key"; }
+write_mlp "$WORK/repo"
+cluster_certs router:router node:node
 cargo build -q --release -p mesh-node --bench grpc_load
 LOAD=$(ls -t target/release/deps/grpc_load-* | grep -v '\.d$' | head -1)
 TICK=$(getconf CLK_TCK)
