@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Dynamic batching benchmark (issue 3), in one run: perf_analyzer at concurrency 16 against the same MLP
 # served without and with dynamic batching, and raw in-process ONNX Runtime at the batch size the server
-# actually formed (read from the statistics extension). Two models: the tiny MLP of scripts/gen_models.py
-# and a wider one (64→1024→1024→16) whose compute matters.
+# actually formed (read from the statistics extension). Three models: the tiny MLP of scripts/gen_models.py
+# (64→128→16), the small MLP of issue 26 (256→1024→256) and a wider one (64→1024→1024→16).
 # Output: markdown on stdout and in benches/results/batching-<host>.md. Needs scripts/setup.sh; ~2 minutes.
 # MESH_BENCH_PARAMS adds config lines to the served models, e.g. an intra_op_thread_count parameter.
 source "$(dirname "$0")/common.sh"
@@ -18,24 +18,30 @@ rng = np.random.default_rng(7)
 def layer(n_in, n_out, i):
     return [numpy_helper.from_array((rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32), f"w{i}"),
             numpy_helper.from_array(np.zeros(n_out, np.float32), f"b{i}")]
-inits, nodes, prev, dims = [], [], "x", [64, 1024, 1024, 16]
-for i in range(3):
-    inits += layer(dims[i], dims[i + 1], i)
-    out = "y" if i == 2 else f"h{i}"
-    nodes.append(helper.make_node("Gemm", [prev, f"w{i}", f"b{i}"], [out if i == 2 else f"g{i}"]))
-    if i < 2:
-        nodes.append(helper.make_node("Relu", [f"g{i}"], [out]))
-    prev = out
-g = helper.make_graph(nodes, "mlp_wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
-                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], inits)
-m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-m.ir_version = 8
-onnx.save(m, f"{work}/mlp_wide.onnx")
+def mlp(name, dims):
+    inits, nodes, prev = [], [], "x"
+    for i in range(len(dims) - 1):
+        inits += layer(dims[i], dims[i + 1], i)
+        last = i == len(dims) - 2
+        out = "y" if last else f"h{i}"
+        nodes.append(helper.make_node("Gemm", [prev, f"w{i}", f"b{i}"], [out if last else f"g{i}"]))
+        if not last:
+            nodes.append(helper.make_node("Relu", [f"g{i}"], [out]))
+        prev = out
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dims[0]])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dims[-1]])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, f"{work}/{name}.onnx")
+mlp("mlp_wide", [64, 1024, 1024, 16])
+mlp("mlp_mid", [256, 1024, 256])
 PY
 
-IO='input [ { name: "x" data_type: TYPE_FP32 dims: [ 64 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]'
-for model in mlp mlp_wide; do
-  src=target/models/simple/mlp/1/model.onnx; [ $model = mlp_wide ] && src=$WORK/mlp_wide.onnx
+MODELS=${MESH_BENCH_MODELS:-mlp mlp_mid mlp_wide}
+for model in $MODELS; do
+  src=target/models/simple/mlp/1/model.onnx; [ $model != mlp ] && src=$WORK/$model.onnx
+  IO='input [ { name: "x" data_type: TYPE_FP32 dims: [ 64 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]'
+  [ $model = mlp_mid ] && IO='input [ { name: "x" data_type: TYPE_FP32 dims: [ 256 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 256 ] } ]'
   for variant in plain batched; do
     d=$WORK/repo/${model}_$variant; mkdir -p "$d/1"; cp "$src" "$d/1/model.onnx"
     extra=""; [ $variant = batched ] && extra='dynamic_batching { max_queue_delay_microseconds: 500 }'
@@ -52,7 +58,7 @@ echo "# Dynamic batching, concurrency 16, gRPC, $(date -u +%F), $(nproc) vCPU $(
 echo
 echo "| model | served | infer/s | p50 µs | avg batch | raw ORT rows/s at that batch | server / raw |"
 echo "|---|---|---|---|---|---|---|"
-for model in mlp mlp_wide; do
+for model in $MODELS; do
   for variant in plain batched; do
     name=${model}_$variant
     "$PEERS/bin/perf_analyzer" -m "$name" -u localhost:28301 -i grpc --concurrency-range 16 \

@@ -62,6 +62,16 @@ def test_settings_change_what_the_log_says(server):
     http.close()
 
 
+def test_a_log_that_is_not_a_terminal_is_plain_text(server):
+    """A log written to a file (as here) or a pipe carries no ANSI colour codes (issue 27)."""
+    http = httpclient.InferenceServerClient(server.http_url)
+    http.load_model("mlp")
+    http.close()
+    raw = server.log_path.read_text(errors="replace")
+    assert "model ready" in raw, raw[-2000:]
+    assert "\x1b[" not in raw, "escape codes in a log file: " + repr(raw[-500:])
+
+
 def test_grpc_reads_and_changes_the_same_settings(server):
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     got = grpc.get_log_settings(as_json=True)["settings"]
@@ -96,3 +106,5 @@ def test_the_router_serves_the_extension_for_itself(cluster_factory):
     assert http.update_log_settings({"log_verbose_level": 2})["log_verbose_level"] == 2
     assert http.get_log_settings()["log_verbose_level"] == 2
     http.close()
+    raw = c.router.log_path.read_text(errors="replace")
+    assert "async runtime" in raw and "\x1b[" not in raw, repr(raw[-500:])

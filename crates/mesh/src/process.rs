@@ -26,13 +26,44 @@ pub fn init_logging(crates: &[&str], level: &str) {
     let live = tracing_subscriber::filter::dynamic_filter_fn(|meta, _| crate::logging::allows(meta.level()));
     let _ = tracing_subscriber::registry()
         .with(env.unwrap_or_else(|_| filter.into()))
-        .with(tracing_subscriber::fmt::layer().with_target(false).with_filter(live))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_target(false)
+                // Colours only on a terminal: a file, a pipe or a log collector gets plain text.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+                .with_filter(live),
+        )
         .try_init();
 }
 
-/// Runs `main` on a multi-threaded runtime; an error is logged and makes the exit code a failure.
+/// Async worker threads: `TOKIO_WORKER_THREADS` when it is a positive number, else one per core
+/// (tokio's own default; a value tokio would refuse falls back to it instead of stopping start-up).
+/// Fewer workers mean fewer cross-thread wake-ups per request: on a 2-vCPU host shared by a router,
+/// a node and a client, one router worker saved 15-20 µs of router CPU per routed request, while a
+/// node with one worker served unbatched models that run inline about a sixth slower
+/// (benches/README.md, "Issue 26, second part").
+pub fn workers(cores: usize, env: Option<&str>) -> usize {
+    match env.and_then(|v| v.trim().parse::<usize>().ok()) {
+        Some(n) if n > 0 => n,
+        _ => cores.max(1),
+    }
+}
+
+/// Runs `main` on a multi-threaded runtime with [`workers`] threads; an error is logged and
+/// makes the exit code a failure.
 pub fn run(main: impl Future<Output = Result<(), String>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = workers(cores, std::env::var("TOKIO_WORKER_THREADS").ok().as_deref());
+    tracing::info!(
+        workers = threads,
+        cores,
+        "async runtime (TOKIO_WORKER_THREADS sets the worker count)"
+    );
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!("cannot start the async runtime: {e}");
@@ -81,4 +112,19 @@ pub fn hostname() -> Option<String> {
         .ok()
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::workers;
+
+    #[test]
+    fn one_per_core_unless_the_environment_says() {
+        assert_eq!(workers(0, None), 1);
+        assert_eq!(workers(16, None), 16);
+        assert_eq!(workers(2, Some(" 1 ")), 1);
+        // Nonsense falls back to the rule instead of failing start-up.
+        assert_eq!(workers(8, Some("0")), 8);
+        assert_eq!(workers(8, Some("many")), 8);
+    }
 }

@@ -6,11 +6,9 @@ Frame: u32 header length, u32 blob length (little-endian), a JSON header, then t
 bytes that did not fit in shared memory). The shared memory is split in two halves: mesh-node
 writes the first (execute inputs, BLS results), this stub writes the second (outputs, BLS inputs);
 each side starts its half afresh with every execute, which mesh-node sends one at a time."""
-import asyncio
 import collections
 import importlib.machinery
 import importlib.util
-import inspect
 import itertools
 import json
 import mmap
@@ -22,6 +20,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 
 import numpy as np
 
@@ -105,7 +104,7 @@ class Host(Calls):
         self.pending = {}
         self.pending_lock = threading.Lock()
         self.read_lock = threading.Lock()
-        self.loop = asyncio.new_event_loop()
+        self._loop = None  # made on first use: asyncio alone is about 10 MB of a stub's memory
         self.watching = False
         self.spin = spin_us / 1e6
         self.model = None
@@ -121,6 +120,15 @@ class Host(Calls):
         self.decoupled = False
         self.concurrent = False
         self.later = collections.deque()  # frames to send with the next one (from __del__, which may run anywhere)
+
+    @property
+    def loop(self):
+        """The stub's event loop, for `async def` models and `async_exec`. It is made, and asyncio
+        imported, only when a model needs it."""
+        if self._loop is None:
+            import asyncio
+            self._loop = asyncio.new_event_loop()
+        return self._loop
 
     def start_reader(self):
         """Decoupled models answer from their own threads, which may also make BLS calls while the
@@ -351,7 +359,7 @@ class Host(Calls):
         self.instance_name = header["args"].get("model_instance_name", self.model_name)
         if hasattr(self.model, "initialize"):
             result = self.model.initialize(header["args"])
-            if inspect.iscoroutine(result):
+            if isinstance(result, types.CoroutineType):
                 self.loop.run_until_complete(result)
         self.decoupled = bool(header.get("decoupled"))
         if self.decoupled:
@@ -360,6 +368,7 @@ class Host(Calls):
             # A decoupled `async def execute` runs on an event loop of its own thread, several
             # executions at once, as Triton runs it (mesh-node takes the next execute meanwhile).
             # A plain model's coroutine runs to completion, one execution at a time, as Triton's.
+            import inspect
             if inspect.iscoroutinefunction(getattr(self.model, "execute", None)):
                 self.concurrent = True
                 threading.Thread(target=self.loop.run_forever, name="mesh-stub-loop", daemon=True).start()
@@ -433,7 +442,7 @@ class Host(Calls):
         seq, requests, senders = self.decoupled_requests(header, blob)
         try:
             result = self.model.execute(requests)
-            if inspect.iscoroutine(result):
+            if isinstance(result, types.CoroutineType):
                 result = self.loop.run_until_complete(result)
         except Exception as e:  # noqa: BLE001 - fails the requests still open, not the stub
             for sender in senders:
@@ -472,6 +481,7 @@ class Host(Calls):
                 if not isinstance(e, Exception):
                     raise
 
+        import asyncio
         asyncio.run_coroutine_threadsafe(run(), self.loop)
         return {"op": "executed", "seq": seq}, []
 
@@ -483,7 +493,7 @@ class Host(Calls):
         requests = self.requests_of(header, blob)
         try:
             result = self.model.execute(requests)
-            if inspect.iscoroutine(result):
+            if isinstance(result, types.CoroutineType):
                 result = self.loop.run_until_complete(result)
         except Exception as e:  # noqa: BLE001 - the model's error fails its requests, not the stub
             message = self.failure(e)

@@ -2,7 +2,6 @@
 requests (sync, async and decoupled) and custom-metric operations, plus log lines. A mixin of the
 stub's Host, which provides the frames (send, recv, complete) and tensors (encode, decode).
 Written for the mesh."""
-import asyncio
 import os
 import queue
 import sys
@@ -65,6 +64,7 @@ class Calls:
     async def await_call(self, call_id, header, blobs, on_answer, done):
         """Sends a BLS call and awaits `done`, which `on_answer` resolves; without a reading thread
         the event loop reads the socket meanwhile (several calls may be awaited at once)."""
+        import asyncio
         loop = asyncio.get_running_loop()
         with self.pending_lock:
             self.pending[call_id] = on_answer
@@ -84,6 +84,7 @@ class Calls:
                     self.watching = False
 
     async def bls_async(self, request):
+        import asyncio
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         call_id, header, blobs = self.bls_message(request)
@@ -117,6 +118,7 @@ class Calls:
 
     async def bls_stream_async(self, request):
         """async_exec(decoupled=True): every response, once the final flag has come."""
+        import asyncio
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         call_id, header, blobs = self.bls_message(request)
