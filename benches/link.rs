@@ -109,7 +109,7 @@ async fn grpc_client() -> GrpcInferenceServiceClient<tonic::transport::Channel> 
             let _ = s.set_nodelay(true);
         })
     });
-    let service = mesh::grpc::GrpcFrontend::server(Arc::new(Echo), usize::MAX, Default::default(), None);
+    let service = mesh::grpc::GrpcFrontend::server(Arc::new(Echo), usize::MAX, Default::default(), None, false);
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(service)

@@ -2,6 +2,7 @@
 
 pub mod classify;
 pub mod cluster;
+pub mod compat;
 pub mod config;
 pub mod control;
 pub mod dispatch;
@@ -47,6 +48,19 @@ pub use request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
 pub use stream::{StreamItem, StreamSender};
 pub use tensor::{NamedTensor, Tensor};
 
-/// The server name and version reported by server metadata.
+/// The server name reported by server metadata unless `--id` gives another.
 pub const SERVER_NAME: &str = "mesh";
+static SERVER_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets the name server metadata reports (`--id`); the first call wins.
+pub fn set_server_name(name: &str) {
+    let _ = SERVER_ID.set(name.to_string());
+}
+
+/// The name server metadata reports: `--id`, else [`SERVER_NAME`].
+pub fn server_name() -> &'static str {
+    SERVER_ID.get().map_or(SERVER_NAME, String::as_str)
+}
+
+/// The server version reported by server metadata.
 pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");

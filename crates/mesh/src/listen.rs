@@ -308,3 +308,87 @@ impl TlsArgs {
         Ok(Some(tls))
     }
 }
+
+/// tritonserver's gRPC connection flags (flattened into `ListenArgs`); durations in milliseconds.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct GrpcConnArgs {
+    /// Pings an idle client connection this often (default: never).
+    #[arg(long, value_name = "MS")]
+    pub grpc_keepalive_time: Option<u64>,
+    /// Closes a connection whose ping is not answered within this long.
+    #[arg(long, value_name = "MS")]
+    pub grpc_keepalive_timeout: Option<u64>,
+    /// Closes connections older than this, after --grpc-max-connection-age-grace for their calls.
+    #[arg(long, value_name = "MS")]
+    pub grpc_max_connection_age: Option<u64>,
+    #[arg(long, value_name = "MS")]
+    pub grpc_max_connection_age_grace: Option<u64>,
+    /// `none`, `low`, `medium` or `high`: anything but `none` gzips the answers of clients that
+    /// accept gzip (at one level; the levels are not told apart).
+    #[arg(long, value_parser = ["none", "low", "medium", "high"])]
+    pub grpc_infer_response_compression_level: Option<String>,
+    // gRPC core's client-ping policy; the mesh's HTTP/2 server answers every ping, so these are
+    // accepted and logged as having no effect.
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new())]
+    pub grpc_keepalive_permit_without_calls: Option<bool>,
+    #[arg(long)]
+    pub grpc_http2_max_pings_without_data: Option<u64>,
+    #[arg(long)]
+    pub grpc_http2_min_recv_ping_interval_without_data: Option<u64>,
+    #[arg(long)]
+    pub grpc_http2_max_ping_strikes: Option<u64>,
+}
+
+impl GrpcConnArgs {
+    /// Applies keep-alive and connection age to the gRPC server.
+    pub fn apply(&self, mut builder: tonic::transport::Server) -> tonic::transport::Server {
+        let ms = Duration::from_millis;
+        if let Some(t) = self.grpc_keepalive_time {
+            builder = builder.http2_keepalive_interval(Some(ms(t.max(1))));
+        }
+        if let Some(t) = self.grpc_keepalive_timeout {
+            builder = builder.http2_keepalive_timeout(Some(ms(t.max(1))));
+        }
+        if let Some(t) = self.grpc_max_connection_age {
+            builder = builder.max_connection_age(ms(t.max(1)));
+        }
+        if let Some(t) = self.grpc_max_connection_age_grace {
+            builder = builder.max_connection_age_grace(ms(t));
+        }
+        builder
+    }
+
+    /// Whether answers are gzipped for clients that accept it.
+    pub fn compress(&self) -> bool {
+        self.grpc_infer_response_compression_level
+            .as_deref()
+            .is_some_and(|l| l != "none")
+    }
+
+    /// Logs the given ping-policy flags, which have no effect.
+    pub fn log_ignored(&self) {
+        let given = [
+            (
+                self.grpc_keepalive_permit_without_calls.is_some(),
+                "--grpc-keepalive-permit-without-calls",
+            ),
+            (
+                self.grpc_http2_max_pings_without_data.is_some(),
+                "--grpc-http2-max-pings-without-data",
+            ),
+            (
+                self.grpc_http2_min_recv_ping_interval_without_data.is_some(),
+                "--grpc-http2-min-recv-ping-interval-without-data",
+            ),
+            (
+                self.grpc_http2_max_ping_strikes.is_some(),
+                "--grpc-http2-max-ping-strikes",
+            ),
+        ];
+        for (_, flag) in given.iter().filter(|(g, _)| *g) {
+            tracing::info!(
+                "tritonserver flag {flag} accepted without effect: the mesh's HTTP/2 server answers every client ping and has no ping-strike policy"
+            );
+        }
+    }
+}

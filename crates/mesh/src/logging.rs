@@ -28,6 +28,19 @@ static LIVE: Live = Live {
 
 const FORMATS: [&str; 2] = ["default", "ISO8601"];
 
+/// The file the log goes to (`--log-file`); unset: standard output.
+static FILE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Records where the log is written (`--log-file`), as `log_file` reports it; the first call wins.
+pub fn set_file(path: &str) {
+    let _ = FILE.set(path.to_string());
+}
+
+/// The format the server starts with (`--log-format`); an unknown name is refused.
+pub fn set_format(format: &str) -> Result<()> {
+    update(&[("log_format".into(), SettingValue::Str(format.to_string()))]).map(|_| ())
+}
+
 /// The settings as the extension reports them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LogSettings {
@@ -49,7 +62,7 @@ pub enum SettingValue {
 
 pub fn settings() -> LogSettings {
     LogSettings {
-        log_file: String::new(),
+        log_file: FILE.get().cloned().unwrap_or_default(),
         log_info: LIVE.info.load(Ordering::Relaxed),
         log_warning: LIVE.warning.load(Ordering::Relaxed),
         log_error: LIVE.error.load(Ordering::Relaxed),
@@ -79,11 +92,11 @@ pub fn update(changes: &[(String, SettingValue)]) -> Result<LogSettings> {
             ("log_verbose_level", _) => return Err(wrong("a non-negative integer")),
             ("log_format", SettingValue::Str(f)) if FORMATS.contains(&f.as_str()) => next.log_format = f.clone(),
             ("log_format", _) => return Err(wrong("\"default\" or \"ISO8601\"")),
-            ("log_file", SettingValue::Str(f)) if f.is_empty() => {}
+            ("log_file", SettingValue::Str(f)) if *f == next.log_file => {}
             ("log_file", _) => {
                 return Err(Error::invalid(
-                    "log_file cannot be changed at run time: the server logs to its standard error; \
-                     redirect that when starting it",
+                    "log_file cannot be changed at run time: give --log-file when starting the server \
+                     (without it the log is its standard output)",
                 ))
             }
             _ => {

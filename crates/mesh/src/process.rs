@@ -4,8 +4,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 /// Logs at `level` ("error" … "trace") for the mesh's own crates and warnings for dependencies;
-/// `MESH_LOG` (an env-filter) overrides it.
-pub fn init_logging(crates: &[&str], level: &str) {
+/// `MESH_LOG` (an env-filter) overrides it. The log goes to standard output, or appended to `file`
+/// (`--log-file`), which is created with mode 0600 and never opened through a symbolic link.
+pub fn init_logging(crates: &[&str], level: &str, file: Option<&std::path::Path>) -> Result<(), String> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
@@ -24,16 +25,34 @@ pub fn init_logging(crates: &[&str], level: &str) {
     }
     // A dynamic filter: asked at every line, never cached per callsite (a plain filter_fn is).
     let live = tracing_subscriber::filter::dynamic_filter_fn(|meta, _| crate::logging::allows(meta.level()));
+    let layer = tracing_subscriber::fmt::layer().with_target(false);
+    let layer = match file {
+        Some(path) => {
+            let f = open_log(path).map_err(|e| format!("cannot open --log-file {}: {e}", path.display()))?;
+            crate::logging::set_file(&path.to_string_lossy());
+            layer.with_ansi(false).with_writer(std::sync::Mutex::new(f)).boxed()
+        }
+        // Colours only on a terminal: a pipe or a log collector gets plain text.
+        None => layer
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+            .boxed(),
+    };
     let _ = tracing_subscriber::registry()
         .with(env.unwrap_or_else(|_| filter.into()))
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_target(false)
-                // Colours only on a terminal: a file, a pipe or a log collector gets plain text.
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-                .with_filter(live),
-        )
+        .with(layer.with_filter(live))
         .try_init();
+    Ok(())
+}
+
+/// Opens a log file for appending: created 0600 if missing, refused if it is a symbolic link.
+fn open_log(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
 }
 
 /// Async worker threads: `TOKIO_WORKER_THREADS` when it is a positive number, else one per core
@@ -117,6 +136,19 @@ pub fn hostname() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::workers;
+
+    #[test]
+    fn log_files_are_private_and_never_followed_through_a_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::private::fresh_dir("mesh-log-test-").unwrap();
+        let path = dir.join("server.log");
+        drop(super::open_log(&path).unwrap());
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let link = dir.join("link.log");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(super::open_log(&link).is_err(), "a symbolic link must not be followed");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
     fn one_per_core_unless_the_environment_says() {

@@ -70,13 +70,14 @@ pub async fn http<D: Dispatch>(
 }
 
 /// What the gRPC listener serves with: the largest message, the restricted protocols, the shared
-/// memory registry, the header-forward pattern and TLS.
+/// memory registry, the header-forward pattern, TLS, and keep-alive, age and compression.
 pub type GrpcParts = (
     usize,
     Arc<Restrictions>,
     Arc<SharedMemory>,
     Option<regex::Regex>,
     Option<tonic::transport::ServerTlsConfig>,
+    crate::listen::GrpcConnArgs,
 );
 
 /// Concurrent HTTP/2 streams one gRPC connection may open.
@@ -86,12 +87,12 @@ pub const GRPC_MAX_STREAMS: u32 = 1024;
 pub async fn grpc<D: Dispatch>(
     addr: SocketAddr,
     dispatch: Arc<D>,
-    (max_message, rules, shm, forward, tls): GrpcParts,
+    (max_message, rules, shm, forward, tls, conn): GrpcParts,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
     let listener = bind("gRPC", addr).await?;
     // Streams per connection at most (h2 refuses more), so one client cannot open unbounded ones.
-    let mut builder = tonic::transport::Server::builder().max_concurrent_streams(Some(GRPC_MAX_STREAMS));
+    let mut builder = conn.apply(tonic::transport::Server::builder().max_concurrent_streams(Some(GRPC_MAX_STREAMS)));
     if let Some(tls) = tls {
         builder = builder.tls_config(tls).map_err(|e| format!("gRPC TLS: {e}"))?;
         tracing::info!(%addr, "gRPC service started (TLS)");
@@ -106,7 +107,7 @@ pub async fn grpc<D: Dispatch>(
         })
     });
     let service = GrpcGuard {
-        inner: GrpcFrontend::server(dispatch, max_message, shm, forward),
+        inner: GrpcFrontend::server(dispatch, max_message, shm, forward, conn.compress()),
         rules,
     };
     let signal = shutdown_signal(stop);
@@ -203,8 +204,22 @@ pub struct ListenArgs {
     /// `rate=N`, `count=N`, `log-frequency=N`.
     #[arg(long, value_name = "[triton,]KEY=VALUE")]
     pub trace_config: Vec<String>,
+    /// Legacy tracing flags: the same settings as `--trace-config file=`, `level=` (repeatable),
+    /// `rate=`, `count=` and `log-frequency=`, which win when both are given.
+    #[arg(long, value_name = "PATH")]
+    pub trace_file: Option<String>,
+    #[arg(long, value_name = "OFF|TIMESTAMPS|TENSORS")]
+    pub trace_level: Vec<String>,
+    #[arg(long)]
+    pub trace_rate: Option<u64>,
+    #[arg(long)]
+    pub trace_count: Option<i64>,
+    #[arg(long)]
+    pub trace_log_frequency: Option<u64>,
     #[command(flatten)]
     pub tls: crate::listen::TlsArgs,
+    #[command(flatten)]
+    pub grpc_conn: crate::listen::GrpcConnArgs,
 }
 
 /// A header-forward pattern, compiled (names are matched in lower case, as they arrive).
@@ -216,6 +231,17 @@ fn forward_pattern(flag: &str, pattern: &Option<String>) -> Result<Option<regex:
 }
 
 impl ListenArgs {
+    /// `--trace-config` entries, the legacy `--trace-*` flags first so that `--trace-config` wins.
+    pub fn trace_flags(&self) -> Vec<String> {
+        let mut flags: Vec<String> = self.trace_file.iter().map(|f| format!("file={f}")).collect();
+        flags.extend(self.trace_level.iter().map(|l| format!("level={l}")));
+        flags.extend(self.trace_rate.map(|n| format!("rate={n}")));
+        flags.extend(self.trace_count.map(|n| format!("count={n}")));
+        flags.extend(self.trace_log_frequency.map(|n| format!("log-frequency={n}")));
+        flags.extend(self.trace_config.iter().cloned());
+        flags
+    }
+
     /// The HTTP port's restricted groups (`--http-restricted-api`).
     pub fn http_rules(&self) -> Result<Restrictions, String> {
         Restrictions::parse(&self.http_restricted_api, "api")
@@ -242,7 +268,8 @@ impl ListenArgs {
         render: RenderMetrics,
         stop: &watch::Receiver<bool>,
     ) -> Result<Vec<JoinHandle<()>>, String> {
-        let (trace_file, trace) = crate::trace::from_flags(&self.trace_config)?;
+        let (trace_file, trace) = crate::trace::from_flags(&self.trace_flags())?;
+        self.grpc_conn.log_ignored();
         crate::trace::configure(trace_file, &trace).map_err(|e| format!("--trace-config: {}", e.message))?;
         let http_rules = Arc::new(self.http_rules()?);
         let grpc_rules = Arc::new(Restrictions::parse(&self.grpc_restricted_protocol, "protocol")?);
@@ -273,7 +300,14 @@ impl ListenArgs {
         if let Some(addr) = self.grpc_addr() {
             let forward = forward_pattern("grpc-header-forward-pattern", &self.grpc_header_forward_pattern)?;
             let tls = self.tls.grpc()?;
-            let grpc_args = (self.http_max_input_size, grpc_rules, shm, forward, tls);
+            let grpc_args = (
+                self.http_max_input_size,
+                grpc_rules,
+                shm,
+                forward,
+                tls,
+                self.grpc_conn.clone(),
+            );
             servers.push(grpc(addr, dispatch, grpc_args, stop).await?);
         }
         if self.allow_metrics {

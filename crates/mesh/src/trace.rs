@@ -406,7 +406,7 @@ pub fn flush() {
 /// Reads tritonserver's `--trace-config [triton,]KEY=VALUE` flags: the file and the settings.
 pub fn from_flags(flags: &[String]) -> std::result::Result<(String, Vec<Change>), String> {
     let mut file = String::new();
-    let mut changes = Vec::new();
+    let mut changes: Vec<Change> = Vec::new();
     for flag in flags {
         let body = flag.strip_prefix("triton,").unwrap_or(flag);
         let (key, value) = body
@@ -424,7 +424,12 @@ pub fn from_flags(flags: &[String]) -> std::result::Result<(String, Vec<Change>)
             "mode" => continue,
             other => return Err(format!("--trace-config: unknown setting '{other}'")),
         };
-        changes.push((key.to_string(), Some(vec![value.to_string()])));
+        // Levels accumulate (`--trace-level TIMESTAMPS --trace-level TENSORS`); other keys: the last wins.
+        match changes.iter_mut().find(|(k, _)| k == key) {
+            Some((_, Some(values))) if key == "trace_level" => values.push(value.to_string()),
+            Some(change) => change.1 = Some(vec![value.to_string()]),
+            None => changes.push((key.to_string(), Some(vec![value.to_string()]))),
+        }
     }
     Ok((file, changes))
 }

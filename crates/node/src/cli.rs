@@ -8,6 +8,8 @@ pub use mesh::control::ControlMode;
 #[derive(Debug, Parser)]
 #[command(
     name = "mesh-node",
+    // A flag given twice takes its last value, as tritonserver's command line does.
+    args_override_self = true,
     version,
     about = "Serves Triton model repositories over KServe v2 HTTP and gRPC"
 )]
@@ -85,6 +87,8 @@ pub struct Args {
     /// suffix, powers of 1024); default: the machine's total memory.
     #[arg(long, value_parser = parse_size)]
     pub cluster_memory: Option<u64>,
+    #[command(flatten)]
+    pub triton: mesh::compat::TritonFlags,
     /// Where the files of placed models are cached, one verified copy per content key (default:
     /// the system's temporary folder, mesh-node-cache).
     #[arg(long)]
@@ -157,6 +161,33 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeated_flags_take_the_last_value_and_lists_keep_every_one() {
+        let a = Args::try_parse_from([
+            "mesh-node",
+            "--model-repository=/a",
+            "--model-repository",
+            "/b",
+            "--http-port",
+            "1",
+            "--http-port",
+            "2",
+            "--backend-config",
+            "python,a=1",
+            "--backend-config",
+            "python,b=2",
+            "--id",
+            "first",
+            "--id",
+            "triton",
+        ])
+        .unwrap();
+        assert_eq!(a.model_repository, [PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(a.listen.http_port, 2);
+        assert_eq!(a.backend_settings("python").len(), 2);
+        assert_eq!(a.triton.id.as_deref(), Some("triton"));
+    }
 
     #[test]
     fn sizes() {

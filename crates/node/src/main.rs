@@ -26,7 +26,10 @@ fn main() -> ExitCode {
         (_, false, true) => "warn",
         _ => "error",
     };
-    mesh::process::init_logging(&["mesh", "mesh_node"], level);
+    if let Err(e) = args.triton.start_logging(&["mesh", "mesh_node"], level) {
+        eprintln!("mesh-node: {e}");
+        return ExitCode::FAILURE;
+    }
     mesh::process::run(run(args))
 }
 
@@ -56,7 +59,14 @@ async fn run(args: Args) -> Result<(), String> {
         strict_readiness: args.strict_readiness,
         poll_secs: args.control.repository_poll_secs,
         max_inflight_bytes: args.max_inflight_bytes,
-        cache: mesh_node::serving::cache::CacheConfig::parse(&args.cache_config)?,
+        cache: mesh_node::serving::cache::CacheConfig::parse(
+            &args
+                .triton
+                .cache_config()
+                .into_iter()
+                .chain(args.cache_config.iter().cloned())
+                .collect::<Vec<_>>(),
+        )?,
     };
     let cluster = ClusterSettings::from_args(&args, &repos.gpus)?;
     let node = Node::start(repos, options).await?;

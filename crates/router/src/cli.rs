@@ -10,6 +10,8 @@ use crate::place::PlacementSettings;
 #[derive(Debug, Parser)]
 #[command(
     name = "mesh-router",
+    // A flag given twice takes its last value, as tritonserver's command line does.
+    args_override_self = true,
     version,
     about = "The mesh's cluster entrypoint: serves KServe v2 HTTP and gRPC and routes to mesh-nodes over QUIC"
 )]
@@ -119,6 +121,8 @@ pub struct Args {
     /// 0 logs info and above; 1 adds debug; 2 and more add trace.
     #[arg(long, default_value_t = 0)]
     pub log_verbose: u8,
+    #[command(flatten)]
+    pub triton: mesh::compat::TritonFlags,
 }
 
 impl Args {

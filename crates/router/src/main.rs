@@ -29,7 +29,10 @@ fn main() -> ExitCode {
         1 => "debug",
         _ => "trace",
     };
-    mesh::process::init_logging(&["mesh", "mesh_router"], level);
+    if let Err(e) = args.triton.start_logging(&["mesh", "mesh_router"], level) {
+        eprintln!("mesh-router: {e}");
+        return ExitCode::FAILURE;
+    }
     mesh::process::run(run(args))
 }
 

@@ -33,11 +33,20 @@ impl<D: Dispatch> GrpcFrontend<D> {
         max_message_size: usize,
         shm: Arc<SharedMemory>,
         forward: Option<regex::Regex>,
+        compress: bool,
     ) -> GrpcInferenceServiceServer<Self> {
         let forward = forward.map(Arc::new);
-        GrpcInferenceServiceServer::new(GrpcFrontend { dispatch, shm, forward })
+        let server = GrpcInferenceServiceServer::new(GrpcFrontend { dispatch, shm, forward })
             .max_decoding_message_size(max_message_size)
             .max_encoding_message_size(usize::MAX)
+            // Compressed requests are always taken, as Triton takes them.
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+        if compress {
+            // Only clients that list gzip in grpc-accept-encoding get gzipped answers.
+            server.send_compressed(tonic::codec::CompressionEncoding::Gzip)
+        } else {
+            server
+        }
     }
 }
 
@@ -269,7 +278,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         _: Request<proto::ServerMetadataRequest>,
     ) -> Result<Response<proto::ServerMetadataResponse>, Status> {
         Ok(Response::new(proto::ServerMetadataResponse {
-            name: crate::SERVER_NAME.into(),
+            name: crate::server_name().into(),
             version: crate::SERVER_VERSION.into(),
             extensions: self.dispatch.extensions().into_iter().map(String::from).collect(),
         }))

@@ -178,7 +178,7 @@ pub fn error_response(e: &Error) -> Response {
 
 async fn server_metadata<D: Dispatch>(State(s): St<D>) -> Response {
     Json(serde_json::json!({
-        "name": crate::SERVER_NAME,
+        "name": crate::server_name(),
         "version": crate::SERVER_VERSION,
         "extensions": s.dispatch.extensions(),
     }))
