@@ -36,7 +36,7 @@ fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), String> {
     repository::check_repositories(&args.model_repository)?;
     let prometheus = metrics::install()?;
-    let env = ort_env::init(args.backend_setting("onnxruntime", "library"))?;
+    let env = ort_env::Ort::load(args.backend_setting("onnxruntime", "library"))?;
     let discovery = placement::discover_gpus();
     tracing::info!("{}", discovery.note);
     let gpus: Vec<i32> = placement::restrict(&discovery.gpus, args.gpus.as_deref())?
@@ -44,7 +44,7 @@ async fn run(args: Args) -> Result<(), String> {
         .map(|g| g.index)
         .collect();
     let repos = Repositories {
-        env: Arc::new(env),
+        env,
         roots: args.model_repository.clone(),
         gpus,
         mode: args.control.model_control_mode,

@@ -1,5 +1,52 @@
-//! Finds and loads the ONNX Runtime shared library at start-up, with a clear error instead of a panic.
+//! Finds and loads the ONNX Runtime shared library at start-up, with a clear error instead of a panic;
+//! a node whose library is not found serves without it, and only ONNX models fail to load.
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ort::environment::Environment;
+
+/// Set once the library is loaded: nothing may call into ONNX Runtime before (with dynamic loading,
+/// a call would look for the library itself).
+static LOADED: AtomicBool = AtomicBool::new(false);
+
+/// Whether ONNX Runtime was loaded at start-up.
+pub fn loaded() -> bool {
+    LOADED.load(Ordering::Acquire)
+}
+
+/// ONNX Runtime as the node has it: its environment, or why there is none.
+#[derive(Clone)]
+pub struct Ort(Result<Arc<Environment>, Arc<str>>);
+
+impl Ort {
+    /// Loads the library. A library named by `--backend-config onnxruntime,library=` or
+    /// `ORT_DYLIB_PATH` must load; when none is named and none is found, the node starts without
+    /// ONNX Runtime (one warning), so a repository of other models needs none.
+    pub fn load(configured: Option<String>) -> Result<Ort, String> {
+        let named = configured.is_some() || std::env::var_os("ORT_DYLIB_PATH").is_some();
+        match init(configured) {
+            Ok(env) => Ok(Ort(Ok(Arc::new(env)))),
+            Err(why) if !named => {
+                tracing::warn!("{why}; serving without ONNX Runtime: ONNX models fail to load, the others serve");
+                Ok(Ort(Err(why.into())))
+            }
+            Err(why) => Err(why),
+        }
+    }
+
+    /// An environment already built (tests, benchmarks).
+    pub fn from_env(env: Environment) -> Ort {
+        Ort(Ok(Arc::new(env)))
+    }
+
+    /// The environment, or the load error a model that needs it reports.
+    pub fn env(&self) -> Result<&Arc<Environment>, String> {
+        self.0
+            .as_ref()
+            .map_err(|why| format!("this model needs ONNX Runtime, which this node could not load: {why}"))
+    }
+}
 
 /// The library file name inside the PyPI `onnxruntime==1.31.1` wheel.
 const WHEEL_LIBRARY: &str = "libonnxruntime.so.1.31.1";
@@ -55,6 +102,7 @@ pub fn init(configured: Option<String>) -> Result<ort::environment::Environment,
         .with_name("mesh-node")
         .build()
         .map_err(|e| format!("cannot start ONNX Runtime from {}: {e}", path.display()))?;
+    LOADED.store(true, Ordering::Release);
     tracing::info!(library = %path.display(), "ONNX Runtime loaded");
     Ok(env)
 }

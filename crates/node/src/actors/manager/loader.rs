@@ -20,7 +20,7 @@ use crate::repository::{self, ModelDir};
 
 /// What the node needs to (re)load models after start-up.
 pub struct Repositories {
-    pub env: Arc<ort::environment::Environment>,
+    pub env: crate::backend::ort_env::Ort,
     pub roots: Vec<PathBuf>,
     pub gpus: Vec<i32>,
     pub mode: ControlMode,
@@ -68,7 +68,7 @@ fn adopt_name(config: &mut ModelConfig, name: &str, source: &str) -> Result<(), 
 pub(super) fn placements(config: &ModelConfig, gpus: &[i32]) -> Result<Vec<placement::InstancePlacement>, String> {
     let auto_on_gpu = !gpus.is_empty()
         && match backend_kind(config)? {
-            BackendKind::Onnx => crate::backend::onnx::cuda_available(),
+            BackendKind::Onnx => crate::backend::ort_env::loaded() && crate::backend::onnx::cuda_available(),
             BackendKind::Torch => crate::backend::torch::cuda_available(),
             BackendKind::Python | BackendKind::TensorFlow => true,
         };
@@ -232,7 +232,7 @@ pub async fn load_model(
                 }
             ));
         }
-        BackendKind::Onnx => open_onnx(&repos.env, written.clone(), sets_mbs, &placements, files)?,
+        BackendKind::Onnx => open_onnx(repos.env.env()?, written.clone(), sets_mbs, &placements, files)?,
         BackendKind::Torch => open_all_torch(written.clone(), &placements, files)?,
         BackendKind::Python | BackendKind::TensorFlow => {
             let first = files.first().map(|(_, f)| f.clone()).unwrap_or_default();

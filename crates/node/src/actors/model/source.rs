@@ -24,7 +24,7 @@ pub enum BackendKind {
 #[derive(Clone)]
 pub struct VersionSource {
     pub kind: BackendKind,
-    pub env: Arc<ort::environment::Environment>,
+    pub env: crate::backend::ort_env::Ort,
     pub python: Arc<PythonContext>,
     pub model: String,
     pub version: i64,
@@ -77,7 +77,7 @@ impl VersionSource {
             match kind {
                 BackendKind::Torch => open_torch(&cfg, &file, device),
                 _ => {
-                    let session = onnx::open_session(&env, &cfg, &file, device)?;
+                    let session = onnx::open_session(env.env()?, &cfg, &file, device)?;
                     Ok(Box::new(OnnxBackend::new(session, &cfg)) as Box<dyn Backend>)
                 }
             }
