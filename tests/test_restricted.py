@@ -68,16 +68,25 @@ def test_http_groups_need_their_header(node):
     c.close()
 
 
+def grpc_headers(headers: dict) -> dict:
+    """gRPC metadata for a restricted protocol group, as Triton reads it (and PyTriton sends it)."""
+    return {f"triton-grpc-protocol-{k}": v for k, v in headers.items()}
+
+
 def test_grpc_methods_need_their_header(node):
     c = grpcclient.InferenceServerClient(node.grpc_url)
     assert c.is_server_ready()
-    with pytest.raises(InferenceServerException, match="This protocol is restricted, expecting header 'infer-key'") as e:
+    expect = "This protocol is restricted, expecting header 'triton-grpc-protocol-infer-key'"
+    with pytest.raises(InferenceServerException, match=expect) as e:
         infer(c, grpcclient)
     assert "UNAVAILABLE" in str(e.value.status())
-    infer(c, grpcclient, INFER)
-    with pytest.raises(InferenceServerException, match="expecting header 'admin-key'"):
+    # The bare key, which HTTP takes, is not what Triton reads on gRPC.
+    with pytest.raises(InferenceServerException, match=expect):
+        infer(c, grpcclient, INFER)
+    infer(c, grpcclient, grpc_headers(INFER))
+    with pytest.raises(InferenceServerException, match="expecting header 'triton-grpc-protocol-admin-key'"):
         c.get_model_repository_index()
-    assert c.get_model_repository_index(headers=ADMIN)
+    assert c.get_model_repository_index(headers=grpc_headers(ADMIN))
     c.close()
 
 

@@ -149,8 +149,13 @@ fn header_text(headers: &http::HeaderMap, key: &str) -> Option<String> {
     headers.get(key).and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 
-/// Wraps the gRPC service: a restricted method without its header (gRPC metadata) is answered
-/// UNAVAILABLE naming the header, and never reaches the service.
+/// Prefix of the gRPC metadata a restricted protocol group needs, as Triton reads it: a rule with
+/// key `k` is met by `triton-grpc-protocol-k` (what `tritonclient` users and PyTriton send).
+pub const GRPC_HEADER_PREFIX: &str = "triton-grpc-protocol-";
+
+/// Wraps the gRPC service: a restricted method without its header (gRPC metadata, the rule's key
+/// after [`GRPC_HEADER_PREFIX`]) is answered UNAVAILABLE naming the header, and never reaches the
+/// service.
 #[derive(Clone)]
 pub struct GrpcGuard<S> {
     pub inner: S,
@@ -174,11 +179,15 @@ where
         let refused = (!self.rules.is_empty())
             .then(|| grpc_group(request.uri().path()))
             .flatten()
-            .and_then(|group| self.rules.refuses(group, |k| header_text(request.headers(), k)));
+            .and_then(|group| {
+                self.rules
+                    .refuses(group, |k| header_text(request.headers(), &format!("{GRPC_HEADER_PREFIX}{k}")))
+            });
         match refused {
             Some(key) => {
-                let status =
-                    tonic::Status::unavailable(format!("This protocol is restricted, expecting header '{key}'"));
+                let status = tonic::Status::unavailable(format!(
+                    "This protocol is restricted, expecting header '{GRPC_HEADER_PREFIX}{key}'"
+                ));
                 futures::future::Either::Left(std::future::ready(Ok(status.into_http())))
             }
             None => futures::future::Either::Right(self.inner.call(request)),
