@@ -99,8 +99,9 @@ def test_triton_add_sub_example_runs_unchanged(http, py_server):
 
 def test_a_model_sees_its_package_a_clean_argv_and_tritons_instance_name(http):
     """`from . import helper` in model.py, argparse on sys.argv in initialize(), and
-    args["model_instance_name"] as Triton's: `<model>_<group>` for a group of one instance (as real
-    Triton 2.51 names it), `<model>_<group>_<index>` for larger groups."""
+    args["model_instance_name"] as real Triton 2.51 names it: `<model>_<index>` for a config without
+    instance_group (py_package), `<model>_<group>_<index>` with one (add_sub_py: `add_sub_py_0_0`,
+    as Triton's own init_args test expects)."""
     import json
     r = http.infer("py_package", [fp32("IN", np.array([1.5, -2], np.float32))])
     np.testing.assert_array_equal(r.as_numpy("OUT"), [3, -4])
@@ -274,7 +275,7 @@ def test_unload_finalizes_and_leaves_no_process(fresh_server, models_dir, tmp_pa
             time.sleep(0.1)
         assert not stubs(), "the stub must be stopped on unload"
         assert not [p for p in children(srv.proc.pid) if p[1] == "Z"], "and reaped: no zombie"
-        assert (repo / "add_sub_py" / "finalized.txt").read_text().strip() == "add_sub_py_0"
+        assert (repo / "add_sub_py" / "finalized.txt").read_text().strip() == "add_sub_py_0_0", "Triton 2.51 names it <group>_<index>"
     finally:
         c.close()
 

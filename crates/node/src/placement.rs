@@ -120,8 +120,9 @@ pub fn restrict(found: &[GpuInfo], allowed: Option<&[i32]>) -> Result<Vec<GpuInf
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstancePlacement {
     pub name: String,
-    /// The name Triton gives it (a Python model's `model_instance_name`): its group's name alone
-    /// when the group has one instance, else `<group>_<index>` like `name`.
+    /// The name Triton 2.51 gives it (a Python model's `model_instance_name`, checked against a real
+    /// Triton): `<group>_<index>`, where an unnamed group of `instance_group` is `<model>_<group
+    /// index>` and the implicit group of a config without one is `<model>` (so `m_0_0` and `m_0`).
     pub triton_name: String,
     /// Index into `instance_group` (0 for the implicit group of a config without one).
     pub group: usize,
@@ -207,12 +208,16 @@ pub fn place_instances(
             ));
         }
         let mut n = 0;
-        let alone = devices.len() * count == 1;
+        let triton_group = if config.instance_group.is_empty() {
+            config.name.clone()
+        } else {
+            gname.clone()
+        };
         for device in devices {
             for _ in 0..count {
                 let name = format!("{gname}_{n}");
                 out.push(InstancePlacement {
-                    triton_name: if alone { gname.clone() } else { name.clone() },
+                    triton_name: format!("{triton_group}_{n}"),
                     name,
                     group: gi,
                     device,
@@ -381,9 +386,12 @@ mod tests {
         let placed = place_instances(&config(groups), &[0], true).unwrap();
         let got: Vec<(&str, usize)> = placed.iter().map(|p| (p.name.as_str(), p.group)).collect();
         assert_eq!(got, [("m_0_0", 0), ("m_1_0", 1), ("fast_0", 2)]);
-        // Triton's names: a group of one is named by its group alone, a larger group per instance.
+        // Triton 2.51's names (read from a real Triton's log): `<group>_<index>` for every instance,
+        // an unnamed group being `<model>_<group index>`, the implicit one `<model>`.
         let triton: Vec<&str> = placed.iter().map(|p| p.triton_name.as_str()).collect();
-        assert_eq!(triton, ["m_0", "m_1", "fast"]);
+        assert_eq!(triton, ["m_0_0", "m_1_0", "fast_0"]);
+        let implicit = place_instances(&config(vec![]), &[], true).unwrap();
+        assert_eq!(implicit[0].triton_name, "m_0");
         let pair = place_instances(&config(vec![group("", Kind::Cpu, 2, &[])]), &[], true).unwrap();
         let triton: Vec<&str> = pair.iter().map(|p| p.triton_name.as_str()).collect();
         assert_eq!(triton, ["m_0_0", "m_0_1"]);
