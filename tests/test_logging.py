@@ -101,8 +101,11 @@ def test_bad_settings_are_refused_and_change_nothing(server):
 @pytest.mark.cluster
 def test_the_router_serves_the_extension_for_itself(cluster_factory):
     c = cluster_factory()
-    c.start_router()
+    c.start_router([], ["--id", "triton", "--log-format", "ISO8601"])
     http = httpclient.InferenceServerClient(c.router.http_url)
+    # tritonserver's --id and --log-format act on a router too.
+    assert http.get_server_metadata()["name"] == "triton"
+    assert http.get_log_settings()["log_format"] == "ISO8601"
     assert http.update_log_settings({"log_verbose_level": 2})["log_verbose_level"] == 2
     assert http.get_log_settings()["log_verbose_level"] == 2
     http.close()

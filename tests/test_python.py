@@ -311,3 +311,19 @@ def test_execution_env_path_tarball_provides_the_interpreter(fresh_server, tmp_p
         assert c.infer("env_probe", []).as_numpy("MARK")[0] == b"packed"
     finally:
         c.close()
+
+
+def test_only_stubs_of_async_models_load_asyncio(http, py_server):
+    """A stub imports asyncio (10 MB of its memory, with ssl and libcrypto) only when its model needs
+    it (issue 26): async models' stubs map the `_ssl` module, plain models' stubs do not."""
+    assert http.is_model_ready("async_py") and http.is_model_ready("add_sub_py")
+    maps = []
+    for pid, _, cmdline in children(py_server.proc.pid):
+        if b"mesh_stub.py" in cmdline:
+            try:
+                maps.append(Path(f"/proc/{pid}/maps").read_text())
+            except OSError:
+                pass
+    with_ssl = sum("_ssl" in m for m in maps)
+    assert with_ssl >= 1, "an async model's stub loads asyncio"
+    assert len(maps) - with_ssl >= 1, "a plain model's stub must not import asyncio"

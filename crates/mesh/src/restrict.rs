@@ -180,8 +180,9 @@ where
             .then(|| grpc_group(request.uri().path()))
             .flatten()
             .and_then(|group| {
-                self.rules
-                    .refuses(group, |k| header_text(request.headers(), &format!("{GRPC_HEADER_PREFIX}{k}")))
+                self.rules.refuses(group, |k| {
+                    header_text(request.headers(), &format!("{GRPC_HEADER_PREFIX}{k}"))
+                })
             });
         match refused {
             Some(key) => {
