@@ -110,6 +110,7 @@ class Host(Calls):
         self.model = None
         self.model_name = ""
         self.instance_name = ""
+        self.output_names = []
         self.artifact = None
         self.inbox = None  # decoupled models: frames the reader thread took for the main thread
         self.cancelled = set()  # decoupled models: (seq, index) of requests whose client went away
@@ -357,6 +358,10 @@ class Host(Calls):
         self.model = cls()
         self.model_name = header["args"].get("model_name", "")
         self.instance_name = header["args"].get("model_instance_name", self.model_name)
+        # A request that names no outputs asks for all of them, and Triton's requested_output_names()
+        # then lists every output of the config (PyTriton's proxy model produces only those).
+        config = json.loads(header["args"].get("model_config") or "{}")
+        self.output_names = [o["name"] for o in config.get("output", []) if "name" in o]
         if hasattr(self.model, "initialize"):
             result = self.model.initialize(header["args"])
             if isinstance(result, types.CoroutineType):
@@ -380,10 +385,11 @@ class Host(Calls):
         requests = []
         for r in header["requests"]:
             req = pb_utils.InferenceRequest(
-                model_name=self.model_name, requested_output_names=r["outputs"],
+                model_name=self.model_name, requested_output_names=r["outputs"] or self.output_names,
                 inputs=[self.decode(d, blob, copy=self.inbox is not None) for d in r["inputs"]], request_id=r["id"],
                 correlation_id=r.get("correlation_id", 0), flags=r.get("flags", 0), parameters=r["parameters"],
                 timeout=r.get("timeout", 0))
+            req._client_wanted = r["outputs"]  # what the client named: the outputs sent back (all if none)
             requests.append(req)
         return requests
 
@@ -430,7 +436,7 @@ class Host(Calls):
         senders = []
         for i, req in enumerate(requests):
             cancelled = lambda key=(seq, i): key in self.cancelled
-            wanted = req.requested_output_names()
+            wanted = req._client_wanted
             sender = pb_utils.ResponseSender(lambda r, f, i=i, w=wanted: self.stream(seq, i, w, r, f), cancelled)
             req._sender, req._cancelled = sender, cancelled
             senders.append(sender)
@@ -513,7 +519,7 @@ class Host(Calls):
                 responses.append({"error": "Expected a None object in the execute function return list for "
                                            "reschduled request"})
             else:
-                responses.append(self.response_desc(response, blobs, blob_len, request.requested_output_names()))
+                responses.append(self.response_desc(response, blobs, blob_len, request._client_wanted))
         return {"op": "responses", "responses": responses, "reschedule": again}, blobs
 
     def serve(self):

@@ -57,6 +57,12 @@ impl PythonSettings {
                 "shm-default-byte-size" => s.shm_bytes = (number()? as usize).clamp(1 << 12, 1 << 34),
                 "execute-timeout-seconds" => s.execute_timeout = Duration::from_secs(number()?.max(1)),
                 "spin-microseconds" => s.spin = Duration::from_micros(number()?.min(10_000)),
+                // Triton's Python-backend settings for its own shared-memory pools and stub
+                // management; the mesh sizes its region with shm-default-byte-size alone.
+                "shm-growth-byte-size" | "shm-region-prefix-name" | "stub-timeout-seconds" | "shm-message-queue-size"
+                | "platform-name" => tracing::info!(
+                    "--backend-config python,{key} accepted without effect: the mesh's stub keeps one region per instance"
+                ),
                 _ => tracing::warn!("ignoring unknown --backend-config python,{key}"),
             }
         }
