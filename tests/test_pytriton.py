@@ -7,8 +7,6 @@ tritonclient. Needs .venv-pytriton (scripts/setup-pytriton.sh)."""
 import json
 import os
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +14,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from mesh_util import HOST, free_ports
+from test_triton_flags import wait_live
 
 pytestmark = [pytest.mark.server]
 
@@ -43,18 +42,7 @@ def served(pytriton_python, mesh_bin, server_env, tmp_path_factory):
         proc = subprocess.Popen([str(pytriton_python), "-m", "mesh_pytriton", str(HERE / "serve.py"), *map(str, ports)],
                                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True)
     try:
-        end = time.time() + 120
-        while time.time() < end:
-            assert proc.poll() is None, f"the PyTriton script exited {proc.returncode}:\n{log.read_text()[-4000:]}"
-            try:
-                with urllib.request.urlopen(f"http://{HOST}:{ports[0]}/v2/models/count/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"models not ready:\n{log.read_text()[-4000:]}")
+        wait_live(proc, ports[0], log, timeout=120, path="/v2/models/count/ready")
         yield ports, log, pytriton_python
     finally:
         os.killpg(proc.pid, 2)  # SIGINT, as a user's Ctrl-C: PyTriton stops mesh-node

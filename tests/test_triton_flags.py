@@ -85,12 +85,13 @@ def start(mesh_bin, env, tmp: Path, extra: list[str], ports=None):
     return proc, ports, log
 
 
-def wait_live(proc, port: int, log: Path, timeout: float = 30.0):
+def wait_live(proc, port: int, log: Path, timeout: float = 30.0, path: str = "/v2/health/live"):
+    """Waits until GET `path` answers 200, failing at once with the log if `proc` exits."""
     end = time.time() + timeout
     while time.time() < end:
-        assert proc.poll() is None, f"mesh-node exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+        assert proc.poll() is None, f"the server process exited {proc.returncode}:\n{log.read_text()[-4000:]}"
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}/v2/health/live", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=2) as r:
                 if r.status == 200:
                     return
         except OSError:
