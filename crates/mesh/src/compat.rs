@@ -102,6 +102,13 @@ pub struct Ignored {
     pub reason: &'static str,
 }
 
+/// Logs each given flag that has no effect, once, with its reason.
+pub fn log_ignored(ignored: &[Ignored]) {
+    for i in ignored {
+        tracing::info!("tritonserver flag {} accepted without effect: {}", i.flag, i.reason);
+    }
+}
+
 const NO_CUDA_POOLS: &str =
     "the mesh allocates no pinned or CUDA memory pools: tensors live in ordinary memory and each backend manages its device memory";
 const NOT_YET: &str = "not applied by the mesh yet; it runs as if the flag were left out";
@@ -235,13 +242,6 @@ impl TritonFlags {
         out
     }
 
-    /// Logs every given flag that has no effect, once each.
-    pub fn log_ignored(&self) {
-        for i in self.ignored() {
-            tracing::info!("tritonserver flag {} accepted without effect: {}", i.flag, i.reason);
-        }
-    }
-
     /// Starts logging as `--log-file` and `--log-format` say, sets `--id`, then logs the given
     /// flags that have no effect.
     pub fn start_logging(&self, crates: &[&str], level: &str) -> Result<(), String> {
@@ -252,7 +252,7 @@ impl TritonFlags {
         if let Some(id) = &self.id {
             crate::set_server_name(id);
         }
-        self.log_ignored();
+        log_ignored(&self.ignored());
         Ok(())
     }
 

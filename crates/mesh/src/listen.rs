@@ -365,9 +365,10 @@ impl GrpcConnArgs {
             .is_some_and(|l| l != "none")
     }
 
-    /// Logs the given ping-policy flags, which have no effect.
-    pub fn log_ignored(&self) {
-        let given = [
+    /// The given ping-policy flags, which have no effect.
+    pub fn ignored(&self) -> Vec<crate::compat::Ignored> {
+        const NO_PING_POLICY: &str = "the mesh's HTTP/2 server answers every client ping and has no ping-strike policy";
+        [
             (
                 self.grpc_keepalive_permit_without_calls.is_some(),
                 "--grpc-keepalive-permit-without-calls",
@@ -384,11 +385,13 @@ impl GrpcConnArgs {
                 self.grpc_http2_max_ping_strikes.is_some(),
                 "--grpc-http2-max-ping-strikes",
             ),
-        ];
-        for (_, flag) in given.iter().filter(|(g, _)| *g) {
-            tracing::info!(
-                "tritonserver flag {flag} accepted without effect: the mesh's HTTP/2 server answers every client ping and has no ping-strike policy"
-            );
-        }
+        ]
+        .into_iter()
+        .filter(|(given, _)| *given)
+        .map(|(_, flag)| crate::compat::Ignored {
+            flag,
+            reason: NO_PING_POLICY,
+        })
+        .collect()
     }
 }

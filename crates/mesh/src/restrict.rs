@@ -60,6 +60,16 @@ impl Restrictions {
         Ok(Restrictions { groups })
     }
 
+    /// Parses `--grpc-restricted-protocol` values: a rule with key `k` is met by the gRPC metadata
+    /// [`GRPC_HEADER_PREFIX`]`k`, as Triton reads it, so the header a request needs is named once.
+    pub fn parse_grpc(values: &[String]) -> Result<Restrictions, String> {
+        let mut rules = Self::parse(values, "protocol")?;
+        for (key, _) in rules.groups.values_mut() {
+            key.insert_str(0, GRPC_HEADER_PREFIX);
+        }
+        Ok(rules)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.groups.is_empty()
     }
@@ -153,8 +163,8 @@ fn header_text(headers: &http::HeaderMap, key: &str) -> Option<String> {
 /// key `k` is met by `triton-grpc-protocol-k` (what `tritonclient` users and PyTriton send).
 pub const GRPC_HEADER_PREFIX: &str = "triton-grpc-protocol-";
 
-/// Wraps the gRPC service: a restricted method without its header (gRPC metadata, the rule's key
-/// after [`GRPC_HEADER_PREFIX`]) is answered UNAVAILABLE naming the header, and never reaches the
+/// Wraps the gRPC service: a restricted method without its header (gRPC metadata, named by
+/// [`Restrictions::parse_grpc`]) is answered UNAVAILABLE naming the header, and never reaches the
 /// service.
 #[derive(Clone)]
 pub struct GrpcGuard<S> {
@@ -179,16 +189,11 @@ where
         let refused = (!self.rules.is_empty())
             .then(|| grpc_group(request.uri().path()))
             .flatten()
-            .and_then(|group| {
-                self.rules.refuses(group, |k| {
-                    header_text(request.headers(), &format!("{GRPC_HEADER_PREFIX}{k}"))
-                })
-            });
+            .and_then(|group| self.rules.refuses(group, |k| header_text(request.headers(), k)));
         match refused {
             Some(key) => {
-                let status = tonic::Status::unavailable(format!(
-                    "This protocol is restricted, expecting header '{GRPC_HEADER_PREFIX}{key}'"
-                ));
+                let status =
+                    tonic::Status::unavailable(format!("This protocol is restricted, expecting header '{key}'"));
                 futures::future::Either::Left(std::future::ready(Ok(status.into_http())))
             }
             None => futures::future::Either::Right(self.inner.call(request)),
@@ -248,6 +253,17 @@ mod tests {
         assert!(Restrictions::parse(&flags(&["health:=v"]), "protocol").is_err());
         let empty = Restrictions::parse(&flags(&["cluster:k="]), "api").unwrap_err();
         assert!(empty.contains("the value is empty"), "{empty}");
+        let grpc = Restrictions::parse_grpc(&flags(&["health,inference:Infer-Key=v1"])).unwrap();
+        assert_eq!(grpc.header("inference"), Some(("triton-grpc-protocol-infer-key", "v1")));
+        assert_eq!(
+            grpc.refuses("health", with("infer-key", "v1")).as_deref(),
+            Some("triton-grpc-protocol-infer-key"),
+            "on gRPC the bare key is not the header Triton reads"
+        );
+        assert_eq!(
+            grpc.refuses("health", with("triton-grpc-protocol-infer-key", "v1")),
+            None
+        );
         let ops = Restrictions::parse(&flags(&["cluster:Admin-Key=s3"]), "api").unwrap();
         assert_eq!(ops.header("cluster"), Some(("admin-key", "s3")));
         assert_eq!(ops.header("inference"), None);

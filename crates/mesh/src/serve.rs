@@ -269,10 +269,10 @@ impl ListenArgs {
         stop: &watch::Receiver<bool>,
     ) -> Result<Vec<JoinHandle<()>>, String> {
         let (trace_file, trace) = crate::trace::from_flags(&self.trace_flags())?;
-        self.grpc_conn.log_ignored();
+        crate::compat::log_ignored(&self.grpc_conn.ignored());
         crate::trace::configure(trace_file, &trace).map_err(|e| format!("--trace-config: {}", e.message))?;
         let http_rules = Arc::new(self.http_rules()?);
-        let grpc_rules = Arc::new(Restrictions::parse(&self.grpc_restricted_protocol, "protocol")?);
+        let grpc_rules = Arc::new(Restrictions::parse_grpc(&self.grpc_restricted_protocol)?);
         let mut servers = Vec::new();
         // One registry: a region registered over HTTP serves gRPC requests too.
         let shm = Arc::new(SharedMemory::default());
