@@ -87,6 +87,17 @@ def _binary(env_var: str, name: str, crate: str) -> Path:
     return p
 
 
+def side_venv_python(venv: str, path_env: str, require_env: str, setup: str) -> Path:
+    """The interpreter of a project venv kept beside .venv (`venv`, made by `setup`), or the one
+    `path_env` names: a test that needs it fails when `require_env` is 1, else it is skipped."""
+    p = Path(os.environ.get(path_env, REPO_ROOT / venv / "bin" / "python"))
+    if not p.exists():
+        if os.environ.get(require_env) == "1":
+            pytest.fail(f"{p} not found: run {setup}")
+        pytest.skip(f"no interpreter at {p} ({setup} makes one)")
+    return p
+
+
 @pytest.fixture(scope="session")
 def mesh_bin() -> Path:
     return _binary("MESH_NODE_BIN", "mesh-node", "mesh-node")

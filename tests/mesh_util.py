@@ -73,6 +73,33 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def wait_live(proc, port: int, log: Path, timeout: float = 30.0, path: str = "/v2/health/live"):
+    """Waits until GET `path` on `port` answers 200, failing at once with the log if `proc` exits
+    (for processes the tests start themselves, not through MeshServer)."""
+    import urllib.request
+    end = time.time() + timeout
+    while time.time() < end:
+        assert proc.poll() is None, f"the server process exited {proc.returncode}:\n{log.read_text()[-4000:]}"
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"not live within {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def stop_process(proc, grace: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class ServerStartError(RuntimeError):
     pass
 

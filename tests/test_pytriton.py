@@ -13,23 +13,18 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from mesh_util import HOST, free_ports
-from test_triton_flags import wait_live
+from conftest import REPO_ROOT, side_venv_python
+from mesh_util import HOST, free_ports, wait_live
 
 pytestmark = [pytest.mark.server]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).parent / "pytriton"
 
 
 @pytest.fixture(scope="module")
 def pytriton_python() -> Path:
-    p = Path(os.environ.get("MESH_PYTRITON_PYTHON", REPO_ROOT / ".venv-pytriton" / "bin" / "python"))
-    if not p.exists():
-        if os.environ.get("MESH_REQUIRE_PYTRITON") == "1":
-            pytest.fail(f"{p} is missing: run scripts/setup-pytriton.sh")
-        pytest.skip("no .venv-pytriton (scripts/setup-pytriton.sh)")
-    return p
+    return side_venv_python(".venv-pytriton", "MESH_PYTRITON_PYTHON", "MESH_REQUIRE_PYTRITON",
+                            "scripts/setup-pytriton.sh")
 
 
 @pytest.fixture(scope="module")

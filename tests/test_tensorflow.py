@@ -4,7 +4,6 @@ stub the node supervises. The models are built by scripts/gen_tf_models.py with 
 .venv-tf (scripts/setup-tensorflow.sh); a SavedModel with no config.pbtxt is auto-completed from its
 serving signature, as Triton's Quick Deploy does. Without TensorFlow in the interpreter the model
 fails to load with a reason that says how to install it, and everything else serves."""
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, side_venv_python
 
 pytestmark = [pytest.mark.server]
 
@@ -24,12 +23,7 @@ TF_MODELS = ["tf_add_sub", "tf_add_sub_cfg", "tf_graphdef", "tf_text"]
 
 @pytest.fixture(scope="module")
 def tf_python() -> Path:
-    p = Path(os.environ.get("MESH_TF_PYTHON", REPO_ROOT / ".venv-tf" / "bin" / "python"))
-    if not p.exists():
-        if os.environ.get("MESH_REQUIRE_TF") == "1":
-            pytest.fail(f"{p} not found: run scripts/setup-tensorflow.sh")
-        pytest.skip(f"no TensorFlow interpreter at {p} (scripts/setup-tensorflow.sh makes one)")
-    return p
+    return side_venv_python(".venv-tf", "MESH_TF_PYTHON", "MESH_REQUIRE_TF", "scripts/setup-tensorflow.sh")
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ flags that mean something for the mesh (`--id`, `--log-file`, `--log-format`, th
 and `--response-cache-byte-size`, gRPC compression) do what tritonserver's do."""
 import os
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from mesh_util import HOST, free_ports
+from mesh_util import HOST, free_ports, stop_process, wait_live
 
 pytestmark = [pytest.mark.server]
 
@@ -85,30 +83,6 @@ def start(mesh_bin, env, tmp: Path, extra: list[str], ports=None):
     return proc, ports, log
 
 
-def wait_live(proc, port: int, log: Path, timeout: float = 30.0, path: str = "/v2/health/live"):
-    """Waits until GET `path` answers 200, failing at once with the log if `proc` exits."""
-    end = time.time() + timeout
-    while time.time() < end:
-        assert proc.poll() is None, f"the server process exited {proc.returncode}:\n{log.read_text()[-4000:]}"
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"not live within {timeout}s:\n{log.read_text()[-3000:]}")
-
-
-def stop(proc):
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def test_the_fixture_is_tritonservers_whole_list():
     flags = [f for f, _ in fixture_flags()]
     assert len(flags) == 86 and len(set(flags)) == 86
@@ -122,7 +96,7 @@ def test_mesh_node_starts_with_each_tritonserver_flag(flag, kind, mesh_bin, serv
     try:
         wait_live(proc, ports[0], log)
     finally:
-        stop(proc)
+        stop_process(proc)
     text = (tmp_path / "log-file").read_text() if flag == "--log-file" else log.read_text()
     mine = [line for line in text.splitlines() if f"flag {flag} accepted without effect" in line]
     if flag in WITH_EFFECT:
@@ -149,7 +123,7 @@ def test_id_names_the_server_and_log_flags_shape_the_log(mesh_bin, server_env, t
         with pytest.raises(Exception, match="log_file cannot be changed"):
             http.update_log_settings({"log_file": str(tmp_path / "other.log")})
     finally:
-        stop(proc)
+        stop_process(proc)
     text = logfile.read_text()
     assert "HTTP service started" in text and "\x1b[" not in text
     assert os.stat(logfile).st_mode & 0o777 == 0o600
@@ -177,7 +151,7 @@ def test_legacy_trace_flags_set_the_trace_settings(mesh_bin, server_env, tmp_pat
         assert s["trace_level"] == ["TIMESTAMPS"] and s["trace_rate"] == "7"
         assert s["trace_count"] == "3" and s["log_frequency"] == "2" and s["trace_file"] == str(trace_file)
     finally:
-        stop(proc)
+        stop_process(proc)
 
 
 def test_gzip_requests_are_taken_and_answers_compressed_on_request(mesh_bin, server_env, tmp_path, models_dir):
@@ -199,4 +173,4 @@ def test_gzip_requests_are_taken_and_answers_compressed_on_request(mesh_bin, ser
         gz = client.infer("mlp", [inp], compression_algorithm="gzip").as_numpy("y")
         np.testing.assert_array_equal(plain, gz)
     finally:
-        stop(proc)
+        stop_process(proc)

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from mesh_util import HOST, free_ports
-from test_triton_flags import stop, wait_live
+from mesh_util import HOST, free_ports, stop_process, wait_live
 
 pytestmark = [pytest.mark.server]
 
@@ -62,7 +61,7 @@ def test_a_python_repository_serves_without_onnx_runtime(mesh_bin, server_env, t
         np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), a + a)
         client.close()
     finally:
-        stop(proc)
+        stop_process(proc)
     assert "serving without ONNX Runtime" in log.read_text()
 
 
