@@ -1,19 +1,9 @@
 //! Finds and loads the ONNX Runtime shared library at start-up, with a clear error instead of a panic;
 //! a node whose library is not found serves without it, and only ONNX models fail to load.
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ort::environment::Environment;
-
-/// Set once the library is loaded: nothing may call into ONNX Runtime before (with dynamic loading,
-/// a call would look for the library itself).
-static LOADED: AtomicBool = AtomicBool::new(false);
-
-/// Whether ONNX Runtime was loaded at start-up.
-pub fn loaded() -> bool {
-    LOADED.load(Ordering::Acquire)
-}
 
 /// ONNX Runtime as the node has it: its environment, or why there is none.
 #[derive(Clone)]
@@ -35,9 +25,10 @@ impl Ort {
         }
     }
 
-    /// An environment already built (tests, benchmarks).
-    pub fn from_env(env: Environment) -> Ort {
-        Ort(Ok(Arc::new(env)))
+    /// Whether the library is loaded: nothing may call into ONNX Runtime otherwise (with dynamic
+    /// loading, a call would look for the library itself).
+    pub fn loaded(&self) -> bool {
+        self.0.is_ok()
     }
 
     /// The environment, or the load error a model that needs it reports.
@@ -102,7 +93,6 @@ pub fn init(configured: Option<String>) -> Result<ort::environment::Environment,
         .with_name("mesh-node")
         .build()
         .map_err(|e| format!("cannot start ONNX Runtime from {}: {e}", path.display()))?;
-    LOADED.store(true, Ordering::Release);
     tracing::info!(library = %path.display(), "ONNX Runtime loaded");
     Ok(env)
 }

@@ -62,13 +62,17 @@ fn adopt_name(config: &mut ModelConfig, name: &str, source: &str) -> Result<(), 
     Ok(())
 }
 
-/// The model's instances on this node's `gpus`. KIND_AUTO takes the GPUs only when the model's
+/// The model's instances on this node's GPUs (`repos.gpus`). KIND_AUTO takes the GPUs only when the model's
 /// backend can run there (an ONNX Runtime or torch without CUDA runs such a model on CPU, as the
 /// log's one line at the first such model says); KIND_GPU always asks for one.
-pub(super) fn placements(config: &ModelConfig, gpus: &[i32]) -> Result<Vec<placement::InstancePlacement>, String> {
+pub(super) fn placements(
+    config: &ModelConfig,
+    repos: &Repositories,
+) -> Result<Vec<placement::InstancePlacement>, String> {
+    let gpus = &repos.gpus;
     let auto_on_gpu = !gpus.is_empty()
         && match backend_kind(config)? {
-            BackendKind::Onnx => crate::backend::ort_env::loaded() && crate::backend::onnx::cuda_available(),
+            BackendKind::Onnx => repos.env.loaded() && crate::backend::onnx::cuda_available(),
             BackendKind::Torch => crate::backend::torch::cuda_available(),
             BackendKind::Python | BackendKind::TensorFlow => true,
         };
@@ -208,7 +212,7 @@ pub async fn load_model(
     let kind = backend_kind(&written)?;
     validate_config(&written)?;
     let versions = repository::select_versions(&written, &dir.versions)?;
-    let placements = placements(&written, &repos.gpus)?;
+    let placements = placements(&written, repos)?;
     let mut files = Vec::with_capacity(versions.len());
     for &v in &versions {
         let file = dir.path.join(v.to_string()).join(repository::model_file_name(&written));

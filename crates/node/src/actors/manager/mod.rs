@@ -274,7 +274,7 @@ impl Manager {
         next.instance_group = written.instance_group.clone();
         let resized = async {
             validate_config(&next)?;
-            let placements = loader::placements(&next, &self.repos.gpus)?;
+            let placements = loader::placements(&next, &self.repos)?;
             let next = Arc::new(next);
             for h in &handles {
                 h.resize(next.clone(), placements.clone()).await?;
