@@ -1,7 +1,7 @@
 """tritonserver 2.51's command line on mesh-node (issue 27): every flag of its `--help`, read from a
 fixture, starts a serving node, and a flag with no effect says so in the log with its reason; the
 flags that mean something for the mesh (`--id`, `--log-file`, `--log-format`, the legacy `--trace-*`
-and `--response-cache-byte-size`, gRPC compression) do what tritonserver's do."""
+and `--response-cache-byte-size`, gRPC compression, the rate limiter) do what tritonserver's do."""
 import os
 import subprocess
 from pathlib import Path
@@ -31,7 +31,7 @@ WITH_EFFECT = {
     "--grpc-max-connection-age-grace", "--grpc-restricted-protocol", "--allow-metrics",
     "--metrics-address", "--metrics-port", "--trace-config", "--backend-config", "--cache-config",
     "--response-cache-byte-size", "--trace-file", "--trace-level", "--trace-rate", "--trace-count",
-    "--trace-log-frequency",
+    "--trace-log-frequency", "--rate-limit", "--rate-limit-resource",
 }
 
 # A value tritonserver would take for each flag that needs more than its type suggests.

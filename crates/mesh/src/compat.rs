@@ -76,9 +76,13 @@ pub struct TritonFlags {
     pub repoagent_directory: Option<String>,
     #[arg(long)]
     pub cache_directory: Option<String>,
-    #[arg(long)]
+    /// `off` (the default) or `execution_count`: instances run only while the resources their
+    /// `instance_group { rate_limiter }` names are free, taking turns by priority.
+    #[arg(long, value_parser = ["off", "execution_count"])]
     pub rate_limit: Option<String>,
-    #[arg(long)]
+    /// `<name>:<count>[:<device>]`: copies of a rate-limiter resource (per device without a
+    /// device; a resource not named then has none). Default: what the hungriest instance needs.
+    #[arg(long, value_name = "NAME:COUNT[:DEVICE]")]
     pub rate_limit_resource: Vec<String>,
     #[arg(long)]
     pub pinned_memory_pool_byte_size: Option<u64>,
@@ -111,11 +115,13 @@ pub fn log_ignored(ignored: &[Ignored]) {
 
 const NO_CUDA_POOLS: &str =
     "the mesh allocates no pinned or CUDA memory pools: tensors live in ordinary memory and each backend manages its device memory";
+const ROUTER_RUNS_NO_MODELS: &str = "mesh-router runs no models: each node applies its own flag";
 const NOT_YET: &str = "not applied by the mesh yet; it runs as if the flag were left out";
 
 impl TritonFlags {
-    /// The flags given on the command line that have no effect, each with its reason.
-    pub fn ignored(&self) -> Vec<Ignored> {
+    /// The flags given on the command line that have no effect, each with its reason; `runs_models`
+    /// is false for mesh-router, where the flags about executing models change nothing.
+    pub fn ignored(&self, runs_models: bool) -> Vec<Ignored> {
         let mut out = Vec::new();
         let mut note = |given: bool, flag: &'static str, reason: &'static str| {
             if given {
@@ -202,12 +208,14 @@ impl TritonFlags {
             "--cache-directory",
             "the response cache is built in (--cache-config local,size=N)",
         );
-        note(
-            self.rate_limit.as_deref().is_some_and(|r| r != "off"),
-            "--rate-limit",
-            NOT_YET,
-        );
-        note(!self.rate_limit_resource.is_empty(), "--rate-limit-resource", NOT_YET);
+        if !runs_models {
+            note(self.rate_limit.is_some(), "--rate-limit", ROUTER_RUNS_NO_MODELS);
+            note(
+                !self.rate_limit_resource.is_empty(),
+                "--rate-limit-resource",
+                ROUTER_RUNS_NO_MODELS,
+            );
+        }
         note(
             self.pinned_memory_pool_byte_size.is_some(),
             "--pinned-memory-pool-byte-size",
@@ -243,8 +251,8 @@ impl TritonFlags {
     }
 
     /// Starts logging as `--log-file` and `--log-format` say, sets `--id`, then logs the given
-    /// flags that have no effect.
-    pub fn start_logging(&self, crates: &[&str], level: &str) -> Result<(), String> {
+    /// flags that have no effect (`runs_models`: see `ignored`).
+    pub fn start_logging(&self, crates: &[&str], level: &str, runs_models: bool) -> Result<(), String> {
         crate::process::init_logging(crates, level, self.log_file.as_deref())?;
         if let Some(format) = &self.log_format {
             crate::logging::set_format(format).map_err(|e| e.message)?;
@@ -252,7 +260,7 @@ impl TritonFlags {
         if let Some(id) = &self.id {
             crate::set_server_name(id);
         }
-        log_ignored(&self.ignored());
+        log_ignored(&self.ignored(runs_models));
         Ok(())
     }
 
@@ -281,7 +289,7 @@ mod tests {
 
     #[test]
     fn given_flags_without_effect_are_named_once_with_a_reason() {
-        assert!(parse(&[]).ignored().is_empty());
+        assert!(parse(&[]).ignored(true).is_empty());
         let f = parse(&[
             "--backend-directory=/opt/tritonserver/backends",
             "--disable-auto-complete-config",
@@ -292,7 +300,7 @@ mod tests {
             "--rate-limit",
             "off",
         ]);
-        let flags: Vec<&str> = f.ignored().iter().map(|i| i.flag).collect();
+        let flags: Vec<&str> = f.ignored(true).iter().map(|i| i.flag).collect();
         assert_eq!(
             flags,
             [
@@ -303,7 +311,11 @@ mod tests {
             ]
         );
         assert_eq!(f.disable_auto_complete_config, Some(true));
-        assert!(f.ignored().iter().all(|i| !i.reason.is_empty()));
+        assert!(f.ignored(true).iter().all(|i| !i.reason.is_empty()));
+        // A router runs no models, so the rate limiter's flags change nothing there.
+        let router: Vec<&str> = f.ignored(false).iter().map(|i| i.flag).collect();
+        assert!(router.contains(&"--rate-limit"), "{router:?}");
+        assert!(Cli::try_parse_from(["x", "--rate-limit", "sometimes"]).is_err());
     }
 
     #[test]

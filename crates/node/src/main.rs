@@ -26,7 +26,7 @@ fn main() -> ExitCode {
         (_, false, true) => "warn",
         _ => "error",
     };
-    if let Err(e) = args.triton.start_logging(&["mesh", "mesh_node"], level) {
+    if let Err(e) = args.triton.start_logging(&["mesh", "mesh_node"], level, true) {
         eprintln!("mesh-node: {e}");
         return ExitCode::FAILURE;
     }
@@ -54,6 +54,10 @@ async fn run(args: Args) -> Result<(), String> {
             runtime: tokio::runtime::Handle::current(),
         }),
         placed: Default::default(),
+        limiter: mesh_node::actors::instance::rate_limit::Limiter::from_flags(
+            args.triton.rate_limit.as_deref(),
+            &args.triton.rate_limit_resource,
+        )?,
     };
     let options = NodeOptions {
         strict_readiness: args.strict_readiness,

@@ -29,7 +29,7 @@ fn main() -> ExitCode {
         1 => "debug",
         _ => "trace",
     };
-    if let Err(e) = args.triton.start_logging(&["mesh", "mesh_router"], level) {
+    if let Err(e) = args.triton.start_logging(&["mesh", "mesh_router"], level, false) {
         eprintln!("mesh-router: {e}");
         return ExitCode::FAILURE;
     }

@@ -187,6 +187,8 @@ pub(crate) struct Executor {
     pub executions: Counter,
     pub health: Arc<Health>,
     pub on_failure: FailureNotice,
+    /// Set when the node's rate limiter decides when this instance runs.
+    pub limit: Option<Arc<crate::actors::instance::rate_limit::Enrolled>>,
 }
 
 impl Executor {
@@ -274,6 +276,8 @@ pub(crate) enum ExecMsg {
     /// A request of a model without dynamic batching, sent straight here: its queue is this
     /// channel (FIFO), so the actor hop would only add a wake-up.
     Direct(Job),
+    /// The actor's answer to Done when it has no batch to send (rate-limited instances only).
+    Idle,
 }
 
 /// Batching deadlines closer than this use the executor thread's precise wait.
@@ -283,10 +287,12 @@ pub(crate) const PRECISE_WAKE_BELOW: Duration = Duration::from_millis(5);
 pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<ExecMsg>, me: &ActorRef<InstanceMsg>) {
     MAY_BLOCK.with(|b| b.set(true));
     let mut deadline: Option<Instant> = None;
+    let mut next: Option<ExecMsg> = None;
     loop {
-        let msg = match deadline {
-            None => rx.recv().ok(),
-            Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+        let msg = match (next.take(), deadline) {
+            (Some(m), _) => Some(m),
+            (None, None) => rx.recv().ok(),
+            (None, Some(at)) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
                 Ok(m) => Some(m),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     deadline = None;
@@ -299,9 +305,18 @@ pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<Ex
         match msg {
             None => return,
             Some(ExecMsg::Batch(jobs)) => {
+                // With the rate limiter on, the batch waits here until the instance's resources are free.
+                let turn = exec.limit.as_ref().map(|m| m.wait_turn());
                 run_batch(label, exec, jobs);
                 let _ = me.cast(InstanceMsg::Done);
+                if let Some(turn) = turn {
+                    // The actor answers Done with the next batch or Idle; a next batch asks for its
+                    // turn as this one ends, so priorities decide between it and other instances.
+                    next = next_after_done(rx, &mut deadline);
+                    turn.end(next.is_some());
+                }
             }
+            Some(ExecMsg::Idle) => {}
             Some(ExecMsg::WakeAt(at)) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
             Some(ExecMsg::Direct(job)) => {
                 if !exec.health.is_ready() {
@@ -309,9 +324,26 @@ pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<Ex
                         .reply
                         .send(Err(Error::unavailable(format!("instance {label} is restarting"))));
                 } else if !job.reply.is_closed() {
+                    let turn = exec.limit.as_ref().map(|m| m.wait_turn());
                     run_batch(label, exec, vec![job]);
+                    if let Some(turn) = turn {
+                        next = rx.try_recv().ok();
+                        turn.end(matches!(next, Some(ExecMsg::Direct(_) | ExecMsg::Batch(_))));
+                    }
                 }
             }
+        }
+    }
+}
+
+/// Waits for the actor's answer to Done: the next batch (returned) or Idle (None). Deadlines that
+/// arrive meanwhile are kept.
+fn next_after_done(rx: &mpsc::Receiver<ExecMsg>, deadline: &mut Option<Instant>) -> Option<ExecMsg> {
+    loop {
+        match rx.recv() {
+            Ok(ExecMsg::WakeAt(at)) => *deadline = Some(deadline.map_or(at, |d| d.min(at))),
+            Ok(ExecMsg::Idle) | Err(_) => return None,
+            Ok(work) => return Some(work),
         }
     }
 }

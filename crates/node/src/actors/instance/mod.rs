@@ -4,6 +4,7 @@
 pub mod batch_io;
 pub mod batching;
 pub mod executor;
+pub mod rate_limit;
 pub mod supervision;
 
 use mesh::sync::Locked;
@@ -42,6 +43,8 @@ struct InstanceState {
     busy: bool,
     exec: Option<mpsc::Sender<ExecMsg>>,
     wake_at: Option<Instant>,
+    /// The rate limiter decides when this instance runs: its executor waits for an answer to Done.
+    limited: bool,
     #[cfg(feature = "fault-injection")]
     panic_on_rows: Option<usize>,
 }
@@ -125,6 +128,7 @@ impl Actor for InstanceActor {
             busy: false,
             exec: Some(tx),
             wake_at: None,
+            limited: args.exec.limit.is_some(),
             #[cfg(feature = "fault-injection")]
             panic_on_rows: args.panic_on_rows,
         })
@@ -136,6 +140,7 @@ impl Actor for InstanceActor {
         msg: InstanceMsg,
         state: &mut InstanceState,
     ) -> Result<(), ActorProcessingErr> {
+        let done = matches!(msg, InstanceMsg::Done);
         match msg {
             InstanceMsg::Submit(boxed) => {
                 let (job, id, shape_key) = *boxed;
@@ -175,6 +180,12 @@ impl Actor for InstanceActor {
             InstanceMsg::Done => state.busy = false,
         }
         state.drive(&myself);
+        if done && !state.busy && state.limited {
+            // A rate-limited executor waits for this answer before it ends its turn.
+            if let Some(tx) = &state.exec {
+                let _ = tx.send(ExecMsg::Idle);
+            }
+        }
         Ok(())
     }
 
@@ -227,6 +238,8 @@ pub struct InstanceSpec {
     pub batch: BatchConfig,
     pub factory: BackendFactory,
     pub on_failure: FailureNotice,
+    /// Its place in the node's rate limiter; None when nothing limits it.
+    pub limit: Option<Arc<rate_limit::Enrolled>>,
     /// Test-only (`fault-injection`): the actor itself panics on a request of this many rows
     /// (model parameter `mesh_fault_panic_actor_on_rows`), to show instance actors are restarted.
     #[cfg(feature = "fault-injection")]
@@ -243,6 +256,7 @@ impl InstanceHandle {
             batch: config,
             factory,
             on_failure,
+            limit,
             #[cfg(feature = "fault-injection")]
             panic_actor_on_rows,
         } = spec;
@@ -258,6 +272,7 @@ impl InstanceHandle {
             executions: metrics::counter!("mesh_instance_executions_total", &metric_labels),
             health: Arc::new(Health::new(&metric_labels)),
             on_failure,
+            limit,
         });
         let inline_off_runtime_only = !exec.backend.locked().may_run_inline();
         let inline = match (config.dynamic, config.max_queue_delay.is_zero()) {
@@ -292,6 +307,11 @@ impl InstanceHandle {
             label,
             factory,
         })
+    }
+
+    /// Its place in the node's rate limiter, for an instance started again in its stead.
+    pub fn rate_limit(&self) -> Option<Arc<rate_limit::Enrolled>> {
+        self.exec.limit.clone()
     }
 
     /// Puts a rebuilt backend in place and routes to the instance again.
@@ -340,10 +360,17 @@ impl InstanceHandle {
         // runtime worker only short executions of backends that may run there do.
         let may_inline = may_inline
             && (executor::thread_may_block() || (!self.inline_off_runtime_only && self.exec.policy.allows_inline()));
+        // A rate-limited instance runs inline only when its resources are free now.
+        let turn = match &self.exec.limit {
+            Some(m) if may_inline => m.try_turn(),
+            _ => None,
+        };
+        let may_inline = may_inline && (self.exec.limit.is_none() || turn.is_some());
         if may_inline && self.exec.health.is_ready() {
             if let Ok(mut b) = self.exec.backend.try_lock() {
                 let result = self.exec.run_one(&self.label, &mut **b, &sub);
                 drop(b);
+                drop(turn);
                 if !self.exec.health.is_ready() {
                     // Anything queued meanwhile is answered by the actor instead of waiting.
                     let _ = self.actor.cast(InstanceMsg::Wake);
@@ -358,6 +385,7 @@ impl InstanceHandle {
                 });
             }
         }
+        drop(turn);
         if let Some(tx) = &self.direct {
             let (reply, rx) = oneshot::channel();
             let job = Job {

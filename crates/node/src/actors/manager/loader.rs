@@ -25,6 +25,8 @@ pub struct Repositories {
     pub gpus: Vec<i32>,
     pub mode: ControlMode,
     pub python: Arc<PythonContext>,
+    /// `--rate-limit`: decides when rate-limited instances run.
+    pub limiter: Arc<crate::actors::instance::rate_limit::Limiter>,
     /// Models the cluster's router placed here, loaded from its shipments instead of `roots`.
     pub placed: Arc<PlacedModels>,
 }
@@ -262,6 +264,7 @@ pub async fn load_model(
             kind,
             env: repos.env.clone(),
             python: repos.python.clone(),
+            limiter: repos.limiter.clone(),
             model: dir.name.clone(),
             version: v,
             dir: dir.path.clone(),

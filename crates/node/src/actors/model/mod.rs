@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use crate::actors::ask;
 use crate::actors::instance::batching::BatchConfig;
 use crate::actors::instance::supervision::{self, BackendFactory, RestartPolicy};
+use crate::actors::instance::rate_limit::Enrolled;
 use crate::actors::instance::{self, FailureNotice, InstanceHandle, InstanceSpec};
 use crate::backend::onnx::Device;
 use crate::backend::Backend;
@@ -193,6 +194,16 @@ fn failure_notice(me: &ActorRef<ModelMsg>, label: &str) -> FailureNotice {
     })
 }
 
+/// Enrols an instance with the node's rate limiter, as its group's `rate_limiter` asks.
+fn enrol(source: &VersionSource, config: &ModelConfig, p: &InstancePlacement) -> Result<Option<Arc<Enrolled>>, String> {
+    let limits = config.instance_group.get(p.group).and_then(|g| g.rate_limiter.as_ref());
+    let device = match p.device {
+        Device::Cpu => 0,
+        Device::Gpu(i) => i,
+    };
+    source.limiter.join(device, limits)
+}
+
 /// Starts one instance linked to the ModelActor.
 async fn spawn_instance(
     me: &ActorRef<ModelMsg>,
@@ -200,8 +211,10 @@ async fn spawn_instance(
     config: &Arc<ModelConfig>,
     label: String,
     factory: BackendFactory,
+    limit: Option<Arc<Enrolled>>,
 ) -> Result<Arc<InstanceHandle>, String> {
     let spec = InstanceSpec {
+        limit,
         on_failure: failure_notice(me, &label),
         label,
         model: source.model.clone(),
@@ -260,7 +273,8 @@ impl Supervised {
                 Some(i) => i.clone(),
                 None => {
                     let factory = self.source.factory(&config, &label, p, None);
-                    let i = spawn_instance(me, &self.source, &config, label.clone(), factory).await?;
+                    let limit = enrol(&self.source, &config, p)?;
+                    let i = spawn_instance(me, &self.source, &config, label.clone(), factory, limit).await?;
                     fresh.push(i.clone());
                     i
                 }
@@ -303,7 +317,8 @@ impl Actor for ModelActor {
         for (p, first) in placements {
             let label = label(&source, &p);
             let factory = source.factory(&config, &label, &p, first);
-            instances.push(spawn_instance(&myself, &source, &config, label.clone(), factory).await?);
+            let limit = enrol(&source, &config, &p)?;
+            instances.push(spawn_instance(&myself, &source, &config, label.clone(), factory, limit).await?);
             devices.insert(label, p.device);
         }
         let v = source.version;
@@ -404,9 +419,9 @@ impl Actor for ModelActor {
         let dead = &current.instances[pos];
         dead.take_out_of_routing();
         tracing::error!(instance = %dead.label, "instance actor failed: {err}; starting it again");
-        let (label, factory) = (dead.label.clone(), dead.factory.clone());
+        let (label, factory, limit) = (dead.label.clone(), dead.factory.clone(), dead.rate_limit());
         let config = current.config.clone();
-        match spawn_instance(&myself, &state.source, &config, label.clone(), factory).await {
+        match spawn_instance(&myself, &state.source, &config, label.clone(), factory, limit).await {
             Ok(fresh) => {
                 let mut instances = current.instances.clone();
                 instances[pos] = fresh;

@@ -26,6 +26,8 @@ pub struct VersionSource {
     pub kind: BackendKind,
     pub env: crate::backend::ort_env::Ort,
     pub python: Arc<PythonContext>,
+    /// The node's rate limiter, which each instance joins.
+    pub limiter: Arc<crate::actors::instance::rate_limit::Limiter>,
     pub model: String,
     pub version: i64,
     /// The model directory (warmup files live under it).
