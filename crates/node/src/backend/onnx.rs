@@ -10,6 +10,7 @@ use ort::session::Session;
 
 use super::ort_values::{self, InputList};
 use super::{Backend, Timings};
+use crate::actors::instance::ragged::Ragged;
 use crate::serving::sequence::SequenceSetup;
 
 /// Batch size Triton's ONNX backend gives a batchable model whose config omits max_batch_size.
@@ -189,6 +190,7 @@ pub fn auto_complete(config: &mut ModelConfig, session: &Session, sets_max_batch
 /// Checks the (completed) config against the model: names, types, ranks and fixed dims.
 pub fn check_against_model(config: &ModelConfig, session: &Session) -> Result<(), String> {
     let batched = config.max_batch_size > 0;
+    let ragged = Ragged::from_config(config)?;
     let check = |kind: &str,
                  name: &str,
                  data_type: i32,
@@ -210,6 +212,10 @@ pub fn check_against_model(config: &ModelConfig, session: &Session) -> Result<()
                 "{kind} '{name}' is {} in config but {et:?} in the model",
                 want.map_or("invalid", |d| d.wire_name())
             ));
+        }
+        if ragged.as_ref().is_some_and(|r| r.is_scattered(name) || r.is_ragged(name)) {
+            // The node flattens ragged inputs and scatters these outputs: the model sees them flat.
+            return Ok(());
         }
         let inner = reshape.as_ref().map_or(dims, |r| &r.shape[..]);
         let mut expect = Vec::with_capacity(inner.len() + 1);
@@ -248,8 +254,9 @@ pub fn check_against_model(config: &ModelConfig, session: &Session) -> Result<()
     for o in &config.output {
         check("output", &o.name, o.data_type, &o.dims, &o.reshape, session.outputs())?;
     }
-    // Sequence control and state inputs are the node's to supply.
-    let supplied = SequenceSetup::supplied_inputs(config);
+    // Sequence control and state inputs, and batch inputs, are the node's to supply.
+    let mut supplied = SequenceSetup::supplied_inputs(config);
+    supplied.extend(ragged.iter().flat_map(|r| r.made_inputs().map(String::from)));
     for outlet in session.inputs() {
         if !config.input.iter().any(|i| i.name == outlet.name()) && !supplied.iter().any(|s| s == outlet.name()) {
             return Err(format!(

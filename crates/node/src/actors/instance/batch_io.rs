@@ -4,11 +4,19 @@ use std::hash::{Hash, Hasher};
 use bytes::{Bytes, BytesMut};
 use mesh::{DataType, Error, NamedTensor, Result, Tensor};
 
-/// Signature of everything but the batch dimension: only requests with equal keys may share a batch.
-pub fn shape_key(inputs: &[NamedTensor]) -> u64 {
+/// Signature of everything but the batch dimension (and the shapes of `ragged` inputs): only
+/// requests with equal keys may share a batch.
+pub fn shape_key(inputs: &[NamedTensor], ragged: impl Fn(&str) -> bool) -> u64 {
     let mut parts: Vec<(&str, DataType, &[i64])> = inputs
         .iter()
-        .map(|i| (i.name.as_str(), i.tensor.dtype, i.tensor.shape.get(1..).unwrap_or(&[])))
+        .map(|i| {
+            let dims = if ragged(&i.name) {
+                &[]
+            } else {
+                i.tensor.shape.get(1..).unwrap_or(&[])
+            };
+            (i.name.as_str(), i.tensor.dtype, dims)
+        })
         .collect();
     parts.sort_unstable_by(|a, b| a.0.cmp(b.0));
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -160,8 +168,11 @@ mod tests {
     fn shape_keys_ignore_batch_and_order_but_not_inner_dims() {
         let x = |b: i64, w: i64| nt("x", Tensor::from_values(vec![b, w], &vec![0f32; (b * w) as usize]));
         let y = nt("y", Tensor::from_values(vec![1], &[0u8]));
-        assert_eq!(shape_key(&[x(1, 3), y.clone()]), shape_key(&[y.clone(), x(4, 3)]));
-        assert_ne!(shape_key(&[x(1, 3)]), shape_key(&[x(1, 4)]));
+        let none = |_: &str| false;
+        assert_eq!(shape_key(&[x(1, 3), y.clone()], none), shape_key(&[y.clone(), x(4, 3)], none));
+        assert_ne!(shape_key(&[x(1, 3)], none), shape_key(&[x(1, 4)], none));
+        // Ragged inputs batch whatever their shape.
+        assert_eq!(shape_key(&[x(1, 3)], |n| n == "x"), shape_key(&[x(1, 4)], |n| n == "x"));
     }
 
     #[test]

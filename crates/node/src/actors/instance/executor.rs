@@ -113,31 +113,37 @@ fn views<'a>(subs: &[&'a Submission]) -> Vec<RequestView<'a>> {
         .collect()
 }
 
-/// Runs merged tensors for the whole batch and splits the outputs back per request.
-fn run_merged(label: &str, exec: &Executor, backend: &mut dyn Backend, jobs: &[Job]) -> Result<(PerRequest, Timings)> {
-    let rows: Vec<usize> = jobs.iter().map(|j| j.sub.rows).collect();
-    let wanted: Vec<String> = if jobs.iter().any(|j| j.sub.outputs.is_empty()) {
+/// Runs merged tensors for the whole batch and splits the outputs back per request (ragged
+/// models through their `Ragged`, even for one request).
+fn run_merged(
+    label: &str,
+    exec: &Executor,
+    backend: &mut dyn Backend,
+    subs: &[&Submission],
+) -> Result<(PerRequest, Timings)> {
+    let rows: Vec<usize> = subs.iter().map(|s| s.rows).collect();
+    let wanted: Vec<String> = if subs.iter().any(|s| s.outputs.is_empty()) {
         Vec::new()
     } else {
-        let mut all: Vec<String> = jobs.iter().flat_map(|j| j.sub.outputs.iter().cloned()).collect();
+        let mut all: Vec<String> = subs.iter().flat_map(|s| s.outputs.iter().cloned()).collect();
         all.sort_unstable();
         all.dedup();
         all
     };
-    let inputs: Vec<&[NamedTensor]> = jobs.iter().map(|j| &j.sub.inputs[..]).collect();
-    let merged;
-    let batch_inputs = if jobs.len() == 1 {
-        &jobs[0].sub.inputs[..]
+    let inputs: Vec<&[NamedTensor]> = subs.iter().map(|s| &s.inputs[..]).collect();
+    let parts = if let Some(ragged) = &exec.ragged {
+        let merged = ragged.merge(&inputs)?;
+        let (outputs, timings) = exec.run(label, backend, &merged, &wanted)?;
+        (ragged.split(outputs, &inputs, &rows)?, timings)
+    } else if subs.len() == 1 {
+        let (outputs, timings) = exec.run(label, backend, &subs[0].inputs, &wanted)?;
+        (vec![outputs], timings)
     } else {
-        merged = batch_io::merge(&inputs)?;
-        &merged[..]
+        let merged = batch_io::merge(&inputs)?;
+        let (outputs, timings) = exec.run(label, backend, &merged, &wanted)?;
+        (batch_io::split(outputs, &rows)?, timings)
     };
-    let (outputs, timings) = exec.run(label, backend, batch_inputs, &wanted)?;
-    let parts = if jobs.len() == 1 {
-        vec![outputs]
-    } else {
-        batch_io::split(outputs, &rows)?
-    };
+    let (parts, timings) = parts;
     Ok((parts.into_iter().map(Ok).collect(), timings))
 }
 
@@ -147,11 +153,11 @@ pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
     let total: usize = jobs.iter().map(|j| j.sub.rows).sum();
     let result = {
         let mut b = exec.backend.locked();
+        let subs: Vec<&Submission> = jobs.iter().map(|j| &j.sub).collect();
         if b.takes_requests() {
-            let subs: Vec<&Submission> = jobs.iter().map(|j| &j.sub).collect();
             exec.run_requests(label, &mut **b, &views(&subs))
         } else {
-            run_merged(label, exec, &mut **b, &jobs)
+            run_merged(label, exec, &mut **b, &subs)
         }
     };
     match result {
@@ -187,6 +193,8 @@ pub(crate) struct Executor {
     pub executions: Counter,
     pub health: Arc<Health>,
     pub on_failure: FailureNotice,
+    /// Set for models with ragged inputs, batch inputs or batch outputs.
+    pub ragged: Option<Arc<crate::actors::instance::ragged::Ragged>>,
     /// Set when the node's rate limiter decides when this instance runs.
     pub limit: Option<Arc<crate::actors::instance::rate_limit::Enrolled>>,
 }
@@ -246,7 +254,14 @@ impl Executor {
         sub: &Submission,
     ) -> Result<(Vec<NamedTensor>, Timings)> {
         if !backend.takes_requests() {
-            return self.run(label, backend, &sub.inputs, &sub.outputs);
+            if self.ragged.is_none() {
+                return self.run(label, backend, &sub.inputs, &sub.outputs);
+            }
+            let (mut results, timings) = run_merged(label, self, backend, &[sub])?;
+            let outputs = results
+                .pop()
+                .unwrap_or_else(|| Err(Error::internal("the backend gave no response")))?;
+            return Ok((outputs, timings));
         }
         let (mut results, timings) = self.run_requests(label, backend, &views(&[sub]))?;
         let outputs = results

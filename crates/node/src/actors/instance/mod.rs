@@ -4,6 +4,7 @@
 pub mod batch_io;
 pub mod batching;
 pub mod executor;
+pub mod ragged;
 pub mod rate_limit;
 pub mod supervision;
 
@@ -238,6 +239,8 @@ pub struct InstanceSpec {
     pub batch: BatchConfig,
     pub factory: BackendFactory,
     pub on_failure: FailureNotice,
+    /// Ragged inputs, batch inputs and batch outputs of the model, if it has any.
+    pub ragged: Option<Arc<ragged::Ragged>>,
     /// Its place in the node's rate limiter; None when nothing limits it.
     pub limit: Option<Arc<rate_limit::Enrolled>>,
     /// Test-only (`fault-injection`): the actor itself panics on a request of this many rows
@@ -256,6 +259,7 @@ impl InstanceHandle {
             batch: config,
             factory,
             on_failure,
+            ragged,
             limit,
             #[cfg(feature = "fault-injection")]
             panic_actor_on_rows,
@@ -272,6 +276,7 @@ impl InstanceHandle {
             executions: metrics::counter!("mesh_instance_executions_total", &metric_labels),
             health: Arc::new(Health::new(&metric_labels)),
             on_failure,
+            ragged,
             limit,
         });
         let inline_off_runtime_only = !exec.backend.locked().may_run_inline();
@@ -399,7 +404,9 @@ impl InstanceHandle {
                 .await
                 .map_err(|_| Error::unavailable(format!("instance {} stopped before answering", self.label)))?;
         }
-        let shape_key = batch_io::shape_key(&sub.inputs);
+        let shape_key = batch_io::shape_key(&sub.inputs, |name| {
+            self.exec.ragged.as_ref().is_some_and(|r| r.is_ragged(name))
+        });
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
         let job = Job {

@@ -214,6 +214,7 @@ async fn spawn_instance(
     limit: Option<Arc<Enrolled>>,
 ) -> Result<Arc<InstanceHandle>, String> {
     let spec = InstanceSpec {
+        ragged: instance::ragged::Ragged::from_config(config)?,
         limit,
         on_failure: failure_notice(me, &label),
         label,
