@@ -31,7 +31,9 @@ WITH_EFFECT = {
     "--grpc-max-connection-age-grace", "--grpc-restricted-protocol", "--allow-metrics",
     "--metrics-address", "--metrics-port", "--trace-config", "--backend-config", "--cache-config",
     "--response-cache-byte-size", "--trace-file", "--trace-level", "--trace-rate", "--trace-count",
-    "--trace-log-frequency", "--rate-limit", "--rate-limit-resource",
+    "--trace-log-frequency", "--rate-limit", "--rate-limit-resource", "--model-config-name",
+    "--disable-auto-complete-config", "--strict-model-config", "--model-load-retry-count",
+    "--allow-cpu-metrics", "--metrics-interval-ms",
 }
 
 # A value tritonserver would take for each flag that needs more than its type suggests.

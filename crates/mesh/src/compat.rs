@@ -128,21 +128,21 @@ impl TritonFlags {
                 out.push(Ignored { flag, reason });
             }
         };
-        note(
-            self.disable_auto_complete_config.is_some(),
-            "--disable-auto-complete-config",
-            NOT_YET,
-        );
-        note(self.strict_model_config.is_some(), "--strict-model-config", NOT_YET);
-        note(self.model_config_name.is_some(), "--model-config-name", NOT_YET);
+        if !runs_models {
+            for (given, flag) in [
+                (self.disable_auto_complete_config.is_some(), "--disable-auto-complete-config"),
+                (self.strict_model_config.is_some(), "--strict-model-config"),
+                (self.model_config_name.is_some(), "--model-config-name"),
+                (self.model_load_retry_count.is_some(), "--model-load-retry-count"),
+                (self.allow_cpu_metrics.is_some(), "--allow-cpu-metrics"),
+                (self.metrics_interval_ms.is_some(), "--metrics-interval-ms"),
+            ] {
+                note(given, flag, ROUTER_RUNS_NO_MODELS);
+            }
+        }
         note(
             self.model_load_thread_count.is_some(),
             "--model-load-thread-count",
-            NOT_YET,
-        );
-        note(
-            self.model_load_retry_count.is_some(),
-            "--model-load-retry-count",
             NOT_YET,
         );
         note(self.model_namespacing.is_some(), "--model-namespacing", NOT_YET);
@@ -190,8 +190,6 @@ impl TritonFlags {
             VERTEX,
         );
         note(self.allow_gpu_metrics.is_some(), "--allow-gpu-metrics", NOT_YET);
-        note(self.allow_cpu_metrics.is_some(), "--allow-cpu-metrics", NOT_YET);
-        note(self.metrics_interval_ms.is_some(), "--metrics-interval-ms", NOT_YET);
         note(!self.metrics_config.is_empty(), "--metrics-config", NOT_YET);
         note(
             self.backend_directory.is_some(),

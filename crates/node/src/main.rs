@@ -54,6 +54,7 @@ async fn run(args: Args) -> Result<(), String> {
             runtime: tokio::runtime::Handle::current(),
         }),
         placed: Default::default(),
+        loading: mesh_node::actors::manager::loader::LoadSettings::from_flags(&args.triton)?,
         limiter: mesh_node::actors::instance::rate_limit::Limiter::from_flags(
             args.triton.rate_limit.as_deref(),
             &args.triton.rate_limit_resource,
@@ -96,8 +97,8 @@ async fn run(args: Args) -> Result<(), String> {
         text
     });
     let servers = args.listen.start(dispatch.clone(), None, render, &stop_rx).await?;
-    if args.listen.allow_metrics {
-        metrics::spawn_cpu_sampler();
+    if args.listen.allow_metrics && args.triton.allow_cpu_metrics != Some(false) {
+        metrics::spawn_cpu_sampler(metrics::sample_interval(args.triton.metrics_interval_ms)?);
     }
 
     mesh::process::wait_for_signal().await?;

@@ -158,11 +158,22 @@ impl ModelMetrics {
     }
 }
 
-/// Samples CPU utilization and memory from /proc every second, where /proc exists.
-pub fn spawn_cpu_sampler() {
+/// `--metrics-interval-ms` as a sampling interval (tritonserver's default is 2000 ms); refused
+/// unless it is a positive number of at most a day.
+pub fn sample_interval(ms: Option<f64>) -> Result<Duration, String> {
+    let ms = ms.unwrap_or(2000.0);
+    if !(ms.is_finite() && ms >= 1.0 && ms <= 86_400_000.0) {
+        return Err(format!("--metrics-interval-ms {ms} must be between 1 and 86400000"));
+    }
+    Ok(Duration::from_secs_f64(ms / 1000.0))
+}
+
+/// Samples CPU utilization and memory from /proc every `interval`, where /proc exists
+/// (`--allow-cpu-metrics false` turns it off: the `nv_cpu_*` metrics are then absent).
+pub fn spawn_cpu_sampler(interval: Duration) {
     tokio::spawn(async move {
         let mut last = read_cpu_times();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut tick = tokio::time::interval(interval);
         loop {
             tick.tick().await;
             let now = read_cpu_times();

@@ -18,6 +18,50 @@ use crate::placement;
 use crate::repository::placed::PlacedModels;
 use crate::repository::{self, ModelDir};
 
+/// tritonserver's flags about how models load.
+#[derive(Debug, Clone)]
+pub struct LoadSettings {
+    /// `--model-config-name`: `<model>/configs/<name>.pbtxt` is read where it exists.
+    pub config_name: Option<String>,
+    /// False with `--disable-auto-complete-config` or `--strict-model-config true`: configs are
+    /// used as written, never filled from the model.
+    pub auto_complete: bool,
+    /// `--model-load-retry-count`: a failed load is tried again this many times.
+    pub retries: u32,
+}
+
+impl Default for LoadSettings {
+    fn default() -> Self {
+        LoadSettings {
+            config_name: None,
+            auto_complete: true,
+            retries: 0,
+        }
+    }
+}
+
+impl LoadSettings {
+    /// From the tritonserver flags; a config name that is not a plain file name is refused.
+    pub fn from_flags(flags: &mesh::compat::TritonFlags) -> Result<Self, String> {
+        if let Some(name) = &flags.model_config_name {
+            let plain = !name.is_empty()
+                && name != "."
+                && name != ".."
+                && !name.contains(['/', '\\', '\0']);
+            if !plain {
+                return Err(format!(
+                    "--model-config-name '{name}' must be a plain name (it is read as configs/<name>.pbtxt)"
+                ));
+            }
+        }
+        Ok(LoadSettings {
+            config_name: flags.model_config_name.clone(),
+            auto_complete: !(flags.disable_auto_complete_config == Some(true) || flags.strict_model_config == Some(true)),
+            retries: flags.model_load_retry_count.unwrap_or(0),
+        })
+    }
+}
+
 /// What the node needs to (re)load models after start-up.
 pub struct Repositories {
     pub env: crate::backend::ort_env::Ort,
@@ -25,6 +69,7 @@ pub struct Repositories {
     pub gpus: Vec<i32>,
     pub mode: ControlMode,
     pub python: Arc<PythonContext>,
+    pub loading: LoadSettings,
     /// `--rate-limit`: decides when rate-limited instances run.
     pub limiter: Arc<crate::actors::instance::rate_limit::Limiter>,
     /// Models the cluster's router placed here, loaded from its shipments instead of `roots`.
@@ -39,9 +84,13 @@ pub struct LoadedModel {
     pub config: Arc<ModelConfig>,
 }
 
-/// Reads config.pbtxt (if any) and checks its name against the directory.
-fn read_config(dir: &ModelDir) -> Result<(ModelConfig, bool), String> {
-    let path = dir.path.join("config.pbtxt");
+/// Reads `configs/<name>.pbtxt` where `--model-config-name` names one that exists, else
+/// config.pbtxt (if any), and checks its name against the directory.
+fn read_config(dir: &ModelDir, config_name: Option<&str>) -> Result<(ModelConfig, bool), String> {
+    let custom = config_name
+        .map(|n| dir.path.join("configs").join(format!("{n}.pbtxt")))
+        .filter(|p| p.is_file());
+    let path = custom.unwrap_or_else(|| dir.path.join("config.pbtxt"));
     let (mut config, fields) = match std::fs::read_to_string(&path) {
         Ok(text) => parse_pbtxt_with_fields(&text)?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (ModelConfig::default(), Vec::new()),
@@ -168,13 +217,17 @@ fn calls_itself(table: &ModelTable, name: &str, steps: &[String]) -> Option<Vec<
 
 /// Reads the config a load uses: the override if given, else config.pbtxt. Returns it with
 /// whether it sets max_batch_size itself.
-pub fn written_config(dir: &ModelDir, override_config: Option<ModelConfig>) -> Result<(ModelConfig, bool), String> {
+pub fn written_config(
+    dir: &ModelDir,
+    override_config: Option<ModelConfig>,
+    settings: &LoadSettings,
+) -> Result<(ModelConfig, bool), String> {
     let (mut config, sets_mbs) = match override_config {
         Some(mut c) => {
             adopt_name(&mut c, &dir.name, "the config override")?;
             (c, true)
         }
-        None => read_config(dir)?,
+        None => read_config(dir, settings.config_name.as_deref())?,
     };
     detect_platform(&mut config, dir);
     Ok((config, sets_mbs))
@@ -238,7 +291,13 @@ pub async fn load_model(
                 }
             ));
         }
-        BackendKind::Onnx => open_onnx(repos.env.env()?, written.clone(), sets_mbs, &placements, files)?,
+        BackendKind::Onnx => open_onnx(
+            repos.env.env()?,
+            written.clone(),
+            (sets_mbs, repos.loading.auto_complete),
+            &placements,
+            files,
+        )?,
         BackendKind::Torch => open_all_torch(written.clone(), &placements, files)?,
         BackendKind::Python | BackendKind::TensorFlow => {
             let first = files.first().map(|(_, f)| f.clone()).unwrap_or_default();
@@ -246,9 +305,13 @@ pub async fn load_model(
                 BackendKind::TensorFlow => (python::stub::tensorflow_runner()?, Some(first.as_path())),
                 _ => (first.clone(), None),
             };
-            let config = tokio::task::block_in_place(|| {
-                python::auto_complete(&repos.python, &written, &dir.path, &file, artifact)
-            })?;
+            let config = if repos.loading.auto_complete {
+                tokio::task::block_in_place(|| {
+                    python::auto_complete(&repos.python, &written, &dir.path, &file, artifact)
+                })?
+            } else {
+                written.clone()
+            };
             validate_config(&config)?;
             let prepared = files
                 .into_iter()
@@ -328,14 +391,14 @@ fn open_instances<T>(
 fn open_onnx(
     env: &Arc<ort::environment::Environment>,
     mut config: ModelConfig,
-    sets_mbs: bool,
+    (sets_mbs, auto_complete): (bool, bool),
     placements: &[placement::InstancePlacement],
     files: Vec<(i64, PathBuf)>,
 ) -> Result<(ModelConfig, Prepared), String> {
     let sessions = open_instances(placements, files, |file, device| {
         onnx::open_session(env, &config, file, device)
     })?;
-    if let Some((_, first)) = sessions.first().and_then(|(_, _, s)| s.first()) {
+    if let Some((_, first)) = sessions.first().and_then(|(_, _, s)| s.first()).filter(|_| auto_complete) {
         onnx::auto_complete(&mut config, first, sets_mbs)?;
     }
     validate_config(&config)?;

@@ -95,7 +95,7 @@ impl Manager {
             };
             let written = match served {
                 Some(config) => config,
-                None => match loader::written_config(&dir, None) {
+                None => match loader::written_config(&dir, None, &self.repos.loading) {
                     Ok((config, _)) => config,
                     Err(_) => continue,
                 },
@@ -202,7 +202,7 @@ impl Manager {
         why: Why,
     ) -> Result<()> {
         let fingerprint = repository::fingerprint(&dir.path, repository::Fingerprint::All);
-        let written = loader::written_config(&dir, override_config);
+        let written = loader::written_config(&dir, override_config, &self.repos.loading);
         if let Ok((written, _)) = &written {
             if let Some(done) = self.change_in_place(name, written, content, fingerprint).await {
                 return done;
@@ -215,7 +215,18 @@ impl Manager {
                 }
                 loader::load_ensemble(&self.table, &dir, written)
             }
-            Ok(written) => loader::load_model(&self.repos, &dir, written, me).await,
+            Ok(written) => {
+                let mut tries = 0;
+                loop {
+                    match loader::load_model(&self.repos, &dir, written.clone(), me).await {
+                        Err(e) if tries < self.repos.loading.retries => {
+                            tries += 1;
+                            tracing::warn!(model = %name, attempt = tries, "load failed, trying again: {e}");
+                        }
+                        done => break done,
+                    }
+                }
+            }
             Err(e) => Err(e),
         };
         match loaded {

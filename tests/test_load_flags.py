@@ -1,0 +1,113 @@
+"""tritonserver's flags about loading models and sampling metrics, on mesh-node (issue 27):
+`--model-config-name`, `--disable-auto-complete-config` / `--strict-model-config`,
+`--model-load-retry-count`, `--allow-cpu-metrics` and `--metrics-interval-ms`."""
+import shutil
+import sys
+
+import pytest
+import tritonclient.http as httpclient
+
+pytestmark = [pytest.mark.server]
+
+PYTHON = ["--backend-config", f"python,interpreter={sys.executable}"]
+
+
+def index_entry(srv, model):
+    entries = [e for e in srv.index() if e.get("name") == model]
+    assert entries, srv.index()
+    return entries[0]
+
+
+def test_model_config_name_reads_configs_name_pbtxt_where_it_exists(fresh_server, add_sub_repo):
+    custom = add_sub_repo / "add_sub" / "configs"
+    custom.mkdir()
+    text = (add_sub_repo / "add_sub" / "config.pbtxt").read_text()
+    (custom / "h100.pbtxt").write_text(text + '\nparameters { key: "chosen" value { string_value: "h100" } }\n')
+    srv = fresh_server([add_sub_repo], ["--model-config-name", "h100"])
+    cfg = httpclient.InferenceServerClient(srv.http_url).get_model_config("add_sub")
+    assert cfg["parameters"]["chosen"]["string_value"] == "h100"
+    # A name without such a file falls back to config.pbtxt, as in Triton.
+    srv2 = fresh_server([add_sub_repo], ["--model-config-name", "a100"])
+    cfg = httpclient.InferenceServerClient(srv2.http_url).get_model_config("add_sub")
+    assert "chosen" not in cfg.get("parameters", {})
+
+
+def test_a_config_name_that_is_a_path_stops_the_start(fresh_server, add_sub_repo):
+    with pytest.raises(Exception) as e:
+        fresh_server([add_sub_repo], ["--model-config-name", "../../etc/x"])
+    assert "must be a plain name" in str(e.value)
+
+
+@pytest.mark.parametrize("flag", [["--disable-auto-complete-config"], ["--strict-model-config", "true"]])
+def test_without_auto_complete_a_config_must_be_complete(fresh_server, models_dir, tmp_path, flag):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    # add_sub without its config: auto-complete would fill it from the ONNX file.
+    shutil.copytree(models_dir / "simple" / "add_sub" / "1", repo / "bare" / "1")
+    shutil.copytree(models_dir / "simple" / "add_sub", repo / "add_sub")
+    srv = fresh_server([repo], flag + ["--exit-on-error", "false", "--strict-readiness", "false"],
+                       wait_models=["add_sub"])
+    entry = index_entry(srv, "bare")
+    assert entry["state"] == "UNAVAILABLE" and "does not list" in entry["reason"], entry
+    completed = fresh_server([repo], wait_models=["add_sub", "bare"])
+    assert httpclient.InferenceServerClient(completed.http_url).is_model_ready("bare")
+
+
+FAILS_ONCE = '''
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        marker = os.path.join(args["model_repository"], "failed_once")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            raise pb_utils.TritonModelException("first load fails on purpose")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+'''
+
+
+def flaky_repo(tmp_path):
+    d = tmp_path / "repo" / "flaky"
+    (d / "1").mkdir(parents=True)
+    (d / "1" / "model.py").write_text(FAILS_ONCE)
+    (d / "config.pbtxt").write_text('backend: "python"\n'
+                                    'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    return tmp_path / "repo"
+
+
+def test_load_retry_count_tries_a_failed_load_again(fresh_server, tmp_path):
+    srv = fresh_server([flaky_repo(tmp_path)], PYTHON + ["--model-load-retry-count", "1"])
+    assert httpclient.InferenceServerClient(srv.http_url).is_model_ready("flaky")
+    assert "load failed, trying again" in srv.log_tail(200)
+
+
+def test_without_retries_the_first_failure_stands(fresh_server, tmp_path):
+    srv = fresh_server([flaky_repo(tmp_path)], PYTHON + ["--exit-on-error", "false", "--strict-readiness", "false"],
+                       wait_models=[])
+    entry = index_entry(srv, "flaky")
+    assert entry["state"] == "UNAVAILABLE" and "first load fails on purpose" in entry["reason"], entry
+
+
+def test_cpu_metrics_follow_allow_cpu_metrics_and_the_interval(fresh_server, add_sub_repo):
+    import time
+
+    srv = fresh_server([add_sub_repo], ["--metrics-interval-ms", "100"])
+    deadline = time.monotonic() + 10
+    while "nv_cpu_utilization" not in srv.metrics() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    text = srv.metrics()
+    assert "nv_cpu_utilization" in text and "nv_cpu_memory_total_bytes" in text
+    off = fresh_server([add_sub_repo], ["--allow-cpu-metrics", "false", "--metrics-interval-ms", "100"])
+    time.sleep(0.5)
+    assert "nv_cpu_" not in off.metrics()
+
+
+def test_a_metrics_interval_out_of_range_stops_the_start(fresh_server, add_sub_repo):
+    with pytest.raises(Exception) as e:
+        fresh_server([add_sub_repo], ["--metrics-interval-ms", "0"])
+    assert "--metrics-interval-ms" in str(e.value)
