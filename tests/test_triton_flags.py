@@ -33,7 +33,7 @@ WITH_EFFECT = {
     "--response-cache-byte-size", "--trace-file", "--trace-level", "--trace-rate", "--trace-count",
     "--trace-log-frequency", "--rate-limit", "--rate-limit-resource", "--model-config-name",
     "--disable-auto-complete-config", "--strict-model-config", "--model-load-retry-count",
-    "--allow-cpu-metrics", "--metrics-interval-ms",
+    "--allow-cpu-metrics", "--metrics-interval-ms", "--reuse-http-port", "--reuse-grpc-port",
 }
 
 # A value tritonserver would take for each flag that needs more than its type suggests.
@@ -176,3 +176,25 @@ def test_gzip_requests_are_taken_and_answers_compressed_on_request(mesh_bin, ser
         np.testing.assert_array_equal(plain, gz)
     finally:
         stop_process(proc)
+
+
+def test_reuse_port_flags_let_two_nodes_share_their_ports(mesh_bin, server_env, tmp_path):
+    reuse = ["--reuse-http-port", "true", "--reuse-grpc-port=1"]
+    ports = free_ports(4)
+    a_dir, b_dir, c_dir = (tmp_path / n for n in "abc")
+    for d in (a_dir, b_dir, c_dir):
+        d.mkdir()
+    a, _, a_log = start(mesh_bin, server_env, a_dir, reuse, ports[:3])
+    b, _, b_log = start(mesh_bin, server_env, b_dir, reuse, [ports[0], ports[1], ports[3]])
+    try:
+        wait_live(a, ports[0], a_log)
+        wait_live(b, ports[0], b_log)
+        assert a.poll() is None and b.poll() is None, "both nodes listen on the shared ports"
+        assert grpcclient.InferenceServerClient(f"{HOST}:{ports[1]}").is_server_live()
+        # Without the flag the port is taken, as for tritonserver.
+        c, _, c_log = start(mesh_bin, server_env, c_dir, [], [ports[0], ports[1], free_ports(1)[0]])
+        assert c.wait(20) != 0
+        assert "cannot listen for HTTP" in c_log.read_text()
+    finally:
+        stop_process(a)
+        stop_process(b)

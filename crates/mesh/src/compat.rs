@@ -38,10 +38,6 @@ pub struct TritonFlags {
     pub model_namespacing: Option<bool>,
     #[arg(long, value_parser = BoolishValueParser::new())]
     pub enable_peer_access: Option<bool>,
-    #[arg(long, value_parser = BoolishValueParser::new())]
-    pub reuse_http_port: Option<bool>,
-    #[arg(long, value_parser = BoolishValueParser::new())]
-    pub reuse_grpc_port: Option<bool>,
     #[arg(long)]
     pub http_thread_count: Option<u32>,
     #[arg(long)]
@@ -151,8 +147,6 @@ impl TritonFlags {
             "--enable-peer-access",
             "the mesh does not copy tensors between GPUs",
         );
-        note(self.reuse_http_port.is_some(), "--reuse-http-port", NOT_YET);
-        note(self.reuse_grpc_port.is_some(), "--reuse-grpc-port", NOT_YET);
         note(
             self.http_thread_count.is_some(),
             "--http-thread-count",

@@ -327,6 +327,9 @@ pub struct GrpcConnArgs {
     /// accept gzip (at one level; the levels are not told apart).
     #[arg(long, value_parser = ["none", "low", "medium", "high"])]
     pub grpc_infer_response_compression_level: Option<String>,
+    /// Lets several servers listen on the gRPC port (SO_REUSEPORT), as tritonserver's flag.
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new())]
+    pub reuse_grpc_port: Option<bool>,
     // gRPC core's client-ping policy; the mesh's HTTP/2 server answers every ping, so these are
     // accepted and logged as having no effect.
     #[arg(long, value_parser = clap::builder::BoolishValueParser::new())]

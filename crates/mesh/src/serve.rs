@@ -23,10 +23,23 @@ pub fn shutdown_signal(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> +
     }
 }
 
-async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen for {what} on {addr}: {e}"))
+/// Binds a listener; `reuse_port` (tritonserver's `--reuse-http-port` / `--reuse-grpc-port`) lets
+/// several servers share the port, the kernel spreading connections among them.
+async fn bind(what: &str, addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, String> {
+    let failed = |e: std::io::Error| format!("cannot listen for {what} on {addr}: {e}");
+    if !reuse_port {
+        return TcpListener::bind(addr).await.map_err(failed);
+    }
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(failed)?;
+    socket.set_reuseaddr(true).map_err(failed)?;
+    socket.set_reuseport(true).map_err(failed)?;
+    socket.bind(addr).map_err(failed)?;
+    socket.listen(1024).map_err(failed)
 }
 
 /// How the HTTP port accepts connections: TLS or not, and its limits.
@@ -34,6 +47,7 @@ async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
 pub struct HttpListen {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub limits: ConnLimits,
+    pub reuse_port: bool,
 }
 
 /// Serves KServe v2 HTTP (plus `extra` routes, such as a router's own API) until shutdown; idle
@@ -49,7 +63,7 @@ pub async fn http<D: Dispatch>(
     listen: HttpListen,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
-    let listener = bind("HTTP", addr).await?;
+    let listener = bind("HTTP", addr, listen.reuse_port).await?;
     let scheme = if listen.tls.is_some() { "HTTPS" } else { "HTTP" };
     tracing::info!(%addr, "{scheme} service started");
     let mut app = crate::http::router(dispatch, options, shm);
@@ -90,7 +104,7 @@ pub async fn grpc<D: Dispatch>(
     (max_message, rules, shm, forward, tls, conn): GrpcParts,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
-    let listener = bind("gRPC", addr).await?;
+    let listener = bind("gRPC", addr, conn.reuse_grpc_port == Some(true)).await?;
     // Streams per connection at most (h2 refuses more), so one client cannot open unbounded ones.
     let mut builder = conn.apply(tonic::transport::Server::builder().max_concurrent_streams(Some(GRPC_MAX_STREAMS)));
     if let Some(tls) = tls {
@@ -128,7 +142,7 @@ pub async fn metrics(
     render: RenderMetrics,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
-    let listener = bind("metrics", addr).await?;
+    let listener = bind("metrics", addr, false).await?;
     tracing::info!(%addr, "metrics service started");
     let app = axum::Router::new().route(
         "/metrics",
@@ -159,6 +173,9 @@ pub struct ListenArgs {
     pub http_address: std::net::IpAddr,
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub allow_http: bool,
+    /// Lets several servers listen on the HTTP port (SO_REUSEPORT), as tritonserver's flag.
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new())]
+    pub reuse_http_port: Option<bool>,
     #[arg(long, default_value_t = 8001)]
     pub grpc_port: u16,
     #[arg(long, default_value = "0.0.0.0")]
@@ -282,7 +299,11 @@ impl ListenArgs {
                 forward_headers: forward_pattern("http-header-forward-pattern", &self.http_header_forward_pattern)?,
             };
             let (tls, limits) = self.tls.http()?;
-            let listen = HttpListen { tls, limits };
+            let listen = HttpListen {
+                tls,
+                limits,
+                reuse_port: self.reuse_http_port == Some(true),
+            };
             servers.push(
                 http(
                     addr,
