@@ -293,20 +293,13 @@ mod tests {
             "off",
         ]);
         let flags: Vec<&str> = f.ignored(true).iter().map(|i| i.flag).collect();
-        assert_eq!(
-            flags,
-            [
-                "--disable-auto-complete-config",
-                "--allow-sagemaker",
-                "--sagemaker-port",
-                "--backend-directory"
-            ]
-        );
+        assert_eq!(flags, ["--allow-sagemaker", "--sagemaker-port", "--backend-directory"]);
         assert_eq!(f.disable_auto_complete_config, Some(true));
         assert!(f.ignored(true).iter().all(|i| !i.reason.is_empty()));
-        // A router runs no models, so the rate limiter's flags change nothing there.
+        // A router runs no models, so the rate limiter's and loading flags change nothing there.
         let router: Vec<&str> = f.ignored(false).iter().map(|i| i.flag).collect();
         assert!(router.contains(&"--rate-limit"), "{router:?}");
+        assert!(router.contains(&"--disable-auto-complete-config"), "{router:?}");
         assert!(Cli::try_parse_from(["x", "--rate-limit", "sometimes"]).is_err());
     }
 
