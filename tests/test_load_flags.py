@@ -111,3 +111,28 @@ def test_a_metrics_interval_out_of_range_stops_the_start(fresh_server, add_sub_r
     with pytest.raises(Exception) as e:
         fresh_server([add_sub_repo], ["--metrics-interval-ms", "0"])
     assert "--metrics-interval-ms" in str(e.value)
+
+
+def test_metrics_config_gives_summaries_and_drops_counters(fresh_server, add_sub_repo):
+    srv = fresh_server([add_sub_repo], ["--metrics-config", "summary_latencies=true",
+                                        "--metrics-config=counter_latencies=false",
+                                        "--metrics-config", "summary_quantiles=0.5:0.05,0.9:0.01"])
+    client = httpclient.InferenceServerClient(srv.http_url)
+    import numpy as np
+    ins = [httpclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+    for i in ins:
+        i.set_data_from_numpy(np.ones((1, 16), np.float32))
+    for _ in range(3):
+        client.infer("add_sub", ins)
+    text = srv.metrics()
+    assert 'nv_inference_request_summary_us_count{model="add_sub",version="1"} 3' in text, text
+    assert 'nv_inference_compute_infer_summary_us{model="add_sub",version="1",quantile="0.9"}' in text, text
+    assert "# TYPE nv_inference_queue_summary_us summary" in text
+    assert "nv_inference_request_duration_us" not in text, "counter_latencies=false drops the counters"
+    assert 'nv_inference_request_success{model="add_sub",version="1"} 3' in text
+
+
+def test_an_unknown_metrics_setting_stops_the_start(fresh_server, add_sub_repo):
+    with pytest.raises(Exception) as e:
+        fresh_server([add_sub_repo], ["--metrics-config", "histograms=true"])
+    assert "unknown setting 'histograms'" in str(e.value)

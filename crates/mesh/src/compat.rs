@@ -126,12 +126,16 @@ impl TritonFlags {
         };
         if !runs_models {
             for (given, flag) in [
-                (self.disable_auto_complete_config.is_some(), "--disable-auto-complete-config"),
+                (
+                    self.disable_auto_complete_config.is_some(),
+                    "--disable-auto-complete-config",
+                ),
                 (self.strict_model_config.is_some(), "--strict-model-config"),
                 (self.model_config_name.is_some(), "--model-config-name"),
                 (self.model_load_retry_count.is_some(), "--model-load-retry-count"),
                 (self.allow_cpu_metrics.is_some(), "--allow-cpu-metrics"),
                 (self.metrics_interval_ms.is_some(), "--metrics-interval-ms"),
+                (!self.metrics_config.is_empty(), "--metrics-config"),
             ] {
                 note(given, flag, ROUTER_RUNS_NO_MODELS);
             }
@@ -184,7 +188,6 @@ impl TritonFlags {
             VERTEX,
         );
         note(self.allow_gpu_metrics.is_some(), "--allow-gpu-metrics", NOT_YET);
-        note(!self.metrics_config.is_empty(), "--metrics-config", NOT_YET);
         note(
             self.backend_directory.is_some(),
             "--backend-directory",

@@ -4,8 +4,15 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// Installs the global recorder, describes Triton's request metrics and then the binary's own
 /// (`describe`); returns the handle that renders `/metrics`.
-pub fn install(describe: impl FnOnce()) -> Result<PrometheusHandle, String> {
-    let handle = PrometheusBuilder::new()
+pub fn install(describe: impl FnOnce(), quantiles: Option<&[f64]>) -> Result<PrometheusHandle, String> {
+    let mut builder = PrometheusBuilder::new();
+    if let Some(q) = quantiles {
+        // Histograms render as summaries with these quantiles (Triton's summary metrics).
+        builder = builder
+            .set_quantiles(q)
+            .map_err(|e| format!("cannot use the summary quantiles: {e}"))?;
+    }
+    let handle = builder
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     describe_requests();

@@ -35,7 +35,7 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), String> {
     repository::check_repositories(&args.model_repository)?;
-    let prometheus = metrics::install()?;
+    let prometheus = metrics::install(metrics::MetricsConfig::parse(&args.triton.metrics_config)?)?;
     let env = ort_env::Ort::load(args.backend_setting("onnxruntime", "library"))?;
     let discovery = placement::discover_gpus();
     tracing::info!("{}", discovery.note);

@@ -8,7 +8,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 /// Installs the global recorder and returns the handle that renders `/metrics`.
 pub fn install() -> Result<PrometheusHandle, String> {
-    mesh::telemetry::install(describe)
+    mesh::telemetry::install(describe, None)
 }
 
 fn describe() {

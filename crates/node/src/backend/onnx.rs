@@ -213,7 +213,10 @@ pub fn check_against_model(config: &ModelConfig, session: &Session) -> Result<()
                 want.map_or("invalid", |d| d.wire_name())
             ));
         }
-        if ragged.as_ref().is_some_and(|r| r.is_scattered(name) || r.is_ragged(name)) {
+        if ragged
+            .as_ref()
+            .is_some_and(|r| r.is_scattered(name) || r.is_ragged(name))
+        {
             // The node flattens ragged inputs and scatters these outputs: the model sees them flat.
             return Ok(());
         }

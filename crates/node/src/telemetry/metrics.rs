@@ -1,15 +1,85 @@
 //! Prometheus metrics with Triton's names and labels, recorded through the `metrics` crate.
 use std::time::Duration;
 
-use metrics::{counter, gauge, Counter, Gauge};
+use std::sync::OnceLock;
+
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 /// Failure reasons Triton labels `nv_inference_request_failure` with.
 const REASONS: [&str; 4] = ["REJECTED", "CANCELED", "BACKEND", "OTHER"];
 
-/// Installs the global recorder and returns the handle that renders `/metrics`.
-pub fn install() -> Result<PrometheusHandle, String> {
-    mesh::telemetry::install(describe)
+/// tritonserver's `--metrics-config` for the latency metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsConfig {
+    /// `counter_latencies` (default true): the cumulative `*_duration_us` counters.
+    pub counters: bool,
+    /// `summary_latencies` (default false): the `*_summary_us` summaries.
+    pub summaries: bool,
+    /// `summary_quantiles` (`<quantile>:<error>,...`; the errors are accepted and not used).
+    pub quantiles: Vec<f64>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            counters: true,
+            summaries: false,
+            quantiles: vec![0.5, 0.9, 0.95, 0.99, 0.999],
+        }
+    }
+}
+
+impl MetricsConfig {
+    /// Parses `--metrics-config <setting>=<value>` entries; an unknown setting or a bad value is
+    /// refused with its name.
+    pub fn parse(entries: &[String]) -> Result<Self, String> {
+        let mut config = MetricsConfig::default();
+        for entry in entries {
+            let (key, value) = entry
+                .split_once('=')
+                .ok_or_else(|| format!("--metrics-config '{entry}' must be <setting>=<value>"))?;
+            let flag = |v: &str| match v {
+                "true" | "1" => Ok(true),
+                "false" | "0" => Ok(false),
+                _ => Err(format!("--metrics-config {key} must be true or false, not '{v}'")),
+            };
+            match key {
+                "counter_latencies" => config.counters = flag(value)?,
+                "summary_latencies" => config.summaries = flag(value)?,
+                "summary_quantiles" => {
+                    config.quantiles = value
+                        .split(',')
+                        .map(|pair| {
+                            let q = pair.split(':').next().unwrap_or_default().trim();
+                            q.parse::<f64>().ok().filter(|q| (0.0..=1.0).contains(q)).ok_or_else(|| {
+                                format!("--metrics-config summary_quantiles: '{pair}' is not <quantile>:<error> with a quantile between 0 and 1")
+                            })
+                        })
+                        .collect::<Result<_, _>>()?;
+                }
+                other => {
+                    return Err(format!(
+                        "--metrics-config: unknown setting '{other}' (counter_latencies, summary_latencies, summary_quantiles)"
+                    ))
+                }
+            }
+        }
+        Ok(config)
+    }
+}
+
+static CONFIG: OnceLock<MetricsConfig> = OnceLock::new();
+
+fn config() -> &'static MetricsConfig {
+    CONFIG.get_or_init(MetricsConfig::default)
+}
+
+/// Installs the global recorder with `config` and returns the handle that renders `/metrics`.
+pub fn install(config: MetricsConfig) -> Result<PrometheusHandle, String> {
+    let handle = mesh::telemetry::install(describe, Some(&config.quantiles))?;
+    let _ = CONFIG.set(config);
+    Ok(handle)
 }
 
 fn describe() {
@@ -52,10 +122,34 @@ fn describe() {
         "nv_cache_miss_duration_per_model",
         "Total cache miss (insert+lookup) duration per model, in microseconds"
     );
+    use metrics::describe_histogram as h;
+    h!(
+        "nv_inference_request_summary_us",
+        "Summary of inference request duration in microseconds (includes cached requests)"
+    );
+    h!(
+        "nv_inference_queue_summary_us",
+        "Summary of inference queuing duration in microseconds (includes cached requests)"
+    );
+    h!(
+        "nv_inference_compute_input_summary_us",
+        "Summary of compute input duration in microseconds (does not include cached requests)"
+    );
+    h!(
+        "nv_inference_compute_infer_summary_us",
+        "Summary of compute inference duration in microseconds (does not include cached requests)"
+    );
+    h!(
+        "nv_inference_compute_output_summary_us",
+        "Summary of compute output duration in microseconds (does not include cached requests)"
+    );
     metrics::describe_gauge!("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]");
     metrics::describe_gauge!("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes");
     metrics::describe_gauge!("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes");
 }
+
+/// The latencies Triton measures, as they appear in the metric names.
+const LATENCIES: [&str; 5] = ["request", "queue", "compute_input", "compute_infer", "compute_output"];
 
 /// Metric handles of one model version, made once at load so the hot path only adds.
 pub struct ModelMetrics {
@@ -63,11 +157,10 @@ pub struct ModelMetrics {
     failure: [Counter; 4],
     inference_count: Counter,
     exec_count: Counter,
-    request_us: Counter,
-    queue_us: Counter,
-    input_us: Counter,
-    infer_us: Counter,
-    output_us: Counter,
+    /// The `*_duration_us` counters (`counter_latencies`) and the `*_summary_us` summaries
+    /// (`summary_latencies`), in the order request, queue, compute input, infer, output.
+    counters: Option<[Counter; 5]>,
+    summaries: Option<[Histogram; 5]>,
     pub pending: Gauge,
     /// Only for models whose config enables the response cache, as Triton exports them.
     cache: Option<CacheCounters>,
@@ -95,11 +188,12 @@ impl ModelMetrics {
             }),
             inference_count: counter!("nv_inference_count", &l()),
             exec_count: counter!("nv_inference_exec_count", &l()),
-            request_us: counter!("nv_inference_request_duration_us", &l()),
-            queue_us: counter!("nv_inference_queue_duration_us", &l()),
-            input_us: counter!("nv_inference_compute_input_duration_us", &l()),
-            infer_us: counter!("nv_inference_compute_infer_duration_us", &l()),
-            output_us: counter!("nv_inference_compute_output_duration_us", &l()),
+            counters: config()
+                .counters
+                .then(|| LATENCIES.map(|name| counter!(format!("nv_inference_{name}_duration_us"), &l()))),
+            summaries: config()
+                .summaries
+                .then(|| LATENCIES.map(|name| histogram!(format!("nv_inference_{name}_summary_us"), &l()))),
             pending: gauge!("nv_inference_pending_request_count", &l()),
             cache: caches.then(|| CacheCounters {
                 hits: counter!("nv_cache_num_hits_per_model", &l()),
@@ -113,8 +207,8 @@ impl ModelMetrics {
     /// A request answered from the cache: a success (with its duration) and a hit.
     pub fn cache_hit(&self, total: Duration, lookup: Duration) {
         self.success.increment(1);
-        self.request_us.increment(total.as_micros() as u64);
-        self.queue_us.increment(0); // a queue pass of no time, as the statistics count it
+        // A queue pass of no time, as the statistics count it; no compute.
+        self.latencies(&[Some(total), Some(Duration::ZERO), None, None, None]);
         if let Some(c) = &self.cache {
             c.hits.increment(1);
             c.hit_us.increment(lookup.as_micros() as u64);
@@ -143,18 +237,29 @@ impl ModelMetrics {
         if counts_execution {
             self.exec_count.increment(1);
         }
-        self.request_us.increment(total.as_micros() as u64);
-        self.queue_us.increment(queue.as_micros() as u64);
-        self.input_us.increment(t.input.as_micros() as u64);
-        self.infer_us.increment(t.infer.as_micros() as u64);
-        self.output_us.increment(t.output.as_micros() as u64);
+        self.latencies(&[Some(total), Some(queue), Some(t.input), Some(t.infer), Some(t.output)]);
+    }
+
+    /// Adds each given latency (request, queue, compute input, infer, output) to its counter and
+    /// summary, as `--metrics-config` keeps them.
+    fn latencies(&self, took: &[Option<Duration>; 5]) {
+        for (i, t) in took.iter().enumerate() {
+            let Some(t) = t else { continue };
+            let us = t.as_micros() as u64;
+            if let Some(c) = &self.counters {
+                c[i].increment(us);
+            }
+            if let Some(s) = &self.summaries {
+                s[i].record(us as f64);
+            }
+        }
     }
 
     /// Records one failed request under Triton's reason label.
     pub fn failure(&self, reason: &str, total: Duration) {
         let i = REASONS.iter().position(|r| *r == reason).unwrap_or(3);
         self.failure[i].increment(1);
-        self.request_us.increment(total.as_micros() as u64);
+        self.latencies(&[Some(total), None, None, None, None]);
     }
 }
 
@@ -220,4 +325,35 @@ fn read_meminfo() -> Option<(u64, u64)> {
             .map(|v| v * 1024)
     };
     Some((kb("MemTotal:")?, kb("MemAvailable:")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(entries: &[&str]) -> Result<MetricsConfig, String> {
+        MetricsConfig::parse(&entries.iter().map(|e| e.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn metrics_config_reads_tritons_latency_settings() {
+        assert_eq!(parse(&[]).unwrap(), MetricsConfig::default());
+        let c = parse(&[
+            "summary_latencies=true",
+            "counter_latencies=false",
+            "summary_quantiles=0.5:0.05,0.99:0.001",
+        ])
+        .unwrap();
+        assert!(c.summaries && !c.counters);
+        assert_eq!(c.quantiles, vec![0.5, 0.99]);
+        for (bad, names) in [
+            ("histogram=true", "'histogram'"),
+            ("summary_latencies=yes", "'yes'"),
+            ("summary_quantiles=1.5:0.1", "'1.5:0.1'"),
+            ("counter_latencies", "<setting>=<value>"),
+        ] {
+            let e = parse(&[bad]).unwrap_err();
+            assert!(e.contains(names), "{e}");
+        }
+    }
 }

@@ -169,7 +169,10 @@ mod tests {
         let x = |b: i64, w: i64| nt("x", Tensor::from_values(vec![b, w], &vec![0f32; (b * w) as usize]));
         let y = nt("y", Tensor::from_values(vec![1], &[0u8]));
         let none = |_: &str| false;
-        assert_eq!(shape_key(&[x(1, 3), y.clone()], none), shape_key(&[y.clone(), x(4, 3)], none));
+        assert_eq!(
+            shape_key(&[x(1, 3), y.clone()], none),
+            shape_key(&[y.clone(), x(4, 3)], none)
+        );
         assert_ne!(shape_key(&[x(1, 3)], none), shape_key(&[x(1, 4)], none));
         // Ragged inputs batch whatever their shape.
         assert_eq!(shape_key(&[x(1, 3)], |n| n == "x"), shape_key(&[x(1, 4)], |n| n == "x"));

@@ -55,7 +55,9 @@ impl Ragged {
                 ));
             };
             if !is_input(source) {
-                return Err(format!("batch_input's source_input '{source}' is not an input of the model"));
+                return Err(format!(
+                    "batch_input's source_input '{source}' is not an input of the model"
+                ));
             }
             if b.target_name.is_empty() {
                 return Err("batch_input needs a target_name".into());
@@ -90,7 +92,9 @@ impl Ragged {
                 ));
             };
             if !is_input(source) {
-                return Err(format!("batch_output's source_input '{source}' is not an input of the model"));
+                return Err(format!(
+                    "batch_output's source_input '{source}' is not an input of the model"
+                ));
             }
             for t in &b.target_name {
                 let out = config
@@ -98,8 +102,13 @@ impl Ragged {
                     .iter()
                     .find(|o| &o.name == t)
                     .ok_or_else(|| format!("batch_output target '{t}' is not an output of the model"))?;
-                if DataType::from_config(out.data_type).and_then(DataType::element_size).is_none() {
-                    return Err(format!("batch_output target '{t}' must have a fixed-size data type, not BYTES"));
+                if DataType::from_config(out.data_type)
+                    .and_then(DataType::element_size)
+                    .is_none()
+                {
+                    return Err(format!(
+                        "batch_output target '{t}' must have a fixed-size data type, not BYTES"
+                    ));
                 }
                 scatter.push((t.clone(), source.clone()));
             }
@@ -119,7 +128,9 @@ impl Ragged {
 
     /// The names of the inputs the node makes, for the load-time check against the model.
     pub fn made_inputs(&self) -> impl Iterator<Item = &str> {
-        self.batch_inputs.iter().flat_map(|b| b.targets.iter().map(String::as_str))
+        self.batch_inputs
+            .iter()
+            .flat_map(|b| b.targets.iter().map(String::as_str))
     }
 
     /// Whether the model gives this output flat, to be scattered in the shapes of an input.
@@ -137,13 +148,22 @@ impl Ragged {
             req.iter()
                 .find(|i| i.name == name)
                 .map(|i| i.tensor.clone())
-                .ok_or_else(|| Error::invalid(format!("input '{name}' is needed for the batch inputs and was not sent")))
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "input '{name}' is needed for the batch inputs and was not sent"
+                    ))
+                })
         };
         let (flat, even): (Vec<&NamedTensor>, Vec<&NamedTensor>) = first.iter().partition(|i| self.is_ragged(&i.name));
         let even_names: Vec<&str> = even.iter().map(|i| i.name.as_str()).collect();
         let kept: Vec<Vec<NamedTensor>> = requests
             .iter()
-            .map(|r| r.iter().filter(|i| even_names.contains(&i.name.as_str())).cloned().collect())
+            .map(|r| {
+                r.iter()
+                    .filter(|i| even_names.contains(&i.name.as_str()))
+                    .cloned()
+                    .collect()
+            })
             .collect();
         let kept_refs: Vec<&[NamedTensor]> = kept.iter().map(|k| &k[..]).collect();
         let mut merged = if requests.len() == 1 {
@@ -190,9 +210,10 @@ impl Ragged {
         let (shape, values): (Vec<i64>, Vec<i64>) = match b.kind {
             Kind::BatchElementCount => (vec![counts.len() as i64], counts.clone()),
             Kind::BatchAccumulatedElementCount => (vec![counts.len() as i64], running.collect()),
-            Kind::BatchAccumulatedElementCountWithZero => {
-                (vec![counts.len() as i64 + 1], std::iter::once(0).chain(running).collect())
-            }
+            Kind::BatchAccumulatedElementCountWithZero => (
+                vec![counts.len() as i64 + 1],
+                std::iter::once(0).chain(running).collect(),
+            ),
             Kind::BatchMaxElementCountAsShape => {
                 let most = counts.iter().copied().max().unwrap_or(0);
                 // Only the shape carries meaning; the data is zeros (Triton leaves it unset).
@@ -244,7 +265,12 @@ impl Ragged {
             batch_io::split(by_rows, rows)?
         };
         for out in scattered {
-            let source = &self.scatter.iter().find(|(o, _)| *o == out.name).expect("partitioned by name").1;
+            let source = &self
+                .scatter
+                .iter()
+                .find(|(o, _)| *o == out.name)
+                .expect("partitioned by name")
+                .1;
             let size = out.tensor.dtype.element_size().unwrap_or(1);
             let mut at = 0usize;
             for (req, part) in requests.iter().zip(parts.iter_mut()) {

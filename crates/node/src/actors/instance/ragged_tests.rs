@@ -11,7 +11,10 @@ fn nt(name: &str, t: Tensor) -> NamedTensor {
 
 /// Triton's ragged test requests: RAGGED_INPUT of shape [1, n] filled with n.
 fn request(n: usize) -> Vec<NamedTensor> {
-    vec![nt("RAGGED_INPUT", Tensor::from_values(vec![1, n as i64], &vec![n as f32; n]))]
+    vec![nt(
+        "RAGGED_INPUT",
+        Tensor::from_values(vec![1, n as i64], &vec![n as f32; n]),
+    )]
 }
 
 fn ragged(extra: &str) -> Arc<Ragged> {
@@ -26,9 +29,7 @@ fn ragged(extra: &str) -> Arc<Ragged> {
 }
 
 fn batch_input(kind: &str, dtype: &str) -> String {
-    format!(
-        r#"batch_input [ {{ kind: {kind} target_name: "B" data_type: {dtype} source_input: "RAGGED_INPUT" }} ]"#
-    )
+    format!(r#"batch_input [ {{ kind: {kind} target_name: "B" data_type: {dtype} source_input: "RAGGED_INPUT" }} ]"#)
 }
 
 fn merged(r: &Ragged, sizes: &[usize]) -> Vec<NamedTensor> {
@@ -60,7 +61,11 @@ fn batch_inputs_describe_the_batch_as_triton_documents() {
     let cases: [(&str, Vec<i64>, Vec<f32>); 4] = [
         ("BATCH_ELEMENT_COUNT", vec![4], vec![2., 4., 1., 3.]),
         ("BATCH_ACCUMULATED_ELEMENT_COUNT", vec![4], vec![2., 6., 7., 10.]),
-        ("BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", vec![5], vec![0., 2., 6., 7., 10.]),
+        (
+            "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
+            vec![5],
+            vec![0., 2., 6., 7., 10.],
+        ),
         ("BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", vec![4], vec![0.; 4]),
     ];
     for (kind, shape, values) in cases {
@@ -93,7 +98,9 @@ fn item_shapes_count_each_row_of_a_request() {
 
 #[test]
 fn scattered_outputs_take_the_shape_of_each_requests_source_input() {
-    let r = ragged(r#"batch_output [ { target_name: "OUT" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "RAGGED_INPUT" } ]"#);
+    let r = ragged(
+        r#"batch_output [ { target_name: "OUT" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "RAGGED_INPUT" } ]"#,
+    );
     let reqs = [request(2), request(1), request(3)];
     let refs: Vec<&[NamedTensor]> = reqs.iter().map(|r| &r[..]).collect();
     let out = vec![nt("OUT", Tensor::from_values(vec![6], &[1f32, 2., 3., 4., 5., 6.]))];
@@ -128,11 +135,17 @@ fn configs_that_cannot_work_are_load_errors_naming_the_problem() {
         .unwrap();
         Ragged::from_config(&config).unwrap_err()
     };
-    let e = bad(r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "B" data_type: TYPE_INT64 source_input: "X" } ]"#);
+    let e = bad(
+        r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "B" data_type: TYPE_INT64 source_input: "X" } ]"#,
+    );
     assert!(e.contains("TYPE_INT32 or TYPE_FP32"), "{e}");
-    let e = bad(r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "B" data_type: TYPE_INT32 source_input: "Z" } ]"#);
+    let e = bad(
+        r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "B" data_type: TYPE_INT32 source_input: "Z" } ]"#,
+    );
     assert!(e.contains("'Z' is not an input"), "{e}");
-    let e = bad(r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "X" data_type: TYPE_INT32 source_input: "X" } ]"#);
+    let e = bad(
+        r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "X" data_type: TYPE_INT32 source_input: "X" } ]"#,
+    );
     assert!(e.contains("'X' is also a config input"), "{e}");
     let e = bad(r#"batch_output [ { target_name: "Q" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "X" } ]"#);
     assert!(e.contains("'Q' is not an output"), "{e}");

@@ -44,10 +44,7 @@ impl LoadSettings {
     /// From the tritonserver flags; a config name that is not a plain file name is refused.
     pub fn from_flags(flags: &mesh::compat::TritonFlags) -> Result<Self, String> {
         if let Some(name) = &flags.model_config_name {
-            let plain = !name.is_empty()
-                && name != "."
-                && name != ".."
-                && !name.contains(['/', '\\', '\0']);
+            let plain = !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0']);
             if !plain {
                 return Err(format!(
                     "--model-config-name '{name}' must be a plain name (it is read as configs/<name>.pbtxt)"
@@ -56,7 +53,8 @@ impl LoadSettings {
         }
         Ok(LoadSettings {
             config_name: flags.model_config_name.clone(),
-            auto_complete: !(flags.disable_auto_complete_config == Some(true) || flags.strict_model_config == Some(true)),
+            auto_complete: !(flags.disable_auto_complete_config == Some(true)
+                || flags.strict_model_config == Some(true)),
             retries: flags.model_load_retry_count.unwrap_or(0),
         })
     }
@@ -398,7 +396,11 @@ fn open_onnx(
     let sessions = open_instances(placements, files, |file, device| {
         onnx::open_session(env, &config, file, device)
     })?;
-    if let Some((_, first)) = sessions.first().and_then(|(_, _, s)| s.first()).filter(|_| auto_complete) {
+    if let Some((_, first)) = sessions
+        .first()
+        .and_then(|(_, _, s)| s.first())
+        .filter(|_| auto_complete)
+    {
         onnx::auto_complete(&mut config, first, sets_mbs)?;
     }
     validate_config(&config)?;

@@ -15,8 +15,8 @@ use tokio::sync::oneshot;
 
 use crate::actors::ask;
 use crate::actors::instance::batching::BatchConfig;
-use crate::actors::instance::supervision::{self, BackendFactory, RestartPolicy};
 use crate::actors::instance::rate_limit::Enrolled;
+use crate::actors::instance::supervision::{self, BackendFactory, RestartPolicy};
 use crate::actors::instance::{self, FailureNotice, InstanceHandle, InstanceSpec};
 use crate::backend::onnx::Device;
 use crate::backend::Backend;

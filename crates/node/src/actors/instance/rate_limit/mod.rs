@@ -38,7 +38,9 @@ pub struct ResourceFlag {
 impl ResourceFlag {
     pub fn parse(text: &str) -> Result<Self, String> {
         let bad = || {
-            format!("--rate-limit-resource '{text}' must be <name>:<count> or <name>:<count>:<device>, with whole numbers")
+            format!(
+                "--rate-limit-resource '{text}' must be <name>:<count> or <name>:<count>:<device>, with whole numbers"
+            )
         };
         let parts: Vec<&str> = text.split(':').collect();
         let (name, count, device) = match parts[..] {
@@ -104,7 +106,10 @@ impl Pools {
             let named = self.explicit.iter().filter(|f| f.name == key.name);
             return match key.scope {
                 Scope::Global => named.map(|f| f.count).max(),
-                Scope::Device(d) => named.filter(|f| f.device.is_none_or(|fd| fd == d)).map(|f| f.count).max(),
+                Scope::Device(d) => named
+                    .filter(|f| f.device.is_none_or(|fd| fd == d))
+                    .map(|f| f.count)
+                    .max(),
             }
             .unwrap_or(0);
         }
@@ -133,9 +138,11 @@ impl Pools {
             *need = (*need).max(u64::from(r.count));
         }
         for key in needs.keys() {
-            let clash = self.members.values().flat_map(|m| m.needs.iter()).any(|(k, _)| {
-                k.name == key.name && ((k.scope == Scope::Global) != (key.scope == Scope::Global))
-            });
+            let clash = self
+                .members
+                .values()
+                .flat_map(|m| m.needs.iter())
+                .any(|(k, _)| k.name == key.name && ((k.scope == Scope::Global) != (key.scope == Scope::Global)));
             if clash {
                 return Err(format!(
                     "Resource \"{}\" is present as both global and device-specific resource in the model configuration.",
@@ -272,7 +279,10 @@ impl Limiter {
             .map(|r| ResourceFlag::parse(r))
             .collect::<Result<Vec<_>, _>>()?;
         if on {
-            tracing::info!(resources = flags.len(), "rate limiter on: instances run while their resources are free");
+            tracing::info!(
+                resources = flags.len(),
+                "rate limiter on: instances run while their resources are free"
+            );
         } else if !flags.is_empty() {
             tracing::warn!("--rate-limit-resource has no effect while --rate-limit is off");
         }
@@ -344,7 +354,11 @@ impl Turn<'_> {
 impl Enrolled {
     /// Waits (blocking the executor thread) until the instance's resources are free.
     pub fn wait_turn(&self) -> Turn<'_> {
-        let pools = self.limiter.pools.as_ref().expect("members exist only while the limiter is on");
+        let pools = self
+            .limiter
+            .pools
+            .as_ref()
+            .expect("members exist only while the limiter is on");
         let mut guard = pools.locked();
         let (p, granted) = &mut *guard;
         // A turn asked for when the last one ended may be granted or in line already.
@@ -366,7 +380,11 @@ impl Enrolled {
 
     /// A turn if one is free now with nobody waiting ahead (for the inline path, which must not block).
     pub fn try_turn(&self) -> Option<Turn<'_>> {
-        let pools = self.limiter.pools.as_ref().expect("members exist only while the limiter is on");
+        let pools = self
+            .limiter
+            .pools
+            .as_ref()
+            .expect("members exist only while the limiter is on");
         let mut guard = pools.locked();
         let p = &mut guard.0;
         if !p.waiting.is_empty() || !p.fits(self.id) {

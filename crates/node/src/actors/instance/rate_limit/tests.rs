@@ -188,7 +188,10 @@ fn the_limiter_is_off_unless_asked_and_names_a_bad_mode() {
     let off = Limiter::from_flags(None, &[]).unwrap();
     assert!(off.join(0, Some(&config(&[("R", 1, false)], 1))).unwrap().is_none());
     let on = Limiter::from_flags(Some("execution_count"), &[]).unwrap();
-    assert!(on.join(0, None).unwrap().is_none(), "a group without a rate_limiter is not limited");
+    assert!(
+        on.join(0, None).unwrap().is_none(),
+        "a group without a rate_limiter is not limited"
+    );
     assert!(on.join(0, Some(&config(&[("R", 1, false)], 1))).unwrap().is_some());
     let e = Limiter::from_flags(Some("fast"), &[]).err().unwrap();
     assert!(e.contains("'fast'"), "{e}");
