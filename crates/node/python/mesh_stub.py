@@ -27,6 +27,7 @@ import numpy as np
 # The stub's own modules sit beside it (also when PYTHONSAFEPATH keeps the script's directory off sys.path).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mesh_stub_calls import ANSWERS, Calls  # noqa: E402
+from mesh_stub_plain import Plain, rescheduled  # noqa: E402
 
 ALIGN = 64
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -77,12 +78,7 @@ _UTILS = None
 
 
 
-def rescheduled(requests):
-    """Places of the requests the model asked to run again (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)."""
-    return [i for i, r in enumerate(requests) if getattr(r, "_release_flags", 1) & 2]
-
-
-class Host(Calls):
+class Host(Calls, Plain):
     """The stub's side of the link: frames, shared memory, BLS calls, and the model's lifecycle."""
 
     def __init__(self, sock, shm_path, shm_size, spin_us=0):
@@ -455,7 +451,12 @@ class Host(Calls):
                 sender._closed = True
             return {"op": "executed", "seq": seq, "error": self.failure(e)}, []
         if result is not None:
-            self.log("warn", "execute() of a decoupled model should return None; its return value is ignored")
+            # As Triton: the requests still open fail (those that sent their final flag are done).
+            for sender in senders:
+                sender.close()
+            message = (f"Failed to process the request(s) for model '{self.instance_name}', message: Python model "
+                       f"'{self.model_name}' is using the decoupled mode and the execute function must return None.")
+            return {"op": "executed", "seq": seq, "error": message}, []
         return {"op": "executed", "seq": seq, "reschedule": rescheduled(requests)}, []
 
     def failure(self, e):
@@ -496,31 +497,7 @@ class Host(Calls):
             return self.execute_async(header, blob)
         if header.get("decoupled"):
             return self.execute_decoupled(header, blob)
-        requests = self.requests_of(header, blob)
-        try:
-            result = self.model.execute(requests)
-            if isinstance(result, types.CoroutineType):
-                result = self.loop.run_until_complete(result)
-        except Exception as e:  # noqa: BLE001 - the model's error fails its requests, not the stub
-            message = self.failure(e)
-            return {"op": "responses", "responses": [{"error": message}] * len(requests)}, []
-        if not isinstance(result, (list, tuple)) or len(result) != len(requests):
-            got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
-            message = f"execute() must return a list of {len(requests)} InferenceResponse, got {got}"
-            return {"op": "responses", "responses": [{"error": message}] * len(requests)}, []
-        blobs, blob_len = [], [0]
-        again = rescheduled(requests)
-        responses = []
-        for i, (request, response) in enumerate(zip(requests, result)):
-            if i in again and response is None:
-                responses.append({"rescheduled": True})
-            elif i in again:  # as Triton: a rescheduled request's place in the list holds None
-                again.remove(i)
-                responses.append({"error": "Expected a None object in the execute function return list for "
-                                           "reschduled request"})
-            else:
-                responses.append(self.response_desc(response, blobs, blob_len, request._client_wanted))
-        return {"op": "responses", "responses": responses, "reschedule": again}, blobs
+        return self.execute_plain(header, blob)
 
     def serve(self):
         while True:

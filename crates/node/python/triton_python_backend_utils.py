@@ -201,28 +201,57 @@ class InferenceResponse:
 
 
 class ResponseSender:
-    """A decoupled model's way to answer a request: zero or more responses, then the final flag.
-    Usable from any thread; the answer reaches the client as soon as it is sent."""
+    """How a model answers a request through `request.get_response_sender()`: a decoupled model
+    zero or more responses, then the final flag; any other model exactly one response (then the
+    final flag), instead of returning it from execute(). Usable from any thread; the answer reaches
+    the client as soon as it is sent."""
 
-    def __init__(self, send, cancelled):
+    def __init__(self, send, cancelled, decoupled=True):
         self._send = send
         self._cancelled = cancelled
+        self._decoupled = decoupled
         self._closed = False
+        self._sent = 0
         self._lock = threading.Lock()
 
     def send(self, response=None, flags=0):
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
         final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if response is None and not final:
             raise TritonModelException(
-                "send() needs a response unless flags include TRITONSERVER_RESPONSE_COMPLETE_FINAL")
+                "Inference Response object must be provided when the response flags is set to zero.")
         if response is not None and not isinstance(response, InferenceResponse):
             raise TritonModelException(f"send() takes an InferenceResponse, not {type(response).__name__}")
         with self._lock:
+            if not self._decoupled:
+                if response is not None and self._sent > 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response.")
+                if response is None and self._sent == 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send complete final before "
+                        "sending a response.")
             if self._closed:
                 raise TritonModelException("Unable to send response. Response sender has been closed.")
             if final:
                 self._closed = True
+            if response is not None:
+                self._sent += 1
             self._send(response, flags)
+
+    def claim(self):
+        """Takes the sender's one response for the one execute() returned (not decoupled):
+        False when the model sent one already."""
+        with self._lock:
+            if self._sent > 0 or self._closed:
+                return False
+            self._sent, self._closed = 1, True
+            return True
+
+    def close(self):
+        with self._lock:
+            self._closed = True
 
     def is_cancelled(self):
         return bool(self._cancelled())
@@ -248,6 +277,7 @@ class InferenceRequest:
             parameters = {}
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
         self._sender = None
+        self._sender_for = None  # a model that is not decoupled: makes the sender on first use
         self._cancelled = None
 
     def inputs(self):
@@ -278,8 +308,10 @@ class InferenceRequest:
         return self._parameters
 
     def get_response_sender(self):
+        if self._sender is None and self._sender_for is not None:
+            return self._sender_for()
         if self._sender is None:
-            raise TritonModelException("get_response_sender() is only available in decoupled models")
+            raise TritonModelException("get_response_sender() is only available on the requests execute() receives")
         return self._sender
 
     def is_cancelled(self):

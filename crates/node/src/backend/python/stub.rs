@@ -18,6 +18,7 @@ use mesh::shm::OWN_SHM_PREFIX;
 
 const STUB_PY: &str = include_str!("../../../python/mesh_stub.py");
 const CALLS_PY: &str = include_str!("../../../python/mesh_stub_calls.py");
+const PLAIN_PY: &str = include_str!("../../../python/mesh_stub_plain.py");
 const UTILS_PY: &str = include_str!("../../../python/triton_python_backend_utils.py");
 const TENSORFLOW_PY: &str = include_str!("../../../python/mesh_tensorflow.py");
 /// How long a new stub may take to import numpy and connect.
@@ -37,6 +38,7 @@ fn runtime_dir() -> Result<&'static Path, String> {
             for (name, text) in [
                 ("mesh_stub.py", STUB_PY),
                 ("mesh_stub_calls.py", CALLS_PY),
+                ("mesh_stub_plain.py", PLAIN_PY),
                 ("triton_python_backend_utils.py", UTILS_PY),
                 ("mesh_tensorflow.py", TENSORFLOW_PY),
             ] {

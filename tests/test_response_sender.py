@@ -1,0 +1,177 @@
+"""A Python model's response sender as Triton 2.51's Python backend defines it (issue 27 item 7):
+a model that is not decoupled may answer a request through `request.get_response_sender()` instead
+of returning the response, with exactly one response and the final flag, before, while or after
+`execute` returns (from its own thread, or an asyncio task of an `async def execute`); later sends
+are refused in the model. A final flag without a response is Triton's error, and a decoupled
+model's `execute` that returns responses fails the requests still open.
+
+Each response carries an INDEX telling when it was made: 0 returned by execute, 1000+ sent before
+the return, 2000+ sent after it (the scheme of Triton's own response-sender test)."""
+import queue
+import sys
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+pytestmark = [pytest.mark.server]
+
+MODEL = '''
+import asyncio
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def value(request, name):
+    return int(pb_utils.get_input_tensor_by_name(request, name).as_numpy().sum())
+
+
+def response(index):
+    return pb_utils.InferenceResponse([pb_utils.Tensor("INDEX", np.array([index], np.uint16))])
+
+
+def send(sender, count, final, offset):
+    for k in range(count):
+        try:
+            sender.send(response(offset + k))
+        except pb_utils.TritonModelException as e:
+            pb_utils.Logger.log_info(f"refused: {e}")
+            if offset < 2000:  # before the return, the refusal fails execute(), as in Triton's test
+                raise
+    if final:
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+class TritonPythonModel:
+    def plan(self, requests):
+        later, returned = [], []
+        for r in requests:
+            sender = r.get_response_sender()
+            send(sender, value(r, "BEFORE"), value(r, "FINAL_BEFORE"), 1000)
+            later.append((sender, value(r, "AFTER"), value(r, "FINAL_AFTER")))
+            returned.append(response(0) if value(r, "RETURN") else None)
+        return later, (None if returned == [None] * len(requests) else returned)
+
+    ASYNC_EXECUTE
+'''
+
+SYNC = '''def execute(self, requests):
+        later, returned = self.plan(requests)
+
+        def after():
+            time.sleep(0.3)
+            for s, n, f in later:
+                send(s, n, f, 2000)
+
+        threading.Thread(target=after, daemon=True).start()
+        return returned'''
+
+ASYNC = '''async def execute(self, requests):
+        later, returned = self.plan(requests)
+
+        async def after():
+            await asyncio.sleep(0.3)
+            for s, n, f in later:
+                send(s, n, f, 2000)
+
+        self.task = asyncio.get_running_loop().create_task(after())
+        return returned'''
+
+INPUTS = ["BEFORE", "FINAL_BEFORE", "RETURN", "AFTER", "FINAL_AFTER"]
+
+
+def config(name, extra=""):
+    ins = ", ".join(f'{{ name: "{n}" data_type: TYPE_UINT8 dims: [ 1 ] }}' for n in INPUTS)
+    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\ninput [ {ins} ]\n'
+            f'output [ {{ name: "INDEX" data_type: TYPE_UINT16 dims: [ 1 ] }} ]\n{extra}')
+
+
+@pytest.fixture(scope="module")
+def server(server_factory, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("sender") / "repo"
+    models = {
+        "sender": (SYNC, ""),
+        "sender_async": (ASYNC, ""),
+        "sender_batching": (SYNC, "dynamic_batching { max_queue_delay_microseconds: 300000 }"),
+        "sender_decoupled": (SYNC, "model_transaction_policy { decoupled: true }"),
+    }
+    for name, (execute, extra) in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(MODEL.replace("ASYNC_EXECUTE", execute))
+        (repo / name / "config.pbtxt").write_text(config(name, extra))
+    return server_factory([repo], ["--backend-config", f"python,interpreter={sys.executable}"], name="sender")
+
+
+def inputs(before=0, final_before=0, returned=0, after=0, final_after=0):
+    out = []
+    for name, v in zip(INPUTS, [before, final_before, returned, after, final_after]):
+        t = grpcclient.InferInput(name, [1, 1], "UINT8")
+        t.set_data_from_numpy(np.array([[v]], np.uint8))
+        out.append(t)
+    return out
+
+
+def stream(server, model, *requests, wait=1.0):
+    """Sends each request on one stream and returns every answer (index or error text) that
+    arrives, waiting `wait` seconds after the last for strays."""
+    answers = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    try:
+        for r in requests:
+            client.async_stream_infer(model, r)
+        got = []
+        while True:
+            try:
+                a = answers.get(timeout=wait if len(got) >= len(requests) else 30)
+            except queue.Empty:
+                break
+            got.append(a.message() if isinstance(a, Exception) else int(a.as_numpy("INDEX").sum()))
+    finally:
+        client.stop_stream()
+    return got
+
+
+@pytest.mark.parametrize("model", ["sender", "sender_async"])
+@pytest.mark.parametrize("case,expected", [
+    (dict(returned=1), [0]),
+    (dict(before=1, final_before=1), [1000]),
+    (dict(after=1, final_after=1), [2000]),
+    (dict(before=2, final_before=1), [1000]),          # the second send is refused in the model
+    (dict(before=1, final_before=1, returned=1), [1000]),  # the returned one is ignored
+    (dict(returned=1, after=1, final_after=1), [0]),   # the later send is refused
+], ids=["on-return", "before-return", "after-return", "two-before", "before-and-on", "on-and-after"])
+def test_a_plain_model_answers_once_through_its_sender_or_its_return(server, model, case, expected):
+    assert stream(server, model, inputs(**case)) == expected
+
+
+@pytest.mark.parametrize("model", ["sender", "sender_async"])
+def test_a_final_flag_without_a_response_is_tritons_error(server, model):
+    [answer] = stream(server, model, inputs(final_before=1))
+    assert "Non-decoupled model cannot send complete final before sending a response" in answer
+
+
+def test_one_batch_mixes_returned_early_and_late_answers(server):
+    got = stream(server, "sender_batching", inputs(returned=1), inputs(before=1, final_before=1),
+                 inputs(after=1, final_after=1))
+    assert sorted(got) == [0, 1000, 2000]
+    stats = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics(
+        "sender_batching", as_json=True)["model_stats"][0]
+    assert int(stats["execution_count"]) == 1, "the three requests ran as one execution"
+
+
+def test_a_decoupled_execute_that_returns_responses_fails_its_open_requests(server):
+    [answer] = stream(server, "sender_decoupled", inputs(returned=1))
+    assert "is using the decoupled mode and the execute function must return None" in answer
+    # A request whose sender finished before the return keeps its answers, and gets no error.
+    assert stream(server, "sender_decoupled", inputs(before=1, final_before=1, returned=1)) == [1000]
+
+
+def test_the_models_refusals_are_tritons_words(server):
+    stream(server, "sender", inputs(before=2, final_before=1))
+    stream(server, "sender", inputs(returned=1, after=1, final_after=1))
+    log = server.log_tail(400)
+    assert "Non-decoupled model cannot send more than one response" in log
