@@ -1,4 +1,5 @@
-"""A Python model's response sender as Triton 2.51's Python backend defines it (issue 27 item 7):
+"""A Python model's response sender as Triton 2.51's Python backend defines it (issue 27 item 7),
+and `request.is_cancelled()` in a model that is not decoupled:
 a model that is not decoupled may answer a request through `request.get_response_sender()` instead
 of returning the response, with exactly one response and the final flag, before, while or after
 `execute` returns (from its own thread, or an asyncio task of an `async def execute`); later sends
@@ -80,6 +81,31 @@ ASYNC = '''async def execute(self, requests):
         self.task = asyncio.get_running_loop().create_task(after())
         return returned'''
 
+CANCEL_MODEL = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seconds = float(pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()[0][0])
+            error = pb_utils.TritonError("not cancelled")
+            waited = 0.0
+            while waited < seconds:
+                time.sleep(0.25)
+                waited += 0.25
+                if request.is_cancelled():
+                    pb_utils.Logger.log_info(f"[cancel_py] Request cancelled at {waited} s")
+                    error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+                    break
+                pb_utils.Logger.log_info(f"[cancel_py] Request not cancelled at {waited} s")
+            responses.append(pb_utils.InferenceResponse(error=error))
+        return responses
+'''
+
 INPUTS = ["BEFORE", "FINAL_BEFORE", "RETURN", "AFTER", "FINAL_AFTER"]
 
 
@@ -98,6 +124,12 @@ def server(server_factory, tmp_path_factory):
         "sender_batching": (SYNC, "dynamic_batching { max_queue_delay_microseconds: 300000 }"),
         "sender_decoupled": (SYNC, "model_transaction_policy { decoupled: true }"),
     }
+    (repo / "cancel_py" / "1").mkdir(parents=True)
+    (repo / "cancel_py" / "1" / "model.py").write_text(CANCEL_MODEL)
+    (repo / "cancel_py" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 1\n'
+        'input [ { name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "DUMMY" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
     for name, (execute, extra) in models.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(MODEL.replace("ASYNC_EXECUTE", execute))
@@ -175,3 +207,29 @@ def test_the_models_refusals_are_tritons_words(server):
     stream(server, "sender", inputs(returned=1, after=1, final_after=1))
     log = server.log_tail(400)
     assert "Non-decoupled model cannot send more than one response" in log
+
+
+def test_a_plain_models_request_sees_its_client_cancel_during_execute(server):
+    import time
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("SECONDS", [1, 1], "FP32")
+    x.set_data_from_numpy(np.array([[8.0]], np.float32))
+    future = client.async_infer("cancel_py", [x], lambda result, error: got.put(error or result))
+    time.sleep(1.0)
+    assert got.empty(), "the request is still executing"
+    future.cancel()
+    answer = got.get(timeout=10)
+    assert isinstance(answer, Exception) and "CANCELLED" in str(answer.status())
+    deadline = time.monotonic() + 10
+    while "[cancel_py] Request cancelled at" not in server.log_tail(200) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log = server.log_tail(200)
+    assert "[cancel_py] Request not cancelled at 0.25 s" in log
+    assert "[cancel_py] Request cancelled at" in log, "is_cancelled() turned true inside execute"
+    # The model stopped early: it never logged the end of the 8 s it was asked to wait.
+    assert "[cancel_py] Request not cancelled at 8.0 s" not in log
+    y = grpcclient.InferInput("SECONDS", [1, 1], "FP32")
+    y.set_data_from_numpy(np.array([[0.0]], np.float32))
+    with pytest.raises(Exception, match="not cancelled"):
+        client.infer("cancel_py", [y])

@@ -140,11 +140,6 @@ class Host(Calls, Plain):
                 if op in ANSWERS:
                     self.complete(header, blob)
                     continue
-                if op == "cancel":
-                    with self.allowance_cv:
-                        self.cancelled.add((header.get("seq"), header.get("index")))
-                        self.allowance_cv.notify_all()
-                    continue
                 if op == "credit":
                     key = (header.get("seq"), header.get("index"))
                     with self.allowance_cv:
@@ -216,7 +211,12 @@ class Host(Calls, Plain):
 
     def complete(self, header, blob):
         """A BLS answer arrived: hand it to its call (a decoupled call's answers one by one, each
-        with its final flag)."""
+        with its final flag); or a request's client went away (read by `is_cancelled()`)."""
+        if header.get("op") == "cancel":
+            with self.allowance_cv:
+                self.cancelled.add((header.get("seq"), header.get("index")))
+                self.allowance_cv.notify_all()
+            return
         if header.get("op") == "metric_reply":
             with self.pending_lock:
                 done = self.pending.pop(header["call_id"], None)
@@ -241,6 +241,31 @@ class Host(Calls, Plain):
             done(result, last)
         else:
             done(result)
+
+    def take_waiting_answers(self):
+        """Hands on the answer frames that arrived, without blocking, unless another thread is
+        reading (it hands them on itself); other frames stay for the main loop."""
+        if not self.read_lock.acquire(blocking=False):
+            return
+        frames = []
+        try:
+            while True:
+                try:
+                    data = self.sock.recv_into(self.chunk, 0, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    break
+                if not data:
+                    break
+                self.buf += self.chunk_view[:data]
+            while len(self.buf) >= 8:
+                hlen, blen = struct.unpack_from("<II", self.buf)
+                if len(self.buf) < 8 + hlen + blen or json.loads(self.buf[8:8 + hlen]).get("op") not in ANSWERS:
+                    break
+                frames.append(self.buffered_frame())
+        finally:
+            self.read_lock.release()
+        for header, blob in frames:
+            self.complete(header, blob)
 
     def on_readable(self):
         """asyncio reader callback while async BLS calls are pending: takes what arrived, without blocking."""

@@ -7,8 +7,9 @@ import queue
 import sys
 import threading
 
-# Frames mesh-node sends in answer to a call of this stub (a BLS call or a custom-metric operation).
-ANSWERS = ("bls_response", "bls_stream", "metric_reply")
+# Frames mesh-node may send while an execute runs, which whoever reads them hands on: answers to a
+# call of this stub (a BLS call or a custom-metric operation), and a request's client going away.
+ANSWERS = ("bls_response", "bls_stream", "metric_reply", "cancel")
 
 
 class Calls:
@@ -117,7 +118,8 @@ class Calls:
                 return
 
     async def bls_stream_async(self, request):
-        """async_exec(decoupled=True): every response, once the final flag has come."""
+        """async_exec(decoupled=True): an iterator of every response, once the final flag has come
+        (an iterator, as Triton's: `next()` and `for` both work)."""
         import asyncio
         loop = asyncio.get_running_loop()
         done = loop.create_future()
@@ -129,7 +131,7 @@ class Calls:
             if result is not None:
                 got.append(result)
             if last:
-                loop.call_soon_threadsafe(done.set_result, got)
+                loop.call_soon_threadsafe(done.set_result, iter(got))
 
         return await self.await_call(call_id, header, blobs, on_answer, done)
 

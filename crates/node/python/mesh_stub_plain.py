@@ -23,12 +23,13 @@ class _Answers:
         self.senders = [None] * count
         self.claimed = [False] * count
         self.wake = None  # set while an event loop waits: wakes it from another thread
+        self.probe = lambda i: False  # whether request i's client went away
 
     def sender_for(self, i):
         import triton_python_backend_utils as pb_utils
         with self.cv:
             if self.senders[i] is None:
-                s = pb_utils.ResponseSender(lambda r, f: self.deliver(i, r), lambda: False, decoupled=False)
+                s = pb_utils.ResponseSender(lambda r, f: self.deliver(i, r), lambda: self.probe(i), decoupled=False)
                 if self.claimed[i]:  # execute() returned this request's response already
                     s._sent, s._closed = 1, True
                 self.senders[i] = s
@@ -71,8 +72,14 @@ class Plain:
     def execute_plain(self, header, blob):
         requests = self.requests_of(header, blob)
         answers = _Answers(len(requests))
+        seq = header.get("seq")
+        if self.cancelled:  # clients of earlier executions that went away
+            with self.allowance_cv:
+                self.cancelled = {k for k in self.cancelled if k[0] == seq}
+        answers.probe = lambda i: self.plain_cancelled(seq, i)
         for i, req in enumerate(requests):
             req._sender_for = lambda i=i: answers.sender_for(i)
+            req._cancelled = lambda i=i: answers.probe(i)
         is_async = False
         try:
             result = self.model.execute(requests)
@@ -110,6 +117,11 @@ class Plain:
                                      "returned is ignored, as a model that is not decoupled answers once")
                 responses.append(self.response_desc(sent, blobs, blob_len, request._client_wanted))
         return {"op": "responses", "responses": responses, "reschedule": again}, blobs
+
+    def plain_cancelled(self, seq, index):
+        """`request.is_cancelled()`: mesh-node sends a `cancel` frame when the client goes away."""
+        self.take_waiting_answers()
+        return (seq, index) in self.cancelled
 
     def await_senders(self, answers, places, is_async):
         """Waits until every request in `places` has its response from its sender: on the event

@@ -329,8 +329,8 @@ class InferenceRequest:
         return _host().bls_stream(self)
 
     async def async_exec(self, decoupled=False):
-        """exec() as a coroutine; with decoupled=True it resolves to every response, once the
-        model has sent its final flag."""
+        """exec() as a coroutine; with decoupled=True it resolves to an iterator of every response,
+        once the model has sent its final flag."""
         if decoupled:
             return await _host().bls_stream_async(self)
         return await _host().bls_async(self)

@@ -38,6 +38,8 @@ pub struct RequestView<'a> {
     pub parameters: &'a Params,
     /// Set for decoupled models: the request's answers go here as the model sends them.
     pub sink: Option<&'a ResponseSink>,
+    /// Whether the request's client went away (for `is_cancelled()` during a long `execute`).
+    pub cancelled: Option<&'a (dyn Fn() -> bool + Sync)>,
 }
 
 /// What runs when a client took an answer.

@@ -18,7 +18,9 @@ class TritonPythonModel:
             call = pb_utils.InferenceRequest(model_name="repeat_py", requested_output_names=["OUT"],
                                              inputs=[values], parameters={"mode": "thread", **inner})
             if params.get("mode") == "async":
-                answers = list(await call.async_exec(decoupled=True))
+                stream = await call.async_exec(decoupled=True)
+                first = next(stream, None)  # an iterator, as Triton's (next() on a list fails)
+                answers = ([first] if first is not None else []) + list(stream)
             else:
                 answers = list(call.exec(decoupled=True))
             errors = [a.error().message() for a in answers if a.has_error()]

@@ -100,15 +100,21 @@ impl InlinePolicy {
 
 pub(crate) type Shared = Arc<Mutex<Box<dyn Backend>>>;
 
-/// The requests of a batch as backends that take them one by one see them.
-fn views<'a>(subs: &[&'a Submission]) -> Vec<RequestView<'a>> {
+/// Tells whether a request's client went away.
+type Probe<'a> = &'a (dyn Fn() -> bool + Sync);
+
+/// The requests of a batch as backends that take them one by one see them, with a probe each for
+/// whether its client went away (none on the inline path, whose caller is the client's task).
+fn views<'a>(subs: &[&'a Submission], probes: &[Option<Probe<'a>>]) -> Vec<RequestView<'a>> {
     subs.iter()
-        .map(|s| RequestView {
+        .enumerate()
+        .map(|(i, s)| RequestView {
             inputs: &s.inputs,
             outputs: &s.outputs,
             id: &s.id,
             parameters: &s.parameters,
             sink: s.sink.as_deref(),
+            cancelled: probes.get(i).copied().flatten(),
         })
         .collect()
 }
@@ -155,7 +161,12 @@ pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
         let mut b = exec.backend.locked();
         let subs: Vec<&Submission> = jobs.iter().map(|j| &j.sub).collect();
         if b.takes_requests() {
-            exec.run_requests(label, &mut **b, &views(&subs))
+            let closed: Vec<Box<dyn Fn() -> bool + Sync + '_>> = jobs
+                .iter()
+                .map(|j| Box::new(move || j.reply.is_closed()) as Box<dyn Fn() -> bool + Sync + '_>)
+                .collect();
+            let probes: Vec<Option<Probe<'_>>> = closed.iter().map(|c| Some(&**c as Probe<'_>)).collect();
+            exec.run_requests(label, &mut **b, &views(&subs, &probes))
         } else {
             run_merged(label, exec, &mut **b, &subs)
         }
@@ -263,7 +274,7 @@ impl Executor {
                 .unwrap_or_else(|| Err(Error::internal("the backend gave no response")))?;
             return Ok((outputs, timings));
         }
-        let (mut results, timings) = self.run_requests(label, backend, &views(&[sub]))?;
+        let (mut results, timings) = self.run_requests(label, backend, &views(&[sub], &[]))?;
         let outputs = results
             .pop()
             .unwrap_or_else(|| Err(Error::internal("the backend gave no response")))?;

@@ -255,7 +255,19 @@ impl PythonBackend {
     /// The stub's next frame other than BLS calls and logs, which are served here meanwhile. A stub
     /// that exits, or sends nothing before `deadline`, is killed and its execution fails.
     fn next_reply(&mut self, deadline: Instant) -> Result<(Value, Vec<u8>)> {
+        self.next_reply_watching(deadline, None)
+    }
+
+    /// `next_reply`, telling the stub meanwhile which of `watch`'s requests lost their client.
+    fn next_reply_watching(
+        &mut self,
+        deadline: Instant,
+        mut watch: Option<(&[RequestView<'_>], &mut Vec<bool>)>,
+    ) -> Result<(Value, Vec<u8>)> {
         loop {
+            if let Some((requests, told)) = watch.as_mut() {
+                self.watch_cancels(requests, told, deadline)?;
+            }
             let (frame, blob) = match self.stub.recv_spinning(Some(deadline), self.ctx.settings.spin) {
                 Ok(f) => f,
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
@@ -408,6 +420,7 @@ impl Backend for PythonBackend {
             id: "",
             parameters: &params,
             sink: None,
+            cancelled: None,
         };
         let (mut results, timings) = self.execute_requests(&[view])?;
         let out = results.pop().unwrap_or_else(|| Err(Error::internal("no response")))?;
@@ -479,9 +492,21 @@ impl PythonBackend {
         let t0 = Instant::now();
         self.stub.shm.reset();
         let (encoded, blob) = self.encode_requests(requests);
-        let header = json!({"op": "execute", "requests": encoded});
+        self.seq += 1;
+        let header = json!({"op": "execute", "seq": self.seq, "requests": encoded});
         let t1 = Instant::now();
-        let (reply, reply_blob) = self.exchange(&header, &blob)?;
+        let (reply, reply_blob) = if requests.iter().any(|r| r.cancelled.is_some()) {
+            self.send(&header, &blob)?;
+            let mut told = vec![false; requests.len()];
+            let deadline = Instant::now() + self.ctx.settings.execute_timeout;
+            let (frame, blob) = self.next_reply_watching(deadline, Some((requests, &mut told)))?;
+            if frame["op"] == "error" {
+                return Err(stub_error(&frame));
+            }
+            (frame, blob)
+        } else {
+            self.exchange(&header, &blob)?
+        };
         let t2 = Instant::now();
         let responses = reply["responses"]
             .as_array()
@@ -504,6 +529,33 @@ impl PythonBackend {
             output: t2.elapsed(),
         };
         Ok((results, timings, again))
+    }
+}
+
+/// How often a running `execute` looks for requests whose client went away.
+const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+impl PythonBackend {
+    /// While the stub is silent, tells it which requests' clients went away (`cancel` frames,
+    /// read by `request.is_cancelled()`), each once; returns as soon as a frame arrives (the
+    /// reply, or a BLS call the caller serves) or the deadline passes.
+    fn watch_cancels(&mut self, requests: &[RequestView<'_>], told: &mut [bool], deadline: Instant) -> Result<()> {
+        // A quick answer is taken by spinning first, as `recv_spinning` would, with no wake-up.
+        if self.stub.spin_for_data(self.ctx.settings.spin).unwrap_or(true) {
+            return Ok(());
+        }
+        loop {
+            let now = Instant::now();
+            if now >= deadline || self.stub.readable_by((now + CANCEL_POLL).min(deadline)) {
+                return Ok(());
+            }
+            for (i, r) in requests.iter().enumerate() {
+                if !told[i] && r.cancelled.is_some_and(|gone| gone()) {
+                    told[i] = true;
+                    self.send(&json!({"op": "cancel", "seq": self.seq, "index": i}), &[])?;
+                }
+            }
+        }
     }
 }
 

@@ -252,27 +252,57 @@ impl Stub {
         }
     }
 
+    /// Whether a frame has started to arrive by `until` (at once when bytes are buffered); a routed
+    /// stub is always ready (its reading thread waits instead).
+    pub fn readable_by(&mut self, until: Instant) -> bool {
+        let Source::Direct(reader) = &mut self.reader else {
+            return true;
+        };
+        if !reader.buffer().is_empty() {
+            return true;
+        }
+        use std::os::fd::AsRawFd;
+        let mut fd = libc::pollfd {
+            fd: reader.get_ref().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = until.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut fd, 1, ms) };
+        n != 0 // ready, closed or failed: the read that follows tells which
+    }
+
     /// Reads the next frame, waiting at most until `deadline`; first polls for up to `spin`, which
     /// on a VM saves the wake-up (a VM exit) when the answer comes quickly.
     pub fn recv_spinning(&mut self, deadline: Option<Instant>, spin: Duration) -> std::io::Result<(Value, Vec<u8>)> {
-        if let Source::Direct(reader) = &mut self.reader {
-            if !spin.is_zero() && reader.buffer().is_empty() {
-                use std::io::BufRead;
-                reader.get_ref().set_nonblocking(true)?;
-                let end = Instant::now() + spin;
-                loop {
-                    match reader.fill_buf() {
-                        Ok(_) => break,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < end => {
-                            std::hint::spin_loop()
-                        }
-                        Err(_) => break,
-                    }
-                }
-                reader.get_ref().set_nonblocking(false)?;
-            }
-        }
+        self.spin_for_data(spin)?;
         self.recv(deadline)
+    }
+
+    /// Polls without sleeping for up to `spin` until bytes are buffered; true if they are.
+    pub fn spin_for_data(&mut self, spin: Duration) -> std::io::Result<bool> {
+        let Source::Direct(reader) = &mut self.reader else {
+            return Ok(false);
+        };
+        if !reader.buffer().is_empty() {
+            return Ok(true);
+        }
+        if spin.is_zero() {
+            return Ok(false);
+        }
+        use std::io::BufRead;
+        reader.get_ref().set_nonblocking(true)?;
+        let end = Instant::now() + spin;
+        let got = loop {
+            match reader.fill_buf() {
+                Ok(b) => break !b.is_empty(),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < end => std::hint::spin_loop(),
+                Err(_) => break false,
+            }
+        };
+        reader.get_ref().set_nonblocking(false)?;
+        Ok(got)
     }
 
     /// Reads the next frame, waiting at most until `deadline`.
