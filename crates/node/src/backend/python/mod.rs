@@ -265,10 +265,16 @@ impl PythonBackend {
         mut watch: Option<(&[RequestView<'_>], &mut Vec<bool>)>,
     ) -> Result<(Value, Vec<u8>)> {
         loop {
-            if let Some((requests, told)) = watch.as_mut() {
-                self.watch_cancels(requests, told, deadline)?;
-            }
-            let (frame, blob) = match self.stub.recv_spinning(Some(deadline), self.ctx.settings.spin) {
+            // When watching, the frame has started to arrive once `watch_cancels` returns (it spun
+            // already): it is read at once.
+            let spin = match watch.as_mut() {
+                Some((requests, told)) => {
+                    self.watch_cancels(requests, told, deadline)?;
+                    Duration::ZERO
+                }
+                None => self.ctx.settings.spin,
+            };
+            let (frame, blob) = match self.stub.recv_spinning(Some(deadline), spin) {
                 Ok(f) => f,
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                     let why = format!(
