@@ -19,7 +19,7 @@ from cluster_util import strip_ansi
 pytestmark = [pytest.mark.server]
 
 PY_MODELS = Path(__file__).parent / "python_models"
-MODELS = ["api_py", "async_py", "async_plain_py", "resched_py", "finalize_fails", "seq_sum_py", "bls_api_py",
+MODELS = ["api_py", "async_py", "async_plain_py", "resched_py", "iter_py", "finalize_fails", "seq_sum_py", "bls_api_py",
           "add_sub_py"]
 
 
@@ -225,14 +225,17 @@ def test_a_plain_async_execute_runs_one_execution_at_a_time_as_tritons(server):
     assert [int(p.get_result().as_numpy("SEEN")[0]) for p in pending] == [1, 1, 1]
 
 
-def test_a_rescheduled_request_runs_again_until_the_model_finishes_it(server):
+@pytest.mark.parametrize("model", ["resched_py", "iter_py"])
+def test_a_rescheduled_request_runs_again_until_the_model_finishes_it(server, model):
+    """iter_py is an `iterative_sequence` model called without a correlation ID, as Triton's
+    request-rescheduling test calls it: each request is a sequence of its own."""
     answers = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
         t = grpcclient.InferInput("ROUNDS", [1], "INT32")
         t.set_data_from_numpy(np.array([4], np.int32))
-        client.async_stream_infer("resched_py", [t], request_id="again", enable_empty_final_response=True)
+        client.async_stream_infer(model, [t], request_id="again", enable_empty_final_response=True)
         rounds = []
         while True:
             result, error = answers.get(timeout=30)

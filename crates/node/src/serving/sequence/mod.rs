@@ -210,6 +210,10 @@ pub struct Step {
     finished: bool,
 }
 
+/// Ids the node gives requests without one to `iterative_sequence` models: from 2^63 up, away from
+/// the small numbers clients pick.
+static ITERATIVE_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 63);
+
 fn lock(table: &std::sync::Mutex<Sequences>) -> std::sync::MutexGuard<'_, Sequences> {
     table.locked()
 }
@@ -223,7 +227,15 @@ impl Step {
         instances: &[&str],
     ) -> Result<Step> {
         let model = &request.model_name;
-        let flags = Flags::of(model, request)?;
+        let iterative = lock(table).setup().iterative;
+        let flags = match Flags::of(model, request) {
+            Err(_) if iterative && mesh::params::sequence_id(&request.parameters)?.is_none() => Flags {
+                id: SequenceId::Int(ITERATIVE_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+                start: true,
+                end: true,
+            },
+            other => other?,
+        };
         if rows != 1 {
             return Err(Error::invalid(format!(
                 "inference request to model '{model}' must specify batch-size 1 due to requirements of sequence batcher"

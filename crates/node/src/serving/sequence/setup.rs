@@ -47,6 +47,9 @@ pub struct SequenceSetup {
     pub idle: Duration,
     pub controls: Vec<ControlSpec>,
     pub states: Vec<StateSpec>,
+    /// `iterative_sequence: true`: a request without a correlation ID is a sequence of its own
+    /// (START and END, an id of the node's), as Triton's iterative sequencer makes it.
+    pub iterative: bool,
 }
 
 /// The strategy's batching delay and preferred batch sizes (`direct` or `oldest`; none: direct),
@@ -193,7 +196,12 @@ impl SequenceSetup {
             0 => DEFAULT_IDLE,
             us => Duration::from_micros(us),
         };
-        Ok(Some(SequenceSetup { idle, controls, states }))
+        Ok(Some(SequenceSetup {
+            idle,
+            controls,
+            states,
+            iterative: sb.iterative_sequence,
+        }))
     }
 
     /// The input names the node supplies (controls and states), which config.pbtxt does not list.

@@ -37,6 +37,7 @@ fn setup(idle_ms: u64) -> Arc<SequenceSetup> {
             output: "S_OUT".into(),
             initial: Tensor::from_values(vec![1], &[0f32]),
         }],
+        iterative: false,
     })
 }
 
@@ -253,4 +254,22 @@ fn controls_and_state_are_added_and_the_next_state_taken_back() {
     )
     .unwrap_err();
     assert!(e.message.contains("takes integer correlation IDs"), "{e}");
+}
+
+#[test]
+fn an_iterative_sequence_model_takes_a_request_without_an_id_as_a_sequence_of_its_own() {
+    let mut iterative = setup(1000);
+    Arc::get_mut(&mut iterative).unwrap().iterative = true;
+    let table = Arc::new(std::sync::Mutex::new(Sequences::new(iterative)));
+    let plain = request(vec![]);
+    let a = Step::begin(&table, &plain, 1, &["i0"]).unwrap();
+    let b = Step::begin(&table, &plain, 1, &["i0"]).unwrap();
+    assert!(a.flags.start && a.flags.end, "it starts and ends with its one request");
+    assert_ne!(a.flags.id, b.flags.id, "each gets an id of its own");
+    assert!(matches!(a.flags.id, SequenceId::Int(id) if id >= 1 << 63));
+    // A request that names its sequence is taken as it is; other models still need an id.
+    let named = request(vec![("sequence_id", Param::Int(5)), ("sequence_start", Param::Bool(true))]);
+    assert_eq!(Step::begin(&table, &named, 1, &["i0"]).unwrap().flags, flags(5, true, false));
+    let other = Arc::new(std::sync::Mutex::new(Sequences::new(setup(1000))));
+    assert!(Step::begin(&other, &plain, 1, &["i0"]).is_err());
 }
