@@ -149,6 +149,11 @@ def test_generate_refuses_a_decoupled_model_that_answers_more_than_once(server):
     ({"IN": [[1, 2]]}, 400, "input 'IN': a generate field must be a scalar or a flat list of values"),
     (b"[1]", 400, "the generate request must be a JSON object"),
     (b"{nope", 400, "failed to parse the request JSON buffer"),
+    # Triton's words, from its generate endpoint test (fields are read in the order given).
+    (b'{"IN": [1], "mode": "x", "IN": [2]}', 400, "input 'IN' already exists in request"),
+    ({"IN": [1], "parameters": 1}, 400, "Expected JSON object for keyword: 'parameters'"),
+    ({"IN": [1], "parameters": {"nested": {"twice": 1}}}, 400,
+     "Converting keyword: 'parameters': parameter 'nested' has invalid type."),
 ])
 def test_bad_generate_requests_are_refused_before_any_event(server, endpoint, body, status, message):
     st, ctype, out = post(server, f"/v2/models/repeat_py/{endpoint}", body)
@@ -158,3 +163,18 @@ def test_bad_generate_requests_are_refused_before_any_event(server, endpoint, bo
 def test_unknown_models_are_not_found(server):
     st, _, out = post(server, "/v2/models/nope/generate_stream", {"IN": 1})
     assert st == 404 and "nope" in json.loads(out)["error"]
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_the_parameters_keyword_and_other_fields_reach_the_model_as_parameters(server, endpoint):
+    body = {"TEXT": "hi", "N": [1], "top": 5, "parameters": {"temperature": 0.5, "greedy": True}}
+    st, _, out = post(server, f"/v2/models/echo_gen/{endpoint}", body)
+    assert st == 200, out
+    answer = json.loads(out) if endpoint == "generate" else events(out)[0]
+    assert json.loads(answer["PARAMS"]) == {"greedy": True, "temperature": 0.5, "top": 5}
+
+
+def test_wrong_json_types_for_string_and_bool_inputs_are_tritons_words(server):
+    st, ctype, out = post(server, "/v2/models/echo_gen/generate_stream", {"TEXT": 123, "N": [1]})
+    assert st == 400 and ctype == "application/json"
+    assert "attempt to access JSON non-string as string" in json.loads(out)["error"]

@@ -32,18 +32,58 @@ const EVENT_WINDOW: usize = 16;
 /// The content type of `generate_stream` answers, as Triton sends it.
 const EVENT_STREAM: &str = "text/event-stream; charset=utf-8";
 
-/// Builds the inference request a generate body stands for.
+/// The top-level keys of a JSON object in document order, duplicates kept (serde_json's map
+/// sorts them and keeps the last of a duplicate).
+struct Keys(Vec<String>);
+
+impl<'de> serde::Deserialize<'de> for Keys {
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Keys;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<Keys, A::Error> {
+                let mut keys = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    keys.push(key);
+                }
+                Ok(Keys(keys))
+            }
+        }
+        de.deserialize_map(V)
+    }
+}
+
+/// Builds the inference request a generate body stands for. Fields are taken in the order the
+/// body gives them, so the first bad one is the one named; a field given twice is Triton's
+/// `input 'X' already exists in request`.
 pub fn decode_generate(model: &str, version: &str, config: &ModelConfig, body: &[u8]) -> Result<InferRequest> {
     let parsed: Value = super::json_bounded::parse(body, "request JSON buffer")?;
-    let Value::Object(fields) = parsed else {
+    let Value::Object(mut fields) = parsed else {
         return Err(Error::invalid("the generate request must be a JSON object"));
     };
+    // The body parsed within bounds above, so reading its keys once more is cheap.
+    let Keys(order) = serde_json::from_slice(body)
+        .map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))?;
     let mut request = InferRequest {
         model_name: model.to_string(),
         model_version: version.to_string(),
         ..Default::default()
     };
-    for (key, value) in fields {
+    let mut seen = std::collections::HashSet::new();
+    for key in order {
+        if !seen.insert(key.clone()) {
+            let what = if config.input.iter().any(|i| i.name == key) {
+                "input"
+            } else {
+                "parameter"
+            };
+            return Err(Error::invalid(format!("{what} '{key}' already exists in request")));
+        }
+        let Some(value) = fields.remove(&key) else { continue };
         if let Some(spec) = config.input.iter().find(|i| i.name == key) {
             let dtype = DataType::from_config(spec.data_type)
                 .ok_or_else(|| Error::invalid(format!("input '{key}' of model '{model}' has no valid data type")))?;
@@ -51,24 +91,43 @@ pub fn decode_generate(model: &str, version: &str, config: &ModelConfig, body: &
             request.inputs.push(NamedTensor { name: key, tensor });
             continue;
         }
-        let param = match value {
-            Value::String(s) if key == "id" => {
+        if key == "parameters" {
+            // Triton's reserved keyword: an object whose fields are request parameters.
+            let Value::Object(nested) = value else {
+                return Err(Error::invalid("Expected JSON object for keyword: 'parameters'"));
+            };
+            for (name, v) in nested {
+                let param = parameter(&name, v)
+                    .map_err(|e| Error::invalid(format!("Converting keyword: 'parameters': {}", e.message)))?;
+                request.parameters.push((name, param));
+            }
+            continue;
+        }
+        if key == "id" {
+            if let Value::String(s) = value {
                 request.id = s;
                 continue;
             }
-            Value::Bool(b) => Param::Bool(b),
-            Value::String(s) => Param::String(s),
-            Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-                (Some(i), _, _) => Param::Int(i),
-                (None, Some(u), _) => Param::Uint(u),
-                (_, _, Some(f)) => Param::Double(f),
-                _ => return Err(invalid_parameter(&key)),
-            },
-            _ => return Err(invalid_parameter(&key)),
-        };
+        }
+        let param = parameter(&key, value)?;
         request.parameters.push((key, param));
     }
     Ok(request)
+}
+
+/// A field that is not an input: a bool, number or string request parameter.
+fn parameter(key: &str, value: Value) -> Result<Param> {
+    Ok(match value {
+        Value::Bool(b) => Param::Bool(b),
+        Value::String(s) => Param::String(s),
+        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => Param::Int(i),
+            (None, Some(u), _) => Param::Uint(u),
+            (_, _, Some(f)) => Param::Double(f),
+            _ => return Err(invalid_parameter(key)),
+        },
+        _ => return Err(invalid_parameter(key)),
+    })
 }
 
 fn invalid_parameter(key: &str) -> Error {
@@ -81,6 +140,25 @@ fn invalid_parameter(key: &str) -> Error {
 /// config's dims with the one variable dimension sized from the number of values (and a batch
 /// dimension of 1 for batching models).
 fn input_tensor(name: &str, dtype: DataType, dims: &[i64], batching: bool, value: &Value) -> Result<Tensor> {
+    // Triton's words for a value of the wrong JSON type where they are fixed (strings, booleans).
+    let elements: Vec<&Value> = match value {
+        Value::Array(items) => items.iter().collect(),
+        other => vec![other],
+    };
+    let wrong = match dtype {
+        DataType::Bytes => elements
+            .iter()
+            .any(|v| !v.is_string())
+            .then_some("non-string as string"),
+        DataType::Bool => elements
+            .iter()
+            .any(|v| !v.is_boolean())
+            .then_some("non-boolean as boolean"),
+        _ => None,
+    };
+    if let Some(what) = wrong {
+        return Err(Error::invalid(format!("input '{name}': attempt to access JSON {what}")));
+    }
     let (count, raw) = match value {
         Value::Array(items) => {
             if items.iter().any(|v| v.is_array() || v.is_object()) {
@@ -296,6 +374,65 @@ mod tests {
             let e = decode_generate("m", "", &cfg(), body).unwrap_err();
             assert!(e.message.contains(want), "want '{want}' in '{}'", e.message);
         }
+    }
+
+    #[test]
+    fn fields_are_read_in_document_order_and_a_duplicate_is_tritons_error() {
+        let cfg = parse_pbtxt(
+            r#"name: "m" input [ { name: "PROMPT" data_type: TYPE_STRING dims: [ 1 ] },
+                                 { name: "STREAM" data_type: TYPE_BOOL dims: [ 1 ] } ]"#,
+        )
+        .unwrap();
+        let cases: [(&[u8], &str); 7] = [
+            (
+                br#"{"PROMPT": "a", "STREAM": false, "PROMPT": "b"}"#,
+                "input 'PROMPT' already exists in request",
+            ),
+            (
+                br#"{"PROMPT": "a", "STREAM": false, "STREAM": true, "PROMPT": "b"}"#,
+                "input 'STREAM' already exists",
+            ),
+            (br#"{"x": 1, "x": 2}"#, "parameter 'x' already exists in request"),
+            (
+                br#"{"PROMPT": true, "STREAM": 123}"#,
+                "attempt to access JSON non-string as string",
+            ),
+            (
+                br#"{"STREAM": 123, "PROMPT": true}"#,
+                "attempt to access JSON non-boolean as boolean",
+            ),
+            (
+                br#"{"PROMPT": {"USER": "hi"}}"#,
+                "attempt to access JSON non-string as string",
+            ),
+            (
+                br#"{"PROMPT": "a", "parameters": 1}"#,
+                "Expected JSON object for keyword: 'parameters'",
+            ),
+        ];
+        for (body, want) in cases {
+            let e = decode_generate("m", "", &cfg, body).unwrap_err();
+            assert!(e.message.contains(want), "want '{want}' in '{}'", e.message);
+        }
+        let e = decode_generate("m", "", &cfg, br#"{"parameters": {"nested": {"twice": 1}}}"#).unwrap_err();
+        assert_eq!(
+            e.message,
+            "Converting keyword: 'parameters': parameter 'nested' has invalid type. It should be either 'int', 'bool', or 'string'."
+        );
+        let r = decode_generate(
+            "m",
+            "",
+            &cfg,
+            br#"{"PROMPT": "a", "parameters": {"REPETITION": 3, "t": "x"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.parameters,
+            vec![
+                ("REPETITION".into(), Param::Int(3)),
+                ("t".into(), Param::String("x".into()))
+            ]
+        );
     }
 
     #[test]

@@ -267,7 +267,10 @@ impl Stub {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = until.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32;
+        let ms = until
+            .saturating_duration_since(Instant::now())
+            .as_millis()
+            .min(i32::MAX as u128) as i32;
         // SAFETY: one valid pollfd for the duration of the call.
         let n = unsafe { libc::poll(&mut fd, 1, ms) };
         n != 0 // ready, closed or failed: the read that follows tells which

@@ -268,8 +268,14 @@ fn an_iterative_sequence_model_takes_a_request_without_an_id_as_a_sequence_of_it
     assert_ne!(a.flags.id, b.flags.id, "each gets an id of its own");
     assert!(matches!(a.flags.id, SequenceId::Int(id) if id >= 1 << 63));
     // A request that names its sequence is taken as it is; other models still need an id.
-    let named = request(vec![("sequence_id", Param::Int(5)), ("sequence_start", Param::Bool(true))]);
-    assert_eq!(Step::begin(&table, &named, 1, &["i0"]).unwrap().flags, flags(5, true, false));
+    let named = request(vec![
+        ("sequence_id", Param::Int(5)),
+        ("sequence_start", Param::Bool(true)),
+    ]);
+    assert_eq!(
+        Step::begin(&table, &named, 1, &["i0"]).unwrap().flags,
+        flags(5, true, false)
+    );
     let other = Arc::new(std::sync::Mutex::new(Sequences::new(setup(1000))));
     assert!(Step::begin(&other, &plain, 1, &["i0"]).is_err());
 }
