@@ -164,10 +164,16 @@ def test_bad_regions_sizes_and_offsets_are_clear_errors(node, regions):
     c.register_system_shared_memory("bad", key, 2 * NBYTES)
     infer = "/v2/models/add_sub/infer"
     cases = [
-        (infer_body("bad", NBYTES, offset=NBYTES + 4), f"offset {NBYTES + 4} + byte size {NBYTES} is beyond"),
-        (infer_body("bad", NBYTES - 4), f"input byte size mismatch for input 'INPUT0'. Expected {NBYTES}, got {NBYTES - 4}"),
+        # Triton's words (its shared-memory tests match on them), then the mesh's detail.
+        (infer_body("bad", NBYTES, offset=NBYTES + 4),
+         f"Invalid offset + byte size for shared memory region: 'bad' (input 'INPUT0': offset {NBYTES + 4} + byte size "
+         f"{NBYTES} is beyond"),
+        (infer_body("bad", NBYTES, offset=2 * NBYTES), "Invalid offset for shared memory region: 'bad'"),
+        (infer_body("bad", NBYTES - 4),
+         f"input byte size mismatch for input 'INPUT0' for model 'add_sub'. Expected {NBYTES}, got {NBYTES - 4}"),
         (infer_body("bad", NBYTES, out={"shared_memory_region": "bad", "shared_memory_byte_size": 8}),
-         "output 'OUTPUT0' is 64 bytes, larger than the 8 bytes"),
+         "shared memory size specified with the request for output 'OUTPUT0' (8 bytes) should be at least 64 bytes "
+         "to hold the results"),
         (infer_body("bad", NBYTES, out={"shared_memory_byte_size": 8}), "without 'shared_memory_region'"),
         (infer_body("bad", NBYTES, out={"shared_memory_region": "bad", "shared_memory_byte_size": 64,
                                         "binary_data": True}),
@@ -180,9 +186,10 @@ def test_bad_regions_sizes_and_offsets_are_clear_errors(node, regions):
     status, text = post(node, infer, infer_body("nope", NBYTES))
     assert status == 404 and "Unable to find shared memory region: 'nope'" in text, (status, text)
     for path, body, want in [
-        ("/v2/systemsharedmemory/region/bad/register", {"key": key, "byte_size": 8}, "already registered"),
+        ("/v2/systemsharedmemory/region/bad/register", {"key": key, "byte_size": 8}, "shared memory region 'bad' already in manager"),
         ("/v2/systemsharedmemory/region/k/register", {"key": "/mesh_no_such_key", "byte_size": 8}, "cannot be opened"),
-        ("/v2/systemsharedmemory/region/k/register", {"key": key, "offset": 100, "byte_size": 100}, "is beyond"),
+        ("/v2/systemsharedmemory/region/k/register", {"key": key, "offset": 100, "byte_size": 100},
+         "failed to register shared memory region 'k': invalid args"),
         ("/v2/systemsharedmemory/region/k/register", {"key": key, "byte_size": "8"}, "failed to parse"),
     ]:
         status, text = post(node, path, body)
@@ -238,3 +245,43 @@ def test_through_the_router(cluster_factory, models_dir, regions, proto):
     out0, r, (a, b) = add_sub_in_shm(cl.router, proto, regions, f"r{proto}")
     np.testing.assert_array_equal(out0, a + b)
     np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+
+
+def test_a_region_in_use_cannot_be_unregistered_until_its_request_is_done(fresh_server, tmp_path, regions):
+    """As Triton: unregistering a region an inference is writing its output to is refused with
+    Triton's words, one by name and all at once, and works once the answer is out. (Input regions
+    are copied when the request is read, so they are free from then on.)"""
+    import shutil
+    import sys
+    import threading
+    from pathlib import Path
+
+    shutil.copytree(Path(__file__).parent / "python_models" / "sleep_py", tmp_path / "repo" / "sleep_py")
+    srv = fresh_server([tmp_path / "repo"], ["--backend-config", f"python,interpreter={sys.executable}"])
+    h, key = regions("y", 4)
+    c = httpclient.InferenceServerClient(srv.http_url)
+    c.register_system_shared_memory("y", key, 4)
+    x = httpclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.array([2.5], np.float32))
+    ms = httpclient.InferInput("MS", [1], "INT32")
+    ms.set_data_from_numpy(np.array([1500], np.int32))
+    out = httpclient.InferRequestedOutput("Y")
+    out.set_shared_memory("y", 4)
+    done = []
+    t = threading.Thread(target=lambda: done.append(
+        httpclient.InferenceServerClient(srv.http_url).infer("sleep_py", [x, ms], outputs=[out])))
+    t.start()
+    import time
+    time.sleep(0.5)  # the request (which sleeps 1.5 s) is running by now
+    assert not done
+    with pytest.raises(InferenceServerException,
+                       match="Cannot unregister shared memory region 'y', it is currently in use."):
+        c.unregister_system_shared_memory("y")
+    with pytest.raises(InferenceServerException, match="Failed to unregister the following system shared memory "
+                                                       "regions: y"):
+        c.unregister_system_shared_memory()
+    t.join(30)
+    assert done, "the inference answered"
+    assert shm.get_contents_as_numpy(h, np.float32, [1])[0] == 2.5
+    c.unregister_system_shared_memory("y")
+    assert c.get_system_shared_memory_status() == []

@@ -80,7 +80,7 @@ pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Resu
                     "input '{name}' has both a shared memory region and typed contents"
                 )))
             }
-            (Some(region), None) => region.read_input(&name, dtype, &input.shape)?,
+            (Some(region), None) => region.read_input(&msg.model_name, &name, dtype, &input.shape)?,
             (None, contents) => match (raw.next(), contents) {
                 (Some(_), Some(_)) => {
                     return Err(Error::invalid(format!(

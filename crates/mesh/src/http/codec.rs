@@ -123,7 +123,7 @@ pub fn decode_request(
             })?),
         };
         let data = match (region, bin_size, input.data) {
-            (Some(region), None, None) => region.read_input(&name, dtype, &input.shape)?,
+            (Some(region), None, None) => region.read_input(model, &name, dtype, &input.shape)?,
             (Some(_), _, _) => {
                 return Err(Error::invalid(format!(
                     "input '{name}' has both a shared memory region and data in the body"

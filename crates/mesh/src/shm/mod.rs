@@ -97,7 +97,7 @@ impl SharedMemory {
         if regions.contains_key(name) {
             return Err(Error::new(
                 Code::AlreadyExists,
-                format!("shared memory region '{name}' is already registered"),
+                format!("shared memory region '{name}' already in manager"),
             ));
         }
         if regions.len() >= self.limit {
@@ -114,7 +114,7 @@ impl SharedMemory {
         if regions.contains_key(name) || regions.len() >= self.limit {
             return Err(Error::new(
                 Code::AlreadyExists,
-                format!("shared memory region '{name}' is already registered"),
+                format!("shared memory region '{name}' already in manager"),
             ));
         }
         let region = Region {
@@ -140,15 +140,40 @@ impl SharedMemory {
     }
 
     /// Unregisters one region of the kind (`cuda` false: system), or every one of it when `name`
-    /// is empty. Requests already using a region finish with it.
+    /// is empty. A region an inference is using stays, with Triton's error (`Cannot unregister
+    /// shared memory region 'X', it is currently in use.`); unregistering all of a kind removes the
+    /// others and names those.
     fn unregister(&self, name: &str, cuda: bool) -> Result<()> {
         let is_kind = |r: &Region| matches!(r.memory, Memory::Cuda(_)) == cuda;
+        // The registry holds one reference; each request using the region holds another.
+        let in_use = |r: &Arc<Region>| Arc::strong_count(r) > 1;
+        let busy = |name: &str| {
+            Error::invalid(format!(
+                "Cannot unregister shared memory region '{name}', it is currently in use."
+            ))
+        };
         let mut regions = self.regions();
         if name.is_empty() {
-            regions.retain(|_, r| !is_kind(r));
-            return Ok(());
+            let mut kept = Vec::new();
+            regions.retain(|n, r| {
+                let keep = !is_kind(r) || in_use(r);
+                if is_kind(r) && in_use(r) {
+                    kept.push(n.clone());
+                }
+                keep
+            });
+            return match kept.is_empty() {
+                true => Ok(()),
+                // Triton's words and separator.
+                false => Err(Error::invalid(format!(
+                    "Failed to unregister the following {} shared memory regions: {}",
+                    if cuda { "cuda" } else { "system" },
+                    kept.join(" ,")
+                ))),
+            };
         }
         match regions.get(name) {
+            Some(r) if is_kind(r) && in_use(r) => Err(busy(name)),
             Some(r) if is_kind(r) => {
                 regions.remove(name);
                 Ok(())
@@ -243,9 +268,15 @@ impl SharedMemory {
             ))
         })?;
         let total = region.byte_size();
+        // Triton's words first (its clients' tests match on them), then what was asked.
+        if offset >= total && total > 0 {
+            return Err(Error::invalid(format!(
+                "Invalid offset for shared memory region: '{name}' ({what}: offset {offset} is past its {total} bytes)"
+            )));
+        }
         if offset.checked_add(byte_size).is_none_or(|end| end > total) {
             return Err(Error::invalid(format!(
-                "{what}: offset {offset} + byte size {byte_size} is beyond the {total} bytes of shared memory region '{name}'"
+                "Invalid offset + byte size for shared memory region: '{name}' ({what}: offset {offset} + byte size {byte_size} is beyond the {total} bytes of shared memory region '{name}')"
             )));
         }
         // Both fit in the region, which is mapped in this process, so they fit in usize.
@@ -283,12 +314,12 @@ impl PartialEq for ShmRef {
 impl ShmRef {
     /// An input's bytes: its size is checked against its type and shape first (for types of
     /// fixed size), so nothing is read, or allocated, for a size the tensor cannot have.
-    pub fn read_input(&self, input: &str, dtype: crate::DataType, shape: &[i64]) -> Result<Bytes> {
+    pub fn read_input(&self, model: &str, input: &str, dtype: crate::DataType, shape: &[i64]) -> Result<Bytes> {
         let want =
             crate::tensor::byte_size(dtype, shape).map_err(|e| Error::invalid(format!("input '{input}': {e}")))?;
         if let Some(want) = want.filter(|&n| n != self.byte_size) {
             return Err(Error::invalid(format!(
-                "input byte size mismatch for input '{input}'. Expected {want}, got {}",
+                "input byte size mismatch for input '{input}' for model '{model}'. Expected {want}, got {}",
                 self.byte_size
             )));
         }
@@ -310,9 +341,9 @@ impl ShmRef {
         let name = &self.region.name;
         if data.len() > self.byte_size {
             return Err(Error::invalid(format!(
-                "output '{output}' is {} bytes, larger than the {} bytes given for it in shared memory region '{name}'",
-                data.len(),
-                self.byte_size
+                "shared memory size specified with the request for output '{output}' ({} bytes) should be at least {} bytes to hold the results (shared memory region '{name}')",
+                self.byte_size,
+                data.len()
             )));
         }
         match &self.region.memory {

@@ -70,7 +70,7 @@ impl SystemRegion {
             .len();
         if end > size {
             return Err(Error::invalid(format!(
-                "shared memory region '{name}': offset {offset} + byte_size {byte_size} is beyond the {size} bytes of key '{key}'"
+                "failed to register shared memory region '{name}': invalid args (offset {offset} + byte_size {byte_size} is beyond the {size} bytes of key '{key}')"
             )));
         }
         if byte_size == 0 {
