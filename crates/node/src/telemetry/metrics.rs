@@ -267,7 +267,7 @@ impl ModelMetrics {
 /// unless it is a positive number of at most a day.
 pub fn sample_interval(ms: Option<f64>) -> Result<Duration, String> {
     let ms = ms.unwrap_or(2000.0);
-    if !(ms.is_finite() && ms >= 1.0 && ms <= 86_400_000.0) {
+    if !(ms.is_finite() && (1.0..=86_400_000.0).contains(&ms)) {
         return Err(format!("--metrics-interval-ms {ms} must be between 1 and 86400000"));
     }
     Ok(Duration::from_secs_f64(ms / 1000.0))

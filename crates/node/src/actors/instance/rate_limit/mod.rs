@@ -230,11 +230,7 @@ impl Pools {
     /// overtaken, so an instance that needs many copies is not starved by ones that need few.
     fn schedule(&mut self) -> Vec<u64> {
         let mut granted = Vec::new();
-        loop {
-            let Some(pos) = (0..self.waiting.len()).min_by_key(|&i| (self.waiting[i].start, self.waiting[i].seq))
-            else {
-                break;
-            };
+        while let Some(pos) = (0..self.waiting.len()).min_by_key(|&i| (self.waiting[i].start, self.waiting[i].seq)) {
             let id = self.waiting[pos].id;
             if !self.fits(id) {
                 break;
@@ -340,14 +336,20 @@ pub struct Enrolled {
 }
 
 /// A granted turn; dropping it gives the resources back (as `end(false)`).
-pub struct Turn<'a>(&'a Enrolled);
+pub struct Turn<'a> {
+    member: &'a Enrolled,
+    /// Set once `end` gave the resources back, so dropping does nothing more.
+    ended: bool,
+}
 
 impl Turn<'_> {
     /// Ends the turn; `again` when the instance has its next batch in hand (see `Pools::release`).
-    pub fn end(self, again: bool) {
-        let id = self.0.id;
-        self.0.limiter.with(|p, granted| granted.extend(p.release(id, again)));
-        std::mem::forget(self);
+    pub fn end(mut self, again: bool) {
+        let id = self.member.id;
+        self.member
+            .limiter
+            .with(|p, granted| granted.extend(p.release(id, again)));
+        self.ended = true;
     }
 }
 
@@ -372,7 +374,10 @@ impl Enrolled {
             let granted = &mut guard.1;
             if let Some(pos) = granted.iter().position(|g| *g == self.id) {
                 granted.swap_remove(pos);
-                return Turn(self);
+                return Turn {
+                    member: self,
+                    ended: false,
+                };
             }
             guard = self.limiter.turn.wait(guard).unwrap_or_else(|e| e.into_inner());
         }
@@ -392,14 +397,21 @@ impl Enrolled {
         }
         let granted = p.request(self.id);
         debug_assert_eq!(granted, [self.id], "nobody waited, so only this instance is granted");
-        Some(Turn(self))
+        Some(Turn {
+            member: self,
+            ended: false,
+        })
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        let id = self.0.id;
-        self.0.limiter.with(|p, granted| granted.extend(p.release(id, false)));
+        if !self.ended {
+            let id = self.member.id;
+            self.member
+                .limiter
+                .with(|p, granted| granted.extend(p.release(id, false)));
+        }
     }
 }
 
