@@ -28,6 +28,8 @@ def server(server_factory, tmp_path_factory):
     repo = tmp_path_factory.mktemp("python_api") / "repo"
     for name in MODELS:
         shutil.copytree(PY_MODELS / name, repo / name)
+    # iter_py is resched_py's model as an iterative sequence.
+    shutil.copytree(PY_MODELS / "resched_py" / "1", repo / "iter_py" / "1")
     args = ["--backend-config", f"python,interpreter={sys.executable}",
             "--backend-config", "python,execute-timeout-seconds=60",
             "--model-control-mode", "explicit", "--load-model", "*"]

@@ -68,6 +68,16 @@ def call(srv, model: str, ms: int):
         c.close()
 
 
+def two_clients_per_model(client, errors):
+    """Runs `client(model)` on two threads per model until they return; none may have failed."""
+    threads = [threading.Thread(target=client, args=(m,)) for m in ("first", "first", "second", "second")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+
+
 def spans_of_concurrent_calls(srv, ms: int, per_model: int = 3):
     """Two clients per model, each sending `per_model` requests at once; returns every span."""
     spans, errors = [], []
@@ -81,12 +91,7 @@ def spans_of_concurrent_calls(srv, ms: int, per_model: int = 3):
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=client, args=(m,)) for m in ("first", "first", "second", "second")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    two_clients_per_model(client, errors)
     return sorted(spans)
 
 
@@ -131,12 +136,7 @@ def test_priority_two_gets_about_half_the_turns_of_priority_one(fresh_server, tw
             stop.set()
 
     # Two clients per model keep a request waiting behind each execution, as Triton's test does.
-    threads = [threading.Thread(target=client, args=(m,)) for m in ("first", "first", "second", "second")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    two_clients_per_model(client, errors)
     ratio = counts["first"] / max(counts["second"], 1)
     assert 1.6 < ratio < 2.6, f"turns {counts}: priority 1 should get about twice those of priority 2"
 

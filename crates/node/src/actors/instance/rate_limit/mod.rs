@@ -318,9 +318,16 @@ impl Limiter {
         })))
     }
 
+    /// The pools and the turns granted but not yet taken, locked.
+    fn pools(&self) -> std::sync::MutexGuard<'_, (Pools, Vec<u64>)> {
+        self.pools
+            .as_ref()
+            .expect("members exist only while the limiter is on")
+            .locked()
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Pools, &mut Vec<u64>) -> T) -> T {
-        let pools = self.pools.as_ref().expect("members exist only while the limiter is on");
-        let mut guard = pools.locked();
+        let mut guard = self.pools();
         let (p, granted) = &mut *guard;
         let out = f(p, granted);
         drop(guard);
@@ -356,12 +363,7 @@ impl Turn<'_> {
 impl Enrolled {
     /// Waits (blocking the executor thread) until the instance's resources are free.
     pub fn wait_turn(&self) -> Turn<'_> {
-        let pools = self
-            .limiter
-            .pools
-            .as_ref()
-            .expect("members exist only while the limiter is on");
-        let mut guard = pools.locked();
+        let mut guard = self.limiter.pools();
         let (p, granted) = &mut *guard;
         // A turn asked for when the last one ended may be granted or in line already.
         if !granted.contains(&self.id) && !p.is_waiting(self.id) {
@@ -385,12 +387,7 @@ impl Enrolled {
 
     /// A turn if one is free now with nobody waiting ahead (for the inline path, which must not block).
     pub fn try_turn(&self) -> Option<Turn<'_>> {
-        let pools = self
-            .limiter
-            .pools
-            .as_ref()
-            .expect("members exist only while the limiter is on");
-        let mut guard = pools.locked();
+        let mut guard = self.limiter.pools();
         let p = &mut guard.0;
         if !p.waiting.is_empty() || !p.fits(self.id) {
             return None;

@@ -141,8 +141,8 @@ fn an_idle_instance_saves_no_credit_for_later() {
     assert_eq!((turns[&1], turns[&2]), (10, 10), "{turns:?}");
 }
 
-#[test]
-fn the_first_in_line_is_not_overtaken_by_smaller_needs() {
+/// Four copies of R: 1 holds one, 2 (needing all four) waits, then 3 (needing one) waits behind it.
+fn a_hungry_instance_in_line() -> Pools {
     let mut p = Pools::new(flags(&["R:4"]));
     p.join(1, 0, &config(&[("R", 1, false)], 1)).unwrap();
     p.join(2, 0, &config(&[("R", 4, false)], 1)).unwrap();
@@ -150,19 +150,19 @@ fn the_first_in_line_is_not_overtaken_by_smaller_needs() {
     assert_eq!(p.request(1), [1]);
     assert!(p.request(2).is_empty());
     assert!(p.request(3).is_empty(), "3 would fit, but 2 asked first");
+    p
+}
+
+#[test]
+fn the_first_in_line_is_not_overtaken_by_smaller_needs() {
+    let mut p = a_hungry_instance_in_line();
     assert_eq!(p.release(1, false), [2]);
     assert_eq!(p.release(2, false), [3]);
 }
 
 #[test]
 fn leaving_takes_the_waiter_out_of_line() {
-    let mut p = Pools::new(flags(&["R:4"]));
-    p.join(1, 0, &config(&[("R", 1, false)], 1)).unwrap();
-    p.join(2, 0, &config(&[("R", 4, false)], 1)).unwrap();
-    p.join(3, 0, &config(&[("R", 1, false)], 1)).unwrap();
-    assert_eq!(p.request(1), [1]);
-    assert!(p.request(2).is_empty());
-    assert!(p.request(3).is_empty());
+    let mut p = a_hungry_instance_in_line();
     assert_eq!(p.leave(2), [3]);
 }
 
