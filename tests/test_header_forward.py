@@ -65,3 +65,21 @@ def test_a_bad_pattern_stops_the_server(mesh_bin, tmp_path):
                         "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "--http-header-forward-pattern '(' is not a valid regular expression" in p.stdout + p.stderr
+
+
+QUOTED = 'This is a "quoted" string with a backslash\\ '  # Triton's parameters test value
+
+
+@pytest.mark.parametrize("mod", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_several_headers_with_quotes_and_backslashes_all_arrive(node, mod):
+    """Triton's parameters test forwards three my_header_* headers, the last with quotes and a
+    backslash; each reaches the model. Over gRPC the value is exact; over HTTP its trailing space is
+    dropped, as RFC 9110 says a field value has no leading or trailing whitespace (hyper reads it so;
+    Triton's HTTP server keeps it)."""
+    c = mod.InferenceServerClient(node.grpc_url if mod is grpcclient else node.http_url)
+    headers = {"x-fwd-1": "my_value_1", "x-fwd-2": "my_value_2", "x-fwd-3": QUOTED, "header_1": "no"}
+    seen = params_seen(c.infer("strings_py", [text(mod)], headers=dict(headers)))
+    want = QUOTED if mod is grpcclient else QUOTED.rstrip()
+    assert {k: v for k, v in seen.items() if k.startswith("x-fwd-")} == {
+        "x-fwd-1": "my_value_1", "x-fwd-2": "my_value_2", "x-fwd-3": want}, seen
+    c.close()
