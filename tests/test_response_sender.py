@@ -106,6 +106,29 @@ class TritonPythonModel:
         return responses
 '''
 
+RAISE_ASYNC = '''
+import asyncio
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        for request in requests:
+            if pb_utils.get_input_tensor_by_name(request, "WAIT_SECONDS").as_numpy()[0][0] < 0:
+                # As Triton's async test model: every request is finished, then the coroutine raises.
+                for r in requests:
+                    r.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                raise ValueError("wait_secs cannot be negative")
+        await asyncio.sleep(0.01)
+        for request in requests:
+            out = pb_utils.Tensor("DUMMY_OUT", np.zeros([1], np.float32))
+            request.get_response_sender().send(pb_utils.InferenceResponse([out]),
+                                               flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
 INPUTS = ["BEFORE", "FINAL_BEFORE", "RETURN", "AFTER", "FINAL_AFTER"]
 
 
@@ -124,6 +147,13 @@ def server(server_factory, tmp_path_factory):
         "sender_batching": (SYNC, "dynamic_batching { max_queue_delay_microseconds: 300000 }"),
         "sender_decoupled": (SYNC, "model_transaction_policy { decoupled: true }"),
     }
+    (repo / "raise_async" / "1").mkdir(parents=True)
+    (repo / "raise_async" / "1" / "model.py").write_text(RAISE_ASYNC)
+    (repo / "raise_async" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "WAIT_SECONDS" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "DUMMY_OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'model_transaction_policy { decoupled: true }\n')
     (repo / "cancel_py" / "1").mkdir(parents=True)
     (repo / "cancel_py" / "1" / "model.py").write_text(CANCEL_MODEL)
     (repo / "cancel_py" / "config.pbtxt").write_text(
@@ -233,3 +263,19 @@ def test_a_plain_models_request_sees_its_client_cancel_during_execute(server):
     y.set_data_from_numpy(np.array([[0.0]], np.float32))
     with pytest.raises(Exception, match="not cancelled"):
         client.infer("cancel_py", [y])
+
+
+def test_an_exception_of_an_async_execute_is_logged_even_with_no_request_left_to_carry_it(server):
+    import time
+    assert "ValueError: wait_secs cannot be negative" not in server.log_tail(2000)
+    x = grpcclient.InferInput("WAIT_SECONDS", [1, 1], "FP32")
+    x.set_data_from_numpy(np.array([[-1.0]], np.float32))
+    answers = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    client.async_stream_infer("raise_async", [x])
+    deadline = time.monotonic() + 10
+    while "ValueError: wait_secs cannot be negative" not in server.log_tail(2000) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    client.stop_stream()
+    assert "ValueError: wait_secs cannot be negative" in server.log_tail(2000), "Triton's async test reads its log"

@@ -486,11 +486,16 @@ class Host(Calls, Plain):
 
     def failure(self, e):
         """An exception of execute() as Triton reports it: the instance, the exception, and where
-        in the model's code it was raised (innermost first; the stub's own frames left out)."""
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.basename(f.filename) != "mesh_stub.py"]
+        in the model's code it was raised (innermost first; the stub's own frames left out); logged."""
+        own = ("mesh_stub.py", "mesh_stub_plain.py", "mesh_stub_calls.py")
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.basename(f.filename) not in own]
         at = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
-        return (f"Failed to process the request(s) for model '{self.instance_name}', "
-                f"message: {type(e).__name__}: {e}\n\nAt:\n{at}")
+        message = (f"Failed to process the request(s) for model '{self.instance_name}', "
+                   f"message: {type(e).__name__}: {e}\n\nAt:\n{at}")
+        # Logged as Triton's stub logs it, also when no request is left to carry it (a decoupled
+        # model that sent its final flags before raising).
+        self.log("error", message.rstrip())
+        return message
 
     def execute_async(self, header, blob):
         """execute() of a decoupled `async def execute` model: its coroutine is scheduled on the
