@@ -345,11 +345,18 @@ pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<Ex
             Some(ExecMsg::Idle) => {}
             Some(ExecMsg::WakeAt(at)) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
             Some(ExecMsg::Direct(job)) => {
+                let runs = exec.health.is_ready() && !job.reply.is_closed();
+                if !runs {
+                    // A turn asked for this job as the last one ended is given up.
+                    if let Some(m) = &exec.limit {
+                        m.withdraw();
+                    }
+                }
                 if !exec.health.is_ready() {
                     let _ = job
                         .reply
                         .send(Err(Error::unavailable(format!("instance {label} is restarting"))));
-                } else if !job.reply.is_closed() {
+                } else if runs {
                     let turn = exec.limit.as_ref().map(|m| m.wait_turn());
                     run_batch(label, exec, vec![job]);
                     if let Some(turn) = turn {

@@ -221,6 +221,16 @@ impl Pools {
         self.schedule()
     }
 
+    /// Takes the instance out of line, or gives back a turn it was granted and never took (its
+    /// next batch was not run after all); returns the instances now granted.
+    pub fn withdraw(&mut self, id: u64, granted: bool) -> Vec<u64> {
+        if granted {
+            return self.release(id, false);
+        }
+        self.waiting.retain(|w| w.id != id);
+        self.schedule()
+    }
+
     /// Whether the instance is in line for a turn.
     pub fn is_waiting(&self, id: u64) -> bool {
         self.waiting.iter().any(|w| w.id == id)
@@ -287,15 +297,6 @@ impl Limiter {
             turn: Condvar::new(),
             next_id: AtomicU64::new(0),
         }))
-    }
-
-    /// A limiter that never limits (tests, and nodes built without flags).
-    pub fn off() -> Arc<Self> {
-        Arc::new(Limiter {
-            pools: None,
-            turn: Condvar::new(),
-            next_id: AtomicU64::new(0),
-        })
     }
 
     /// Enrols an instance: `None` when nothing limits it (limiter off, or a group without resources).
@@ -385,6 +386,13 @@ impl Enrolled {
         }
     }
 
+    /// Gives up a turn asked for when the last one ended (`Turn::end(true)`), when the batch it
+    /// was for is not run after all, so its place or its resources go to others.
+    pub fn withdraw(&self) {
+        let id = self.id;
+        self.limiter.with(|p, granted| withdraw(p, granted, id));
+    }
+
     /// A turn if one is free now with nobody waiting ahead (for the inline path, which must not block).
     pub fn try_turn(&self) -> Option<Turn<'_>> {
         let mut guard = self.limiter.pools();
@@ -412,11 +420,19 @@ impl Drop for Turn<'_> {
     }
 }
 
+/// Takes `id` out of line, or back from `granted` with its resources, and records whom that lets run.
+fn withdraw(p: &mut Pools, granted: &mut Vec<u64>, id: u64) {
+    let held = granted.contains(&id);
+    granted.retain(|g| *g != id);
+    let next = p.withdraw(id, held);
+    granted.extend(next);
+}
+
 impl Drop for Enrolled {
     fn drop(&mut self) {
         let id = self.id;
         self.limiter.with(|p, granted| {
-            granted.retain(|g| *g != id);
+            withdraw(p, granted, id);
             granted.extend(p.leave(id));
         });
     }

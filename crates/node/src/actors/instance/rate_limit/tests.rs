@@ -223,3 +223,33 @@ fn threads_wait_for_their_turn_and_hold_it_alone() {
     }
     assert_eq!(most.load(Ordering::SeqCst), 1);
 }
+
+#[test]
+fn a_turn_given_up_goes_to_the_next_in_line() {
+    let mut p = Pools::new(flags(&["R:1"]));
+    p.join(1, 0, &config(&[("R", 1, false)], 1)).unwrap();
+    p.join(2, 0, &config(&[("R", 1, false)], 1)).unwrap();
+    assert_eq!(p.request(1), [1]);
+    // 1 ends its turn with another batch in hand and is granted again at once ...
+    assert_eq!(p.release(1, true), [1]);
+    assert!(p.request(2).is_empty());
+    // ... but that batch is not run: the copy it held goes to 2.
+    assert_eq!(p.withdraw(1, true), [2]);
+    assert_eq!(p.in_use(&key("R", Scope::Device(0))), 1);
+    // Still in line (not granted), 1 just leaves the line.
+    assert!(p.request(1).is_empty());
+    assert!(p.withdraw(1, false).is_empty());
+    assert!(!p.is_waiting(1));
+}
+
+#[test]
+fn a_member_that_leaves_gives_back_a_turn_it_never_took() {
+    let limiter = Limiter::from_flags(Some("execution_count"), &["R:1".into()]).unwrap();
+    let limits = config(&[("R", 1, false)], 1);
+    let a = limiter.join(0, Some(&limits)).unwrap().unwrap();
+    let b = limiter.join(0, Some(&limits)).unwrap().unwrap();
+    a.wait_turn().end(true); // granted again at once, and not taken
+    assert!(b.try_turn().is_none(), "a holds the only copy");
+    drop(a);
+    assert!(b.try_turn().is_some(), "b gets the copy a left behind");
+}
