@@ -137,7 +137,7 @@ fn run_merged(
         all
     };
     let inputs: Vec<&[NamedTensor]> = subs.iter().map(|s| &s.inputs[..]).collect();
-    let parts = if let Some(ragged) = &exec.ragged {
+    let (parts, timings) = if let Some(ragged) = &exec.ragged {
         let merged = ragged.merge(&inputs)?;
         let (outputs, timings) = exec.run(label, backend, &merged, &wanted)?;
         (ragged.split(outputs, &inputs, &rows)?, timings)
@@ -149,7 +149,6 @@ fn run_merged(
         let (outputs, timings) = exec.run(label, backend, &merged, &wanted)?;
         (batch_io::split(outputs, &rows)?, timings)
     };
-    let (parts, timings) = parts;
     Ok((parts.into_iter().map(Ok).collect(), timings))
 }
 
@@ -161,11 +160,8 @@ pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
         let mut b = exec.backend.locked();
         let subs: Vec<&Submission> = jobs.iter().map(|j| &j.sub).collect();
         if b.takes_requests() {
-            let closed: Vec<Box<dyn Fn() -> bool + Sync + '_>> = jobs
-                .iter()
-                .map(|j| Box::new(move || j.reply.is_closed()) as Box<dyn Fn() -> bool + Sync + '_>)
-                .collect();
-            let probes: Vec<Option<Probe<'_>>> = closed.iter().map(|c| Some(&**c as Probe<'_>)).collect();
+            let closed: Vec<_> = jobs.iter().map(|j| move || j.reply.is_closed()).collect();
+            let probes: Vec<Option<Probe<'_>>> = closed.iter().map(|c| Some(c as Probe<'_>)).collect();
             exec.run_requests(label, &mut **b, &views(&subs, &probes))
         } else {
             run_merged(label, exec, &mut **b, &subs)
@@ -264,17 +260,11 @@ impl Executor {
         backend: &mut dyn Backend,
         sub: &Submission,
     ) -> Result<(Vec<NamedTensor>, Timings)> {
-        if !backend.takes_requests() {
-            if self.ragged.is_none() {
-                return self.run(label, backend, &sub.inputs, &sub.outputs);
-            }
-            let (mut results, timings) = run_merged(label, self, backend, &[sub])?;
-            let outputs = results
-                .pop()
-                .unwrap_or_else(|| Err(Error::internal("the backend gave no response")))?;
-            return Ok((outputs, timings));
-        }
-        let (mut results, timings) = self.run_requests(label, backend, &views(&[sub], &[]))?;
+        let (mut results, timings) = match (backend.takes_requests(), &self.ragged) {
+            (true, _) => self.run_requests(label, backend, &views(&[sub], &[]))?,
+            (false, None) => return self.run(label, backend, &sub.inputs, &sub.outputs),
+            (false, Some(_)) => run_merged(label, self, backend, &[sub])?,
+        };
         let outputs = results
             .pop()
             .unwrap_or_else(|| Err(Error::internal("the backend gave no response")))?;

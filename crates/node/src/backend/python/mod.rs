@@ -255,24 +255,22 @@ impl PythonBackend {
     /// The stub's next frame other than BLS calls and logs, which are served here meanwhile. A stub
     /// that exits, or sends nothing before `deadline`, is killed and its execution fails.
     fn next_reply(&mut self, deadline: Instant) -> Result<(Value, Vec<u8>)> {
-        self.next_reply_watching(deadline, None)
+        self.next_reply_watching(deadline, &[])
     }
 
-    /// `next_reply`, telling the stub meanwhile which of `watch`'s requests lost their client.
-    fn next_reply_watching(
-        &mut self,
-        deadline: Instant,
-        mut watch: Option<(&[RequestView<'_>], &mut Vec<bool>)>,
-    ) -> Result<(Value, Vec<u8>)> {
+    /// `next_reply`, telling the stub meanwhile which of `watch`'s requests (those with a probe)
+    /// lost their client.
+    fn next_reply_watching(&mut self, deadline: Instant, watch: &[RequestView<'_>]) -> Result<(Value, Vec<u8>)> {
+        let watching = watch.iter().any(|r| r.cancelled.is_some());
+        let mut told = vec![false; if watching { watch.len() } else { 0 }];
         loop {
             // When watching, the frame has started to arrive once `watch_cancels` returns (it spun
             // already): it is read at once.
-            let spin = match watch.as_mut() {
-                Some((requests, told)) => {
-                    self.watch_cancels(requests, told, deadline)?;
-                    Duration::ZERO
-                }
-                None => self.ctx.settings.spin,
+            let spin = if watching {
+                self.watch_cancels(watch, &mut told, deadline)?;
+                Duration::ZERO
+            } else {
+                self.ctx.settings.spin
             };
             let (frame, blob) = match self.stub.recv_spinning(Some(deadline), spin) {
                 Ok(f) => f,
@@ -305,10 +303,11 @@ impl PythonBackend {
         }
     }
 
-    /// Sends an execute and waits for its responses, serving BLS calls and logs meanwhile.
-    fn exchange(&mut self, header: &Value, blob: &[u8]) -> Result<(Value, Vec<u8>)> {
+    /// Sends an execute and waits for its responses, serving BLS calls and logs meanwhile and
+    /// telling the stub which of `watch`'s requests lost their client.
+    fn exchange(&mut self, header: &Value, blob: &[u8], watch: &[RequestView<'_>]) -> Result<(Value, Vec<u8>)> {
         self.send(header, blob)?;
-        let (frame, blob) = self.next_reply(Instant::now() + self.ctx.settings.execute_timeout)?;
+        let (frame, blob) = self.next_reply_watching(Instant::now() + self.ctx.settings.execute_timeout, watch)?;
         if frame["op"] == "error" {
             return Err(stub_error(&frame));
         }
@@ -501,18 +500,7 @@ impl PythonBackend {
         self.seq += 1;
         let header = json!({"op": "execute", "seq": self.seq, "requests": encoded});
         let t1 = Instant::now();
-        let (reply, reply_blob) = if requests.iter().any(|r| r.cancelled.is_some()) {
-            self.send(&header, &blob)?;
-            let mut told = vec![false; requests.len()];
-            let deadline = Instant::now() + self.ctx.settings.execute_timeout;
-            let (frame, blob) = self.next_reply_watching(deadline, Some((requests, &mut told)))?;
-            if frame["op"] == "error" {
-                return Err(stub_error(&frame));
-            }
-            (frame, blob)
-        } else {
-            self.exchange(&header, &blob)?
-        };
+        let (reply, reply_blob) = self.exchange(&header, &blob, requests)?;
         let t2 = Instant::now();
         let responses = reply["responses"]
             .as_array()
