@@ -13,6 +13,12 @@ pub const MAX_MODEL_NAME_BYTES: usize = 255;
 /// path component, not `.` or `..`, without `/`, `\` or NUL, at most [`MAX_MODEL_NAME_BYTES`].
 /// Anything else could name a directory outside the repository.
 pub fn check_model_name(name: &str) -> Result<()> {
+    check_path_component("model name", name)
+}
+
+/// Checks a name that becomes one path component (`what` names it in the error), by the rules of
+/// [`check_model_name`].
+pub fn check_path_component(what: &str, name: &str) -> Result<()> {
     let why = if name.is_empty() {
         "it is empty"
     } else if name.len() > MAX_MODEL_NAME_BYTES {
@@ -28,7 +34,7 @@ pub fn check_model_name(name: &str) -> Result<()> {
     };
     let shown: String = name.chars().take(64).flat_map(char::escape_debug).collect();
     Err(Error::invalid(format!(
-        "invalid model name '{shown}': {why}; a model name must be one path component (not '.' or '..', no '/', \
+        "invalid {what} '{shown}': {why}; a {what} must be one path component (not '.' or '..', no '/', \
          '\\' or NUL, at most {MAX_MODEL_NAME_BYTES} bytes)"
     )))
 }

@@ -30,26 +30,16 @@ pub struct LoadSettings {
     pub retries: u32,
 }
 
-impl Default for LoadSettings {
-    fn default() -> Self {
-        LoadSettings {
-            config_name: None,
-            auto_complete: true,
-            retries: 0,
-        }
-    }
-}
-
 impl LoadSettings {
     /// From the tritonserver flags; a config name that is not a plain file name is refused.
     pub fn from_flags(flags: &mesh::compat::TritonFlags) -> Result<Self, String> {
         if let Some(name) = &flags.model_config_name {
-            let plain = !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0']);
-            if !plain {
-                return Err(format!(
-                    "--model-config-name '{name}' must be a plain name (it is read as configs/<name>.pbtxt)"
-                ));
-            }
+            mesh::repository::check_path_component("--model-config-name", name).map_err(|e| {
+                format!(
+                    "--model-config-name must be a plain name, read as configs/<name>.pbtxt: {}",
+                    e.message
+                )
+            })?;
         }
         Ok(LoadSettings {
             config_name: flags.model_config_name.clone(),
