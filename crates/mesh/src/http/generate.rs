@@ -32,49 +32,20 @@ const EVENT_WINDOW: usize = 16;
 /// The content type of `generate_stream` answers, as Triton sends it.
 const EVENT_STREAM: &str = "text/event-stream; charset=utf-8";
 
-/// The top-level keys of a JSON object in document order, duplicates kept (serde_json's map
-/// sorts them and keeps the last of a duplicate).
-struct Keys(Vec<String>);
-
-impl<'de> serde::Deserialize<'de> for Keys {
-    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Keys;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<Keys, A::Error> {
-                let mut keys = Vec::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    map.next_value::<serde::de::IgnoredAny>()?;
-                    keys.push(key);
-                }
-                Ok(Keys(keys))
-            }
-        }
-        de.deserialize_map(V)
-    }
-}
-
 /// Builds the inference request a generate body stands for. Fields are taken in the order the
 /// body gives them, so the first bad one is the one named; a field given twice is Triton's
 /// `input 'X' already exists in request`.
 pub fn decode_generate(model: &str, version: &str, config: &ModelConfig, body: &[u8]) -> Result<InferRequest> {
-    let parsed: Value = super::json_bounded::parse(body, "request JSON buffer")?;
-    let Value::Object(mut fields) = parsed else {
+    let Some(fields) = super::json_bounded::object_entries(body, "request JSON buffer")? else {
         return Err(Error::invalid("the generate request must be a JSON object"));
     };
-    // The body parsed within bounds above, so reading its keys once more is cheap.
-    let Keys(order) = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))?;
     let mut request = InferRequest {
         model_name: model.to_string(),
         model_version: version.to_string(),
         ..Default::default()
     };
     let mut seen = std::collections::HashSet::new();
-    for key in order {
+    for (key, value) in fields {
         if !seen.insert(key.clone()) {
             let what = if config.input.iter().any(|i| i.name == key) {
                 "input"
@@ -83,7 +54,6 @@ pub fn decode_generate(model: &str, version: &str, config: &ModelConfig, body: &
             };
             return Err(Error::invalid(format!("{what} '{key}' already exists in request")));
         }
-        let Some(value) = fields.remove(&key) else { continue };
         if let Some(spec) = config.input.iter().find(|i| i.name == key) {
             let dtype = DataType::from_config(spec.data_type)
                 .ok_or_else(|| Error::invalid(format!("input '{key}' of model '{model}' has no valid data type")))?;

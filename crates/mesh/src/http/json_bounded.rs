@@ -42,6 +42,73 @@ fn value_with(body: &[u8], limit: usize) -> serde_json::Result<Value> {
     Ok(value)
 }
 
+/// Parses `body` as a JSON object into its entries in document order, a key given twice kept
+/// twice, within [`MAX_JSON_VALUES`] values; `None` when the body is JSON but not an object.
+pub fn object_entries(body: &[u8], what: &str) -> Result<Option<Vec<(String, Value)>>> {
+    let left = Cell::new(MAX_JSON_VALUES);
+    let bounded = Bounded {
+        left: &left,
+        limit: MAX_JSON_VALUES,
+    };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let read = |de: &mut serde_json::Deserializer<_>| -> serde_json::Result<EntriesOf> {
+        let entries = Entries(bounded).deserialize(&mut *de)?;
+        de.end()?;
+        Ok(entries)
+    };
+    read(&mut de).map_err(|e| Error::invalid(format!("failed to parse the {what}: {e}")))
+}
+
+/// A top-level object's entries, each value bounded; any other JSON value is read (bounded) and
+/// answered as `None`.
+struct Entries<'a>(Bounded<'a>);
+
+type EntriesOf = Option<Vec<(String, Value)>>;
+
+impl<'de> DeserializeSeed<'de> for Entries<'_> {
+    type Value = EntriesOf;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<EntriesOf, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Entries<'_> {
+    type Value = EntriesOf;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<EntriesOf, A::Error> {
+        self.0.take()?;
+        let mut out = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            out.push((key, map.next_value_seed(self.0)?));
+        }
+        Ok(Some(out))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<EntriesOf, A::Error> {
+        self.0.visit_seq(seq).map(|_| None)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<EntriesOf, E> {
+        self.0.visit_bool(v).map(|_| None)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<EntriesOf, E> {
+        self.0.visit_i64(v).map(|_| None)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<EntriesOf, E> {
+        self.0.visit_u64(v).map(|_| None)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<EntriesOf, E> {
+        self.0.visit_f64(v).map(|_| None)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<EntriesOf, E> {
+        self.0.visit_str(v).map(|_| None)
+    }
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<EntriesOf, E> {
+        self.0.visit_unit().map(|_| None)
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Bounded<'a> {
     left: &'a Cell<usize>,
@@ -199,6 +266,23 @@ impl<'de> Visitor<'de> for ScalarSeed<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn object_entries_keep_order_and_duplicates_and_their_bound() {
+        let e = object_entries(br#"{"b": 1, "a": [2], "b": "x"}"#, "body")
+            .unwrap()
+            .unwrap();
+        let keys: Vec<&str> = e.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["b", "a", "b"]);
+        assert_eq!(e[2].1, Value::String("x".into()));
+        assert_eq!(object_entries(b"[1, 2]", "body").unwrap(), None);
+        assert_eq!(object_entries(b"7", "body").unwrap(), None);
+        let e = object_entries(b"{\"a\": 1} x", "body").unwrap_err();
+        assert!(e.message.starts_with("failed to parse the body"), "{e}");
+        let huge = format!("{{\"a\": [{}0]}}", "0,".repeat(MAX_JSON_VALUES));
+        let e = object_entries(huge.as_bytes(), "body").unwrap_err();
+        assert!(e.message.contains("more than"), "{e}");
+    }
 
     #[test]
     fn a_value_past_its_bound_is_refused_before_it_is_built() {
