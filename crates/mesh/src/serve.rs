@@ -25,19 +25,17 @@ pub fn shutdown_signal(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> +
 
 /// Binds a listener; `reuse_port` (tritonserver's `--reuse-http-port` / `--reuse-grpc-port`) lets
 /// several servers share the port, the kernel spreading connections among them.
-async fn bind(what: &str, addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, String> {
+fn bind(what: &str, addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, String> {
     let failed = |e: std::io::Error| format!("cannot listen for {what} on {addr}: {e}");
-    if !reuse_port {
-        return TcpListener::bind(addr).await.map_err(failed);
-    }
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()
     } else {
         tokio::net::TcpSocket::new_v6()
     }
     .map_err(failed)?;
+    // SO_REUSEADDR as TcpListener::bind sets it (a restart binds while old connections linger).
     socket.set_reuseaddr(true).map_err(failed)?;
-    socket.set_reuseport(true).map_err(failed)?;
+    socket.set_reuseport(reuse_port).map_err(failed)?;
     socket.bind(addr).map_err(failed)?;
     socket.listen(1024).map_err(failed)
 }
@@ -63,7 +61,7 @@ pub async fn http<D: Dispatch>(
     listen: HttpListen,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
-    let listener = bind("HTTP", addr, listen.reuse_port).await?;
+    let listener = bind("HTTP", addr, listen.reuse_port)?;
     let scheme = if listen.tls.is_some() { "HTTPS" } else { "HTTP" };
     tracing::info!(%addr, "{scheme} service started");
     let mut app = crate::http::router(dispatch, options, shm);
@@ -104,7 +102,7 @@ pub async fn grpc<D: Dispatch>(
     (max_message, rules, shm, forward, tls, conn): GrpcParts,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
-    let listener = bind("gRPC", addr, conn.reuse_grpc_port == Some(true)).await?;
+    let listener = bind("gRPC", addr, conn.reuse_grpc_port == Some(true))?;
     // Streams per connection at most (h2 refuses more), so one client cannot open unbounded ones.
     let mut builder = conn.apply(tonic::transport::Server::builder().max_concurrent_streams(Some(GRPC_MAX_STREAMS)));
     if let Some(tls) = tls {
@@ -142,7 +140,7 @@ pub async fn metrics(
     render: RenderMetrics,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, String> {
-    let listener = bind("metrics", addr, false).await?;
+    let listener = bind("metrics", addr, false)?;
     tracing::info!(%addr, "metrics service started");
     let app = axum::Router::new().route(
         "/metrics",
