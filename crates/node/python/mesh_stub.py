@@ -242,26 +242,37 @@ class Host(Calls, Plain):
         else:
             done(result)
 
+    def read_available(self):
+        """Appends what the socket holds now to the buffer, without blocking (the caller holds
+        read_lock); False once mesh-node closed the link."""
+        while True:
+            try:
+                data = self.sock.recv_into(self.chunk, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            self.buf += self.chunk_view[:data]
+
+    def buffered_answers(self):
+        """The complete answer frames at the head of the buffer (the caller holds read_lock); any
+        other frame, and what follows it, stays for the main loop."""
+        frames = []
+        while len(self.buf) >= 8:
+            hlen, blen = struct.unpack_from("<II", self.buf)
+            if len(self.buf) < 8 + hlen + blen or json.loads(self.buf[8:8 + hlen]).get("op") not in ANSWERS:
+                break
+            frames.append(self.buffered_frame())
+        return frames
+
     def take_waiting_answers(self):
         """Hands on the answer frames that arrived, without blocking, unless another thread is
-        reading (it hands them on itself); other frames stay for the main loop."""
+        reading (it hands them on itself)."""
         if not self.read_lock.acquire(blocking=False):
             return
-        frames = []
         try:
-            while True:
-                try:
-                    data = self.sock.recv_into(self.chunk, 0, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    break
-                if not data:
-                    break
-                self.buf += self.chunk_view[:data]
-            while len(self.buf) >= 8:
-                hlen, blen = struct.unpack_from("<II", self.buf)
-                if len(self.buf) < 8 + hlen + blen or json.loads(self.buf[8:8 + hlen]).get("op") not in ANSWERS:
-                    break
-                frames.append(self.buffered_frame())
+            self.read_available()
+            frames = self.buffered_answers()
         finally:
             self.read_lock.release()
         for header, blob in frames:
@@ -270,19 +281,10 @@ class Host(Calls, Plain):
     def on_readable(self):
         """asyncio reader callback while async BLS calls are pending: takes what arrived, without blocking."""
         with self.read_lock:
-            try:
-                data = self.sock.recv_into(self.chunk, 0, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                data = None
-            if data == 0:
+            if not self.read_available():
                 self.loop.remove_reader(self.sock.fileno())
                 self.watching = False
-                return
-            if data:
-                self.buf += self.chunk_view[:data]
-            frames = []
-            while (frame := self.buffered_frame()) is not None:
-                frames.append(frame)
+            frames = self.buffered_answers()
         for header, blob in frames:
             self.complete(header, blob)
 

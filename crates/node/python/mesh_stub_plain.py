@@ -6,6 +6,7 @@ still unanswered, the stub waits for their senders (a model's thread, or a task 
 loop for an `async def execute`), within mesh-node's execute timeout. A mixin of the stub's Host.
 Written for the mesh."""
 import threading
+import types
 
 
 def rescheduled(requests):
@@ -17,13 +18,13 @@ class _Answers:
     """The responses one execution's requests sent through their senders, which are made only
     when a model asks for one (most never do)."""
 
-    def __init__(self, count):
+    def __init__(self, count, probe):
         self.cv = threading.Condition()
         self.slots = [None] * count
         self.senders = [None] * count
         self.claimed = [False] * count
         self.wake = None  # set while an event loop waits: wakes it from another thread
-        self.probe = lambda i: False  # whether request i's client went away
+        self.probe = probe  # whether request i's client went away
 
     def sender_for(self, i):
         import triton_python_backend_utils as pb_utils
@@ -71,19 +72,18 @@ class _Answers:
 class Plain:
     def execute_plain(self, header, blob):
         requests = self.requests_of(header, blob)
-        answers = _Answers(len(requests))
         seq = header.get("seq")
+        answers = _Answers(len(requests), lambda i: self.plain_cancelled(seq, i))
         if self.cancelled:  # clients of earlier executions that went away
             with self.allowance_cv:
                 self.cancelled = {k for k in self.cancelled if k[0] == seq}
-        answers.probe = lambda i: self.plain_cancelled(seq, i)
         for i, req in enumerate(requests):
             req._sender_for = lambda i=i: answers.sender_for(i)
             req._cancelled = lambda i=i: answers.probe(i)
         is_async = False
         try:
             result = self.model.execute(requests)
-            if hasattr(result, "__await__"):
+            if isinstance(result, types.CoroutineType):
                 is_async = True
                 result = self.loop.run_until_complete(result)
         except Exception as e:  # noqa: BLE001 - the model's error fails its requests, not the stub
@@ -146,7 +146,7 @@ class Plain:
                 answers.wake = None
             return
         with answers.cv:
-            answers.cv.wait_for(lambda: all(answers.slots[i] is not None for i in places))
+            answers.cv.wait_for(lambda: not answers.missing(places))
 
     def plain_failed(self, requests, answers, message):
         """execute() raised or returned something else: requests answered through their senders
