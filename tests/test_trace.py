@@ -1,7 +1,7 @@
 """The trace extension (issue 16, item 4): settings of the server and of each model over HTTP
 (`/v2/trace/setting`, `/v2/models/{m}/trace/setting`) and gRPC `TraceSetting`, with Triton's values
-and errors; and traced requests writing their timestamps to the trace file in Triton's JSON form,
-every `log_frequency` traces or at exit."""
+and errors; and traced requests writing their timestamps (the frontends' too) to the trace file in
+Triton's JSON form, every `log_frequency` traces, when the count runs out, or at exit (issue 27)."""
 import json
 import shutil
 
@@ -71,6 +71,13 @@ def test_settings_round_trip_over_http_and_grpc(fresh_server, models_dir, tmp_pa
     ("/v2/trace/setting", {"trace_count": "-5"}, "Expecting value >= -1, got:-5"),
     ("/v2/trace/setting", {"trace_file": "/tmp/elsewhere.json"}, "can not be updated through network protocol"),
     ("/v2/trace/setting", {"trace_level": ["LOUD"]}, "got 'LOUD'"),
+    ("/v2/trace/setting", {"trace_count": "10000000000"},
+     "Unable to parse 'trace_count', value is out of range [ -1, 2147483647 ], got: 10000000000"),
+    ("/v2/trace/setting", {"trace_rate": "10000000000"},
+     "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 10000000000"),
+    ("/v2/trace/setting", {"log_frequency": "10000000000"},
+     "Unable to parse 'log_frequency', value is out of range [ 0, 4294967295 ], got: 10000000000"),
+    ("/v2/trace/setting", {"trace_level": ["OFF", "TIMESTAMPS"]}, "Expect only one trace level 'OFF' is specified"),
     ("/v2/models/nope/trace/setting", {"trace_rate": "3"}, "Request for unknown model : nope"),
 ])
 def test_bad_settings_get_tritons_errors_and_change_nothing(fresh_server, models_dir, tmp_path, path, body, words):
@@ -102,7 +109,9 @@ def test_traced_requests_write_their_timestamps_every_log_frequency(fresh_server
     assert [times[n] for n in CORE] == sorted(times[n] for n in CORE), "in the order they happened"
 
 
-def test_the_count_runs_out_and_the_rest_is_written_at_exit(fresh_server, models_dir, tmp_path):
+def test_the_count_runs_out_and_the_traces_are_written_at_once(fresh_server, models_dir, tmp_path):
+    """As Triton: when trace_count reaches 0 the collected traces go to trace_file.<n> at once,
+    whatever log_frequency says (0: otherwise only at exit)."""
     trace_file = tmp_path / "trace.json"
     server = fresh_server([repo_with_add_sub(models_dir, tmp_path)], ["--trace-config", f"triton,file={trace_file}"],
                           wait_models=["add_sub"])
@@ -111,7 +120,58 @@ def test_the_count_runs_out_and_the_rest_is_written_at_exit(fresh_server, models
     infer(server, "traced")
     infer(server, "not traced")
     assert server.get_json("/v2/models/add_sub/trace/setting")["trace_count"] == "0"
-    assert not trace_file.exists(), "log_frequency 0: written at exit"
-    assert server.stop() == 0
-    entries = json.loads(trace_file.read_text())
+    entries = json.loads((tmp_path / "trace.json.0").read_text())
     assert [e["request_id"] for e in entries if "request_id" in e] == ["traced"]
+    assert server.stop() == 0
+    assert not trace_file.exists(), "nothing was left to write at exit"
+
+
+def test_the_rate_th_request_is_traced_with_the_frontends_timestamps(fresh_server, models_dir, tmp_path):
+    """trace_rate 2 traces the 2nd and 4th requests (Triton takes the N-th of every N). Each trace
+    carries its frontend's stamps around the core ones, as Triton's trace docs show them."""
+    trace_file = tmp_path / "trace.json"
+    args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=2", "--trace-config", "log-frequency=2"]
+    server = fresh_server([repo_with_add_sub(models_dir, tmp_path)], args, wait_models=["add_sub"])
+    infer(server, "1")
+    infer(server, "2")
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        t = grpcclient.InferInput(name, [1, 16], "FP32")
+        t.set_data_from_numpy(np.ones((1, 16), np.float32))
+        inputs.append(t)
+    grpc.infer("add_sub", inputs, request_id="3")
+    grpc.infer("add_sub", inputs, request_id="4")
+    entries = json.loads((tmp_path / "trace.json.0").read_text())
+    heads = {e["id"]: e["request_id"] for e in entries if "request_id" in e}
+    assert sorted(heads.values()) == ["2", "4"], heads
+    for trace_id, request_id in heads.items():
+        stamps = [(e["timestamps"][0]["name"], e["timestamps"][0]["ns"]) for e in entries
+                  if e["id"] == trace_id and "timestamps" in e]
+        front = (["HTTP_RECV_START", "HTTP_RECV_END"], ["HTTP_SEND_START", "HTTP_SEND_END"]) if request_id == "2" \
+            else (["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"], ["GRPC_SEND_START", "GRPC_SEND_END"])
+        order = front[0] + CORE + front[1]
+        names = [n for n, _ in stamps if n in order]
+        assert names == order, (request_id, names)
+        times = dict(stamps)
+        assert [times[n] for n in order] == sorted(times[n] for n in order), "in the order they happened"
+
+
+def test_null_returns_a_server_setting_to_its_start_up_value(fresh_server, models_dir, tmp_path):
+    trace_file = tmp_path / "trace.json"
+    args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "rate=7",
+            "--trace-config", "level=TIMESTAMPS"]
+    server = fresh_server([repo_with_add_sub(models_dir, tmp_path)], args, wait_models=["add_sub"])
+    post(server, "/v2/trace/setting", {"trace_rate": "3", "trace_level": ["OFF"]})
+    status, body = post(server, "/v2/trace/setting", {"trace_rate": None, "trace_level": None})
+    assert (status, body["trace_rate"], body["trace_level"]) == (200, "7", ["TIMESTAMPS"]), body
+
+
+def test_settings_of_an_unloaded_model_are_refused(fresh_server, models_dir, tmp_path):
+    server = fresh_server([repo_with_add_sub(models_dir, tmp_path)], ["--model-control-mode", "explicit"],
+                          wait_models=[])
+    for method in ("GET", "POST"):
+        r = server.get("/v2/models/add_sub/trace/setting") if method == "GET" else \
+            server.post("/v2/models/add_sub/trace/setting", b'{"trace_rate": "2"}')
+        assert r.status == 400 and b"Request for unknown model : add_sub" in r.body, (method, r.status, r.body)

@@ -312,13 +312,21 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         &self,
         r: Request<proto::ModelInferRequest>,
     ) -> Result<Response<proto::ModelInferResponse>, Status> {
+        use crate::trace::front::{self, Frontend, Point};
+        let received = std::time::Instant::now();
         let (metadata, _, msg) = r.into_parts();
-        let (mut request, written) = codec::decode_request(msg, &self.shm)?;
-        if let Some(pattern) = &self.forward {
-            forward_metadata(pattern, &metadata, &mut request.parameters);
-        }
-        let response = self.dispatch.infer(request).await?;
-        Ok(Response::new(codec::encode_response(response, &written)?))
+        let model = msg.model_name.clone();
+        let served = async {
+            let (mut request, written) = codec::decode_request(msg, &self.shm)?;
+            if let Some(pattern) = &self.forward {
+                forward_metadata(pattern, &metadata, &mut request.parameters);
+            }
+            front::stamp(Point::RecvEnd);
+            let response = self.dispatch.infer(request).await?;
+            front::stamp(Point::SendStart);
+            Ok(Response::new(codec::encode_response(response, &written)?))
+        };
+        front::serve(Frontend::Grpc, &model, received, served).await
     }
 
     type ModelStreamInferStream = StreamOf<proto::ModelStreamInferResponse>;

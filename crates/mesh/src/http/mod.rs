@@ -28,6 +28,7 @@ use crate::dispatch::Dispatch;
 use crate::error::{Code, Error};
 use crate::metadata::ModelMetadata;
 use crate::shm::SharedMemory;
+use crate::trace::front::{self, Frontend, Point};
 
 /// The header that tells where the JSON part of a binary-extension body ends.
 pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
@@ -364,10 +365,13 @@ async fn run_infer<D: Dispatch>(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match try_infer(s, &model, &version, &headers, body).await {
-        Ok(r) => r,
-        Err(e) => error_response(&e),
-    }
+    let served = async {
+        match try_infer(s, &model, &version, &headers, body).await {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        }
+    };
+    front::serve(Frontend::Http, &model, std::time::Instant::now(), served).await
 }
 
 async fn try_infer<D: Dispatch>(
@@ -404,7 +408,9 @@ async fn try_infer<D: Dispatch>(
         let pairs = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
         forward_headers(pattern, pairs, &mut request.parameters);
     }
+    front::stamp(Point::RecvEnd);
     let response = s.dispatch.infer(request).await?;
+    front::stamp(Point::SendStart);
     let (out, json_len) = codec::encode_response(&response, &format)?;
     let accept = compress::choose(headers.get(header::ACCEPT_ENCODING));
     let mut builder = Response::builder().status(StatusCode::OK);

@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 /// setting then follows the global one again; a global one returns to its default).
 pub type Change = (String, Option<Vec<String>>);
 
-/// The settings that apply to a scope; a model's unset fields follow the global ones.
+/// The settings a scope was given: `None` follows the fallback (a model's: the server's; the
+/// server's: those it started with).
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Fields {
     level: Option<Vec<String>>,
@@ -64,30 +65,103 @@ impl Settings {
     }
 }
 
-const DEFAULTS: Fields = Fields {
-    level: None,
-    rate: Some(1000),
-    count: Some(-1),
-    log_frequency: Some(0),
-};
+/// Triton's built-in settings (no trace file, so nothing traces until one is given).
+fn defaults() -> Settings {
+    Settings {
+        level: vec!["OFF".into()],
+        rate: 1000,
+        count: -1,
+        log_frequency: 0,
+        file: String::new(),
+    }
+}
+
+/// One scope's setting as made at its last change: what was given, the values in effect (the
+/// count is what is left of it), and the sampling counters, which start again with every change
+/// (as Triton makes a new setting object for each).
+#[derive(Debug, Clone)]
+struct Scope {
+    given: Fields,
+    now: Settings,
+    /// Requests seen; every `rate`-th is traced.
+    seen: u64,
+    /// Traces started, and finished, under this setting.
+    created: u64,
+    collected: u64,
+}
+
+impl Scope {
+    /// The setting after `changes` over `current` (if any), with `fallback` for what is not given.
+    /// A given count keeps what is left of it unless it is set again. Refused (with Triton's
+    /// words), when `checked`, if it would trace but cannot: no trace file. (The start-up settings
+    /// are not checked, as tritonserver's are not: without a file they trace nothing.)
+    fn make(current: Option<&Scope>, fallback: &Settings, changes: &[Known], checked: bool) -> Result<Scope> {
+        let mut given = current.map(|c| c.given.clone()).unwrap_or_default();
+        apply(&mut given, changes)?;
+        let count_set_now = changes.iter().any(|(k, v)| *k == "trace_count" && v.is_some());
+        let now = Settings {
+            level: given.level.clone().unwrap_or_else(|| fallback.level.clone()),
+            rate: given.rate.unwrap_or(fallback.rate),
+            count: match (given.count, current) {
+                (Some(_), Some(c)) if !count_set_now && c.given.count.is_some() => c.now.count,
+                (Some(count), _) => count,
+                (None, _) => fallback.count,
+            },
+            log_frequency: given.log_frequency.unwrap_or(fallback.log_frequency),
+            file: fallback.file.clone(),
+        };
+        if checked && now.traces() && now.file.is_empty() {
+            return Err(Error::invalid(
+                "Attempting to set invalid trace setting :trace file name is not given",
+            ));
+        }
+        Ok(Scope {
+            given,
+            now,
+            seen: 0,
+            created: 0,
+            collected: 0,
+        })
+    }
+}
 
 /// Finished traces held in memory at most before they are written (`trace_file.<n>`).
 pub const MAX_HELD_TRACES: u64 = 10_000;
 
 /// Settings, sampling counters and traces not yet written. Sans-IO but for `flush`.
-#[derive(Default)]
 pub struct Tracer {
-    global: Fields,
-    file: String,
-    models: HashMap<String, Fields>,
-    /// Requests seen per model since its rate last changed.
-    seen: HashMap<String, u64>,
+    /// The settings the server started with (`--trace-config` over Triton's defaults): what
+    /// clearing a server setting returns to.
+    start: Settings,
+    global: Scope,
+    models: HashMap<String, Scope>,
     next_id: u64,
     /// Trace entries not yet written, and how many traces they hold.
     pending: Vec<serde_json::Value>,
     pending_traces: u64,
-    /// The index of the next `trace_file.<n>` (with `log_frequency`).
+    /// The index of the next `trace_file.<n>`.
     file_index: u64,
+}
+
+impl Default for Tracer {
+    fn default() -> Self {
+        let start = defaults();
+        Tracer {
+            global: Scope {
+                given: Fields::default(),
+                now: start.clone(),
+                seen: 0,
+                created: 0,
+                collected: 0,
+            },
+            start,
+            models: HashMap::new(),
+            next_id: 0,
+            pending: Vec::new(),
+            pending_traces: 0,
+            file_index: 0,
+        }
+    }
 }
 
 /// A change to a known setting.
@@ -121,91 +195,106 @@ fn one<'a>(key: &str, values: &'a [String]) -> Result<&'a str> {
     }
 }
 
+/// A setting's number as Triton reads it (a 32-bit integer): not a number is "Unable to parse",
+/// one past 32 bits is "out of range [ lo, hi ]" (the range Triton names for the setting).
+fn number(key: &str, v: &str, range: (i64, i64)) -> Result<i64> {
+    use std::num::IntErrorKind::{NegOverflow, PosOverflow};
+    let out_of_range = || {
+        Error::invalid(format!(
+            "Unable to parse '{key}', value is out of range [ {}, {} ], got: {v}",
+            range.0, range.1
+        ))
+    };
+    match v.parse::<i64>() {
+        Ok(n) if i32::try_from(n).is_ok() => Ok(n),
+        Ok(_) => Err(out_of_range()),
+        Err(e) if matches!(e.kind(), PosOverflow | NegOverflow) => Err(out_of_range()),
+        Err(_) => Err(Error::invalid(format!("Unable to parse '{key}', got: {v}"))),
+    }
+}
+
 impl Tracer {
-    /// Starts with the server's `--trace-config` settings.
+    /// Starts with the server's `--trace-config` settings, which clearing a server setting
+    /// later returns to.
     pub fn configure(&mut self, file: String, changes: &[Change]) -> Result<()> {
-        self.file = file;
         let changes = parse_changes(changes)?;
-        let mut global = self.global.clone();
-        apply(&mut global, &changes)?;
+        let base = Settings { file, ..defaults() };
+        let global = Scope::make(None, &base, &changes, false)?;
+        self.start = global.now.clone();
         self.global = global;
+        self.models.clear();
         Ok(())
+    }
+
+    fn scope(&self, model: Option<&str>) -> &Scope {
+        model.and_then(|m| self.models.get(m)).unwrap_or(&self.global)
+    }
+
+    fn scope_mut(&mut self, model: &str) -> &mut Scope {
+        match self.models.get_mut(model) {
+            Some(scope) => scope,
+            None => &mut self.global,
+        }
     }
 
     /// The settings of the server (`model` None) or of one model (its own over the server's).
     pub fn settings(&self, model: Option<&str>) -> Settings {
-        let model = model.and_then(|m| self.models.get(m));
-        let pick = |f: fn(&Fields) -> Option<u64>| {
-            model
-                .and_then(f)
-                .or(f(&self.global))
-                .or(f(&DEFAULTS))
-                .unwrap_or_default()
-        };
-        Settings {
-            level: model
-                .and_then(|m| m.level.clone())
-                .or_else(|| self.global.level.clone())
-                .unwrap_or_else(|| vec!["OFF".into()]),
-            rate: pick(|f| f.rate),
-            count: model.and_then(|m| m.count).or(self.global.count).unwrap_or(-1),
-            log_frequency: pick(|f| f.log_frequency),
-            file: self.file.clone(),
-        }
+        self.scope(model).now.clone()
     }
 
-    /// Changes settings of the server or of one model; all or nothing.
+    /// Changes settings of the server or of one model; all or nothing. A model's setting is made
+    /// again over the server's new one (its given values kept), as Triton remakes them.
     pub fn update(&mut self, model: Option<&str>, changes: &[Change]) -> Result<Settings> {
         let changes = parse_changes(changes)?;
-        let mut fields = match model {
-            Some(m) => self.models.get(m).cloned().unwrap_or_default(),
-            None => self.global.clone(),
-        };
-        apply(&mut fields, &changes)?;
-        if changes.iter().any(|(k, _)| *k == "trace_rate") {
-            match model {
-                Some(m) => drop(self.seen.remove(m)),
-                None => self.seen.clear(),
-            }
-        }
         match model {
-            Some(m) if fields == Fields::default() => drop(self.models.remove(m)),
-            Some(m) => drop(self.models.insert(m.to_string(), fields)),
-            None => self.global = fields,
+            Some(m) => {
+                let scope = Scope::make(self.models.get(m), &self.global.now, &changes, true)?;
+                if scope.given == Fields::default() {
+                    self.models.remove(m);
+                } else {
+                    self.models.insert(m.to_string(), scope);
+                }
+            }
+            None => {
+                let global = Scope::make(Some(&self.global), &self.start, &changes, true)?;
+                let models = self
+                    .models
+                    .iter()
+                    .map(|(m, s)| Ok((m.clone(), Scope::make(Some(s), &global.now, &[], false)?)))
+                    .collect::<Result<HashMap<_, _>>>()?;
+                self.global = global;
+                self.models = models;
+            }
         }
         Ok(self.settings(model))
     }
 
     /// Whether this request of `model` is traced (and, if so, its trace id): the level traces,
-    /// it is the first of each `trace_rate` requests, and `trace_count` is not used up (each
-    /// traced request takes one from the count of the scope that sets it).
+    /// it is the `rate`-th request its setting has seen since the last traced one, and the count
+    /// is not used up (each traced request takes one from it).
     pub fn sample(&mut self, model: &str) -> Option<u64> {
-        let settings = self.settings(Some(model));
-        if !settings.traces() || settings.count == 0 {
+        let scope = self.scope_mut(model);
+        if !scope.now.traces() || scope.now.count == 0 || scope.now.file.is_empty() {
             return None;
         }
-        let seen = self.seen.entry(model.to_string()).or_default();
-        let due = seen.is_multiple_of(settings.rate.max(1));
-        *seen += 1;
-        if !due {
+        scope.seen += 1;
+        if !scope.seen.is_multiple_of(scope.now.rate.max(1)) {
             return None;
         }
-        if settings.count > 0 {
-            let scope = match self.models.get_mut(model).filter(|f| f.count.is_some()) {
-                Some(fields) => fields,
-                None => &mut self.global,
-            };
-            scope.count = Some(settings.count - 1);
+        if scope.now.count > 0 {
+            scope.now.count -= 1;
         }
+        scope.created += 1;
         self.next_id += 1;
         Some(self.next_id)
     }
 
-    /// Keeps a finished trace; returns the file to write now when `log_frequency` traces are held,
-    /// or [`MAX_HELD_TRACES`] whatever `log_frequency` says (0 would otherwise hold them until
-    /// exit). Without a trace file nothing is kept: nothing could ever write it.
+    /// Keeps a finished trace; returns the file to write now (`trace_file.<n>`) when
+    /// `log_frequency` traces are held, when its setting's count is used up and every trace it
+    /// started has finished, or when [`MAX_HELD_TRACES`] are held whatever the settings say.
+    /// Without a trace file nothing is kept: nothing could ever write it.
     pub fn finish(&mut self, trace: &Trace) -> Option<(String, Vec<serde_json::Value>)> {
-        if self.file.is_empty() {
+        if self.global.now.file.is_empty() {
             return None;
         }
         self.pending.push(serde_json::json!({
@@ -216,12 +305,15 @@ impl Tracer {
                 .push(serde_json::json!({"id": trace.id, "timestamps": [{"name": name, "ns": ns}]}));
         }
         self.pending_traces += 1;
-        let every = self.settings(Some(&trace.model)).log_frequency;
-        let full = self.pending_traces >= MAX_HELD_TRACES;
-        if !full && (every == 0 || self.pending_traces < every) {
+        let scope = self.scope_mut(&trace.model);
+        scope.collected += 1;
+        let used_up = scope.now.count == 0 && scope.collected >= scope.created;
+        let every = scope.now.log_frequency;
+        let due = every != 0 && self.pending_traces >= every;
+        if !(used_up || due || self.pending_traces >= MAX_HELD_TRACES) {
             return None;
         }
-        let path = format!("{}.{}", self.file, self.file_index);
+        let path = format!("{}.{}", self.global.now.file, self.file_index);
         self.file_index += 1;
         self.pending_traces = 0;
         Some((path, std::mem::take(&mut self.pending)))
@@ -229,11 +321,11 @@ impl Tracer {
 
     /// Everything not written yet, for `trace_file` (at shutdown).
     pub fn drain(&mut self) -> Option<(String, Vec<serde_json::Value>)> {
-        if self.pending.is_empty() || self.file.is_empty() {
+        if self.pending.is_empty() || self.global.now.file.is_empty() {
             return None;
         }
         self.pending_traces = 0;
-        Some((self.file.clone(), std::mem::take(&mut self.pending)))
+        Some((self.global.now.file.clone(), std::mem::take(&mut self.pending)))
     }
 }
 
@@ -263,33 +355,41 @@ fn apply(fields: &mut Fields, changes: &[Known]) -> Result<()> {
                 if levels.is_empty() {
                     return Err(Error::invalid("'trace_level' needs at least one level"));
                 }
+                if levels.len() > 1 && levels.iter().any(|l| l == "OFF") {
+                    return Err(Error::invalid("Expect only one trace level 'OFF' is specified"));
+                }
                 fields.level = Some(levels);
             }
             "trace_rate" => {
                 let v = one(key, values)?;
-                let rate: u64 = v
-                    .parse()
-                    .map_err(|_| Error::invalid(format!("Unable to parse 'trace_rate', got: {v}")))?;
+                let rate = number(key, v, (0, u32::MAX.into()))?;
+                if rate < 0 {
+                    return Err(Error::invalid(format!("Unable to parse 'trace_rate', got: {v}")));
+                }
                 if rate == 0 {
                     return Err(Error::invalid(
                         "Attempting to set invalid trace setting :sample rate must be non-zero",
                     ));
                 }
-                fields.rate = Some(rate);
+                fields.rate = Some(rate as u64);
             }
             "trace_count" => {
                 let v = one(key, values)?;
-                let count: i64 = v.parse().ok().filter(|&c| c >= -1).ok_or_else(|| {
-                    Error::invalid(format!("Unable to parse 'trace_count'. Expecting value >= -1, got:{v}"))
-                })?;
+                let count = number(key, v, (-1, i32::MAX.into()))?;
+                if count < -1 {
+                    return Err(Error::invalid(format!(
+                        "Unable to parse 'trace_count'. Expecting value >= -1, got:{v}"
+                    )));
+                }
                 fields.count = Some(count);
             }
             "log_frequency" => {
                 let v = one(key, values)?;
-                fields.log_frequency = Some(
-                    v.parse()
-                        .map_err(|_| Error::invalid(format!("Unable to parse 'log_frequency', got: {v}")))?,
-                );
+                let every = number(key, v, (0, u32::MAX.into()))?;
+                if every < 0 {
+                    return Err(Error::invalid(format!("Unable to parse 'log_frequency', got: {v}")));
+                }
+                fields.log_frequency = Some(every as u64);
             }
             "trace_mode" if one(key, values)? != "triton" => {
                 return Err(Error::invalid("'trace_mode' can only be 'triton'"));
@@ -325,22 +425,20 @@ pub fn ns(at: Instant) -> u64 {
     }
 }
 
-/// A model's settings need the model: an unknown one is Triton's 400.
+/// A model's settings need the model serving: an unknown or unloaded one is Triton's 400.
 pub fn known_model<D: crate::dispatch::Dispatch + ?Sized>(dispatch: &D, model: &str) -> Result<()> {
     match dispatch.model(model, "") {
-        Err(e) if e.code == crate::error::Code::NotFound => {
-            Err(Error::invalid(format!("Request for unknown model : {model}")))
-        }
-        _ => Ok(()),
+        Ok(view) if view.ready => Ok(()),
+        _ => Err(Error::invalid(format!("Request for unknown model : {model}"))),
     }
 }
 
 /// Whether any scope traces: requests skip the tracer's lock while none does.
-static ACTIVE: AtomicBool = AtomicBool::new(false);
+pub(crate) static ACTIVE: AtomicBool = AtomicBool::new(false);
 
 impl Tracer {
     fn active(&self) -> bool {
-        self.settings(None).traces() || self.models.keys().any(|m| self.settings(Some(m)).traces())
+        self.global.now.traces() || self.models.values().any(|s| s.now.traces())
     }
 }
 
@@ -387,8 +485,16 @@ fn write(path: &str, entries: &[serde_json::Value]) {
     }
 }
 
-/// Records a finished trace (writing `trace_file.<n>` when `log_frequency` traces are held).
+/// Records a finished trace (writing `trace_file.<n>` when it is time). A trace of the request a
+/// frontend is serving (`front::serve`) is left to that frontend, which adds its own timestamps.
 pub fn record(trace: &Trace) {
+    if front::claim(trace) {
+        return;
+    }
+    write_now(trace);
+}
+
+fn write_now(trace: &Trace) {
     let ready = tracer().finish(trace);
     if let Some((path, entries)) = ready {
         write(&path, &entries);
@@ -434,6 +540,7 @@ pub fn from_flags(flags: &[String]) -> std::result::Result<(String, Vec<Change>)
     Ok((file, changes))
 }
 
+pub mod front;
+
 #[cfg(test)]
-#[path = "trace_tests.rs"]
 mod tests;

@@ -9,9 +9,26 @@ fn clear(key: &str) -> Change {
     (key.to_string(), None)
 }
 
+/// A tracer started with a trace file and `changes` (as `--trace-config`).
+fn started(changes: &[Change]) -> Tracer {
+    let mut t = Tracer::default();
+    t.configure("/tmp/trace.json".into(), changes).unwrap();
+    t
+}
+
+fn trace(id: u64, model: &str) -> Trace {
+    Trace {
+        id,
+        model: model.into(),
+        version: 1,
+        request_id: "r".into(),
+        stamps: vec![("REQUEST_START", 5), ("REQUEST_END", 9)],
+    }
+}
+
 #[test]
 fn defaults_are_tritons_and_models_follow_the_global_settings() {
-    let mut t = Tracer::default();
+    let mut t = started(&[]);
     let s = t.settings(None);
     assert_eq!(
         (s.level.clone(), s.rate, s.count, s.log_frequency),
@@ -30,13 +47,30 @@ fn defaults_are_tritons_and_models_follow_the_global_settings() {
 
 #[test]
 fn bad_settings_are_refused_with_tritons_words_and_change_nothing() {
-    let mut t = Tracer::default();
+    let mut t = started(&[]);
     let before = t.settings(None);
     for (change, words) in [
         (set("trace_rate", "x"), "Unable to parse 'trace_rate', got: x"),
         (set("trace_rate", "0"), "sample rate must be non-zero"),
         (set("trace_count", "-5"), "Expecting value >= -1, got:-5"),
         (set("trace_level", "LOUD"), "got 'LOUD'"),
+        (
+            set("trace_rate", "10000000000"),
+            "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 10000000000",
+        ),
+        (
+            set("trace_count", "10000000000"),
+            "Unable to parse 'trace_count', value is out of range [ -1, 2147483647 ], got: 10000000000",
+        ),
+        (
+            set("log_frequency", "10000000000"),
+            "Unable to parse 'log_frequency', value is out of range [ 0, 4294967295 ], got: 10000000000",
+        ),
+        (set("trace_rate", "99999999999999999999999"), "value is out of range"),
+        (
+            ("trace_level".to_string(), Some(vec!["OFF".into(), "TIMESTAMPS".into()])),
+            "Expect only one trace level 'OFF' is specified",
+        ),
         (
             set("trace_file", "/tmp/x"),
             "can not be updated through network protocol",
@@ -51,8 +85,8 @@ fn bad_settings_are_refused_with_tritons_words_and_change_nothing() {
 }
 
 #[test]
-fn one_request_in_each_rate_is_traced_until_the_count_is_used_up() {
-    let mut t = Tracer::default();
+fn the_rate_th_request_is_traced_until_the_count_is_used_up() {
+    let mut t = started(&[]);
     assert_eq!(t.sample("m"), None, "OFF traces nothing");
     t.update(
         None,
@@ -64,7 +98,7 @@ fn one_request_in_each_rate_is_traced_until_the_count_is_used_up() {
     )
     .unwrap();
     let traced: Vec<bool> = (0..8).map(|_| t.sample("m").is_some()).collect();
-    assert_eq!(traced, [true, false, true, false, false, false, false, false]);
+    assert_eq!(traced, [false, true, false, true, false, false, false, false]);
     assert_eq!(t.settings(None).count, 0, "the count shows what is left");
     t.update(Some("n"), &[set("trace_count", "1"), set("trace_rate", "1")])
         .unwrap();
@@ -73,20 +107,70 @@ fn one_request_in_each_rate_is_traced_until_the_count_is_used_up() {
 }
 
 #[test]
-fn traces_are_written_every_log_frequency_traces_or_at_the_end() {
+fn models_on_the_server_setting_share_its_rate_and_a_change_starts_counting_again() {
+    let mut t = started(&[set("trace_level", "TIMESTAMPS"), set("trace_rate", "3")]);
+    // m and n both follow the server's setting: every third request of the two together.
+    let traced: Vec<bool> = ["m", "n", "m", "n", "m", "n"]
+        .iter()
+        .map(|m| t.sample(m).is_some())
+        .collect();
+    assert_eq!(traced, [false, false, true, false, false, true]);
+    t.sample("m");
+    t.update(None, &[set("trace_rate", "2")]).unwrap();
+    assert_eq!(
+        (0..4).map(|_| t.sample("m").is_some()).collect::<Vec<_>>(),
+        [false, true, false, true],
+        "a new setting counts from zero"
+    );
+    // A model's own setting has its own counters; a server change remakes it over the new one.
+    t.update(Some("m"), &[set("trace_count", "5")]).unwrap();
+    assert!(t.sample("m").is_none() && t.sample("m").is_some());
+    assert_eq!(t.settings(Some("m")).count, 4);
+    assert_eq!(t.settings(None).count, -1, "the server's count is not the model's");
+    t.update(None, &[set("trace_rate", "1")]).unwrap();
+    let m = t.settings(Some("m"));
+    assert_eq!((m.rate, m.count), (1, 4), "the model's given count keeps what is left");
+}
+
+#[test]
+fn clearing_a_server_setting_returns_it_to_the_start_up_value() {
+    let mut t = started(&[set("trace_level", "TIMESTAMPS"), set("trace_rate", "7")]);
+    t.update(None, &[set("trace_rate", "2"), set("trace_level", "OFF")])
+        .unwrap();
+    let s = t.update(None, &[clear("trace_rate"), clear("trace_level")]).unwrap();
+    assert_eq!((s.rate, s.level), (7, vec!["TIMESTAMPS".to_string()]));
+    t.update(Some("m"), &[set("trace_rate", "4")]).unwrap();
+    assert_eq!(t.update(Some("m"), &[clear("trace_rate")]).unwrap().rate, 7);
+}
+
+#[test]
+fn tracing_without_a_trace_file_is_refused_but_a_start_up_setting_is_kept() {
     let mut t = Tracer::default();
-    t.configure(
-        "/tmp/trace.json".into(),
-        &[set("trace_level", "TIMESTAMPS"), set("log_frequency", "2")],
-    )
-    .unwrap();
-    let trace = |id| Trace {
-        id,
-        model: "m".into(),
-        version: 1,
-        request_id: "r".into(),
-        stamps: vec![("REQUEST_START", 5), ("REQUEST_END", 9)],
-    };
+    let e = t.update(None, &[set("trace_level", "TIMESTAMPS")]).unwrap_err();
+    assert!(e.message.contains("trace file name is not given"), "{}", e.message);
+    assert_eq!(t.settings(None).level, vec!["OFF"]);
+    t.configure(String::new(), &[set("trace_level", "TIMESTAMPS")]).unwrap();
+    assert_eq!(t.settings(None).level, vec!["TIMESTAMPS"]);
+    assert_eq!(t.sample("m"), None, "nothing to write to: nothing traced");
+}
+
+#[test]
+fn traces_are_written_at_once_when_the_count_is_used_up() {
+    let mut t = started(&[set("trace_level", "TIMESTAMPS"), set("trace_rate", "1")]);
+    t.update(Some("m"), &[set("trace_count", "2")]).unwrap();
+    let (a, b) = (t.sample("m").unwrap(), t.sample("m").unwrap());
+    assert!(t.sample("m").is_none());
+    assert!(t.finish(&trace(a, "m")).is_none(), "one trace still running");
+    let (path, entries) = t.finish(&trace(b, "m")).unwrap();
+    assert_eq!(path, "/tmp/trace.json.0");
+    assert_eq!(entries.len(), 6);
+    assert!(t.drain().is_none());
+}
+
+#[test]
+fn traces_are_written_every_log_frequency_traces_or_at_the_end() {
+    let mut t = started(&[set("trace_level", "TIMESTAMPS"), set("log_frequency", "2")]);
+    let trace = |id| trace(id, "m");
     assert!(t.finish(&trace(1)).is_none());
     let (path, entries) = t.finish(&trace(2)).unwrap();
     assert_eq!(path, "/tmp/trace.json.0");
