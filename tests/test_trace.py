@@ -4,6 +4,7 @@ and errors; and traced requests writing their timestamps (the frontends' too) to
 Triton's JSON form, every `log_frequency` traces, when the count runs out, or at exit (issue 27)."""
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -175,3 +176,57 @@ def test_settings_of_an_unloaded_model_are_refused(fresh_server, models_dir, tmp
         r = server.get("/v2/models/add_sub/trace/setting") if method == "GET" else \
             server.post("/v2/models/add_sub/trace/setting", b'{"trace_rate": "2"}')
         assert r.status == 400 and b"Request for unknown model : add_sub" in r.body, (method, r.status, r.body)
+
+
+BLS_TRACED = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            inputs = [pb_utils.get_input_tensor_by_name(r, n) for n in ("INPUT0", "INPUT1")]
+            assert r.trace().get_context() is None
+            child = pb_utils.InferenceRequest(model_name="add_sub", requested_output_names=["OUTPUT0"],
+                                              inputs=inputs, request_id="child", trace=r.trace()).exec()
+            plain = pb_utils.InferenceRequest(model_name="add_sub", requested_output_names=["OUTPUT0"],
+                                              inputs=inputs, request_id="plain").exec()
+            assert not child.has_error() and not plain.has_error()
+            out.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(child, "OUTPUT0")]))
+        return out
+'''
+
+
+def test_a_bls_call_made_with_request_trace_is_traced_as_its_child(fresh_server, models_dir, tmp_path):
+    """python_backend's `request.trace()`: a BLS request made with `trace=request.trace()` is traced
+    as the calling request's child (`parent_id`), even where its model's own setting traces
+    nothing; a BLS request without it follows its model's setting."""
+    repo = repo_with_add_sub(models_dir, tmp_path)
+    (repo / "bls_traced" / "1").mkdir(parents=True)
+    (repo / "bls_traced" / "1" / "model.py").write_text(BLS_TRACED)
+    (repo / "bls_traced" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] },'
+        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1, 16 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] } ]\n')
+    trace_file = tmp_path / "trace.json"
+    args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=1", "--backend-config", f"python,interpreter={sys.executable}"]
+    server = fresh_server([repo], args, wait_models=["add_sub", "bls_traced"])
+    status, _ = post(server, "/v2/models/add_sub/trace/setting", {"trace_level": ["OFF"]})
+    assert status == 200
+    client = httpclient.InferenceServerClient(server.http_url)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        t = httpclient.InferInput(name, [1, 16], "FP32")
+        t.set_data_from_numpy(np.ones((1, 16), np.float32))
+        inputs.append(t)
+    np.testing.assert_array_equal(client.infer("bls_traced", inputs, request_id="outer").as_numpy("OUTPUT0"),
+                                  np.full((1, 16), 2, np.float32))
+    assert server.stop() == 0
+    heads = {e["request_id"]: e for e in json.loads(trace_file.read_text()) if "request_id" in e}
+    assert set(heads) == {"outer", "child"}, heads
+    assert heads["child"]["model_name"] == "add_sub"
+    assert heads["child"]["parent_id"] == heads["outer"]["id"], heads
+    assert "parent_id" not in heads["outer"]

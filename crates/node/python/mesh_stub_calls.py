@@ -23,6 +23,7 @@ class Calls:
             "id": request.request_id(), "outputs": list(request.requested_output_names()),
             "parameters": request.parameters(), "timeout": request.timeout(),
             "correlation_id": request.correlation_id(), "flags": request.flags(),
+            "trace": request.trace()._id,
             # Inline when executions overlap (a decoupled or async model): the shared memory is
             # started afresh by the next execute, which this call may outlive.
             "inputs": [self.encode(t, blobs, blob_len, inline=self.inbox is not None) for t in request.inputs()],

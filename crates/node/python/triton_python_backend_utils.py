@@ -257,6 +257,18 @@ class ResponseSender:
         return bool(self._cancelled())
 
 
+class InferenceTrace:
+    """A request's trace, as `request.trace()` gives it: pass it to a BLS request
+    (`InferenceRequest(..., trace=request.trace())`) to trace that call as the request's child."""
+
+    def __init__(self, trace_id=None):
+        self._id = trace_id
+
+    def get_context(self):
+        """The OpenTelemetry context (None: the mesh writes Triton-mode traces)."""
+        return None
+
+
 class InferenceRequest:
     """A request: the ones execute() receives, and the ones a model builds for BLS."""
 
@@ -276,6 +288,9 @@ class InferenceRequest:
         if parameters is None:
             parameters = {}
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+        if trace is not None and not isinstance(trace, InferenceTrace):
+            raise TypeError("trace must be an InferenceTrace (request.trace())")
+        self._trace = trace if trace is not None else InferenceTrace()
         self._sender = None
         self._sender_for = None  # a model that is not decoupled: makes the sender on first use
         self._cancelled = None
@@ -291,6 +306,10 @@ class InferenceRequest:
 
     def correlation_id(self):
         return self._correlation_id
+
+    def trace(self):
+        """The request's trace (pass it to a BLS request to trace that call as a child)."""
+        return self._trace
 
     def flags(self):
         return self._flags

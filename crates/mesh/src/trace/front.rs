@@ -116,6 +116,7 @@ mod tests {
             model: model.into(),
             version: 1,
             request_id: String::new(),
+            parent_id: None,
             stamps: vec![("REQUEST_START", 1)],
         }
     }

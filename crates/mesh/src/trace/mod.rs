@@ -289,6 +289,16 @@ impl Tracer {
         Some(self.next_id)
     }
 
+    /// A trace id for a request made on behalf of a traced one (its child), whatever the
+    /// settings' rate and count; none without a trace file.
+    pub fn child(&mut self) -> Option<u64> {
+        if self.global.now.file.is_empty() {
+            return None;
+        }
+        self.next_id += 1;
+        Some(self.next_id)
+    }
+
     /// Keeps a finished trace; returns the file to write now (`trace_file.<n>`) when
     /// `log_frequency` traces are held, when its setting's count is used up and every trace it
     /// started has finished, or when [`MAX_HELD_TRACES`] are held whatever the settings say.
@@ -297,9 +307,13 @@ impl Tracer {
         if self.global.now.file.is_empty() {
             return None;
         }
-        self.pending.push(serde_json::json!({
+        let mut head = serde_json::json!({
             "id": trace.id, "model_name": trace.model, "model_version": trace.version, "request_id": trace.request_id,
-        }));
+        });
+        if let Some(parent) = trace.parent_id {
+            head["parent_id"] = parent.into();
+        }
+        self.pending.push(head);
         for (name, ns) in &trace.stamps {
             self.pending
                 .push(serde_json::json!({"id": trace.id, "timestamps": [{"name": name, "ns": ns}]}));
@@ -400,13 +414,15 @@ fn apply(fields: &mut Fields, changes: &[Known]) -> Result<()> {
     Ok(())
 }
 
-/// One traced request: who it is and its timestamps (ns of the monotonic clock, as Triton's).
+/// One traced request: who it is, the trace it is part of (a BLS call made with
+/// `trace=request.trace()`), and its timestamps (ns of the monotonic clock, as Triton's).
 #[derive(Debug, Clone)]
 pub struct Trace {
     pub id: u64,
     pub model: String,
     pub version: i64,
     pub request_id: String,
+    pub parent_id: Option<u64>,
     pub stamps: Vec<(&'static str, u64)>,
 }
 
@@ -459,11 +475,33 @@ pub fn configure(file: String, changes: &[Change]) -> Result<()> {
 }
 
 /// Whether this request of `model` is traced, and its trace id (a relaxed load when nothing traces).
+/// A request made inside `child` (a BLS call of a traced request) is always traced.
 pub fn sample(model: &str) -> Option<u64> {
+    if parent().is_some() {
+        return tracer().child();
+    }
     if !ACTIVE.load(Ordering::Relaxed) {
         return None;
     }
     tracer().sample(model)
+}
+
+tokio::task_local! {
+    static PARENT: u64;
+}
+
+/// Runs `call` (a request made on behalf of the traced request `parent`, if any) so the requests
+/// it makes are traced as that request's children.
+pub async fn child<T>(parent: Option<u64>, call: impl std::future::Future<Output = T>) -> T {
+    match parent {
+        Some(id) => PARENT.scope(id, call).await,
+        None => call.await,
+    }
+}
+
+/// The trace the current request is a child of (inside `child`).
+pub fn parent() -> Option<u64> {
+    PARENT.try_with(|id| *id).ok()
 }
 
 /// The process's tracer.

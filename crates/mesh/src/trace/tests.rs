@@ -22,6 +22,7 @@ fn trace(id: u64, model: &str) -> Trace {
         model: model.into(),
         version: 1,
         request_id: "r".into(),
+        parent_id: None,
         stamps: vec![("REQUEST_START", 5), ("REQUEST_END", 9)],
     }
 }
@@ -216,6 +217,7 @@ fn held_traces_are_bounded() {
         model: "m".into(),
         version: 1,
         request_id: String::new(),
+        parent_id: None,
         stamps: vec![("REQUEST_START", 5)],
     };
     // No trace file: nothing is kept.
@@ -239,4 +241,24 @@ fn held_traces_are_bounded() {
     assert_eq!(path, "/tmp/t.json.0");
     assert_eq!(entries.len() as u64, 2 * MAX_HELD_TRACES);
     assert!(t.drain().is_none());
+}
+
+#[test]
+fn a_child_trace_is_made_whatever_the_settings_and_names_its_parent() {
+    assert_eq!(Tracer::default().child(), None, "no trace file: nothing to write to");
+    let mut t = started(&[set("log_frequency", "1")]);
+    assert_eq!(t.sample("m"), None, "OFF: the model's own requests are not traced");
+    let id = t.child().unwrap();
+    let mut child = trace(id, "m");
+    child.parent_id = Some(7);
+    let (_, entries) = t.finish(&child).unwrap();
+    assert_eq!(
+        (entries[0]["id"].as_u64(), entries[0]["parent_id"].as_u64()),
+        (Some(id), Some(7))
+    );
+    let (_, entries) = t.finish(&trace(id + 1, "m")).unwrap();
+    assert!(
+        entries[0].get("parent_id").is_none(),
+        "a trace of its own has no parent_id"
+    );
 }

@@ -36,6 +36,8 @@ pub struct RequestView<'a> {
     pub outputs: &'a [String],
     pub id: &'a str,
     pub parameters: &'a Params,
+    /// The request's trace id when it is traced.
+    pub trace: Option<u64>,
     /// Set for decoupled models: the request's answers go here as the model sends them.
     pub sink: Option<&'a ResponseSink>,
     /// Whether the request's client went away (for `is_cancelled()` during a long `execute`).

@@ -269,6 +269,7 @@ impl NodeDispatch {
         };
         let bytes = request.inputs.iter().map(|i| i.tensor.data.len()).sum();
         let _admitted = self.budget.admit(bytes).map_err(failed)?;
+        let trace = mesh::trace::sample(&request.model_name);
         let submission = Submission {
             inputs: std::mem::take(&mut request.inputs),
             outputs,
@@ -277,6 +278,7 @@ impl NodeDispatch {
             timeout,
             id: request.id.clone(),
             parameters: std::mem::take(&mut request.parameters),
+            trace,
             sink: stream.filter(|_| decoupled).map(|tx| {
                 let template = InferResponse {
                     model_name: request.model_name.clone(),
@@ -303,7 +305,6 @@ impl NodeDispatch {
             None => Error::unavailable(format!("model '{}' has no instances", request.model_name)),
         })?;
         let streamed = submission.sink.is_some();
-        let trace = mesh::trace::sample(&request.model_name);
         InFlight::begin(model);
         let mut guard = InFlight {
             model,
@@ -465,6 +466,7 @@ fn record_trace(id: u64, model: &LoadedVersion, request: &InferRequest, start: I
         model: request.model_name.clone(),
         version: model.version,
         request_id: request.id.clone(),
+        parent_id: mesh::trace::parent(),
         stamps,
     });
 }

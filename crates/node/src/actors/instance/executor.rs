@@ -51,6 +51,8 @@ pub struct Submission {
     /// The request id and parameters, for backends that see requests (Python).
     pub id: String,
     pub parameters: Params,
+    /// The request's trace id when it is traced (a Python model's `request.trace()`).
+    pub trace: Option<u64>,
     /// Set for decoupled models: where the request's answers stream to.
     pub sink: Option<Box<ResponseSink>>,
 }
@@ -113,6 +115,7 @@ fn views<'a>(subs: &[&'a Submission], probes: &[Option<Probe<'a>>]) -> Vec<Reque
             outputs: &s.outputs,
             id: &s.id,
             parameters: &s.parameters,
+            trace: s.trace,
             sink: s.sink.as_deref(),
             cancelled: probes.get(i).copied().flatten(),
         })

@@ -102,6 +102,7 @@ pub async fn run(
                     timeout: None,
                     id: format!("warmup:{}", sample.name),
                     parameters: Vec::new(),
+                    trace: None,
                     sink: None,
                 };
                 instance

@@ -166,6 +166,8 @@ fn encode_inline(t: &NamedTensor, blob: &mut Vec<u8>) -> Value {
 /// decoupled call (`exec(decoupled=True)`) streams each answer back as it comes.
 pub fn start(ctx: &Arc<PythonContext>, to: &Answers, frame: Value, blob: &[u8]) {
     let call_id = frame["call_id"].clone();
+    // Made with `trace=request.trace()` of a traced request: traced as its child.
+    let parent = frame["trace"].as_u64();
     let to = to.clone();
     let request = match request_from(&frame, blob, &to.shm) {
         Ok(r) => r,
@@ -183,7 +185,7 @@ pub fn start(ctx: &Arc<PythonContext>, to: &Answers, frame: Value, blob: &[u8]) 
     if frame["decoupled"].as_bool() == Some(true) {
         ctx.runtime.spawn(async move {
             let (sink, mut answers) = mesh::stream::stream_channel(mesh::stream::Window::for_stream());
-            let run = dispatch.infer_stream(request, sink);
+            let run = mesh::trace::child(parent, dispatch.infer_stream(request, sink));
             let forward = async {
                 while let Some(item) = answers.recv().await {
                     to.stream(&call_id, item);
@@ -195,7 +197,7 @@ pub fn start(ctx: &Arc<PythonContext>, to: &Answers, frame: Value, blob: &[u8]) 
     }
     let sync = frame["sync"].as_bool() == Some(true) && !to.routed;
     let call = async move {
-        let result = dispatch.infer(request).await;
+        let result = mesh::trace::child(parent, dispatch.infer(request)).await;
         to.answer(call_id, result);
     };
     if sync {

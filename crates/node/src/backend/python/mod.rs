@@ -333,6 +333,7 @@ impl PythonBackend {
                 };
                 json!({
                     "id": r.id,
+                    "trace": r.trace,
                     "outputs": r.outputs,
                     "parameters": params_json(r.parameters),
                     "correlation_id": correlation,
@@ -424,6 +425,7 @@ impl Backend for PythonBackend {
             outputs,
             id: "",
             parameters: &params,
+            trace: None,
             sink: None,
             cancelled: None,
         };
