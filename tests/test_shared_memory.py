@@ -218,6 +218,22 @@ def test_grpc_errors_carry_the_code_and_message(node):
     c.close()
 
 
+def test_registering_without_a_region_name_gets_tritons_error(node):
+    """Triton's HTTP route without a region (`/v2/systemsharedmemory/register`) is INVALID_ARG
+    "'region name' is necessary ..." before the body is read; the mesh answers gRPC the same way
+    (Triton's gRPC would register a region with no name)."""
+    for kind in ("system", "cuda"):
+        status, body = post(node, f"/v2/{kind}sharedmemory/register", {"key": "/x", "byte_size": 8})
+        assert status == 400, (status, body)
+        assert f"'region name' is necessary to register {kind} shared memory region" in body, body
+    c = client("grpc", node.grpc_url)
+    with pytest.raises(InferenceServerException) as e:
+        c.register_system_shared_memory("", "/mesh_no_such_key", 8)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'region name' is necessary to register system shared memory region" in e.value.message()
+    c.close()
+
+
 def test_cuda_shared_memory_without_cuda_is_a_clear_error(node):
     for proto in PROTOCOLS:
         c = client(proto, url_of(node, proto))

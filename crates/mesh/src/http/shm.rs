@@ -27,11 +27,14 @@ pub fn routes(shm: Arc<SharedMemory>) -> Router {
             post(system_unregister),
         )
         .route("/v2/systemsharedmemory/unregister", post(system_unregister_all))
+        // No region named: Triton's "'region name' is necessary ..." (400).
+        .route("/v2/systemsharedmemory/register", post(system_register_nameless))
         .route("/v2/cudasharedmemory/status", get(cuda_status_all))
         .route("/v2/cudasharedmemory/region/{name}/status", get(cuda_status))
         .route("/v2/cudasharedmemory/region/{name}/register", post(cuda_register))
         .route("/v2/cudasharedmemory/region/{name}/unregister", post(cuda_unregister))
         .route("/v2/cudasharedmemory/unregister", post(cuda_unregister_all))
+        .route("/v2/cudasharedmemory/register", post(cuda_register_nameless))
         .with_state(shm)
 }
 
@@ -77,6 +80,13 @@ pub fn parse_system_register(body: &[u8]) -> Result<SystemRegister> {
 
 async fn system_register(State(shm): St, Path(name): Path<String>, body: Bytes) -> Response {
     done(parse_system_register(&body).and_then(|r| shm.register_system(&name, &r.key, r.offset, r.byte_size)))
+}
+/// A register naming no region is refused before its body is read, as Triton does.
+async fn system_register_nameless(State(shm): St) -> Response {
+    done(shm.register_system("", "", 0, 0))
+}
+async fn cuda_register_nameless(State(shm): St) -> Response {
+    done(shm.register_cuda("", &[], 0, 0))
 }
 async fn system_unregister(State(shm): St, Path(name): Path<String>) -> Response {
     done(shm.unregister_system(&name))

@@ -89,9 +89,12 @@ impl SharedMemory {
         self.regions.locked()
     }
 
-    fn refuse_taken(&self, name: &str) -> Result<()> {
+    fn refuse_taken(&self, name: &str, kind: &str) -> Result<()> {
         if name.is_empty() {
-            return Err(Error::invalid("a shared memory region needs a name"));
+            // Triton's words and class (HTTP's; its gRPC would register a nameless region).
+            return Err(Error::invalid(format!(
+                "'region name' is necessary to register {kind} shared memory region"
+            )));
         }
         let regions = self.regions();
         if regions.contains_key(name) {
@@ -127,14 +130,14 @@ impl SharedMemory {
 
     /// Registers `byte_size` bytes from `offset` of the system shared-memory object `key`.
     pub fn register_system(&self, name: &str, key: &str, offset: u64, byte_size: u64) -> Result<()> {
-        self.refuse_taken(name)?;
+        self.refuse_taken(name, "system")?;
         let region = system::SystemRegion::open(name, key, offset, byte_size)?;
         self.insert(name, Memory::System(region))
     }
 
     /// Registers CUDA memory exported by another process (`raw_handle` is its cudaIpcMemHandle_t).
     pub fn register_cuda(&self, name: &str, raw_handle: &[u8], device_id: i64, byte_size: u64) -> Result<()> {
-        self.refuse_taken(name)?;
+        self.refuse_taken(name, "cuda")?;
         let region = cuda::CudaRegion::open(name, raw_handle, device_id, byte_size)?;
         self.insert(name, Memory::Cuda(region))
     }
