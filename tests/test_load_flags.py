@@ -1,6 +1,7 @@
 """tritonserver's flags about loading models and sampling metrics, on mesh-node (issue 27):
 `--model-config-name`, `--disable-auto-complete-config` / `--strict-model-config`,
-`--model-load-retry-count`, `--allow-cpu-metrics` and `--metrics-interval-ms`."""
+`--model-load-retry-count`, `--model-load-thread-count`, `--allow-cpu-metrics` and
+`--metrics-interval-ms`."""
 import shutil
 import sys
 
@@ -91,6 +92,60 @@ def test_without_retries_the_first_failure_stands(fresh_server, tmp_path):
                        wait_models=[])
     entry = index_entry(srv, "flaky")
     assert entry["state"] == "UNAVAILABLE" and "first load fails on purpose" in entry["reason"], entry
+
+
+SLOW_INIT = '''
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        start = time.monotonic()
+        time.sleep(1.0)
+        with open(os.path.join(args["model_repository"], "..", "spans.txt"), "a") as f:
+            f.write(f"{args['model_name']} {start} {time.monotonic()}\\n")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+'''
+
+
+def slow_repo(tmp_path, n):
+    repo = tmp_path / "repo"
+    for i in range(n):
+        d = repo / f"slow{i}"
+        (d / "1").mkdir(parents=True)
+        (d / "1" / "model.py").write_text(SLOW_INIT)
+        (d / "config.pbtxt").write_text('backend: "python"\n'
+                                        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    return repo
+
+
+def init_spans(repo):
+    spans = [line.split() for line in (repo / "spans.txt").read_text().splitlines()]
+    return sorted((float(a), float(b)) for _, a, b in spans)
+
+
+@pytest.mark.parametrize("threads,overlap", [("3", True), ("1", False)])
+def test_load_thread_count_loads_that_many_models_at_once(fresh_server, tmp_path, threads, overlap):
+    """Three Python models whose initialize() takes a second: with three load threads their
+    initialize() calls overlap (each starts before another ended), with one they never do."""
+    repo = slow_repo(tmp_path, 3)
+    fresh_server([repo], PYTHON + ["--model-load-thread-count", threads],
+                 wait_models=["slow0", "slow1", "slow2"])
+    spans = init_spans(repo)
+    assert len(spans) == 3, spans
+    overlapped = any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))
+    assert overlapped == overlap, spans
+
+
+def test_a_load_thread_count_of_zero_stops_the_start(fresh_server, add_sub_repo):
+    with pytest.raises(Exception) as e:
+        fresh_server([add_sub_repo], ["--model-load-thread-count", "0"])
+    assert "--model-load-thread-count must be at least 1" in str(e.value)
 
 
 def test_cpu_metrics_follow_allow_cpu_metrics_and_the_interval(fresh_server, add_sub_repo):

@@ -133,6 +133,7 @@ impl TritonFlags {
                 (self.strict_model_config.is_some(), "--strict-model-config"),
                 (self.model_config_name.is_some(), "--model-config-name"),
                 (self.model_load_retry_count.is_some(), "--model-load-retry-count"),
+                (self.model_load_thread_count.is_some(), "--model-load-thread-count"),
                 (self.allow_cpu_metrics.is_some(), "--allow-cpu-metrics"),
                 (self.metrics_interval_ms.is_some(), "--metrics-interval-ms"),
                 (!self.metrics_config.is_empty(), "--metrics-config"),
@@ -140,11 +141,6 @@ impl TritonFlags {
                 note(given, flag, ROUTER_RUNS_NO_MODELS);
             }
         }
-        note(
-            self.model_load_thread_count.is_some(),
-            "--model-load-thread-count",
-            NOT_YET,
-        );
         note(self.model_namespacing.is_some(), "--model-namespacing", NOT_YET);
         note(
             self.enable_peer_access.is_some(),

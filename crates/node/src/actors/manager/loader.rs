@@ -28,6 +28,9 @@ pub struct LoadSettings {
     pub auto_complete: bool,
     /// `--model-load-retry-count`: a failed load is tried again this many times.
     pub retries: u32,
+    /// `--model-load-thread-count`: how many models load at once at start-up (default 4, as
+    /// Triton's).
+    pub threads: usize,
 }
 
 impl LoadSettings {
@@ -41,7 +44,12 @@ impl LoadSettings {
                 )
             })?;
         }
+        let threads = flags.model_load_thread_count.unwrap_or(4);
+        if threads == 0 {
+            return Err("--model-load-thread-count must be at least 1".into());
+        }
         Ok(LoadSettings {
+            threads: threads as usize,
             config_name: flags.model_config_name.clone(),
             auto_complete: !(flags.disable_auto_complete_config == Some(true)
                 || flags.strict_model_config == Some(true)),

@@ -40,6 +40,8 @@ pub struct ManagerArgs {
 
 pub struct RepositoryManager;
 
+/// Cheap to clone (shared handles): start-up loads run on clones, several at once.
+#[derive(Clone)]
 pub struct Manager {
     repos: Arc<Repositories>,
     table: Arc<ModelTable>,
@@ -343,11 +345,38 @@ impl Manager {
             tracing::error!(model = %name, "{reason}");
             self.table.set(&name, ModelEntry::failed(reason));
         }
-        for dir in dirs {
-            let wanted =
-                self.repos.mode != ControlMode::Explicit || explicit.iter().any(|m| m == "*" || *m == dir.name);
-            // An ensemble may have loaded (or failed to load) this model first.
-            if wanted && !self.table.read().contains_key(&dir.name) {
+        let wanted = dirs.into_iter().filter(|dir| {
+            self.repos.mode != ControlMode::Explicit || explicit.iter().any(|m| m == "*" || *m == dir.name)
+        });
+        // Models load `--model-load-thread-count` at a time, each in a task of its own (their
+        // backends block while they open); ensembles follow one by one, once the models their
+        // steps call have loaded.
+        let (ensembles, models): (Vec<ModelDir>, Vec<ModelDir>) = wanted.partition(|dir| {
+            loader::written_config(dir, None, &self.repos.loading).is_ok_and(|(c, _)| loader::is_ensemble(&c))
+        });
+        let mut running = tokio::task::JoinSet::new();
+        let joined = |done: Option<std::result::Result<(), tokio::task::JoinError>>| {
+            if let Some(Err(e)) = done {
+                tracing::error!("a model load stopped: {e}");
+            }
+        };
+        for dir in models {
+            while running.len() >= self.repos.loading.threads {
+                joined(running.join_next().await);
+            }
+            let (manager, me) = (self.clone(), me.clone());
+            running.spawn(async move {
+                let _ = manager
+                    .load_nested(&me, &dir.name, LoadOptions::default(), Why::Load(0))
+                    .await;
+            });
+        }
+        while let Some(done) = running.join_next().await {
+            joined(Some(done));
+        }
+        for dir in ensembles {
+            // A nested ensemble may have loaded (or failed to load) this one first.
+            if !self.table.read().contains_key(&dir.name) {
                 let _ = self
                     .load_nested(me, &dir.name, LoadOptions::default(), Why::Load(0))
                     .await;
