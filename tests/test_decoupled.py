@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 pytestmark = [pytest.mark.server]
 
 PY_MODELS = Path(__file__).parent / "python_models"
-MODELS = ["repeat_py", "ticker_py", "add_sub_py"]
+MODELS = ["repeat_py", "ticker_py", "add_sub_py", "bls_cancel_py"]
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +201,25 @@ def test_only_requested_outputs_are_streamed(stream):
         assert error is None, error
         assert result.as_numpy("OUT") is None, "OUT was not asked for"
         assert int(result.as_numpy("IDX")[0]) == expected
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_cancel_on_a_decoupled_bls_iterator_cancels_the_call(server, tmp_path, mode):
+    """python_backend's `cancel()` on the iterator of `exec(decoupled=True)` (and of
+    `await async_exec(decoupled=True)`): the called model (ticker_py) sees is_cancelled() and stops
+    long before its 3000 ticks, and the caller's iterator ends with a CANCELLED error."""
+    marker = tmp_path / f"ticker-{mode}.txt"
+    c = httpclient.InferenceServerClient(server.http_url)
+    t = httpclient.InferInput("PERIOD_MS", [1], "INT32")
+    t.set_data_from_numpy(np.array([5], np.int32))
+    r = c.infer("bls_cancel_py", [t], parameters={"marker": str(marker), "mode": mode})
+    ticks, after, code = (int(r.as_numpy(n)[0]) for n in ("TICKS", "AFTER", "CODE"))
+    assert ticks == 3
+    assert code == 7 and after >= 1, (after, code)  # pb_utils.TritonError.CANCELLED
+    deadline = time.time() + 30
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    text = marker.read_text()
+    assert text.startswith("cancelled=True"), text
+    assert int(text.split("ticks=")[1]) < 3000, text
+    c.close()

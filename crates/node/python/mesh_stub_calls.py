@@ -12,6 +12,44 @@ import threading
 ANSWERS = ("bls_response", "bls_stream", "metric_reply", "cancel")
 
 
+class ResponseIterator:
+    """The responses of a decoupled BLS call, as Triton's ResponseIterator: `next()` waits for the
+    next one (reading mesh-node's frames itself when the stub has no reader thread) and ends after
+    the final flag; `cancel()` cancels the call: the called model sees `is_cancelled()` and the
+    iterator ends with a CANCELLED error."""
+
+    def __init__(self, host, call_id):
+        self.host, self.call_id = host, call_id
+        self.answers = queue.SimpleQueue()
+        self.done = self.cancelled = False
+
+    def put(self, result, last):
+        self.answers.put((result, last))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while not self.done:
+            if self.host.inbox is None:  # no reader thread: read frames here until ours is in
+                while self.answers.empty():
+                    frame, blob = self.host.recv(self.host.spin)
+                    if frame is None:
+                        raise RuntimeError("mesh-node closed the link")
+                    if frame.get("op") in ANSWERS:
+                        self.host.complete(frame, blob)
+            result, last = self.answers.get()
+            self.done = bool(last)
+            if result is not None:
+                return result
+        raise StopIteration
+
+    def cancel(self):
+        if not self.done and not self.cancelled:
+            self.cancelled = True
+            self.host.send({"op": "bls_cancel", "call_id": self.call_id})
+
+
 class Calls:
     def bls_message(self, request):
         blobs, blob_len = [], [0]
@@ -97,44 +135,19 @@ class Calls:
         return await self.await_call(call_id, header, blobs, on_answer, future)
 
     def bls_stream(self, request):
-        """A decoupled BLS call: yields the responses as they arrive; a bare final flag ends it."""
+        """A decoupled BLS call: its responses as they arrive (a bare final flag ends them)."""
         call_id, header, blobs = self.bls_message(request)
         header["decoupled"] = True
-        answers = queue.SimpleQueue()
+        stream = ResponseIterator(self, call_id)
         with self.pending_lock:
-            self.pending[call_id] = lambda result, last: answers.put((result, last))
+            self.pending[call_id] = stream.put
         self.send(header, blobs)
-        while True:
-            if self.inbox is None:  # no reader thread: read frames here until ours is in
-                while answers.empty():
-                    frame, blob = self.recv(self.spin)
-                    if frame is None:
-                        raise RuntimeError("mesh-node closed the link")
-                    if frame.get("op") in ANSWERS:
-                        self.complete(frame, blob)
-            result, last = answers.get()
-            if result is not None:
-                yield result
-            if last:
-                return
+        return stream
 
     async def bls_stream_async(self, request):
-        """async_exec(decoupled=True): an iterator of every response, once the final flag has come
-        (an iterator, as Triton's: `next()` and `for` both work)."""
-        import asyncio
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        call_id, header, blobs = self.bls_message(request)
-        header["decoupled"] = True
-        got = []
-
-        def on_answer(result, last):
-            if result is not None:
-                got.append(result)
-            if last:
-                loop.call_soon_threadsafe(done.set_result, iter(got))
-
-        return await self.await_call(call_id, header, blobs, on_answer, done)
+        """async_exec(decoupled=True): the same iterator as exec(decoupled=True), as Triton's
+        (`next()` waits for the next response; `cancel()` cancels the call)."""
+        return self.bls_stream(request)
 
     def log(self, level, message, depth=2):
         """A line for the server's log, with the model file and line that wrote it (as Triton's

@@ -100,6 +100,24 @@ pub struct Answers {
     pub routed: bool,
     /// Who holds the custom metrics this stub makes (its label and process id).
     pub holder: Arc<str>,
+    /// The stub's decoupled calls still streaming.
+    pub streaming: Arc<Streaming>,
+}
+
+/// A stub's decoupled BLS calls that are still streaming, by call id, each with the switch its
+/// `cancel()` throws. At most one per call the stub made and has not seen end.
+#[derive(Default)]
+pub struct Streaming(Mutex<std::collections::HashMap<u64, tokio::sync::oneshot::Sender<()>>>);
+
+/// `cancel()` on a decoupled call's response iterator: the called model sees `is_cancelled()`
+/// and the iterator ends with a CANCELLED error. A call that already ended is left alone.
+pub fn cancel(to: &Answers, frame: &Value) {
+    let switch = frame["call_id"]
+        .as_u64()
+        .and_then(|id| to.streaming.0.locked().remove(&id));
+    if let Some(switch) = switch {
+        let _ = switch.send(());
+    }
 }
 
 impl Answers {
@@ -183,12 +201,40 @@ pub fn start(ctx: &Arc<PythonContext>, to: &Answers, frame: Value, blob: &[u8]) 
         );
     };
     if frame["decoupled"].as_bool() == Some(true) {
+        let (switch, cancelled) = tokio::sync::oneshot::channel();
+        let id = call_id.as_u64();
+        if let Some(id) = id {
+            to.streaming.0.locked().insert(id, switch);
+        }
         ctx.runtime.spawn(async move {
             let (sink, mut answers) = mesh::stream::stream_channel(mesh::stream::Window::for_stream());
             let run = mesh::trace::child(parent, dispatch.infer_stream(request, sink));
             let forward = async {
-                while let Some(item) = answers.recv().await {
-                    to.stream(&call_id, item);
+                let ended = async {
+                    while let Some(item) = answers.recv().await {
+                        to.stream(&call_id, item);
+                    }
+                };
+                // Only a thrown switch cancels (one dropped unthrown came with a reused call id).
+                let cancel = async {
+                    if cancelled.await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                let was_cancelled = tokio::select! {
+                    () = ended => false,
+                    () = cancel => true,
+                };
+                if was_cancelled {
+                    // Nobody takes the called model's answers now: it sees is_cancelled().
+                    drop(answers);
+                    let why = Error::new(
+                        mesh::Code::Cancelled,
+                        "the decoupled BLS request was cancelled (cancel() on its response iterator)",
+                    );
+                    to.stream(&call_id, mesh::StreamItem::new(Some(Err(why)), true));
+                } else if let Some(id) = id {
+                    to.streaming.0.locked().remove(&id);
                 }
             };
             tokio::join!(run, forward);

@@ -189,6 +189,7 @@ pub(super) fn read_stub(
                 }
             }
             Some("bls") => bls::start(&ctx, &answers, frame, &blob),
+            Some("bls_cancel") => bls::cancel(&answers, &frame),
             Some("log") => log(&label, &frame),
             Some("metric") => super::metric(&answers, &frame),
             _ => {

@@ -296,6 +296,7 @@ impl PythonBackend {
             };
             match frame["op"].as_str() {
                 Some("bls") => bls::start(&self.ctx, &self.stub.answers(), frame, &blob),
+                Some("bls_cancel") => bls::cancel(&self.stub.answers(), &frame),
                 Some("log") => log(&self.stub.label, &frame),
                 Some("metric") => metric(&self.stub.answers(), &frame),
                 _ => return Ok((frame, blob)),

@@ -132,6 +132,8 @@ pub struct Stub {
     pub shm: Arc<Shm>,
     pub label: String,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// The stub's decoupled BLS calls still streaming, which it may cancel.
+    streaming: Arc<super::bls::Streaming>,
 }
 
 /// Forwards a stub's output lines to the log; stderr lines are also kept for error messages.
@@ -208,6 +210,7 @@ impl Stub {
             child,
             reader: Source::Direct(BufReader::with_capacity(1 << 16, stream)),
             writer: Arc::new(Mutex::new(writer)),
+            streaming: Default::default(),
             shm: Arc::new(shm),
             label: label.to_string(),
             stderr_tail: tail,
@@ -232,6 +235,7 @@ impl Stub {
             shm: self.shm.clone(),
             routed: matches!(self.reader, Source::Routed(_)),
             holder: self.holder().into(),
+            streaming: self.streaming.clone(),
         }
     }
 
