@@ -1,7 +1,7 @@
 """tritonserver's flags about loading models and sampling metrics, on mesh-node (issue 27):
 `--model-config-name`, `--disable-auto-complete-config` / `--strict-model-config`,
-`--model-load-retry-count`, `--model-load-thread-count`, `--allow-cpu-metrics` and
-`--metrics-interval-ms`."""
+`--model-load-retry-count`, `--model-load-thread-count`, `--allow-cpu-metrics`,
+`--allow-gpu-metrics` and `--metrics-interval-ms`."""
 import shutil
 import sys
 
@@ -160,6 +160,23 @@ def test_cpu_metrics_follow_allow_cpu_metrics_and_the_interval(fresh_server, add
     off = fresh_server([add_sub_repo], ["--allow-cpu-metrics", "false", "--metrics-interval-ms", "100"])
     time.sleep(0.5)
     assert "nv_cpu_" not in off.metrics()
+
+
+def test_gpu_metrics_on_a_node_without_gpus_are_absent_and_nothing_fails(fresh_server, add_sub_repo):
+    """--allow-gpu-metrics true (the default) on a CPU-only node: no nv_gpu_* family, no NVML
+    warning (the node said it runs CPU-only), and the CPU metrics as usual. On a node with GPUs
+    the same flag samples NVML (telemetry/gpu.rs, unit-tested for Triton's units)."""
+    import time
+
+    srv = fresh_server([add_sub_repo], ["--allow-gpu-metrics", "true", "--metrics-interval-ms", "100"])
+    if "running CPU-only" not in srv.log_tail(400):
+        pytest.skip("this machine has a GPU")
+    deadline = time.monotonic() + 10
+    while "nv_cpu_utilization" not in srv.metrics() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    text = srv.metrics()
+    assert "nv_cpu_utilization" in text and "nv_gpu_" not in text and "nv_energy" not in text
+    assert "GPU metrics" not in srv.log_tail(400)
 
 
 def test_a_metrics_interval_out_of_range_stops_the_start(fresh_server, add_sub_repo):

@@ -34,7 +34,7 @@ WITH_EFFECT = {
     "--trace-log-frequency", "--rate-limit", "--rate-limit-resource", "--model-config-name",
     "--disable-auto-complete-config", "--strict-model-config", "--model-load-retry-count",
     "--allow-cpu-metrics", "--metrics-interval-ms", "--reuse-http-port", "--reuse-grpc-port",
-    "--metrics-config", "--model-load-thread-count",
+    "--metrics-config", "--model-load-thread-count", "--allow-gpu-metrics",
 }
 
 # A value tritonserver would take for each flag that needs more than its type suggests.

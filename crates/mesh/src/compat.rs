@@ -135,6 +135,7 @@ impl TritonFlags {
                 (self.model_load_retry_count.is_some(), "--model-load-retry-count"),
                 (self.model_load_thread_count.is_some(), "--model-load-thread-count"),
                 (self.allow_cpu_metrics.is_some(), "--allow-cpu-metrics"),
+                (self.allow_gpu_metrics.is_some(), "--allow-gpu-metrics"),
                 (self.metrics_interval_ms.is_some(), "--metrics-interval-ms"),
                 (!self.metrics_config.is_empty(), "--metrics-config"),
             ] {
@@ -183,7 +184,6 @@ impl TritonFlags {
             "--vertex-ai-default-model",
             VERTEX,
         );
-        note(self.allow_gpu_metrics.is_some(), "--allow-gpu-metrics", NOT_YET);
         note(
             self.backend_directory.is_some(),
             "--backend-directory",

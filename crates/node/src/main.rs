@@ -39,10 +39,9 @@ async fn run(args: Args) -> Result<(), String> {
     let env = ort_env::Ort::load(args.backend_setting("onnxruntime", "library"))?;
     let discovery = placement::discover_gpus();
     tracing::info!("{}", discovery.note);
-    let gpus: Vec<i32> = placement::restrict(&discovery.gpus, args.gpus.as_deref())?
-        .iter()
-        .map(|g| g.index)
-        .collect();
+    let used = placement::restrict(&discovery.gpus, args.gpus.as_deref())?;
+    let gpus: Vec<i32> = used.iter().map(|g| g.index).collect();
+    let gpu_uuids: Vec<String> = used.iter().map(|g| g.uuid.clone()).collect();
     let repos = Repositories {
         env,
         roots: args.model_repository.clone(),
@@ -97,8 +96,13 @@ async fn run(args: Args) -> Result<(), String> {
         text
     });
     let servers = args.listen.start(dispatch.clone(), None, render, &stop_rx).await?;
+    let interval = metrics::sample_interval(args.triton.metrics_interval_ms)?;
     if args.listen.allow_metrics && args.triton.allow_cpu_metrics != Some(false) {
-        metrics::spawn_cpu_sampler(metrics::sample_interval(args.triton.metrics_interval_ms)?);
+        metrics::spawn_cpu_sampler(interval);
+    }
+    // A node without GPUs has said so already ("running CPU-only"): nothing to sample.
+    if args.listen.allow_metrics && args.triton.allow_gpu_metrics != Some(false) && !gpu_uuids.is_empty() {
+        mesh_node::telemetry::gpu::spawn_sampler(interval, gpu_uuids);
     }
 
     mesh::process::wait_for_signal().await?;

@@ -26,6 +26,21 @@ pub struct GpuInfo {
     pub index: i32,
     pub name: String,
     pub memory_bytes: u64,
+    /// NVML's name for it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`), Triton's `gpu_uuid` label.
+    pub uuid: String,
+}
+
+/// A CUDA device UUID as NVML and nvidia-smi write it.
+pub fn uuid_text(bytes: &[u8; 16]) -> String {
+    let hex = |r: std::ops::Range<usize>| bytes[r].iter().map(|b| format!("{b:02x}")).collect::<String>();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    )
 }
 
 /// What discovery found, plus one log line explaining it (including why there are no GPUs).
@@ -75,10 +90,12 @@ fn query_driver() -> Result<Vec<GpuInfo>, String> {
             let name = device::get_name(dev).map_err(|e| format!("cuDeviceGetName: {e}"))?;
             // SAFETY: `dev` was returned by `device::get`.
             let mem = unsafe { device::total_mem(dev) }.map_err(|e| format!("cuDeviceTotalMem: {e}"))?;
+            let uuid = device::get_uuid(dev).map_err(|e| format!("cuDeviceGetUuid: {e}"))?;
             Ok(GpuInfo {
                 index,
                 name,
                 memory_bytes: mem as u64,
+                uuid: uuid_text(&uuid.bytes.map(|b| b as u8)),
             })
         })
         .collect()
@@ -269,7 +286,14 @@ mod tests {
             index,
             name: format!("Fake {index}"),
             memory_bytes: 80 << 30,
+            uuid: format!("GPU-{index}"),
         }
+    }
+
+    #[test]
+    fn uuids_are_written_as_nvml_writes_them() {
+        let bytes: [u8; 16] = std::array::from_fn(|i| i as u8 * 17);
+        assert_eq!(uuid_text(&bytes), "GPU-00112233-4455-6677-8899-aabbccddeeff");
     }
 
     #[test]
