@@ -122,19 +122,21 @@ impl Nvml {
     }
 
     fn read(&self, device: Device) -> Reading {
-        fn get<T: Default>(f: impl FnOnce(*mut T) -> Status) -> Option<T> {
-            let mut value = T::default();
-            (f(&mut value) == 0).then_some(value)
-        }
-        // SAFETY (each call): a handle NVML gave, and a place of the type NVML writes.
         Reading {
-            utilization_percent: get(|v| unsafe { (self.utilization)(device, v) }).map(|u: Utilization| u.gpu),
-            memory: get(|v| unsafe { (self.memory)(device, v) }).map(|m: Memory| (m.total, m.used)),
-            power_mw: get(|v| unsafe { (self.power)(device, v) }),
-            limit_mw: get(|v| unsafe { (self.limit)(device, v) }),
-            energy_mj: get(|v| unsafe { (self.energy)(device, v) }),
+            utilization_percent: get(device, self.utilization).map(|u| u.gpu),
+            memory: get(device, self.memory).map(|m| (m.total, m.used)),
+            power_mw: get(device, self.power),
+            limit_mw: get(device, self.limit),
+            energy_mj: get(device, self.energy),
         }
     }
+}
+
+/// Calls one NVML getter for `device`: its value where NVML succeeded.
+fn get<T: Default>(device: Device, getter: unsafe extern "C" fn(Device, *mut T) -> Status) -> Option<T> {
+    let mut value = T::default();
+    // SAFETY: a handle NVML gave, and a place of the type this getter writes.
+    (unsafe { getter(device, &mut value) } == 0).then_some(value)
 }
 
 /// Samples the GPUs named by `uuids` every `interval` on a thread of its own (NVML calls block).
