@@ -82,17 +82,23 @@ def test_the_script_runs_on_mesh_node_with_pytritons_restrictions(served):
     g.close()
 
 
-def test_pytritons_clients_over_http_and_grpc(served):
-    ports, log, python = served
-    run = subprocess.run([str(python), str(HERE / "client.py"), str(ports[0]), str(ports[1])],
+def check_pytritons_clients(python, http_port, grpc_port, context):
+    """Runs client.py (PyTriton's three clients) against the ports and checks every answer of
+    serve.py's functions; `context()` gives the logs to show on failure."""
+    run = subprocess.run([str(python), str(HERE / "client.py"), str(http_port), str(grpc_port)],
                          capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr + log.read_text()[-3000:]
+    assert run.returncode == 0, run.stdout + run.stderr + context()
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["double_http"] == [[2, 4], [6, 8]]
     assert out["upper_grpc"] == ["MESH"], out
     assert out["double_futures"] == [[[2 * i] * 3] for i in range(8)]
     assert "the function refused its input" in out["fails"], out["fails"]
     assert out["count"] == [[[0]], [[1]], [[2]]], out["count"]
+
+
+def test_pytritons_clients_over_http_and_grpc(served):
+    ports, log, python = served
+    check_pytritons_clients(python, ports[0], ports[1], lambda: log.read_text()[-3000:])
 
 
 def test_tritonclient_and_dynamic_batching(served):

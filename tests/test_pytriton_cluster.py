@@ -4,7 +4,6 @@ the cluster-join and certificate flags, starts two mesh-nodes that join one mesh
 TLS on loopback. The router routes to the bound functions (PyTriton's own clients and tritonclient
 through it), and killing one script with its mesh-node (SIGKILL of the whole process tree) under
 load loses no request. Needs .venv-pytriton (scripts/setup-pytriton.sh)."""
-import json
 import os
 import shlex
 import signal
@@ -16,6 +15,7 @@ import pytest
 from cluster_util import AddSubLoad, wait_until
 from conftest import REPO_ROOT, side_venv_python
 from mesh_util import free_ports, metric_sum, parse_metrics, wait_live
+from test_pytriton import access_token, check_pytritons_clients
 
 pytestmark = [pytest.mark.server, pytest.mark.cluster]
 
@@ -114,7 +114,6 @@ def joined(cluster, name: str) -> bool:
 def served_by(replica: PyTritonReplica, model: str) -> int:
     """The replica's own count of `model` requests it ran (its statistics, behind PyTriton's token)."""
     import tritonclient.http as httpclient
-    from test_pytriton import access_token
     c = httpclient.InferenceServerClient(f"127.0.0.1:{replica.ports[0]}")
     try:
         stats = c.get_inference_statistics(model, headers={"triton-access-token": access_token(replica.ports[0])})
@@ -128,15 +127,7 @@ def test_pytritons_clients_reach_the_bound_functions_through_the_router(replicas
     answers the script's functions give: @batch, @sample with BYTES, the raised error, a stream."""
     cluster, started, _ = replicas
     router = cluster.router
-    run = subprocess.run([str(pytriton_python), str(HERE / "client.py"), str(router.http_port),
-                          str(router.grpc_port)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr + router.log_tail()
-    out = json.loads(run.stdout.strip().splitlines()[-1])
-    assert out["double_http"] == [[2, 4], [6, 8]]
-    assert out["upper_grpc"] == ["MESH"], out
-    assert out["double_futures"] == [[[2 * i] * 3] for i in range(8)]
-    assert "the function refused its input" in out["fails"], out["fails"]
-    assert out["count"] == [[[0]], [[1]], [[2]]], out["count"]
+    check_pytritons_clients(pytriton_python, router.http_port, router.grpc_port, router.log_tail)
     rows = {r["name"]: r for r in router.index()}
     for model in MODELS:
         assert rows[model]["state"] == "READY" and sorted(rows[model]["nodes"]) == ["py1", "py2"], rows

@@ -24,14 +24,19 @@ def repo_with_add_sub(models_dir, tmp_path):
     return repo
 
 
-def infer(server, request_id):
-    client = httpclient.InferenceServerClient(server.http_url)
+def ones(client_module):
+    """add_sub's two inputs, all ones, for tritonclient's http or grpc module."""
     inputs = []
     for name in ("INPUT0", "INPUT1"):
-        t = httpclient.InferInput(name, [1, 16], "FP32")
+        t = client_module.InferInput(name, [1, 16], "FP32")
         t.set_data_from_numpy(np.ones((1, 16), np.float32))
         inputs.append(t)
-    client.infer("add_sub", inputs, request_id=request_id)
+    return inputs
+
+
+def infer(server, request_id):
+    client = httpclient.InferenceServerClient(server.http_url)
+    client.infer("add_sub", ones(httpclient), request_id=request_id)
 
 
 def post(server, path, body):
@@ -137,13 +142,8 @@ def test_the_rate_th_request_is_traced_with_the_frontends_timestamps(fresh_serve
     infer(server, "1")
     infer(server, "2")
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        t = grpcclient.InferInput(name, [1, 16], "FP32")
-        t.set_data_from_numpy(np.ones((1, 16), np.float32))
-        inputs.append(t)
-    grpc.infer("add_sub", inputs, request_id="3")
-    grpc.infer("add_sub", inputs, request_id="4")
+    grpc.infer("add_sub", ones(grpcclient), request_id="3")
+    grpc.infer("add_sub", ones(grpcclient), request_id="4")
     entries = json.loads((tmp_path / "trace.json.0").read_text())
     heads = {e["id"]: e["request_id"] for e in entries if "request_id" in e}
     assert sorted(heads.values()) == ["2", "4"], heads
@@ -217,12 +217,7 @@ def test_a_bls_call_made_with_request_trace_is_traced_as_its_child(fresh_server,
     status, _ = post(server, "/v2/models/add_sub/trace/setting", {"trace_level": ["OFF"]})
     assert status == 200
     client = httpclient.InferenceServerClient(server.http_url)
-    inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        t = httpclient.InferInput(name, [1, 16], "FP32")
-        t.set_data_from_numpy(np.ones((1, 16), np.float32))
-        inputs.append(t)
-    np.testing.assert_array_equal(client.infer("bls_traced", inputs, request_id="outer").as_numpy("OUTPUT0"),
+    np.testing.assert_array_equal(client.infer("bls_traced", ones(httpclient), request_id="outer").as_numpy("OUTPUT0"),
                                   np.full((1, 16), 2, np.float32))
     assert server.stop() == 0
     heads = {e["request_id"]: e for e in json.loads(trace_file.read_text()) if "request_id" in e}
