@@ -213,6 +213,14 @@ fn number(key: &str, v: &str, range: (i64, i64)) -> Result<i64> {
     }
 }
 
+/// A setting Triton keeps unsigned (`trace_rate`, `log_frequency`): its one value, where a
+/// negative one is "Unable to parse".
+fn unsigned(key: &str, values: &[String]) -> Result<u64> {
+    let v = one(key, values)?;
+    u64::try_from(number(key, v, (0, u32::MAX.into()))?)
+        .map_err(|_| Error::invalid(format!("Unable to parse '{key}', got: {v}")))
+}
+
 impl Tracer {
     /// Starts with the server's `--trace-config` settings, which clearing a server setting
     /// later returns to.
@@ -375,17 +383,13 @@ fn apply(fields: &mut Fields, changes: &[Known]) -> Result<()> {
                 fields.level = Some(levels);
             }
             "trace_rate" => {
-                let v = one(key, values)?;
-                let rate = number(key, v, (0, u32::MAX.into()))?;
-                if rate < 0 {
-                    return Err(Error::invalid(format!("Unable to parse 'trace_rate', got: {v}")));
-                }
+                let rate = unsigned(key, values)?;
                 if rate == 0 {
                     return Err(Error::invalid(
                         "Attempting to set invalid trace setting :sample rate must be non-zero",
                     ));
                 }
-                fields.rate = Some(rate as u64);
+                fields.rate = Some(rate);
             }
             "trace_count" => {
                 let v = one(key, values)?;
@@ -397,14 +401,7 @@ fn apply(fields: &mut Fields, changes: &[Known]) -> Result<()> {
                 }
                 fields.count = Some(count);
             }
-            "log_frequency" => {
-                let v = one(key, values)?;
-                let every = number(key, v, (0, u32::MAX.into()))?;
-                if every < 0 {
-                    return Err(Error::invalid(format!("Unable to parse 'log_frequency', got: {v}")));
-                }
-                fields.log_frequency = Some(every as u64);
-            }
+            "log_frequency" => fields.log_frequency = Some(unsigned(key, values)?),
             "trace_mode" if one(key, values)? != "triton" => {
                 return Err(Error::invalid("'trace_mode' can only be 'triton'"));
             }
