@@ -315,7 +315,8 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         use crate::trace::front::{self, Frontend, Point};
         let received = std::time::Instant::now();
         let (metadata, _, msg) = r.into_parts();
-        let model = msg.model_name.clone();
+        // The name is copied (for the trace) only while anything traces.
+        let model = front::active().then(|| msg.model_name.clone());
         let served = async {
             let (mut request, written) = codec::decode_request(msg, &self.shm)?;
             if let Some(pattern) = &self.forward {
@@ -326,7 +327,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
             front::stamp(Point::SendStart);
             Ok(Response::new(codec::encode_response(response, &written)?))
         };
-        front::serve(Frontend::Grpc, &model, received, served).await
+        front::serve(Frontend::Grpc, model.as_deref(), received, served).await
     }
 
     type ModelStreamInferStream = StreamOf<proto::ModelStreamInferResponse>;

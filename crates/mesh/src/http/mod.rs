@@ -371,7 +371,7 @@ async fn run_infer<D: Dispatch>(
             Err(e) => error_response(&e),
         }
     };
-    front::serve(Frontend::Http, &model, std::time::Instant::now(), served).await
+    front::serve(Frontend::Http, Some(&model), std::time::Instant::now(), served).await
 }
 
 async fn try_infer<D: Dispatch>(

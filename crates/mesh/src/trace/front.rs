@@ -59,13 +59,20 @@ tokio::task_local! {
     static FRONT: Arc<Front>;
 }
 
+/// Whether anything traces now: a frontend that must copy the model's name for `serve` does so
+/// only then.
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
 /// Serves one infer request of `model` with `serve` (which calls `stamp` at the points it reaches),
 /// then writes the request's trace, if it was sampled, with the frontend's stamps around the
-/// dispatch's. Costs one atomic load while nothing traces.
-pub async fn serve<T>(kind: Frontend, model: &str, received: Instant, serve: impl Future<Output = T>) -> T {
-    if !ACTIVE.load(Ordering::Relaxed) {
+/// dispatch's. Costs one atomic load while nothing traces (or `model` is None: it was not
+/// copied because nothing traced when the request came).
+pub async fn serve<T>(kind: Frontend, model: Option<&str>, received: Instant, serve: impl Future<Output = T>) -> T {
+    let Some(model) = model.filter(|_| active()) else {
         return serve.await;
-    }
+    };
     let front = Arc::new(Front {
         kind,
         model: model.to_string(),
@@ -125,7 +132,7 @@ mod tests {
     async fn a_frontend_claims_the_first_trace_of_its_model_only() {
         assert!(!claim(&trace("m")), "no frontend: written at once");
         ACTIVE.store(true, Ordering::Relaxed);
-        let claimed = serve(Frontend::Http, "m", Instant::now(), async {
+        let claimed = serve(Frontend::Http, Some("m"), Instant::now(), async {
             stamp(Point::RecvEnd);
             let step = claim(&trace("step"));
             let first = claim(&trace("m"));
