@@ -185,10 +185,10 @@ class Host(Calls, Plain):
     def recv(self, spin=0.0, until=None):
         """The next frame, read on the calling thread (no hand-off between threads: each costs a wake-up).
         Polls for up to `spin` seconds first: on a VM a quick answer then costs no wake-up. With
-        `until` (a BLS call's answer box), returns a no-op at once once another thread has filled it."""
+        `until` (whether a call's answer is in), returns a no-op at once once another thread put it there."""
         with self.read_lock:
             while True:
-                if until:
+                if until is not None and until():
                     return {"op": "noop"}, b""
                 frame = self.buffered_frame()
                 if frame is not None:

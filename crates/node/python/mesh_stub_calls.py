@@ -32,12 +32,7 @@ class ResponseIterator:
     def __next__(self):
         while not self.done:
             if self.host.inbox is None:  # no reader thread: read frames here until ours is in
-                while self.answers.empty():
-                    frame, blob = self.host.recv(self.host.spin)
-                    if frame is None:
-                        raise RuntimeError("mesh-node closed the link")
-                    if frame.get("op") in ANSWERS:
-                        self.host.complete(frame, blob)
+                self.host.read_until(lambda: not self.answers.empty())
             result, last = self.answers.get()
             self.done = bool(last)
             if result is not None:
@@ -93,13 +88,18 @@ class Calls:
         with self.pending_lock:
             self.pending[call_id] = box.append
         self.send(header, blobs)
-        while not box:  # read answers on this thread until ours is in, whoever read it
-            frame, blob = self.recv(self.spin, until=box)
+        self.read_until(lambda: box)
+        return box[0]
+
+    def read_until(self, ready):
+        """Reads mesh-node's frames on this thread, handing each answer to its call, until `ready()`
+        (whoever read the frame that made it so)."""
+        while not ready():
+            frame, blob = self.recv(self.spin, until=ready)
             if frame is None:
                 raise RuntimeError("mesh-node closed the link")
             if frame.get("op") in ANSWERS:
                 self.complete(frame, blob)
-        return box[0]
 
     async def await_call(self, call_id, header, blobs, on_answer, done):
         """Sends a BLS call and awaits `done`, which `on_answer` resolves; without a reading thread
