@@ -13,20 +13,14 @@ from pathlib import Path
 import pytest
 
 from cluster_util import AddSubLoad, wait_until
-from conftest import REPO_ROOT, side_venv_python
+from conftest import REPO_ROOT
 from mesh_util import free_ports, metric_sum, parse_metrics, wait_live
-from test_pytriton import access_token, check_pytritons_clients
+from test_pytriton import access_token, check_pytritons_clients, pytriton_python  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.server, pytest.mark.cluster]
 
 HERE = Path(__file__).parent / "pytriton"
 MODELS = {"add_sub", "double", "upper", "fails", "count"}
-
-
-@pytest.fixture(scope="module")
-def pytriton_python() -> Path:
-    return side_venv_python(".venv-pytriton", "MESH_PYTRITON_PYTHON", "MESH_REQUIRE_PYTRITON",
-                            "scripts/setup-pytriton.sh")
 
 
 def process_tree(root: int) -> list[int]:

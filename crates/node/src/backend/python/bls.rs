@@ -215,7 +215,8 @@ pub fn start(ctx: &Arc<PythonContext>, to: &Answers, frame: Value, blob: &[u8]) 
                         to.stream(&call_id, item);
                     }
                 };
-                // Only a thrown switch cancels (one dropped unthrown came with a reused call id).
+                // Only a thrown switch cancels; one dropped unthrown (its stub gone) leaves the
+                // stream to end by itself.
                 let cancel = async {
                     if cancelled.await.is_err() {
                         std::future::pending::<()>().await;
