@@ -142,7 +142,11 @@ impl TritonFlags {
                 note(given, flag, ROUTER_RUNS_NO_MODELS);
             }
         }
-        note(self.model_namespacing.is_some(), "--model-namespacing", NOT_YET);
+        note(
+            self.model_namespacing.is_some() && !runs_models,
+            "--model-namespacing",
+            "the router places models by name; a name in more than one of its repositories is refused",
+        );
         note(
             self.enable_peer_access.is_some(),
             "--enable-peer-access",

@@ -56,7 +56,11 @@ pub fn check_file_in_model(field: &str, path: &str) -> Result<()> {
 /// A model directory found in a repository.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelDir {
+    /// The model's name: its directory's name.
     pub name: String,
+    /// The name a node's model table keeps it under: `name`, or with `--model-namespacing` the
+    /// directory's path (see [`namespaced_key`]).
+    pub key: String,
     pub path: PathBuf,
     /// Numeric version folders found, ascending.
     pub versions: Vec<i64>,
@@ -68,17 +72,44 @@ impl ModelDir {
         let versions = version_dirs(&path);
         ModelDir {
             name: name.to_string(),
+            key: name.to_string(),
             path,
             versions,
         }
     }
 }
 
+/// The key of a model when `--model-namespacing` makes each repository a namespace: the path of
+/// its directory. No model name can be one (a name is one path component, without `/`), so a
+/// key never meets a name, and the key says which repository the model came from.
+pub fn namespaced_key(dir: &Path) -> String {
+    dir.to_string_lossy().into_owned()
+}
+
+/// The model name a table key stands for: the key itself, or the last part of a namespaced key.
+pub fn name_of_key(key: &str) -> &str {
+    key.rsplit('/').next().unwrap_or(key)
+}
+
+/// Whether a table key is a namespaced one (a directory's path).
+pub fn is_namespaced(key: &str) -> bool {
+    key.contains('/')
+}
+
 /// Lists the models of every repository; a name found in two repositories is an error for that name.
 pub fn scan(repos: &[PathBuf]) -> (Vec<ModelDir>, Vec<(String, String)>) {
+    scan_with(repos, false)
+}
+
+/// Lists the models of every repository. Without `namespacing`, a name found in two repositories
+/// is an error for that name. With it (Triton's `--model-namespacing`), each repository is a
+/// namespace: every model is listed, also a name found in several, keyed by its directory's path.
+pub fn scan_with(repos: &[PathBuf], namespacing: bool) -> (Vec<ModelDir>, Vec<(String, String)>) {
     let mut found: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
     let mut errors = Vec::new();
-    for repo in repos {
+    let mut seen_repos = std::collections::BTreeSet::new();
+    // A repository given twice is one namespace, not two.
+    for repo in repos.iter().filter(|r| seen_repos.insert(r.as_path())) {
         let Ok(entries) = std::fs::read_dir(repo) else {
             continue;
         };
@@ -92,6 +123,13 @@ pub fn scan(repos: &[PathBuf]) -> (Vec<ModelDir>, Vec<(String, String)>) {
     }
     let mut models = Vec::new();
     for (name, paths) in found {
+        if namespacing {
+            models.extend(paths.into_iter().map(|path| ModelDir {
+                key: namespaced_key(&path),
+                ..ModelDir::at(&name, path)
+            }));
+            continue;
+        }
         if paths.len() > 1 {
             let shown: Vec<_> = paths.iter().map(|p| p.display().to_string()).collect();
             errors.push((
@@ -256,5 +294,28 @@ mod tests {
         assert_eq!(models[0].versions, vec![1, 2, 10]);
         assert_eq!(errors.len(), 1);
         assert!(errors[0].1.contains("more than one repository"));
+        // With namespacing, both copies are listed, every model under its path.
+        let (models, errors) = scan_with(
+            &[a.path().to_path_buf(), b.path().to_path_buf(), a.path().to_path_buf()],
+            true,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        let keys: Vec<_> = models.iter().map(|m| (m.name.as_str(), m.key.as_str())).collect();
+        let (da, db) = (a.path().join("dup"), b.path().join("dup"));
+        let dm = a.path().join("m");
+        let mut want = vec![
+            ("dup", da.to_str().unwrap()),
+            ("dup", db.to_str().unwrap()),
+            ("m", dm.to_str().unwrap()),
+        ];
+        want.sort();
+        let mut got = keys.clone();
+        got.sort();
+        assert_eq!(got, want);
+        for m in &models {
+            assert_eq!(name_of_key(&m.key), m.name);
+            assert!(is_namespaced(&m.key));
+            assert!(!is_namespaced(&m.name));
+        }
     }
 }

@@ -27,7 +27,7 @@ pub struct Node {
 impl Node {
     /// Starts the actor tree: NodeSupervisor → RepositoryManager → ModelActor → InstanceActor.
     pub async fn start(repos: Repositories, options: NodeOptions) -> Result<Node, String> {
-        let table = Arc::new(ModelTable::default());
+        let table = Arc::new(ModelTable::new(repos.loading.namespacing));
         let manager = Arc::new(ManagerLink::default());
         let dispatch = Arc::new(NodeDispatch::new(&options, &repos, table.clone(), manager.clone()));
         let bls = Arc::new(BlsDispatch::new(dispatch.clone()));

@@ -46,19 +46,78 @@ impl ModelEntry {
     }
 }
 
+/// Every model, keyed by name; with `--model-namespacing`, models from the repositories are kept
+/// under their directory's path (`mesh::repository::namespaced_key`), so one name may be served
+/// from several repositories, and a client's name finds them through `aliases`.
 #[derive(Default)]
 pub struct ModelTable {
     models: RwLock<BTreeMap<String, ModelEntry>>,
+    /// `--model-namespacing`: each repository is a namespace.
+    namespacing: bool,
+    /// With namespacing, the keys kept under each model name. Locked after `models`.
+    aliases: RwLock<BTreeMap<String, Vec<String>>>,
 }
 
 impl ModelTable {
+    /// An empty table; `namespacing` as `--model-namespacing` says.
+    pub fn new(namespacing: bool) -> Self {
+        ModelTable {
+            namespacing,
+            ..Default::default()
+        }
+    }
+
+    /// Whether each repository is a namespace (`--model-namespacing`).
+    pub fn namespacing(&self) -> bool {
+        self.namespacing
+    }
+
+    /// The entry a client's `name` finds: the model kept under that name, or with namespacing the
+    /// one copy of it that is not unloaded. Two or more get Triton's "ambiguity" error.
+    fn find<'a>(&self, models: &'a BTreeMap<String, ModelEntry>, name: &str) -> Result<&'a ModelEntry> {
+        if let Some(entry) = models.get(name) {
+            return Ok(entry);
+        }
+        let aliases = self.aliases.reading();
+        let keys = aliases.get(name).map(Vec::as_slice).unwrap_or_default();
+        let live: Vec<&'a ModelEntry> = keys
+            .iter()
+            .filter_map(|k| models.get(k))
+            .filter(|e| !matches!(e.state, ModelState::Unloaded))
+            .collect();
+        match (live.as_slice(), keys.first()) {
+            ([one], _) => Ok(one),
+            ([], Some(key)) => models.get(key).ok_or_else(|| unknown(name)),
+            ([], None) => Err(unknown(name)),
+            (many, _) => Err(Error::invalid(format!(
+                "There are {} identifiers of model '{name}' in global map, model namespace must be \
+                 provided to resolve ambiguity.",
+                many.len()
+            ))),
+        }
+    }
+
+    /// The keys a client's name stands for: the name itself, or every namespaced copy of it.
+    pub fn keys_of(&self, name: &str) -> Vec<String> {
+        let models = self.read();
+        if models.contains_key(name) {
+            return vec![name.to_string()];
+        }
+        self.aliases.reading().get(name).cloned().unwrap_or_default()
+    }
     pub(crate) fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, ModelEntry>> {
         self.models.reading()
     }
 
     /// Replaces a model's entry; the old versions' supervisors stop, their instances finish in-flight work.
     pub fn set(&self, name: &str, entry: ModelEntry) {
-        let old = self.models.writing().insert(name.to_string(), entry);
+        let mut models = self.models.writing();
+        let old = models.insert(name.to_string(), entry);
+        if old.is_none() && mesh::repository::is_namespaced(name) {
+            let plain = mesh::repository::name_of_key(name).to_string();
+            self.aliases.writing().entry(plain).or_default().push(name.to_string());
+        }
+        drop(models);
         drop(old);
     }
 
@@ -83,13 +142,16 @@ impl ModelTable {
 
     /// Drops every model, which stops their instances once in-flight work ends.
     pub fn clear(&self) {
-        let old = std::mem::take(&mut *self.models.writing());
+        let mut models = self.models.writing();
+        let old = std::mem::take(&mut *models);
+        self.aliases.writing().clear();
+        drop(models);
         drop(old);
     }
 
-    /// Whether the node has the model at all (in any state).
+    /// Whether the node has the model at all (in any state), under its name or namespaced.
     pub fn knows(&self, name: &str) -> bool {
-        self.read().contains_key(name)
+        self.read().contains_key(name) || self.aliases.reading().contains_key(name)
     }
 
     /// A loaded model's kept `file:` override files and the config they were loaded with.
@@ -116,13 +178,12 @@ impl ModelTable {
         f: impl FnOnce(&Arc<ModelHandle>, &BTreeMap<i64, Arc<ModelHandle>>) -> R,
     ) -> Result<R> {
         let models = self.read();
-        let versions = match models.get(name).map(|e| &e.state) {
-            None => return Err(Error::not_found(format!("unknown model: '{name}' is not found"))),
-            Some(ModelState::Failed(reason)) => {
+        let versions = match &self.find(&models, name)?.state {
+            ModelState::Failed(reason) => {
                 return Err(Error::unavailable(format!("model '{name}' is not ready: {reason}")))
             }
-            Some(ModelState::Unloaded) => return Err(Error::unavailable(format!("model '{name}' is unloaded"))),
-            Some(ModelState::Ready(v)) => v,
+            ModelState::Unloaded => return Err(Error::unavailable(format!("model '{name}' is unloaded"))),
+            ModelState::Ready(v) => v,
         };
         let chosen = if version.is_empty() {
             versions.values().next_back()
@@ -152,9 +213,7 @@ impl ModelTable {
         if name.is_empty() {
             return Ok(models.values().flat_map(ready).collect());
         }
-        let entry = models
-            .get(name)
-            .ok_or_else(|| Error::not_found(format!("unknown model: '{name}' is not found")))?;
+        let entry = self.find(&models, name)?;
         Ok(ready(entry))
     }
 
@@ -175,12 +234,13 @@ impl ModelTable {
         self.read().values().any(|e| matches!(e.state, ModelState::Failed(_)))
     }
 
-    /// The repository index: every model directory in `roots` and every model with a state.
+    /// The repository index: every model directory in `roots` and every model with a state. A
+    /// name served from several repositories is listed once for each, by its name.
     pub fn index(&self, roots: &[PathBuf]) -> Vec<IndexEntry> {
-        let (dirs, _) = crate::repository::scan(roots);
+        let (dirs, _) = crate::repository::scan_with(roots, self.namespacing);
         let models = self.read();
         let entry = |name: &str, version: String, state: &str, reason: &str| IndexEntry {
-            name: name.to_string(),
+            name: mesh::repository::name_of_key(name).to_string(),
             version,
             state: state.into(),
             reason: reason.into(),
@@ -188,7 +248,7 @@ impl ModelTable {
         };
         let mut out: Vec<IndexEntry> = dirs
             .iter()
-            .filter(|d| !models.contains_key(&d.name))
+            .filter(|d| !models.contains_key(&d.key))
             .map(|d| entry(&d.name, String::new(), "", ""))
             .collect();
         for (name, e) in models.iter() {
@@ -202,5 +262,54 @@ impl ModelTable {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name).then(a.version.cmp(&b.version)));
         out
+    }
+}
+
+fn unknown(name: &str) -> Error {
+    Error::not_found(format!("unknown model: '{name}' is not found"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unloaded() -> ModelEntry {
+        ModelEntry {
+            state: ModelState::Unloaded,
+            fingerprint: None,
+            source: None,
+        }
+    }
+
+    #[test]
+    fn a_name_served_from_two_repositories_is_ambiguous_until_one_copy_is_unloaded() {
+        let t = ModelTable::new(true);
+        t.set("/r1/m", ModelEntry::failed("one".into()));
+        t.set("/r2/m", ModelEntry::failed("two".into()));
+        t.set("/r1/solo", ModelEntry::failed("solo".into()));
+        let e = t.resolve("m", "").err().expect("ambiguous");
+        assert_eq!(e.code, mesh::Code::InvalidArgument);
+        assert!(
+            e.message.contains("There are 2 identifiers of model 'm'"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("resolve ambiguity"), "{}", e.message);
+        // A name found once reaches its copy; a key reaches its own.
+        assert!(t.resolve("solo", "").err().unwrap().message.contains("solo"));
+        assert!(t.resolve("/r2/m", "").err().unwrap().message.contains("two"));
+        let err = |name: &str| t.resolve(name, "").err().expect("no model serves");
+        assert_eq!(t.keys_of("m"), vec!["/r1/m".to_string(), "/r2/m".to_string()]);
+        assert!(t.knows("m") && !t.knows("other"));
+        // With one copy unloaded, the name is the other copy's.
+        t.set("/r1/m", unloaded());
+        assert!(err("m").message.contains("two"));
+        // Every copy unloaded: the name says so, rather than "unknown".
+        t.set("/r2/m", unloaded());
+        assert!(err("m").message.contains("unloaded"));
+        assert_eq!(err("nothing").code, mesh::Code::NotFound);
+        // The index shows names, not keys.
+        let names: Vec<_> = t.index(&[]).into_iter().map(|e| e.name).collect();
+        assert_eq!(names, vec!["m", "m", "solo"]);
     }
 }

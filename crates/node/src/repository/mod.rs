@@ -1,7 +1,9 @@
 //! Model repository layout: which models exist, where, and which of their versions the policy serves.
 pub mod placed;
 
-pub use mesh::repository::{fingerprint, scan, version_dirs, Fingerprint, ModelDir};
+pub use mesh::repository::{
+    fingerprint, is_namespaced, name_of_key, scan, scan_with, version_dirs, Fingerprint, ModelDir,
+};
 
 use std::path::PathBuf;
 

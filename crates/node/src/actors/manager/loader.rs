@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use mesh::config::{parse_pbtxt_with_fields, validate_config, ModelConfig};
 use mesh::ensemble::{Plan, StepModel};
+use mesh::proto::model_config::SchedulingChoice;
 use ractor::ActorCell;
 
 use crate::actors::model::source::{open_torch, BackendKind, VersionSource};
@@ -31,6 +32,8 @@ pub struct LoadSettings {
     /// `--model-load-thread-count`: how many models load at once at start-up (default 4, as
     /// Triton's).
     pub threads: usize,
+    /// `--model-namespacing`: each repository is a namespace, so one name may be served from several.
+    pub namespacing: bool,
 }
 
 impl LoadSettings {
@@ -54,6 +57,7 @@ impl LoadSettings {
             auto_complete: !(flags.disable_auto_complete_config == Some(true)
                 || flags.strict_model_config == Some(true)),
             retries: flags.model_load_retry_count.unwrap_or(0),
+            namespacing: flags.model_namespacing == Some(true),
         })
     }
 }
@@ -154,8 +158,17 @@ pub fn load_ensemble(
     table: &ModelTable,
     dir: &ModelDir,
     (written, _): (ModelConfig, bool),
+    step_key: &dyn Fn(&str) -> String,
 ) -> Result<LoadedModel, String> {
     validate_config(&written)?;
+    // The plan calls each step by its table key (the step's own name unless namespacing serves
+    // that name from several repositories); clients keep seeing the config as written.
+    let mut planned = written.clone();
+    if let Some(SchedulingChoice::EnsembleScheduling(e)) = planned.scheduling_choice.as_mut() {
+        for step in &mut e.step {
+            step.model_name = step_key(&step.model_name);
+        }
+    }
     let lookup = |name: &str, version: &str| -> Result<StepModel, String> {
         let m = table.resolve(name, version).map_err(|e| e.message)?;
         Ok(StepModel {
@@ -165,8 +178,8 @@ pub fn load_ensemble(
             config: (*m.config).clone(),
         })
     };
-    let plan = Arc::new(Plan::build(&written, &lookup)?);
-    if let Some(path) = calls_itself(table, &written.name, &plan.models()) {
+    let plan = Arc::new(Plan::build(&planned, &lookup)?);
+    if let Some(path) = calls_itself(table, &dir.key, &plan.models()) {
         return Err(format!(
             "the ensemble calls itself ({}); ensembles must form no cycle",
             path.join(" -> ")
@@ -443,9 +456,8 @@ mod tests {
                 std::fs::write(path.join("1").join(file), b"x").unwrap();
             }
             let md = ModelDir {
-                name: "m".into(),
-                path,
                 versions: vec![1],
+                ..ModelDir::at("m", path)
             };
             let mut c = ModelConfig::default();
             detect_platform(&mut c, &md);

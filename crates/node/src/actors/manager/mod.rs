@@ -63,10 +63,47 @@ enum Why {
 type Loading<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'a>>;
 
 impl Manager {
-    /// Loads (or reloads) one model; new versions replace old ones only once they are ready.
+    /// Lists the repositories' models; with `--model-namespacing` each repository is a namespace.
+    fn scan(&self) -> (Vec<ModelDir>, Vec<(String, String)>) {
+        repository::scan_with(&self.repos.roots, self.table.namespacing())
+    }
+
+    /// Loads (or reloads) the model a client names: with namespacing, its copy in every
+    /// repository that has it. Overrides need a name found once.
     async fn load(&self, me: &ActorCell, name: &str, options: LoadOptions) -> Result<()> {
-        let result = self.load_nested(me, name, options, Why::Load(0)).await;
-        self.replan_dependents(me, name).await;
+        let copies: Vec<String> = match self.table.namespacing() {
+            true => self
+                .scan()
+                .0
+                .into_iter()
+                .filter(|d| d.name == name)
+                .map(|d| d.key)
+                .collect(),
+            false => Vec::new(),
+        };
+        if copies.len() > 1 && (options.config.is_some() || !options.files.is_empty()) {
+            return Err(Error::invalid(format!(
+                "failed to load '{name}': it is in {} model repositories (--model-namespacing), and a \
+                 config or file override applies to one model",
+                copies.len()
+            )));
+        }
+        if copies.is_empty() {
+            return self.load_key(me, name, options).await;
+        }
+        let mut result = Ok(());
+        for key in copies {
+            let done = self.load_key(me, &key, options.clone()).await;
+            result = result.and(done);
+        }
+        result
+    }
+
+    /// Loads (or reloads) the model kept under `key`; new versions replace old ones only once
+    /// they are ready.
+    async fn load_key(&self, me: &ActorCell, key: &str, options: LoadOptions) -> Result<()> {
+        let result = self.load_nested(me, key, options, Why::Load(0)).await;
+        self.replan_dependents(me, key).await;
         result
     }
 
@@ -74,12 +111,13 @@ impl Manager {
     /// reloaded or unloaded, so their state and reason stay true: an ensemble whose step model went
     /// away says so, and one whose step model came back serves again. Their steps are not loaded.
     async fn replan_dependents(&self, me: &ActorCell, changed: &str) {
-        let (dirs, _) = repository::scan(&self.repos.roots);
+        let (dirs, _) = self.scan();
+        let step = repository::name_of_key(changed);
         for dir in dirs {
             // A serving ensemble is planned again from the config it serves (an override stays).
             let served = {
                 let models = self.table.read();
-                match models.get(&dir.name) {
+                match models.get(&dir.key) {
                     Some(ModelEntry {
                         state: ModelState::Ready(_),
                         source: Some(source),
@@ -92,7 +130,7 @@ impl Manager {
                     _ => None,
                 }
             };
-            let Some(served) = served.filter(|_| dir.name != changed) else {
+            let Some(served) = served.filter(|_| dir.key != changed) else {
                 continue;
             };
             let written = match served {
@@ -102,29 +140,30 @@ impl Manager {
                     Err(_) => continue,
                 },
             };
-            if !loader::is_ensemble(&written) || !mesh::ensemble::step_models(&written).iter().any(|m| m == changed) {
+            if !loader::is_ensemble(&written) || !mesh::ensemble::step_models(&written).iter().any(|m| m == step) {
                 continue;
             }
-            tracing::info!(model = %dir.name, step = %changed, "a step model changed; planning the ensemble again");
+            tracing::info!(model = %dir.key, step = %changed, "a step model changed; planning the ensemble again");
             let options = LoadOptions {
                 config: Some(config_to_json(&written).to_string()),
                 files: Vec::new(),
             };
-            let _ = self.load_nested(me, &dir.name, options, Why::Replan).await;
+            let _ = self.load_nested(me, &dir.key, options, Why::Replan).await;
         }
     }
 
     /// Loads the models an ensemble's steps call that are not serving yet (explicit mode loads
     /// them with the ensemble, as Triton does); their failures surface in the ensemble's plan.
-    async fn load_steps(&self, me: &ActorCell, ensemble: &ModelConfig, depth: usize) {
+    async fn load_steps(&self, me: &ActorCell, dir: &ModelDir, ensemble: &ModelConfig, depth: usize) {
         if depth >= MAX_ENSEMBLE_DEPTH {
             return;
         }
-        let (dirs, _) = repository::scan(&self.repos.roots);
+        let (dirs, _) = self.scan();
         for step in mesh::ensemble::step_models(ensemble) {
-            if !self.table.is_ready(&step) && dirs.iter().any(|d| d.name == step) {
+            let key = step_key(&dirs, dir, &step);
+            if !self.table.is_ready(&key) && dirs.iter().any(|d| d.key == key) {
                 let _ = self
-                    .load_nested(me, &step, LoadOptions::default(), Why::Load(depth + 1))
+                    .load_nested(me, &key, LoadOptions::default(), Why::Load(depth + 1))
                     .await;
             }
         }
@@ -151,13 +190,17 @@ impl Manager {
         why: Why,
         kept: Option<(Arc<mesh::overrides::OverrideDir>, ModelConfig)>,
     ) -> Result<()> {
+        // `name` is the table key; a namespaced model's directory and config carry its name.
+        let (key, name) = (name, repository::name_of_key(name));
+        let keyed = |path| ModelDir {
+            key: key.to_string(),
+            ..ModelDir::at(name, path)
+        };
         if let Some((files, written)) = kept {
-            let dir = ModelDir::at(name, files.model_dir(name));
-            return self
-                .load_dir(me, name, dir, Some(written), Some(files), None, why)
-                .await;
+            let dir = keyed(files.model_dir(name));
+            return self.load_dir(me, key, dir, Some(written), Some(files), None, why).await;
         }
-        let placed = self.repos.placed.get(name);
+        let placed = self.repos.placed.get(key);
         // A placed model keeps the config override it was placed with across reloads.
         let config = options
             .config
@@ -171,10 +214,10 @@ impl Manager {
             return Err(Error::invalid("file overrides need a 'config' parameter as well"));
         }
         let (files, dir) = if let Some(placed) = placed.filter(|_| options.files.is_empty()) {
-            (None, ModelDir::at(name, placed.path))
+            (None, keyed(placed.path))
         } else if options.files.is_empty() {
-            let (dirs, _) = repository::scan(&self.repos.roots);
-            let dir = dirs.into_iter().find(|d| d.name == name).ok_or_else(|| {
+            let (dirs, _) = self.scan();
+            let dir = dirs.into_iter().find(|d| d.key == key).ok_or_else(|| {
                 Error::not_found(format!(
                     "failed to load '{name}': no such model directory in the repositories"
                 ))
@@ -182,13 +225,13 @@ impl Manager {
             (None, dir)
         } else {
             let (g, path) = write_override_dir(name, &options.files)?;
-            (Some(Arc::new(g)), ModelDir::at(name, path))
+            (Some(Arc::new(g)), keyed(path))
         };
         // File overrides may change anything, so they always load afresh.
         let content = files
             .is_none()
             .then(|| repository::fingerprint(&dir.path, repository::Fingerprint::Content));
-        self.load_dir(me, name, dir, override_config, files, content, why).await
+        self.load_dir(me, key, dir, override_config, files, content, why).await
     }
 
     /// Loads `dir` (with its config override and kept override files) into the table.
@@ -213,9 +256,10 @@ impl Manager {
         let loaded = match written {
             Ok(written) if loader::is_ensemble(&written.0) => {
                 if let Why::Load(depth) = why {
-                    self.load_steps(me, &written.0, depth).await;
+                    self.load_steps(me, &dir, &written.0, depth).await;
                 }
-                loader::load_ensemble(&self.table, &dir, written)
+                let (dirs, _) = self.scan();
+                loader::load_ensemble(&self.table, &dir, written, &|step| step_key(&dirs, &dir, step))
             }
             Ok(written) => {
                 let mut tries = 0;
@@ -310,6 +354,18 @@ impl Manager {
     /// Unloads a model: new requests are refused at once, in-flight ones finish on the old
     /// instances. With `dependents`, an ensemble's composing models are unloaded too, except
     /// those another serving ensemble still calls.
+    /// Unloads the model a client names: with namespacing, its copy from every repository.
+    fn unload_named(&self, name: &str, dependents: bool) -> Result<Vec<String>> {
+        let keys = self.table.keys_of(name);
+        if keys.is_empty() {
+            return Err(Error::not_found(format!("failed to unload '{name}': it is not loaded")));
+        }
+        for key in &keys {
+            self.unload(key, dependents)?;
+        }
+        Ok(keys)
+    }
+
     fn unload(&self, name: &str, dependents: bool) -> Result<()> {
         if !self.table.names().iter().any(|m| m == name) {
             return Err(Error::not_found(format!("failed to unload '{name}': it is not loaded")));
@@ -340,7 +396,7 @@ impl Manager {
     }
 
     async fn load_at_start(&self, me: &ActorCell, explicit: &[String]) -> usize {
-        let (dirs, errors) = repository::scan(&self.repos.roots);
+        let (dirs, errors) = self.scan();
         for (name, reason) in errors {
             tracing::error!(model = %name, "{reason}");
             self.table.set(&name, ModelEntry::failed(reason));
@@ -367,7 +423,7 @@ impl Manager {
             let (manager, me) = (self.clone(), me.clone());
             running.spawn(async move {
                 let _ = manager
-                    .load_nested(&me, &dir.name, LoadOptions::default(), Why::Load(0))
+                    .load_nested(&me, &dir.key, LoadOptions::default(), Why::Load(0))
                     .await;
             });
         }
@@ -376,9 +432,9 @@ impl Manager {
         }
         for dir in ensembles {
             // A nested ensemble may have loaded (or failed to load) this one first.
-            if !self.table.read().contains_key(&dir.name) {
+            if !self.table.read().contains_key(&dir.key) {
                 let _ = self
-                    .load_nested(me, &dir.name, LoadOptions::default(), Why::Load(0))
+                    .load_nested(me, &dir.key, LoadOptions::default(), Why::Load(0))
                     .await;
             }
         }
@@ -391,21 +447,20 @@ impl Manager {
 
     /// Poll mode: reloads models whose directory changed, loads new ones, unloads removed ones.
     async fn poll(&self, me: &ActorCell) {
-        let (dirs, _) = repository::scan(&self.repos.roots);
+        let (dirs, _) = self.scan();
         for dir in &dirs {
-            let known = self.table.read().get(&dir.name).and_then(|e| e.fingerprint);
+            let known = self.table.read().get(&dir.key).and_then(|e| e.fingerprint);
             let now = repository::fingerprint(&dir.path, repository::Fingerprint::All);
             if known != Some(now) {
-                tracing::info!(model = %dir.name, "repository change seen; loading");
-                let _ = self.load(me, &dir.name, LoadOptions::default()).await;
+                tracing::info!(model = %dir.key, "repository change seen; loading");
+                let _ = self.load_key(me, &dir.key, LoadOptions::default()).await;
                 // Also after a failure, so the same content is not retried on every poll.
-                self.table.set_fingerprint(&dir.name, now);
+                self.table.set_fingerprint(&dir.key, now);
             }
         }
         for name in self.table.names() {
-            let gone = !dirs.iter().any(|d| d.name == name)
-                && self.table.is_ready(&name)
-                && !self.repos.placed.contains(&name);
+            let gone =
+                !dirs.iter().any(|d| d.key == name) && self.table.is_ready(&name) && !self.repos.placed.contains(&name);
             if gone && self.unload(&name, false).is_ok() {
                 self.replan_dependents(me, &name).await;
             }
@@ -462,11 +517,11 @@ impl Actor for RepositoryManager {
                 let _ = reply.send(state.load(&me, &name, options).await);
             }
             ManagerMsg::Unload(name, dependents, reply) => {
-                let result = state.unload(&name, dependents);
-                if result.is_ok() {
-                    state.replan_dependents(&me, &name).await;
+                let result = state.unload_named(&name, dependents);
+                for key in result.iter().flatten() {
+                    state.replan_dependents(&me, key).await;
                 }
-                let _ = reply.send(result);
+                let _ = reply.send(result.map(|_| ()));
             }
             ManagerMsg::LoadAtStart(explicit, reply) => {
                 let _ = reply.send(state.load_at_start(&me, &explicit).await);
@@ -491,5 +546,59 @@ impl Actor for RepositoryManager {
             }
         }
         Ok(())
+    }
+}
+
+/// The table key an ensemble in `ensemble` calls its step `step` by (Triton's resolution with
+/// namespacing): the copy in the ensemble's own repository, else the one copy there is, else the
+/// name (unknown or ambiguous, which the plan then reports). Without namespacing: the name.
+fn step_key(dirs: &[ModelDir], ensemble: &ModelDir, step: &str) -> String {
+    let own = ensemble.path.parent().map(|repo| repo.join(step));
+    let copies: Vec<&ModelDir> = dirs
+        .iter()
+        .filter(|d| d.name == step && repository::is_namespaced(&d.key))
+        .collect();
+    match copies.iter().find(|d| Some(&d.path) == own.as_ref()) {
+        Some(mine) => mine.key.clone(),
+        None if copies.len() == 1 => copies[0].key.clone(),
+        None => step.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn dir(repo: &str, name: &str, namespaced: bool) -> ModelDir {
+        let path = Path::new(repo).join(name);
+        ModelDir {
+            key: if namespaced {
+                mesh::repository::namespaced_key(&path)
+            } else {
+                name.into()
+            },
+            ..ModelDir::at(name, path)
+        }
+    }
+
+    #[test]
+    fn a_step_calls_its_own_repositorys_copy_then_the_only_one_then_its_name() {
+        let dirs = [
+            dir("/a", "m", true),
+            dir("/b", "m", true),
+            dir("/b", "solo", true),
+            dir("/c", "m", true),
+        ];
+        let ens = |repo| dir(repo, "e", true);
+        assert_eq!(step_key(&dirs, &ens("/a"), "m"), "/a/m");
+        assert_eq!(step_key(&dirs, &ens("/b"), "m"), "/b/m");
+        assert_eq!(step_key(&dirs, &ens("/a"), "solo"), "/b/solo");
+        // Not in the ensemble's repository and in several others: the name, which is ambiguous.
+        assert_eq!(step_key(&dirs, &ens("/d"), "m"), "m");
+        assert_eq!(step_key(&dirs, &ens("/a"), "missing"), "missing");
+        // Without namespacing, keys are names.
+        let plain = [dir("/a", "m", false)];
+        assert_eq!(step_key(&plain, &dir("/a", "e", false), "m"), "m");
     }
 }
