@@ -1,6 +1,6 @@
 """tritonserver's flags about loading models and sampling metrics, on mesh-node (issue 27):
 `--model-config-name`, `--disable-auto-complete-config` / `--strict-model-config`,
-`--model-load-retry-count`, `--model-load-thread-count`, `--allow-cpu-metrics`,
+`--model-load-retry-count`, `--model-load-thread-count`, `--model-load-gpu-limit`, `--allow-cpu-metrics`,
 `--allow-gpu-metrics` and `--metrics-interval-ms`."""
 import shutil
 import sys
@@ -37,6 +37,15 @@ def test_a_config_name_that_is_a_path_stops_the_start(fresh_server, add_sub_repo
     with pytest.raises(Exception) as e:
         fresh_server([add_sub_repo], ["--model-config-name", "../../etc/x"])
     assert "must be a plain name" in str(e.value)
+
+
+def test_model_load_gpu_limit_is_read_at_start_and_leaves_cpu_models_alone(fresh_server, add_sub_repo):
+    with pytest.raises(Exception) as e:
+        fresh_server([add_sub_repo], ["--model-load-gpu-limit", "0:lots"])
+    assert "must be <device_id>:<fraction>" in str(e.value)
+    # The limit is checked for the GPUs a model's instances use; a CPU model loads under any.
+    srv = fresh_server([add_sub_repo], ["--model-load-gpu-limit", "0:0.0"])
+    assert httpclient.InferenceServerClient(srv.http_url).is_model_ready("add_sub")
 
 
 @pytest.mark.parametrize("flag", [["--disable-auto-complete-config"], ["--strict-model-config", "true"]])

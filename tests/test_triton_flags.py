@@ -32,7 +32,7 @@ WITH_EFFECT = {
     "--metrics-address", "--metrics-port", "--trace-config", "--backend-config", "--cache-config",
     "--response-cache-byte-size", "--trace-file", "--trace-level", "--trace-rate", "--trace-count",
     "--trace-log-frequency", "--rate-limit", "--rate-limit-resource", "--model-config-name",
-    "--model-namespacing",
+    "--model-namespacing", "--model-load-gpu-limit",
     "--disable-auto-complete-config", "--strict-model-config", "--model-load-retry-count",
     "--allow-cpu-metrics", "--metrics-interval-ms", "--reuse-http-port", "--reuse-grpc-port",
     "--metrics-config", "--model-load-thread-count", "--allow-gpu-metrics",

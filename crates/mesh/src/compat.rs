@@ -112,7 +112,6 @@ pub fn log_ignored(ignored: &[Ignored]) {
 const NO_CUDA_POOLS: &str =
     "the mesh allocates no pinned or CUDA memory pools: tensors live in ordinary memory and each backend manages its device memory";
 const ROUTER_RUNS_NO_MODELS: &str = "mesh-router runs no models: each node applies its own flag";
-const NOT_YET: &str = "not applied by the mesh yet; it runs as if the flag were left out";
 
 impl TritonFlags {
     /// The flags given on the command line that have no effect, each with its reason; `runs_models`
@@ -241,7 +240,13 @@ impl TritonFlags {
             "--host-policy",
             "the mesh places instances with --gpus and instance_group",
         );
-        note(!self.model_load_gpu_limit.is_empty(), "--model-load-gpu-limit", NOT_YET);
+        if !runs_models {
+            note(
+                !self.model_load_gpu_limit.is_empty(),
+                "--model-load-gpu-limit",
+                ROUTER_RUNS_NO_MODELS,
+            );
+        }
         out
     }
 

@@ -46,6 +46,7 @@ async fn run(args: Args) -> Result<(), String> {
         env,
         roots: args.model_repository.clone(),
         gpus,
+        gpu_uuids: gpu_uuids.clone(),
         mode: args.control.model_control_mode,
         python: Arc::new(PythonContext {
             settings: PythonSettings::from_backend_config(&args.backend_settings("python"))?,

@@ -139,6 +139,17 @@ fn get<T: Default>(device: Device, getter: unsafe extern "C" fn(Device, *mut T) 
     (unsafe { getter(device, &mut value) } == 0).then_some(value)
 }
 
+/// The memory of the GPU with this UUID now, as `(total, used)` bytes (all processes), from NVML.
+pub fn memory(uuid: &str) -> Result<(u64, u64), String> {
+    let nvml = Nvml::load()?;
+    let device = nvml
+        .device(uuid)
+        .ok_or_else(|| format!("NVML does not know GPU {uuid}"))?;
+    nvml.read(device)
+        .memory
+        .ok_or_else(|| format!("NVML gives no memory use for GPU {uuid}"))
+}
+
 /// Samples the GPUs named by `uuids` every `interval` on a thread of its own (NVML calls block).
 /// Without NVML, or with none of the GPUs known to it, logs why once and samples nothing.
 pub fn spawn_sampler(interval: Duration, uuids: Vec<String>) {

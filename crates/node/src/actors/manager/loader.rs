@@ -34,6 +34,9 @@ pub struct LoadSettings {
     pub threads: usize,
     /// `--model-namespacing`: each repository is a namespace, so one name may be served from several.
     pub namespacing: bool,
+    /// `--model-load-gpu-limit <gpu>:<fraction>`: a model whose instances leave more than this
+    /// fraction of a GPU's memory in use fails to load.
+    pub gpu_limits: BTreeMap<i32, f64>,
 }
 
 impl LoadSettings {
@@ -58,8 +61,41 @@ impl LoadSettings {
                 || flags.strict_model_config == Some(true)),
             retries: flags.model_load_retry_count.unwrap_or(0),
             namespacing: flags.model_namespacing == Some(true),
+            gpu_limits: gpu_limits(&flags.model_load_gpu_limit)?,
         })
     }
+}
+
+/// Reads `--model-load-gpu-limit` entries, `<device_id>:<fraction>` as tritonserver takes them.
+fn gpu_limits(given: &[String]) -> Result<BTreeMap<i32, f64>, String> {
+    given
+        .iter()
+        .map(|entry| {
+            let parsed = entry.split_once(':').and_then(|(gpu, fraction)| {
+                let fraction: f64 = fraction.trim().parse().ok()?;
+                Some((gpu.trim().parse::<i32>().ok()?, fraction))
+            });
+            match parsed {
+                Some((gpu, fraction)) if gpu >= 0 && fraction.is_finite() && fraction >= 0.0 => Ok((gpu, fraction)),
+                _ => Err(format!(
+                    "--model-load-gpu-limit '{entry}' must be <device_id>:<fraction>, for example 0:0.8"
+                )),
+            }
+        })
+        .collect()
+}
+
+/// The load check of `--model-load-gpu-limit`, made as tritonserver makes it once a model's GPU
+/// instances exist: more memory in use than `fraction` of the GPU's rejects the model. Sans-IO.
+pub fn check_gpu_limit(model: &str, gpu: i32, fraction: f64, (total, used): (u64, u64)) -> Result<(), String> {
+    let allowed = total as f64 * fraction;
+    if used as f64 > allowed {
+        return Err(format!(
+            "can not create model '{model}': memory limit set for GPU {gpu} has exceeded, model loading is \
+             rejected ({used} of {total} bytes in use, limit {fraction})"
+        ));
+    }
+    Ok(())
 }
 
 /// What the node needs to (re)load models after start-up.
@@ -67,6 +103,8 @@ pub struct Repositories {
     pub env: crate::backend::ort_env::Ort,
     pub roots: Vec<PathBuf>,
     pub gpus: Vec<i32>,
+    /// The UUID of each of `gpus`, in the same order (NVML finds a GPU by it).
+    pub gpu_uuids: Vec<String>,
     pub mode: ControlMode,
     pub python: Arc<PythonContext>,
     pub loading: LoadSettings,
@@ -345,11 +383,44 @@ pub async fn load_model(
         let handle = crate::actors::model::start(source, config.clone(), per_instance, supervisor.clone()).await?;
         loaded.insert(v, handle);
     }
+    // Dropping what was started on failure stops those instances again.
+    within_gpu_limits(repos, &dir.name, &placements)?;
     Ok(LoadedModel {
         versions: loaded,
         written,
         config,
     })
+}
+
+/// Checks `--model-load-gpu-limit` for each GPU the model's instances run on. A limit that cannot be
+/// checked (no NVML) rejects the load, as tritonserver's does when it cannot read the device.
+fn within_gpu_limits(
+    repos: &Repositories,
+    model: &str,
+    placements: &[placement::InstancePlacement],
+) -> Result<(), String> {
+    let used: std::collections::BTreeSet<i32> = placements
+        .iter()
+        .filter_map(|p| match p.device {
+            Device::Gpu(g) => Some(g),
+            Device::Cpu => None,
+        })
+        .collect();
+    for gpu in used {
+        let Some(&fraction) = repos.loading.gpu_limits.get(&gpu) else {
+            continue;
+        };
+        let uuid = repos
+            .gpus
+            .iter()
+            .position(|&g| g == gpu)
+            .and_then(|i| repos.gpu_uuids.get(i))
+            .ok_or_else(|| format!("GPU {gpu} has no UUID to check --model-load-gpu-limit with"))?;
+        let memory = crate::telemetry::gpu::memory(uuid)
+            .map_err(|e| format!("cannot check --model-load-gpu-limit for GPU {gpu}: {e}"))?;
+        check_gpu_limit(model, gpu, fraction, memory)?;
+    }
+    Ok(())
 }
 
 /// Each version's files with the instances to start: placement and the backend already open.
@@ -444,6 +515,26 @@ pub fn only_instances_differ(current: &ModelConfig, next: &ModelConfig) -> bool 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn gpu_limits_are_read_as_tritonserver_writes_them_and_reject_what_is_over() {
+        let limits = super::gpu_limits(&["0:0.8".into(), " 1 : 0.5".into()]).unwrap();
+        assert_eq!(limits.into_iter().collect::<Vec<_>>(), vec![(0, 0.8), (1, 0.5)]);
+        for bad in ["0", "x:0.5", "0:x", "-1:0.5", "0:-0.1", "0:NaN", ":"] {
+            let e = super::gpu_limits(&[bad.into()]).unwrap_err();
+            assert!(e.contains("<device_id>:<fraction>") && e.contains(bad), "{e}");
+        }
+        const GIB: u64 = 1 << 30;
+        assert!(super::check_gpu_limit("m", 0, 0.5, (80 * GIB, 40 * GIB)).is_ok());
+        let e = super::check_gpu_limit("m", 1, 0.5, (80 * GIB, 40 * GIB + 1)).unwrap_err();
+        assert!(
+            e.starts_with(
+                "can not create model 'm': memory limit set for GPU 1 has exceeded, model loading is rejected"
+            ),
+            "{e}"
+        );
+        assert!(super::check_gpu_limit("m", 0, 0.0, (80 * GIB, 0)).is_ok());
+    }
+
     #[test]
     fn a_config_without_platform_or_backend_gets_them_from_the_model_file() {
         let root = tempfile::tempdir().unwrap();
