@@ -127,15 +127,19 @@ def start(fresh_server, repos, mode, wait):
     return srv, httpclient.InferenceServerClient(srv.http_url)
 
 
+def serve(fresh_server, repos, mode, models, load_now=True):
+    """Poll mode loads everything and waits for `models`; explicit mode starts empty and, with
+    `load_now`, loads `models` (ensembles bring the step models they call)."""
+    srv, c = start(fresh_server, repos, POLL if mode == "poll" else EXPLICIT, models if mode == "poll" else [])
+    if mode == "explicit" and load_now:
+        for m in models:
+            c.load_model(m)
+    return srv, c
+
+
 @pytest.mark.parametrize("mode", ["poll", "explicit"])
 def test_no_duplication(fresh_server, tmp_path, mode):
-    repos = layout(tmp_path, "no_duplication")
-    srv, c = start(fresh_server, repos, POLL if mode == "poll" else EXPLICIT,
-                   ["simple_addsub", "simple_subadd"] if mode == "poll" else [])
-    if mode == "explicit":
-        # Loading an ensemble loads the step models it calls.
-        for m in ("simple_addsub", "simple_subadd"):
-            c.load_model(m)
+    srv, c = serve(fresh_server, layout(tmp_path, "no_duplication"), mode, ["simple_addsub", "simple_subadd"])
     for m in ("simple_addsub", "composing_addsub"):
         check(c, m, True)
     for m in ("simple_subadd", "composing_subadd"):
@@ -145,12 +149,7 @@ def test_no_duplication(fresh_server, tmp_path, mode):
 
 @pytest.mark.parametrize("mode", ["poll", "explicit"])
 def test_duplication_each_ensemble_calls_its_own_repository(fresh_server, tmp_path, mode):
-    repos = layout(tmp_path, "duplication")
-    srv, c = start(fresh_server, repos, POLL if mode == "poll" else EXPLICIT,
-                   ["simple_addsub", "simple_subadd"] if mode == "poll" else [])
-    if mode == "explicit":
-        for m in ("simple_addsub", "simple_subadd"):
-            c.load_model(m)
+    srv, c = serve(fresh_server, layout(tmp_path, "duplication"), mode, ["simple_addsub", "simple_subadd"])
     check(c, "simple_addsub", True)
     check(c, "simple_subadd", False)
     # The step model itself is served twice: asking for it by name is ambiguous, on both protocols.
@@ -170,12 +169,9 @@ def test_duplication_each_ensemble_calls_its_own_repository(fresh_server, tmp_pa
 
 @pytest.mark.parametrize("mode", ["poll", "explicit"])
 def test_ensemble_duplication(fresh_server, tmp_path, mode):
-    repos = layout(tmp_path, "ensemble_duplication")
-    srv, c = start(fresh_server, repos, POLL if mode == "poll" else EXPLICIT,
-                   ["composing_addsub", "composing_subadd"] if mode == "poll" else [])
-    if mode == "explicit":
-        # One name, two repositories: both ensembles load, each with its own step model.
-        c.load_model("simple_ensemble")
+    # Explicitly, one name in two repositories: both ensembles load, each with its own step model.
+    srv, c = serve(fresh_server, layout(tmp_path, "ensemble_duplication"), mode,
+                   ["composing_addsub", "composing_subadd"] if mode == "poll" else ["simple_ensemble"])
     check(c, "composing_addsub", True)
     check(c, "composing_subadd", False)
     ambiguous(c, "simple_ensemble")
@@ -184,8 +180,7 @@ def test_ensemble_duplication(fresh_server, tmp_path, mode):
 @pytest.mark.parametrize("mode", ["poll", "explicit"])
 def test_dynamic_resolution(fresh_server, tmp_path, mode):
     repos = layout(tmp_path, "dynamic_resolution")
-    srv, c = start(fresh_server, repos, POLL if mode == "poll" else EXPLICIT,
-                   ["simple_addsub", "simple_subadd"] if mode == "poll" else [])
+    srv, c = serve(fresh_server, repos, mode, ["simple_addsub", "simple_subadd"], load_now=False)
     before, after = repos[0] / "composing_model", tmp_path / "composing_model"
     # 1. The addsub repository loses its step model: both ensembles call the one that is left.
     shutil.move(before, after)
