@@ -273,3 +273,39 @@ def test_model_stream_infer_answers_every_request_with_its_id(grpc_client):
     for k in range(6):
         np.testing.assert_array_equal(got[f"r{k}"], np.full((1, 16), k + 1.0, np.float32))
     assert len(errors) == 1 and "no_such_model" in str(errors[0])
+
+
+def test_stream_answers_of_models_that_are_not_decoupled_go_out_in_request_order(fresh_server, tmp_path):
+    """Triton writes a stream's answers of non-decoupled models in request order, whichever
+    finishes first: a slow request holds back the fast ones behind it (they still run at once, on
+    the model's two instances), and an error answer keeps its place too."""
+    import queue
+    import shutil
+    import sys
+    from pathlib import Path
+    model = tmp_path / "repo" / "sleep_py"
+    shutil.copytree(Path(__file__).parent / "python_models" / "sleep_py", model)
+    with open(model / "config.pbtxt", "a") as f:
+        f.write('instance_group [ { count: 2 kind: KIND_CPU } ]\n')
+    srv = fresh_server([tmp_path / "repo"], ["--backend-config", f"python,interpreter={sys.executable}"])
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(
+        error if error is not None else result.get_response().id))
+
+    def send(k, ms, name="sleep_py"):
+        ins = [grpcclient.InferInput("X", [1], "FP32"), grpcclient.InferInput("MS", [1], "INT32")]
+        ins[0].set_data_from_numpy(np.array([k], np.float32))
+        ins[1].set_data_from_numpy(np.array([ms], np.int32))
+        client.async_stream_infer(name, ins, request_id=f"r{k}")
+
+    try:
+        send(0, 800)
+        send(1, 0)
+        send(2, 0, name="no_such_model")
+        send(3, 0)
+        got = [answers.get(timeout=30) for _ in range(4)]
+    finally:
+        client.stop_stream()
+    assert [a if isinstance(a, str) else "error" for a in got] == ["r0", "r1", "error", "r3"], got
+    assert "no_such_model" in str(got[2])

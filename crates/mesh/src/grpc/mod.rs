@@ -116,8 +116,44 @@ fn stream_error(
     }
 }
 
+/// A request's place among the answers of a stream that go out in request order, as Triton sends
+/// those of models that are not decoupled: it writes once the request before it has written its
+/// last answer (or ended without one), and then lets the next one write.
+struct Turn {
+    after: Option<tokio::sync::oneshot::Receiver<()>>,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Turn {
+    /// The next turn after `last` (the previous ordered request's), which becomes this one's.
+    fn next(last: &mut Option<tokio::sync::oneshot::Receiver<()>>) -> Turn {
+        let (done, mine) = tokio::sync::oneshot::channel();
+        Turn {
+            after: last.replace(mine),
+            done: Some(done),
+        }
+    }
+
+    /// Waits for the previous request's last answer (once; a previous request that ended or was
+    /// dropped without answering lets this one go too).
+    async fn wait(&mut self) {
+        if let Some(after) = self.after.take() {
+            let _ = after.await;
+        }
+    }
+
+    /// This request wrote its last answer: the next one may write.
+    fn pass(&mut self) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
+        }
+    }
+}
+
 /// Runs one request of a stream and sends its answers (several for a decoupled model) or its error
-/// in `error_message` (or as the stream's status with `grpc_errors`), each carrying the request's id.
+/// in `error_message` (or as the stream's status with `grpc_errors`), each carrying the request's
+/// id. With a `turn`, answers wait for the earlier requests' answers to be written; an answer
+/// waiting for its turn gives back its window credit (the stream's in-flight bound holds those).
 async fn stream_answers<D: Dispatch>(
     dispatch: &D,
     shm: &SharedMemory,
@@ -125,6 +161,7 @@ async fn stream_answers<D: Dispatch>(
     msg: proto::ModelInferRequest,
     (tx, window): (&StreamTx, Arc<Window>),
     grpc_errors: bool,
+    mut turn: Option<Turn>,
 ) {
     let flagged = wants_final_flag(&msg);
     let echo = proto::ModelInferResponse {
@@ -136,6 +173,9 @@ async fn stream_answers<D: Dispatch>(
     let (mut request, written) = match codec::decode_request(msg, shm) {
         Ok(decoded) => decoded,
         Err(e) => {
+            if let Some(turn) = turn.as_mut() {
+                turn.wait().await;
+            }
             let _ = tx.send((stream_error(e, &echo, true, grpc_errors), None)).await;
             return;
         }
@@ -155,7 +195,13 @@ async fn stream_answers<D: Dispatch>(
                 },
                 _ = tx.closed() => return,
             };
-            let credit = item.credit.take();
+            let mut credit = item.credit.take();
+            if let Some(turn) = turn.as_mut() {
+                if turn.after.is_some() {
+                    credit = None;
+                    turn.wait().await;
+                }
+            }
             let message = match item.response {
                 Some(Ok(response)) => match codec::encode_response(response, &written) {
                     Ok(encoded) => Ok(stream_message(String::new(), encoded, item.last)),
@@ -167,12 +213,26 @@ async fn stream_answers<D: Dispatch>(
                 None => continue,
             };
             let ends = message.is_err();
-            if tx.send((message, credit)).await.is_err() || ends {
+            let sent = tx.send((message, credit)).await.is_ok();
+            if item.last {
+                if let Some(turn) = turn.as_mut() {
+                    turn.pass();
+                }
+            }
+            if !sent || ends {
                 return;
             }
         }
     };
     tokio::join!(dispatch.infer_stream(request, sink), forward);
+}
+
+/// Whether the model a stream request names is decoupled (its answers then go out as they come);
+/// an unknown model's error is ordered, as Triton orders it.
+fn decoupled<D: Dispatch + ?Sized>(dispatch: &D, msg: &proto::ModelInferRequest) -> bool {
+    dispatch
+        .model(&msg.model_name, &msg.model_version)
+        .is_ok_and(|m| m.config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled))
 }
 
 /// The requests of one stream that belong to sequences: each waits for the previous request of
@@ -332,9 +392,10 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
 
     type ModelStreamInferStream = StreamOf<proto::ModelStreamInferResponse>;
 
-    /// Each request of the stream runs as soon as it arrives (they overlap) and its answers (zero or
-    /// more for a decoupled model), or its error in `error_message`, are sent when ready, carrying
-    /// the request's id. A client that half-closes still gets every answer; one that cancels stops
+    /// Each request of the stream runs as soon as it arrives (they overlap). Answers of models that
+    /// are not decoupled, or errors in `error_message`, go out in request order, as Triton sends
+    /// them; a decoupled model's answers (zero or more) go out when ready. Each carries the
+    /// request's id. A client that half-closes still gets every answer; one that cancels stops
     /// the requests still running (a decoupled model sees `is_cancelled()`).
     async fn model_stream_infer(
         &self,
@@ -350,6 +411,8 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         tokio::spawn(async move {
             let mut running = tokio::task::JoinSet::new();
             let mut sequences = SequenceOrder::default();
+            // The turn of the latest request whose answers go out in order.
+            let mut last_turn = None;
             // Bytes of the messages in flight (per task); with their count, bounded by the stream's budget.
             let mut held = 0usize;
             let mut sizes = std::collections::HashMap::new();
@@ -366,12 +429,13 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                             held += bytes;
                             // Requests of one sequence run one after the other, in stream order.
                             let (after, done) = sequences.enter(&msg);
+                            let turn = (!decoupled(&*dispatch, &msg)).then(|| Turn::next(&mut last_turn));
                             let task = running.spawn(async move {
                                 if let Some(previous) = after {
                                     let _ = previous.await;
                                 }
                                 let forward = forward.as_deref().map(|p| (p, &*metadata));
-                                stream_answers(&*d, &shm, forward, msg, (&tx, window), grpc_errors).await;
+                                stream_answers(&*d, &shm, forward, msg, (&tx, window), grpc_errors, turn).await;
                                 done.finish();
                             });
                             sizes.insert(task.id(), bytes);
