@@ -145,8 +145,9 @@ pub fn memory(uuid: &str) -> Result<(u64, u64), String> {
     let device = nvml
         .device(uuid)
         .ok_or_else(|| format!("NVML does not know GPU {uuid}"))?;
-    nvml.read(device)
-        .memory
+    // Only the memory getter: the other readings cost NVML calls a load check does not need.
+    get(device, nvml.memory)
+        .map(|m| (m.total, m.used))
         .ok_or_else(|| format!("NVML gives no memory use for GPU {uuid}"))
 }
 
