@@ -38,8 +38,17 @@ pub struct ModelEntry {
 
 impl ModelEntry {
     pub fn failed(reason: String) -> Self {
+        Self::without_source(ModelState::Failed(reason))
+    }
+
+    /// An unloaded model: it stays known, so requests for it say it is unloaded.
+    pub fn unloaded() -> Self {
+        Self::without_source(ModelState::Unloaded)
+    }
+
+    fn without_source(state: ModelState) -> Self {
         ModelEntry {
-            state: ModelState::Failed(reason),
+            state,
             fingerprint: None,
             source: None,
         }
@@ -105,6 +114,7 @@ impl ModelTable {
         }
         self.aliases.reading().get(name).cloned().unwrap_or_default()
     }
+
     pub(crate) fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, ModelEntry>> {
         self.models.reading()
     }
@@ -273,21 +283,14 @@ fn unknown(name: &str) -> Error {
 mod tests {
     use super::*;
 
-    fn unloaded() -> ModelEntry {
-        ModelEntry {
-            state: ModelState::Unloaded,
-            fingerprint: None,
-            source: None,
-        }
-    }
-
     #[test]
     fn a_name_served_from_two_repositories_is_ambiguous_until_one_copy_is_unloaded() {
         let t = ModelTable::new(true);
         t.set("/r1/m", ModelEntry::failed("one".into()));
         t.set("/r2/m", ModelEntry::failed("two".into()));
         t.set("/r1/solo", ModelEntry::failed("solo".into()));
-        let e = t.resolve("m", "").err().expect("ambiguous");
+        let err = |name: &str| t.resolve(name, "").err().expect("no model serves");
+        let e = err("m");
         assert_eq!(e.code, mesh::Code::InvalidArgument);
         assert!(
             e.message.contains("There are 2 identifiers of model 'm'"),
@@ -296,16 +299,15 @@ mod tests {
         );
         assert!(e.message.contains("resolve ambiguity"), "{}", e.message);
         // A name found once reaches its copy; a key reaches its own.
-        assert!(t.resolve("solo", "").err().unwrap().message.contains("solo"));
-        assert!(t.resolve("/r2/m", "").err().unwrap().message.contains("two"));
-        let err = |name: &str| t.resolve(name, "").err().expect("no model serves");
+        assert!(err("solo").message.contains("solo"));
+        assert!(err("/r2/m").message.contains("two"));
         assert_eq!(t.keys_of("m"), vec!["/r1/m".to_string(), "/r2/m".to_string()]);
         assert!(t.knows("m") && !t.knows("other"));
         // With one copy unloaded, the name is the other copy's.
-        t.set("/r1/m", unloaded());
+        t.set("/r1/m", ModelEntry::unloaded());
         assert!(err("m").message.contains("two"));
         // Every copy unloaded: the name says so, rather than "unknown".
-        t.set("/r2/m", unloaded());
+        t.set("/r2/m", ModelEntry::unloaded());
         assert!(err("m").message.contains("unloaded"));
         assert_eq!(err("nothing").code, mesh::Code::NotFound);
         // The index shows names, not keys.

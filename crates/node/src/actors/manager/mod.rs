@@ -71,16 +71,16 @@ impl Manager {
     /// Loads (or reloads) the model a client names: with namespacing, its copy in every
     /// repository that has it. Overrides need a name found once.
     async fn load(&self, me: &ActorCell, name: &str, options: LoadOptions) -> Result<()> {
-        let copies: Vec<String> = match self.table.namespacing() {
-            true => self
+        let mut copies: Vec<String> = Vec::new();
+        if self.table.namespacing() {
+            copies = self
                 .scan()
                 .0
                 .into_iter()
                 .filter(|d| d.name == name)
                 .map(|d| d.key)
-                .collect(),
-            false => Vec::new(),
-        };
+                .collect();
+        }
         if copies.len() > 1 && (options.config.is_some() || !options.files.is_empty()) {
             return Err(Error::invalid(format!(
                 "failed to load '{name}': it is in {} model repositories (--model-namespacing), and a \
@@ -154,13 +154,18 @@ impl Manager {
 
     /// Loads the models an ensemble's steps call that are not serving yet (explicit mode loads
     /// them with the ensemble, as Triton does); their failures surface in the ensemble's plan.
-    async fn load_steps(&self, me: &ActorCell, dir: &ModelDir, ensemble: &ModelConfig, depth: usize) {
+    async fn load_steps(
+        &self,
+        me: &ActorCell,
+        (dirs, dir): (&[ModelDir], &ModelDir),
+        ensemble: &ModelConfig,
+        depth: usize,
+    ) {
         if depth >= MAX_ENSEMBLE_DEPTH {
             return;
         }
-        let (dirs, _) = self.scan();
         for step in mesh::ensemble::step_models(ensemble) {
-            let key = step_key(&dirs, dir, &step);
+            let key = step_key(dirs, dir, &step);
             if !self.table.is_ready(&key) && dirs.iter().any(|d| d.key == key) {
                 let _ = self
                     .load_nested(me, &key, LoadOptions::default(), Why::Load(depth + 1))
@@ -255,10 +260,11 @@ impl Manager {
         }
         let loaded = match written {
             Ok(written) if loader::is_ensemble(&written.0) => {
-                if let Why::Load(depth) = why {
-                    self.load_steps(me, &dir, &written.0, depth).await;
-                }
+                // One listing serves both: loading step models changes no directory.
                 let (dirs, _) = self.scan();
+                if let Why::Load(depth) = why {
+                    self.load_steps(me, (&dirs, &dir), &written.0, depth).await;
+                }
                 loader::load_ensemble(&self.table, &dir, written, &|step| step_key(&dirs, &dir, step))
             }
             Ok(written) => {
@@ -351,9 +357,6 @@ impl Manager {
         })
     }
 
-    /// Unloads a model: new requests are refused at once, in-flight ones finish on the old
-    /// instances. With `dependents`, an ensemble's composing models are unloaded too, except
-    /// those another serving ensemble still calls.
     /// Unloads the model a client names: with namespacing, its copy from every repository.
     fn unload_named(&self, name: &str, dependents: bool) -> Result<Vec<String>> {
         let keys = self.table.keys_of(name);
@@ -366,6 +369,9 @@ impl Manager {
         Ok(keys)
     }
 
+    /// Unloads a model: new requests are refused at once, in-flight ones finish on the old
+    /// instances. With `dependents`, an ensemble's composing models are unloaded too, except
+    /// those another serving ensemble still calls.
     fn unload(&self, name: &str, dependents: bool) -> Result<()> {
         if !self.table.names().iter().any(|m| m == name) {
             return Err(Error::not_found(format!("failed to unload '{name}': it is not loaded")));
@@ -375,12 +381,7 @@ impl Manager {
         } else {
             Vec::new()
         };
-        let entry = ModelEntry {
-            state: ModelState::Unloaded,
-            fingerprint: None,
-            source: None,
-        };
-        self.table.set(name, entry);
+        self.table.set(name, ModelEntry::unloaded());
         tracing::info!(model = %name, "model unloaded");
         for step in composing {
             let still_used = self
