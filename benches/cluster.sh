@@ -3,7 +3,9 @@
 #   - the router hop: the lean Rust gRPC client (benches/grpc_load.rs) and perf_analyzer against one
 #     mesh-node called directly and through mesh-router (mutual TLS on the QUIC link), c=1 and c=8,
 #     on the small unbatched MLP;
-#   - large tensors: a 16 MiB FP32 identity model, directly and through the router;
+#   - large tensors: a 16 MiB FP32 identity model, directly and through the router, whose link
+#     to the node on this host uses shared memory, and through a second router and node with
+#     --cluster-shared-memory false (every byte over QUIC);
 #   - the link on its own against a plain gRPC hop over TCP for the same echo call (benches/link.rs).
 # Output: a markdown report on stdout and in benches/results/cluster-<host>.md.
 # Usage: benches/cluster.sh [SECONDS_PER_POINT]   (needs scripts/setup.sh to have run; ~4 minutes)
@@ -38,8 +40,16 @@ LOAD=$(ls -t target/release/deps/grpc_load-* | grep -v '\.d$' | head -1)
   >"$WORK/router.log" 2>&1 &
 "$BIN" --model-repository "$WORK/repo" --http-port 28310 --grpc-port 28311 --metrics-port 28312 \
   --cluster-join 127.0.0.1:28303 --node-name node $(tls node) >"$WORK/node.log" 2>&1 &
-wait_live 28310; wait_live 28300
-for _ in $(seq 60); do curl -sf localhost:28300/v2/models/big/ready >/dev/null && break; sleep 0.5; done
+# The same pair with the link's shared memory off: tensors cross the link as QUIC packets.
+"$ROUTER" --http-port 28320 --grpc-port 28321 --metrics-port 28322 --cluster-port 28323 $(tls router) \
+  --cluster-shared-memory false >"$WORK/router-quic.log" 2>&1 &
+"$BIN" --model-repository "$WORK/repo" --http-port 28330 --grpc-port 28331 --metrics-port 28332 \
+  --cluster-join 127.0.0.1:28323 --node-name node $(tls node) --cluster-shared-memory false \
+  >"$WORK/node-quic.log" 2>&1 &
+wait_live 28310; wait_live 28300; wait_live 28330; wait_live 28320
+for port in 28300 28320; do
+  for _ in $(seq 60); do curl -sf "localhost:$port/v2/models/big/ready" >/dev/null && break; sleep 0.5; done
+done
 
 lean() {  # label port model concurrency: one markdown row from grpc_load's ModelInfer line
   "$LOAD" "http://127.0.0.1:$2" "$3" "$4" "$SECS" 2>/dev/null | grep ModelInfer \
@@ -72,7 +82,8 @@ echo "| model | concurrency | path | req/s | p50 µs | p99 µs |"
 echo "|---|---|---|---|---|---|"
 for c in 1 4; do
   lean direct 28311 big "$c"
-  lean "through router" 28301 big "$c"
+  lean "through router (shared memory)" 28301 big "$c"
+  lean "through router (QUIC)" 28321 big "$c"
 done
 echo
 echo "## The link alone against a gRPC hop over TCP (benches/link.rs, echo, one process)"

@@ -1,7 +1,8 @@
 //! The cluster link on its own, against a plain gRPC hop over TCP for the same call: one process,
 //! loopback, an echo model on the far side (the answer is the request's tensor), so only the
 //! transport is measured. Small requests at concurrency 1 and 8 (p50/p99, req/s) and 16 MiB tensors
-//! (GB/s of tensor bytes moved one way and back).
+//! (GB/s of tensor bytes moved one way and back), over QUIC and through the link's shared memory (a
+//! router and a node on the same host).
 //!
 //! Run: `cargo bench -p mesh-router --bench link -- [SECONDS_PER_POINT]` (default 3).
 use std::net::SocketAddr;
@@ -14,6 +15,7 @@ use mesh::cluster::call::{self, Peer};
 use mesh::cluster::certs::{CertificateAuthority, LeafRequest, Role};
 use mesh::cluster::convert::{request_frame, ErrorKind};
 use mesh::cluster::io::read_frame;
+use mesh::cluster::shm::{Outbound, Registered};
 use mesh::cluster::{answer, tls, transport, Limits};
 use mesh::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
 use mesh::proto::model_infer_request::InferInputTensor;
@@ -60,8 +62,26 @@ fn request(bytes: usize) -> InferRequest {
     }
 }
 
-/// A QUIC "node" serving Echo, and a connection to it as a router would hold it.
-async fn quic_pair() -> (quinn::Connection, quinn::Endpoint) {
+/// Both ends of a link's shared memory in this one process: the arenas (kept alive by the caller)
+/// and each side's way into the other's.
+struct SharedMemory {
+    _arenas: Vec<Registered>,
+    to_node: Arc<Outbound>,
+    to_router: Arc<Outbound>,
+}
+
+fn shared_memory(limits: &Limits) -> SharedMemory {
+    let (node, router) = (limits.arenas.inbound().unwrap(), limits.arenas.inbound().unwrap());
+    SharedMemory {
+        to_node: limits.arenas.outbound(node.offer().as_ref(), "echo node").unwrap(),
+        to_router: limits.arenas.outbound(router.offer().as_ref(), "router").unwrap(),
+        _arenas: vec![node, router],
+    }
+}
+
+/// A QUIC "node" serving Echo, and a connection to it as a router would hold it; the node writes
+/// its answers into `to_router` when given.
+async fn quic_pair(limits: Limits, to_router: Option<Arc<Outbound>>) -> (quinn::Connection, quinn::Endpoint) {
     let dir = std::env::temp_dir().join(format!("mesh-link-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let ca = CertificateAuthority::generate("bench CA", 1).unwrap();
@@ -85,13 +105,13 @@ async fn quic_pair() -> (quinn::Connection, quinn::Endpoint) {
     let dialed = dialing.await.unwrap();
     // The side that accepted plays the router (it opens request streams); the dialer serves them.
     tokio::spawn(async move {
-        let limits = Limits::default();
         while let Ok((send, mut recv)) = dialed.accept_bi().await {
-            let limits = limits.clone();
+            let (limits, out) = (limits.clone(), to_router.clone());
             tokio::spawn(async move {
                 if let Ok(Some(frame)) = read_frame(&mut recv, &limits).await {
                     if let Ok((req, stream)) = answer::request_of(frame) {
-                        answer::serve(&Echo, req, stream, (send, recv), &limits, |_| ErrorKind::Answered).await;
+                        let out = (&limits, out.as_deref());
+                        answer::serve(&Echo, req, stream, (send, recv), out, |_| ErrorKind::Answered).await;
                     }
                 }
             });
@@ -186,9 +206,11 @@ fn row(label: &str, mut lat: Vec<Duration>, wall: Duration, bytes: usize) {
 #[tokio::main]
 async fn main() {
     let secs: f64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(3.0);
-    let (conn, _listener) = quic_pair().await;
-    let grpc = grpc_client().await;
     let limits = Limits::default();
+    let shm = shared_memory(&limits);
+    let (conn, _listener) = quic_pair(limits.clone(), None).await;
+    let (shm_conn, _shm_listener) = quic_pair(limits.clone(), Some(shm.to_router.clone())).await;
+    let grpc = grpc_client().await;
     println!("| call | req/s | p50 µs | p99 µs | GB/s (both ways) |");
     println!("|---|---|---|---|---|");
     for (bytes, concurrencies) in [(256usize, vec![1, 8]), (16 << 20, vec![1, 4])] {
@@ -198,22 +220,36 @@ async fn main() {
             format!("{bytes} B")
         };
         for c in concurrencies {
-            let req = Arc::new(request(bytes));
-            let (conn, limits) = (conn.clone(), limits.clone());
-            let (lat, wall) = load(c, secs, move || {
-                let (req, conn, limits) = (req.clone(), conn.clone(), limits.clone());
-                async move {
-                    let chunks = request_frame(&req, false, &limits).unwrap();
-                    let peer = Peer {
-                        conn: &conn,
-                        name: "echo node",
-                    };
-                    let r = call::unary(peer, chunks, &limits).await.unwrap();
-                    assert_eq!(r.outputs[0].tensor.data.len(), bytes);
+            let links = [
+                ("QUIC link", conn.clone(), None),
+                (
+                    "link, same host (shared memory)",
+                    shm_conn.clone(),
+                    Some(shm.to_node.clone()),
+                ),
+            ];
+            for (label, conn, out) in links {
+                if out.is_some() && (bytes as u64) < mesh::cluster::shm::MIN_PAYLOAD {
+                    continue; // small payloads travel inline either way
                 }
-            })
-            .await;
-            row(&format!("QUIC link, {size}, c={c}"), lat, wall, bytes);
+                let req = Arc::new(request(bytes));
+                let limits = limits.clone();
+                let (lat, wall) = load(c, secs, move || {
+                    let (req, conn, limits, out) = (req.clone(), conn.clone(), limits.clone(), out.clone());
+                    async move {
+                        let chunks = request_frame(&req, false, &limits).unwrap();
+                        let peer = Peer {
+                            conn: &conn,
+                            name: "echo node",
+                            out: out.as_deref(),
+                        };
+                        let r = call::unary(peer, chunks, &limits).await.unwrap();
+                        assert_eq!(r.outputs[0].tensor.data.len(), bytes);
+                    }
+                })
+                .await;
+                row(&format!("{label}, {size}, c={c}"), lat, wall, bytes);
+            }
 
             let req = grpc_request(bytes);
             let client = grpc.clone();

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mesh_util import HOST, MeshServer
+from mesh_util import HOST, MeshServer, metric_sum, parse_metrics
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -55,6 +55,13 @@ def copy_models(src: Path, dst: Path, names, rename: dict[str, str] | None = Non
             cfg = dst / new / "config.pbtxt"
             cfg.write_text(re.sub(rf'name:\s*"{re.escape(n)}"', f'name: "{new}"', cfg.read_text()))
     return dst
+
+
+def shm_bytes(server: MeshServer) -> tuple[float, float]:
+    """Payload bytes a process wrote into its link peers' shared-memory arenas, and took out of its own."""
+    s = parse_metrics(server.metrics())
+    return tuple(metric_sum(s, "mesh_link_shared_memory_bytes_total", direction=d) or 0
+                 for d in ("sent", "received"))
 
 
 def wait_until(pred, timeout: float, what, interval: float = 0.05):

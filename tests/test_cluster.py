@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from cluster_util import add_sub_inputs, copy_models, wait_until
+from cluster_util import add_sub_inputs, copy_models, shm_bytes, wait_until
 from mesh_util import HOST, free_ports, http_request, metric, metric_sum, parse_metrics
 from test_decoupled import Stream
 from test_dtypes import DTYPES, JSON_DTYPES, assert_same, model as identity, sample
@@ -372,6 +372,52 @@ def test_router_metrics_count_requests_nodes_and_links(cluster, http):
     assert metric_sum(after, "mesh_router_requests_total") - sent0 >= n + 1
     assert metric_sum(after, "mesh_router_nodes", state="lost") == 0
     assert all(v >= 0 for _, v in metric(after, "mesh_router_inflight"))
+
+
+# --------------------------------------------------------------------------
+# the link's shared memory (router and nodes on one host)
+# --------------------------------------------------------------------------
+
+def identity_request(n: int):
+    x = np.arange(n, dtype=np.float32).reshape(1, n)
+    inp = grpcclient.InferInput("INPUT0", [1, n], "FP32")
+    inp.set_data_from_numpy(x)
+    return inp, x
+
+
+def test_large_tensors_go_through_shared_memory_both_ways_and_small_ones_do_not(cluster, grpc):
+    """Every process here runs on this host, so each link found the other end's arena: a 1 MiB
+    request is written into the node's arena and its answer into the router's; a 64-byte one
+    travels over QUIC."""
+    procs = [cluster.router, *cluster.nodes.values()]
+    before = [shm_bytes(p) for p in procs]
+    inp, x = identity_request(1 << 18)
+    for _ in range(3):
+        np.testing.assert_array_equal(grpc.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), x)
+    mid = [shm_bytes(p) for p in procs]
+    router_sent, router_received = (mid[0][i] - before[0][i] for i in (0, 1))
+    nodes_sent = sum(m[0] - b[0] for m, b in zip(mid[1:], before[1:]))
+    nodes_received = sum(m[1] - b[1] for m, b in zip(mid[1:], before[1:]))
+    assert router_sent >= 3 * x.nbytes and nodes_received == router_sent, (before, mid)
+    assert nodes_sent >= 3 * x.nbytes and router_received == nodes_sent, (before, mid)
+    inp, x = identity_request(16)
+    np.testing.assert_array_equal(grpc.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), x)
+    assert [shm_bytes(p) for p in procs] == mid
+
+
+def test_without_shared_memory_large_tensors_travel_over_quic(cluster_factory, models_dir):
+    """`--cluster-shared-memory false` on the node: it offers no arena and opens none, so the same
+    1 MiB request and answer cross the link as QUIC packets, and arrive whole."""
+    c = cluster_factory()
+    c.start_router()
+    node = c.start_node("n1", [models_dir / "dtypes"], ["--cluster-shared-memory", "false"])
+    client = grpcclient.InferenceServerClient(c.router.grpc_url)
+    try:
+        inp, x = identity_request(1 << 18)
+        np.testing.assert_array_equal(client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), x)
+    finally:
+        client.close()
+    assert shm_bytes(c.router) == (0, 0) and shm_bytes(node) == (0, 0)
 
 
 def test_model_control_through_the_router_needs_explicit_mode(cluster):

@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from cluster_util import copy_models, wait_until
+from cluster_util import copy_models, shm_bytes, wait_until
 
 pytestmark = [pytest.mark.server, pytest.mark.cluster]
 
@@ -62,12 +62,44 @@ def router_repo(repo: Path) -> Path:
     return repo
 
 
+BLS_IDENTITY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            call = pb_utils.InferenceRequest(model_name="identity_fp32", inputs=[pb_utils.Tensor("INPUT0", x)],
+                                             requested_output_names=["OUTPUT0"])
+            answer = call.exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            y = pb_utils.get_output_tensor_by_name(answer, "OUTPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", y)]))
+        return responses
+"""
+
+
+def write_bls_identity(repo: Path) -> None:
+    """bls_identity: OUTPUT0 = identity_fp32(INPUT0), through one BLS call."""
+    (repo / "bls_identity" / "1").mkdir(parents=True)
+    (repo / "bls_identity" / "1" / "model.py").write_text(BLS_IDENTITY)
+    (repo / "bls_identity" / "config.pbtxt").write_text(
+        'name: "bls_identity"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
+
+
 @pytest.fixture(scope="module")
 def cluster(module_cluster_factory, models_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cluster-ens")
     a_repo = copy_models(models_dir / "simple", tmp / "a", ["add_sub"], rename={"add_sub": "add_sub_x"})
     copy_models(PY_MODELS, a_repo, ["bls_twice", "bls_async", "repeat_py"])
+    write_bls_identity(a_repo)
     b_repo = copy_models(models_dir / "simple", tmp / "b", ["add_sub"])
+    copy_models(models_dir / "dtypes", b_repo, ["identity_fp32"])
     c = module_cluster_factory("cl-ens")
     c.start_router([router_repo(tmp / "router")], ["--model-control-mode", "explicit"])
     c.start_node("A", [a_repo], PY_ARGS)
@@ -105,8 +137,9 @@ def counts(cluster):
 
 def test_each_node_serves_only_its_models(cluster):
     view = {n["name"]: n for n in cluster.view()["nodes"]}
-    assert sorted(view["A"]["models"]) == ["add_sub_x:1", "bls_async:1", "bls_twice:1", "repeat_py:1"]
-    assert view["B"]["models"] == ["add_sub:1"]
+    assert sorted(view["A"]["models"]) == ["add_sub_x:1", "bls_async:1", "bls_identity:1", "bls_twice:1",
+                                           "repeat_py:1"]
+    assert sorted(view["B"]["models"]) == ["add_sub:1", "identity_fp32:1"]
     assert cluster.nodes["A"].get("/v2/models/add_sub/ready").status != 200
     assert cluster.nodes["B"].get("/v2/models/add_sub_x/ready").status != 200
     rows = {r["name"]: r for r in cluster.router.index()}
@@ -219,6 +252,24 @@ def test_async_bls_across_nodes_and_a_missing_model_error(cluster, http):
     message = r.as_numpy("MISSING_ERROR")[0, 0].decode()
     assert "no_such_model" in message, message
     assert count(cluster.nodes["B"], "add_sub") - before == 2
+
+
+def test_a_large_bls_call_across_nodes_goes_through_shared_memory_both_ways(cluster, http):
+    """bls_identity (node A) sends 1 MiB to identity_fp32, which only node B serves. Every process
+    shares this host, so each hop's tensor goes through the receiver's arena: the client's request to
+    A, A's BLS call to the router, the router's call to B, and the answers back the same way."""
+    procs = {"router": cluster.router, "A": cluster.nodes["A"], "B": cluster.nodes["B"]}
+    before = {k: shm_bytes(p) for k, p in procs.items()}
+    x = np.arange(1 << 18, dtype=np.float32).reshape(1, -1)
+    inp = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    np.testing.assert_array_equal(http.infer("bls_identity", [inp]).as_numpy("OUTPUT0"), x)
+    moved = {k: tuple(a - b for a, b in zip(shm_bytes(p), before[k])) for k, p in procs.items()}
+    sent, received = 0, 1
+    assert moved["A"][sent] >= 2 * x.nbytes and moved["A"][received] >= 2 * x.nbytes, moved  # BLS call + answer
+    assert moved["B"][sent] >= x.nbytes and moved["B"][received] >= x.nbytes, moved
+    assert moved["router"][sent] == moved["A"][received] + moved["B"][received], moved
+    assert moved["router"][received] == moved["A"][sent] + moved["B"][sent], moved
 
 
 def chain_row(cluster):

@@ -86,6 +86,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             placed: false,
         }],
         memory: 1 << 30,
+        arena: None,
     });
     let stats = mesh::proto::ModelStatisticsResponse {
         model_stats: vec![mesh::proto::ModelStatistics {

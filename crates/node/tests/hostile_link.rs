@@ -166,6 +166,7 @@ async fn garbage_on_a_router_stream_fails_only_that_stream() {
     let peer = Peer {
         conn: &conn,
         name: "node-8",
+        out: None,
     };
     let frame = request_frame(&add_sub_request("add_sub", &a, &b), false, &limits).unwrap();
     let response = call::unary(peer, frame, &limits).await.expect("add_sub answers");

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use common::*;
 use mesh::cluster::certs::Role;
-use mesh::cluster::frame::{Prelude, PRELUDE_LEN};
+use mesh::cluster::frame::{Prelude, PRELUDE_LEN, SHARED};
 use mesh::cluster::msg::{AnswerBody, Fetch, FetchEnd, Message, ModelStatus, RequestHead, TensorHead};
+use mesh::cluster::shm::Descriptor;
 use mesh::cluster::transport::{close, stream_code};
 use mesh::cluster::{tls, Limits, PROTOCOL_VERSION};
 use mesh::{InferRequest, NamedTensor, Tensor};
@@ -183,6 +184,19 @@ async fn garbage_or_oversized_first_frames_close_the_connection_with_protocol() 
     corrupt.extend((0..64u8).map(|i| i.wrapping_mul(37) ^ 0xa5));
     let mut huge_payload = prelude(32, u64::MAX).to_vec();
     huge_payload.extend([0u8; 32]);
+    // A hello that says its payload lies in shared memory, naming an arena this router never made.
+    let mut in_no_arena = encode(&hello("node-shm", vec![]));
+    let header_len = u32::from_le_bytes(in_no_arena[4..8].try_into().unwrap());
+    in_no_arena[4..8].copy_from_slice(&(header_len | SHARED).to_le_bytes());
+    in_no_arena[8..16].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    in_no_arena.extend(
+        Descriptor {
+            arena: 7,
+            slot: 64,
+            seq: 1,
+        }
+        .encode(),
+    );
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
             "garbage",
@@ -202,8 +216,14 @@ async fn garbage_or_oversized_first_frames_close_the_connection_with_protocol() 
         ),
         (
             "a header far over the limit",
+            // The top bit marks a payload in shared memory; the length is the other 31.
             prelude(u32::MAX, 0).to_vec(),
-            "bad hello: frame header of 4294967295 bytes is larger than the link's limit",
+            "bad hello: frame header of 2147483647 bytes is larger than the link's limit",
+        ),
+        (
+            "a payload in a shared-memory arena that does not exist",
+            in_no_arena,
+            "bad hello: invalid frame: no shared-memory arena 00000000000000000000000000000007 on this link",
         ),
         (
             "a load report instead of a hello",

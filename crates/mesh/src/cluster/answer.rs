@@ -5,8 +5,9 @@ use quinn::{RecvStream, SendStream, VarInt};
 
 use super::convert::{answer_frame, request_from, ErrorKind};
 use super::frame::{Frame, FrameError, Limits};
-use super::io::{read_frame, take_end, write_frame};
+use super::io::{read_frame, take_end, via, write_frame};
 use super::msg::Message;
+use super::shm::Outbound;
 use super::transport::stream_code;
 use crate::dispatch::Dispatch;
 use crate::error::Error;
@@ -77,26 +78,28 @@ async fn write_answer(
     item: Option<&Result<crate::InferResponse, (Error, ErrorKind)>>,
     last: bool,
     limits: &Limits,
+    out: Option<&Outbound>,
 ) -> Result<(), FrameError> {
     let chunks = match answer_frame(item, last, limits) {
         Ok(c) => c,
         // An answer too large for the link is this request's error, not the link's.
         Err(e) => answer_frame(Some(&Err((Error::from(e), ErrorKind::Answered))), last, limits)?,
     };
-    write_frame(send, chunks).await
+    write_frame(send, via(chunks, out)).await
 }
 
 /// Runs `request` on `dispatch` and writes its answers to `send`: one for a unary request, each as
 /// it is produced for a stream, as far as the caller's credit on `recv` allows (a caller that grants
 /// none holds the stream, and the node's own window then holds the model back). If the sender stops the stream (its client went away) or the link
 /// drops, the request is dropped, which cancels it. `kind_of` says whether an error means the
-/// request never ran.
+/// request never ran. Large answers go through `out`, the caller's shared-memory arena, when it
+/// runs on this host.
 pub async fn serve<D: Dispatch + ?Sized>(
     dispatch: &D,
     request: InferRequest,
     stream: bool,
     (mut send, mut recv): (SendStream, RecvStream),
-    limits: &Limits,
+    (limits, out): (&Limits, Option<&Outbound>),
     kind_of: impl Fn(&Error) -> ErrorKind,
 ) {
     let cancelled = send.stopped();
@@ -111,7 +114,7 @@ pub async fn serve<D: Dispatch + ?Sized>(
             let k = kind_of(&e);
             (e, k)
         });
-        if write_answer(&mut send, Some(&answer), true, limits).await.is_ok() {
+        if write_answer(&mut send, Some(&answer), true, limits, out).await.is_ok() {
             let _ = send.finish();
         }
         return;
@@ -144,7 +147,7 @@ pub async fn serve<D: Dispatch + ?Sized>(
                     (e, k)
                 })
             });
-            if write_answer(&mut send, answer.as_ref(), item.last, limits)
+            if write_answer(&mut send, answer.as_ref(), item.last, limits, out)
                 .await
                 .is_err()
             {

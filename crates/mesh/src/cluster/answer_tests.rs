@@ -84,7 +84,7 @@ async fn served<D: Dispatch + Send + Sync + 'static>(
             let (send, mut recv) = conn.accept_bi().await.unwrap();
             let first = read_frame(&mut recv, &limits).await.unwrap().unwrap();
             let (request, stream) = super::request_of(first).unwrap();
-            serve(&dispatch, request, stream, (send, recv), &limits, |_| {
+            serve(&dispatch, request, stream, (send, recv), (&limits, None), |_| {
                 ErrorKind::Answered
             })
             .await;
@@ -130,6 +130,7 @@ async fn a_stream_sends_only_what_its_callers_client_made_room_for() {
         let peer = Peer {
             conn: &conn,
             name: "peer",
+            out: None,
         };
         let far = Instant::now() + Duration::from_secs(30);
         let result = call::stream(peer, chunks, &limits, &sink, far).await;
@@ -187,6 +188,7 @@ async fn a_peer_that_finished_and_stopped_reading_credit_still_delivers_its_last
         let peer = Peer {
             conn: &conn,
             name: "peer",
+            out: None,
         };
         let far = Instant::now() + Duration::from_secs(30);
         let result = call::stream(peer, chunks, &limits, &sink, far).await;
@@ -211,6 +213,7 @@ async fn unary_requests_end_their_streams_without_a_stop_sending_each() {
     let peer = Peer {
         conn: &conn,
         name: "peer",
+        out: None,
     };
     for n in 0..CALLS {
         let request = InferRequest {

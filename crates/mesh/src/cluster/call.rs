@@ -11,16 +11,19 @@ use super::convert::{answer_from, error_from, Answered, ErrorKind};
 use super::frame::{self, FrameError, Limits};
 use super::io::{read_frame, take_end};
 use super::msg::{Message, StatsQuery, StatsReply};
+use super::shm::Outbound;
 use super::transport::stream_code;
 use crate::proto::ModelStatisticsResponse;
 use crate::stream::Credit;
 use crate::{Error, InferResponse, StreamItem, StreamSender};
 
-/// The other end of a link: its connection, and how messages name it ("node 'a'").
+/// The other end of a link: its connection, how messages name it ("node 'a'"), and its
+/// shared-memory arena when it runs on this host.
 #[derive(Clone, Copy)]
 pub struct Peer<'a> {
     pub conn: &'a Connection,
     pub name: &'a str,
+    pub out: Option<&'a Outbound>,
 }
 
 /// How one attempt failed.
@@ -107,7 +110,7 @@ async fn open(
     let not_sent = |e: String| Failure::NotSent(format!("{}: {e}", link.name));
     let (mut tx, mut rx) = link.conn.open_bi().await.map_err(|e| not_sent(e.to_string()))?;
     // Until every byte is handed to quinn the peer cannot hold the whole frame, so it cannot run it.
-    let mut chunks = chunks;
+    let mut chunks = super::io::via(chunks, link.out);
     match tx.write_all_chunks(&mut chunks).await {
         Ok(()) => {}
         Err(quinn::WriteError::Stopped(_)) => return Err(refusal(link, &mut rx, limits).await),

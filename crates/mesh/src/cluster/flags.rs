@@ -7,6 +7,7 @@ use std::time::Duration;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 
 use super::frame::{Budget, Limits};
+use super::shm::Arenas;
 use super::{tls, transport};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -32,6 +33,10 @@ pub struct LinkArgs {
     /// Largest tensor payload of one frame on the cluster link, in bytes.
     #[arg(long, default_value_t = 1 << 30)]
     pub cluster_max_frame_bytes: u64,
+    /// Tensor payloads of 64 KiB and more go through shared memory when both ends of a link run on
+    /// the same host (found out at the handshake); false: every payload travels over QUIC.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub cluster_shared_memory: bool,
 }
 
 const NEED_CERTS: &str = "give --cluster-ca, --cluster-cert and --cluster-key (make them with `mesh-ops certs \
@@ -88,6 +93,10 @@ impl LinkArgs {
         Limits {
             max_payload: self.cluster_max_frame_bytes,
             budget: Arc::new(Budget::new(budget)),
+            arenas: Arc::new(match self.cluster_shared_memory {
+                true => Arenas::default(),
+                false => Arenas::off(),
+            }),
             ..Limits::default()
         }
     }

@@ -17,8 +17,11 @@ use super::msg::Message;
 /// The frame format's magic, the first three bytes of every frame.
 pub const MAGIC: [u8; 3] = *b"MSH";
 /// The protocol version this build speaks; a frame with another one is refused with a reason.
-pub const PROTOCOL_VERSION: u8 = 5;
+pub const PROTOCOL_VERSION: u8 = 6;
 pub const PRELUDE_LEN: usize = 16;
+/// Set in a prelude's `header_len`: the payload lies in the receiver's shared-memory arena, and a
+/// `shm::Descriptor` follows the header in its place (`payload_len` still counts its bytes).
+pub const SHARED: u32 = 1 << 31;
 /// Every tensor starts at a multiple of this in the payload, so the receive buffer (allocated with
 /// this alignment) hands backends aligned slices.
 pub const TENSOR_ALIGN: usize = 64;
@@ -39,6 +42,9 @@ pub struct Limits {
     /// one second per [`MIN_FRAME_RATE`] bytes, or the stream is reset and the budget returned:
     /// a peer cannot hold reservations by declaring a payload and sending it slowly.
     pub frame_deadline: Duration,
+    /// The inbound shared-memory arenas of this process's links, where payloads named by a
+    /// descriptor lie (`shm`). Shared by clones.
+    pub arenas: Arc<super::shm::Arenas>,
 }
 
 /// The slowest rate, in bytes per second, at which a reserved frame may arrive.
@@ -58,6 +64,7 @@ impl Default for Limits {
             max_payload: 1 << 30,
             budget: Arc::new(Budget::new(DEFAULT_BUDGET)),
             frame_deadline: Duration::from_secs(10),
+            arenas: Arc::new(super::shm::Arenas::default()),
         }
     }
 }
@@ -173,6 +180,16 @@ pub struct Prelude {
 }
 
 impl Prelude {
+    /// The payload lies in shared memory (see [`SHARED`]).
+    pub fn shared(&self) -> bool {
+        self.header_len & SHARED != 0
+    }
+
+    /// The header's length in bytes.
+    pub fn header_bytes(&self) -> u32 {
+        self.header_len & !SHARED
+    }
+
     pub fn encode(&self) -> [u8; PRELUDE_LEN] {
         let mut b = [0u8; PRELUDE_LEN];
         b[..3].copy_from_slice(&MAGIC);
@@ -196,10 +213,10 @@ impl Prelude {
         if p.version != PROTOCOL_VERSION {
             return Err(FrameError::Version { got: p.version });
         }
-        if p.header_len == 0 || p.header_len > limits.max_header {
+        if p.header_bytes() == 0 || p.header_bytes() > limits.max_header {
             return Err(FrameError::TooLarge {
                 what: "frame header",
-                len: p.header_len.into(),
+                len: p.header_bytes().into(),
                 limit: limits.max_header.into(),
             });
         }
@@ -321,6 +338,11 @@ pub fn decode_all(bytes: &[u8], limits: &Limits) -> Result<Frame, FrameError> {
                 got: bytes.len() as u64,
             })?;
     let p = Prelude::decode(prelude, limits)?;
+    if p.shared() {
+        return Err(FrameError::Invalid(
+            "a frame whose payload lies in shared memory cannot be read from bytes alone".into(),
+        ));
+    }
     let rest = &bytes[PRELUDE_LEN..];
     let total = p.header_len as u64 + p.payload_len;
     if (rest.len() as u64) < total {

@@ -3,7 +3,8 @@
 use bytes::Bytes;
 use quinn::{ReadError, RecvStream, SendStream};
 
-use super::frame::{decode_header, Frame, FrameError, Limits, Prelude, Reserved, PRELUDE_LEN, TENSOR_ALIGN};
+use super::frame::{decode_header, Frame, FrameError, Limits, Prelude, Reserved, PRELUDE_LEN, SHARED, TENSOR_ALIGN};
+use super::shm::{Descriptor, Outbound, DESCRIPTOR_LEN, MIN_PAYLOAD};
 
 fn read_error(e: ReadError) -> FrameError {
     FrameError::Io(e.to_string())
@@ -63,23 +64,40 @@ pub async fn read_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option
     // Both sizes passed the limits above, and each is admitted by the receive budget before its
     // buffer is reserved: nothing is allocated from an unchecked number, and streams that declare
     // much and send nothing cannot pile up reservations.
-    let header_reserved = limits.budget.reserve(p.header_len.into())?;
-    let mut header = rkyv::util::AlignedVec::<16>::with_capacity(p.header_len as usize);
-    in_time(
-        limits,
-        p.header_len.into(),
-        fill(recv, &mut header, p.header_len as usize),
-    )
-    .await?;
+    let header_len = p.header_bytes();
+    let header_reserved = limits.budget.reserve(header_len.into())?;
+    let mut header = rkyv::util::AlignedVec::<16>::with_capacity(header_len as usize);
+    in_time(limits, header_len.into(), fill(recv, &mut header, header_len as usize)).await?;
     let message = decode_header(&header)?;
     drop(header);
     drop(header_reserved);
+    let shared = match p.shared() {
+        true => {
+            let mut d = [0u8; DESCRIPTOR_LEN];
+            let read = async { recv.read_exact(&mut d).await.map_err(|e| FrameError::Io(e.to_string())) };
+            in_time(limits, DESCRIPTOR_LEN as u64, read).await?;
+            let d = Descriptor::decode(&d);
+            Some((limits.arenas.find(d.arena).map_err(FrameError::Invalid)?, d))
+        }
+        false => None,
+    };
     let payload = if p.payload_len == 0 {
         Bytes::new()
     } else {
-        let reserved = limits.budget.reserve(p.payload_len)?;
+        let reserved = match limits.budget.reserve(p.payload_len) {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some((arena, d)) = &shared {
+                    arena.refuse(d);
+                }
+                return Err(e);
+            }
+        };
         let mut buf = rkyv::util::AlignedVec::<TENSOR_ALIGN>::with_capacity(p.payload_len as usize);
-        in_time(limits, p.payload_len, fill(recv, &mut buf, p.payload_len as usize)).await?;
+        match &shared {
+            Some((arena, d)) => arena.take(d, p.payload_len, &mut buf).map_err(FrameError::Invalid)?,
+            None => in_time(limits, p.payload_len, fill(recv, &mut buf, p.payload_len as usize)).await?,
+        }
         Bytes::from_owner(Payload {
             buf,
             _reserved: reserved,
@@ -107,6 +125,35 @@ impl AsRef<[u8]> for Payload {
 pub fn take_end(recv: &mut RecvStream) {
     use futures::FutureExt;
     let _ = recv.read_chunk(usize::MAX, true).now_or_never();
+}
+
+/// The chunks of an encoded frame (`frame::encode`: prelude and header, then the payload's parts)
+/// as they go to a peer that shares memory with this process (`out`): a payload of
+/// `shm::MIN_PAYLOAD` bytes or more is copied into the peer's arena and the frame carries its
+/// descriptor instead. Unchanged when there is no arena, the payload is small, or the arena is full.
+pub fn via(chunks: Vec<Bytes>, out: Option<&Outbound>) -> Vec<Bytes> {
+    let (Some(out), Some(first)) = (out, chunks.first()) else {
+        return chunks;
+    };
+    let Some(prelude) = first.get(..PRELUDE_LEN) else {
+        return chunks;
+    };
+    let word = |r: std::ops::Range<usize>| prelude[r].iter().rev().fold(0u64, |n, &b| n << 8 | u64::from(b));
+    let (header_len, payload_len) = (word(4..8) as u32, word(8..16));
+    let parts = &chunks[1..];
+    let whole = parts.iter().map(|p| p.len() as u64).sum::<u64>() == payload_len;
+    if payload_len < MIN_PAYLOAD || header_len & SHARED != 0 || !whole {
+        return chunks;
+    }
+    let Some(d) = out.put(parts, payload_len) else {
+        return chunks;
+    };
+    let mut head = Vec::with_capacity(first.len() + DESCRIPTOR_LEN);
+    head.extend_from_slice(&first[..4]);
+    head.extend_from_slice(&(header_len | SHARED).to_le_bytes());
+    head.extend_from_slice(&first[8..]);
+    head.extend_from_slice(&d.encode());
+    vec![Bytes::from(head)]
 }
 
 /// Writes an encoded frame (the chunks of `frame::encode`) without copying its tensors.

@@ -16,6 +16,7 @@ pub mod io;
 pub mod msg;
 pub mod session;
 pub mod ship;
+pub mod shm;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod tls;

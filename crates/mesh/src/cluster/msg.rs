@@ -136,6 +136,8 @@ pub struct Hello {
     pub models: Vec<ModelStatus>,
     /// Bytes of memory the node offers for models the router places (`--cluster-memory`).
     pub memory: u64,
+    /// The node's inbound shared-memory arena, for a router on the same host (`shm`).
+    pub arena: Option<ArenaOffer>,
 }
 
 /// The router's answer to a hello.
@@ -145,6 +147,16 @@ pub struct Welcome {
     pub router: String,
     /// The id the router gave this link.
     pub link: u64,
+    /// The router's inbound shared-memory arena, for a node on the same host (`shm`).
+    pub arena: Option<ArenaOffer>,
+}
+
+/// A shared-memory arena one end of a link created for the other to write payloads into: its path,
+/// and the random id written in it (proof that the file opened is the one offered).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ArenaOffer {
+    pub path: String,
+    pub id: u128,
 }
 
 /// One model version on a node.

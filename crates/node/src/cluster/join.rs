@@ -198,6 +198,9 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
     let placed = ctx.placing.placed.clone();
     let mut last = snapshot(&versions(&ctx.serving.table), &placed);
     let s = &ctx.settings;
+    // This node's arena, where a router on this host writes its requests (and the answers of our BLS
+    // calls); removed when the session ends.
+    let inbound = s.limits.arenas.inbound();
     let hello = Hello {
         name: s.name.clone(),
         incarnation: s.incarnation,
@@ -206,7 +209,9 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
         grpc: s.grpc.clone(),
         models: hello_models(&last),
         memory: s.memory,
+        arena: inbound.as_ref().and_then(|a| a.offer()),
     };
+    let mut out = None;
     let (frames_tx, mut frames) = mpsc::channel(16);
     let _reader = AbortOnDrop(tokio::spawn(read_control(rx, s.limits.clone(), frames_tx)));
     let (mut session, first) = NodeSession::start(hello, Instant::now());
@@ -230,20 +235,21 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
         for effect in effects {
             match effect {
                 Effect::Joined(w) => {
-                    tracing::info!(router = %addr, router_id = %w.router, link = w.link, "joined the cluster")
+                    tracing::info!(router = %addr, router_id = %w.router, link = w.link, "joined the cluster");
+                    out = s.limits.arenas.outbound(w.arena.as_ref(), &format!("router {addr}"));
                 }
                 Effect::End(end) => return ended(end),
                 _ => {}
             }
         }
     }
-    let live = ctx.routers.add(addr, conn.clone());
+    let live = ctx.routers.add(addr, conn.clone(), out.clone());
     let acceptor = {
         let (conn, serving) = (conn.clone(), ctx.serving.clone());
         tokio::spawn(async move {
             while let Ok((send, recv)) = conn.accept_bi().await {
-                let serving = serving.clone();
-                tokio::spawn(async move { serving.stream(send, recv).await });
+                let (serving, out) = (serving.clone(), out.clone());
+                tokio::spawn(async move { serving.stream(send, recv, out.as_deref()).await });
             }
         })
     };

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use mesh::cluster::call::{self, Failure, Peer};
 use mesh::cluster::convert::request_frame;
+use mesh::cluster::shm::Outbound;
 use mesh::cluster::{transport, Limits};
 use mesh::{Error, InferRequest, InferResponse, Result};
 use quinn::{Connection, TransportConfig};
@@ -136,6 +137,8 @@ pub struct Context {
 pub struct LiveRouter {
     pub addr: String,
     pub conn: Connection,
+    /// The router's shared-memory arena, when it runs on this host.
+    pub out: Option<Arc<Outbound>>,
     /// The router has nothing of its own in flight here any more (after a drain).
     pub released: AtomicBool,
 }
@@ -149,10 +152,11 @@ pub struct Routers {
 }
 
 impl Routers {
-    fn add(&self, addr: &str, conn: Connection) -> Arc<LiveRouter> {
+    fn add(&self, addr: &str, conn: Connection, out: Option<Arc<Outbound>>) -> Arc<LiveRouter> {
         let live = Arc::new(LiveRouter {
             addr: addr.to_string(),
             conn,
+            out,
             released: AtomicBool::new(false),
         });
         self.live.writing().push(live.clone());
@@ -189,6 +193,7 @@ impl Remote for Routers {
             let peer = Peer {
                 conn: &r.conn,
                 name: &name,
+                out: r.out.as_deref(),
             };
             match call::unary(peer, chunks.clone(), &self.limits).await {
                 Ok(response) => return Ok(response),

@@ -9,6 +9,7 @@ use mesh::cluster::convert::{wire_error, ErrorKind};
 use mesh::cluster::frame::{self, FrameError};
 use mesh::cluster::io::{read_frame, write_frame};
 use mesh::cluster::msg::{Message, StatsReply};
+use mesh::cluster::shm::Outbound;
 use mesh::cluster::Limits;
 use mesh::{Code, Dispatch, Error};
 use quinn::{RecvStream, SendStream};
@@ -49,8 +50,9 @@ impl Drop for Active<'_> {
 }
 
 impl Serving {
-    /// Serves one stream the router opened.
-    pub async fn stream(&self, mut send: SendStream, mut recv: RecvStream) {
+    /// Serves one stream the router opened; large answers go through `out`, the router's
+    /// shared-memory arena, when it runs on this host.
+    pub async fn stream(&self, mut send: SendStream, mut recv: RecvStream, out: Option<&Outbound>) {
         self.active.fetch_add(1, Ordering::AcqRel);
         let _active = Active(&self.active);
         let first = match read_frame(&mut recv, &self.limits).await {
@@ -98,7 +100,7 @@ impl Serving {
             request,
             stream,
             (send, recv),
-            &self.limits,
+            (&self.limits, out),
             kind_of(ensemble),
         )
         .await;

@@ -356,6 +356,7 @@ impl Link {
         let welcome = Message::Welcome(Welcome {
             router: "fake-router".into(),
             link: 7,
+            arena: None,
         });
         send(&mut self.control, &welcome).await;
     }

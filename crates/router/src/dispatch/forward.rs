@@ -35,6 +35,7 @@ impl Attempt {
         Peer {
             conn: &self.link.conn,
             name: &self.name,
+            out: self.link.out(),
         }
     }
 }

@@ -37,6 +37,7 @@ impl RouterDispatch {
             let peer = Peer {
                 conn: &link.conn,
                 name: &peer_name,
+                out: None,
             };
             let answer = tokio::time::timeout(STATS_WAIT, call::stats(peer, name, version, &self.view.limits)).await;
             match answer {

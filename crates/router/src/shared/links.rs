@@ -3,8 +3,9 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
+use mesh::cluster::shm::Outbound;
 use mesh::sync::ReadWrite;
 use quinn::{Connection, VarInt};
 
@@ -20,6 +21,9 @@ pub struct Link {
     inflight: AtomicU32,
     /// The link's actor, which owns the control stream (placement sends commands through it).
     pub control: Mailbox<LinkMsg>,
+    /// The node's shared-memory arena, when it runs on this host (set once, before the node is
+    /// welcomed and routed to).
+    pub out: OnceLock<Arc<Outbound>>,
 }
 
 impl Link {
@@ -31,7 +35,13 @@ impl Link {
             conn,
             inflight: AtomicU32::new(0),
             control,
+            out: OnceLock::new(),
         }
+    }
+
+    /// The node's arena, if it shares this host.
+    pub fn out(&self) -> Option<&Outbound> {
+        self.out.get().map(|o| &**o)
     }
 
     /// Requests of this router in flight on this link.

@@ -324,6 +324,7 @@ pub fn hello(name: &str, models: Vec<ModelStatus>) -> Message {
         grpc: String::new(),
         models,
         memory: 1 << 30,
+        arena: None,
     })
 }
 

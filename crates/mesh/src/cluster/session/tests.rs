@@ -24,6 +24,7 @@ fn hello() -> msg::Hello {
         grpc: String::new(),
         models: vec![],
         memory: 0,
+        arena: None,
     }
 }
 
@@ -110,6 +111,7 @@ impl Pair {
                     let welcome = msg::Welcome {
                         router: "r".into(),
                         link: 1,
+                        arena: None,
                     };
                     self.to_node.push_back((self.t + LATENCY, Message::Welcome(welcome)));
                 } else {
@@ -279,6 +281,7 @@ fn protocol_errors_are_a_typed_end_and_unexpected_frames_at_a_node_are_ignored()
     let welcome = msg::Welcome {
         router: "r".into(),
         link: 1,
+        arena: None,
     };
     n.on_message(Message::Welcome(welcome), &fencing);
     assert_eq!(

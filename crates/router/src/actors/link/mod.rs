@@ -12,6 +12,7 @@ use mesh::cluster::msg::{self, Message, Welcome};
 use mesh::cluster::session::router::{model_status, Effect, RouterSession};
 use mesh::cluster::session::End;
 use mesh::cluster::ship;
+use mesh::cluster::shm::Registered;
 use mesh::cluster::transport::{close, CONTROL_PRIORITY, CONTROL_WRITE_TIMEOUT};
 use mesh::Dispatch;
 use quinn::{RecvStream, SendStream};
@@ -49,6 +50,8 @@ pub struct LinkState {
     /// The control stream's reader and the BLS and fetch acceptor, started once the node is welcomed.
     pending: Option<(RecvStream, Arc<dyn Dispatch>, Arc<ClusterRepo>)>,
     tasks: Vec<JoinHandle<()>>,
+    /// This router's shared-memory arena for the node, when shared memory is on; removed with the actor.
+    inbound: Option<Registered>,
     /// The control stream's protocol (sans-IO); this actor drives it.
     session: RouterSession,
     /// A check the session asked for is scheduled.
@@ -136,7 +139,7 @@ async fn accept_requests(
             Ok(s) => s,
             Err(_) => return, // the connection ended; the control reader reports why
         };
-        let (dispatch, repo, limits) = (dispatch.clone(), repo.clone(), limits.clone());
+        let (dispatch, repo, limits, link) = (dispatch.clone(), repo.clone(), limits.clone(), link.clone());
         tokio::spawn(async move {
             let first = match read_frame(&mut recv, &limits).await {
                 Ok(Some(f)) => f,
@@ -148,7 +151,8 @@ async fn accept_requests(
             }
             match request_of(first) {
                 Ok((request, stream)) => {
-                    serve(&*dispatch, request, stream, (send, recv), &limits, |_| {
+                    let out = link.out();
+                    serve(&*dispatch, request, stream, (send, recv), (&limits, out), |_| {
                         ErrorKind::Answered
                     })
                     .await
@@ -177,6 +181,7 @@ impl Actor for NodeLink {
         let Joining { control, hello, .. } = joining;
         let (control_tx, control_rx) = control;
         let _ = control_tx.set_priority(CONTROL_PRIORITY);
+        let offer = hello.arena.clone();
         let hello = match node_hello(hello, &link, &view) {
             Ok(h) => h,
             Err(e) => {
@@ -185,7 +190,15 @@ impl Actor for NodeLink {
                 return Err(e.into());
             }
         };
+        // Shared memory both ways when the node runs on this host: its arena for requests, ours
+        // (offered in the welcome) for the answers of its BLS calls.
+        let peer = format!("node '{}'", hello.name);
+        if let Some(out) = view.limits.arenas.outbound(offer.as_ref(), &peer) {
+            let _ = link.out.set(out);
+        }
+        let inbound = view.limits.arenas.inbound();
         Ok(LinkState {
+            inbound,
             link,
             view,
             membership,
@@ -205,6 +218,7 @@ impl Actor for NodeLink {
         let welcome = Message::Welcome(Welcome {
             router: state.view.id.clone(),
             link: state.link.id,
+            arena: state.inbound.as_ref().and_then(|a| a.offer()),
         });
         if let Err(why) = write_control(state, &welcome, handshake::HELLO_TIMEOUT).await {
             state.link.close(close::PROTOCOL, &why);
