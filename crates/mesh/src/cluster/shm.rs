@@ -146,20 +146,26 @@ impl Inbound {
         let id = rand::random::<u128>() | 1;
         let path = dir.join(format!("{PREFIX}{}-{id:032x}", std::process::id()));
         let file = create_private(&path)?;
+        let mut header = [0u8; 24];
+        header[..8].copy_from_slice(&MAGIC);
+        header[8..].copy_from_slice(&id.to_le_bytes());
+        // Written through the file, so a full file system is an error here, not a SIGBUS.
         let made = file.set_len(len).and_then(|()| {
+            use std::os::unix::fs::FileExt;
+            file.write_all_at(&header, 0)
+        });
+        let made = made.and_then(|()| {
             // SAFETY: a file this process just created and sized; the peer only writes payload bytes
             // and state words into it, which are read with copies and atomics.
             unsafe { MmapMut::map_mut(&file) }
         });
-        let mut map = match made {
+        let map = match made {
             Ok(m) => m,
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
                 return Err(e);
             }
         };
-        map[..8].copy_from_slice(&MAGIC);
-        map[8..24].copy_from_slice(&id.to_le_bytes());
         Ok(Inbound {
             id,
             shared: Shared::new(map),
@@ -282,6 +288,8 @@ pub struct Outbound {
     id: u128,
     shared: Shared,
     ring: Mutex<Ring>,
+    /// The arena's file, to reserve a slot's pages before writing to them.
+    file: File,
 }
 
 impl Outbound {
@@ -317,6 +325,7 @@ impl Outbound {
             id: offer.id,
             shared: Shared::new(map),
             ring: Mutex::new(Ring::default()),
+            file,
         })
     }
 
@@ -328,6 +337,13 @@ impl Outbound {
             let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
             self.reclaim(&mut ring, Instant::now());
             let at = place(&ring.live, size, self.shared.len)?;
+            // A sparse file's pages are allocated as they are first written; on a full /dev/shm
+            // that write would be a SIGBUS. Reserving them first turns it into an error, and the
+            // frame travels inline.
+            if let Err(e) = self.reserve(at, size) {
+                tracing::debug!("no room in the arena's file system for {size} bytes, sending inline: {e}");
+                return None;
+            }
             ring.seq += 1;
             let seq = ring.seq;
             ring.live.push_back(Slot {
@@ -355,6 +371,17 @@ impl Outbound {
             slot: at,
             seq,
         })
+    }
+
+    /// Allocates the file's pages under `at..at + size` (a no-op for pages already there).
+    fn reserve(&self, at: u64, size: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let (at, size) = (at as libc::off_t, size as libc::off_t);
+        // SAFETY: a plain syscall on an open descriptor this struct owns.
+        match unsafe { libc::fallocate(self.file.as_raw_fd(), 0, at, size) } {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
     }
 
     /// Frees the oldest slots the reader gave back, and those abandoned for [`RECLAIM_AFTER`].

@@ -257,6 +257,35 @@ fn arenas_left_by_processes_that_are_gone_are_swept() {
     );
 }
 
+/// On a full file system (a small tmpfs, as a container's default /dev/shm is), a slot whose pages
+/// cannot be had is refused and the frame goes inline: writing to them would be a SIGBUS.
+#[test]
+fn a_full_file_system_refuses_a_slot_instead_of_crashing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(dir.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let result = std::panic::catch_unwind(|| {
+        let (inbound, outbound) = arena(dir.path(), 2, 4 << 20);
+        assert!(
+            outbound.put(&[bytes(2 << 20, 1)], 2 << 20).is_none(),
+            "2 MiB on a 1 MiB tmpfs"
+        );
+        let d = outbound.put(&[bytes(256 << 10, 2)], 256 << 10).expect("256 KiB fits");
+        assert_eq!(take(&inbound, &d, 256 << 10).unwrap(), bytes(256 << 10, 2));
+    });
+    let _ = std::process::Command::new("umount").arg(dir.path()).status();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 #[test]
 fn descriptors_survive_the_wire() {
     let d = Descriptor {
