@@ -309,3 +309,66 @@ def test_stream_answers_of_models_that_are_not_decoupled_go_out_in_request_order
         client.stop_stream()
     assert [a if isinstance(a, str) else "error" for a in got] == ["r0", "r1", "error", "r3"], got
     assert "no_such_model" in str(got[2])
+
+
+BATCH_POSITION = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.batch = 0
+
+    def execute(self, requests):
+        self.batch += 1
+        answers = []
+        for i, request in enumerate(requests):
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if x[0, 0] < 0:
+                time.sleep(0.4)
+            answers.append(pb_utils.InferenceResponse([pb_utils.Tensor("POS", np.array([[self.batch, i]], np.int32))]))
+        return answers
+"""
+
+
+def test_a_streams_requests_join_batches_in_stream_order(fresh_server, tmp_path):
+    """Triton hands a stream's requests to the batcher in stream order. While the only instance is
+    busy, 32 requests sent on one stream queue up and join the next batches in the order sent: each
+    answers its (batch, position), which must grow with the request's number."""
+    import queue
+    import sys
+    import time
+    model = tmp_path / "repo" / "batch_position"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(BATCH_POSITION)
+    (model / "config.pbtxt").write_text(
+        'name: "batch_position"\nbackend: "python"\nmax_batch_size: 64\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "POS" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
+        'dynamic_batching { }\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n')
+    srv = fresh_server([tmp_path / "repo"], ["--backend-config", f"python,interpreter={sys.executable}"])
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+
+    def send(k, x):
+        inp = grpcclient.InferInput("X", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.array([[x]], np.float32))
+        client.async_stream_infer("batch_position", [inp], request_id=str(k))
+
+    try:
+        for _ in range(3):
+            answers = queue.Queue()
+            client.start_stream(callback=lambda result, error: answers.put(
+                error if error is not None else (int(result.get_response().id), result.as_numpy("POS")[0].tolist())))
+            send(0, -1.0)  # keeps the instance busy while the others queue
+            time.sleep(0.1)
+            for k in range(1, 33):
+                send(k, 1.0)
+            got = [answers.get(timeout=30) for _ in range(33)]
+            client.stop_stream()
+            assert all(isinstance(a, tuple) for a in got), got
+            joined = [k for k, _ in sorted((a for a in got if a[0] > 0), key=lambda a: a[1])]
+            assert joined == list(range(1, 33)), f"joined the batches as {joined}"
+    finally:
+        client.close()

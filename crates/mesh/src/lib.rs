@@ -18,6 +18,7 @@ pub mod overrides;
 pub mod params;
 pub mod private;
 pub mod process;
+pub mod queued;
 pub mod repository;
 pub mod request;
 pub mod restrict;

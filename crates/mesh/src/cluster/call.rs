@@ -119,6 +119,8 @@ async fn open(
     if finish {
         let _ = tx.finish();
     }
+    // Written whole: the next request of a client's stream may go (it opens a later stream).
+    crate::queued::fire();
     Ok((tx, rx))
 }
 

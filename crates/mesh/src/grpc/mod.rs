@@ -253,6 +253,11 @@ struct Done(
 );
 
 impl Done {
+    /// The request belongs to a sequence (it is ordered by its sequence, not by the stream).
+    fn in_sequence(&self) -> bool {
+        self.0.is_some()
+    }
+
     fn finish(mut self) {
         self.1.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(tx) = self.0.take() {
@@ -392,7 +397,8 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
 
     type ModelStreamInferStream = StreamOf<proto::ModelStreamInferResponse>;
 
-    /// Each request of the stream runs as soon as it arrives (they overlap). Answers of models that
+    /// Each request of the stream runs as soon as the one before is queued at its model (they
+    /// overlap, and join batches in stream order, as Triton's do). Answers of models that
     /// are not decoupled, or errors in `error_message`, go out in request order, as Triton sends
     /// them; a decoupled model's answers (zero or more) go out when ready. Each carries the
     /// request's id. A client that half-closes still gets every answer; one that cancels stops
@@ -413,6 +419,9 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
             let mut sequences = SequenceOrder::default();
             // The turn of the latest request whose answers go out in order.
             let mut last_turn = None;
+            // The "queued" signal of the latest request (`crate::queued`): requests join their
+            // model's queue in stream order, as Triton's do.
+            let mut last_queued = None;
             // Bytes of the messages in flight (per task); with their count, bounded by the stream's budget.
             let mut held = 0usize;
             let mut sizes = std::collections::HashMap::new();
@@ -430,12 +439,25 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                             // Requests of one sequence run one after the other, in stream order.
                             let (after, done) = sequences.enter(&msg);
                             let turn = (!decoupled(&*dispatch, &msg)).then(|| Turn::next(&mut last_turn));
+                            // Each request goes on once the one before is queued (or ended).
+                            let (queued, next) = tokio::sync::oneshot::channel();
+                            let before = last_queued.replace(next);
                             let task = running.spawn(async move {
-                                if let Some(previous) = after {
-                                    let _ = previous.await;
+                                if let Some(before) = before {
+                                    let _ = before.await;
                                 }
                                 let forward = forward.as_deref().map(|p| (p, &*metadata));
-                                stream_answers(&*d, &shm, forward, msg, (&tx, window), grpc_errors, turn).await;
+                                let answer = stream_answers(&*d, &shm, forward, msg, (&tx, window), grpc_errors, turn);
+                                if done.in_sequence() {
+                                    // Its sequence orders it; other requests do not wait behind it.
+                                    let _ = queued.send(());
+                                    if let Some(previous) = after {
+                                        let _ = previous.await;
+                                    }
+                                    answer.await;
+                                } else {
+                                    crate::queued::scope(queued, answer).await;
+                                }
                                 done.finish();
                             });
                             sizes.insert(task.id(), bytes);

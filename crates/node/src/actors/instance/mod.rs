@@ -373,6 +373,7 @@ impl InstanceHandle {
         let may_inline = may_inline && (self.exec.limit.is_none() || turn.is_some());
         if may_inline && self.exec.health.is_ready() {
             if let Ok(mut b) = self.exec.backend.try_lock() {
+                mesh::queued::fire();
                 let result = self.exec.run_one(&self.label, &mut **b, &sub);
                 drop(b);
                 drop(turn);
@@ -400,6 +401,7 @@ impl InstanceHandle {
             };
             tx.send(ExecMsg::Direct(job))
                 .map_err(|_| Error::unavailable(format!("instance {} has stopped", self.label)))?;
+            mesh::queued::fire();
             return rx
                 .await
                 .map_err(|_| Error::unavailable(format!("instance {} stopped before answering", self.label)))?;
@@ -417,6 +419,8 @@ impl InstanceHandle {
         self.actor
             .cast(InstanceMsg::Submit(Box::new((job, id, shape_key))))
             .map_err(|_| Error::unavailable(format!("instance {} has stopped", self.label)))?;
+        // Queued: the actor takes submissions in the order they were cast.
+        mesh::queued::fire();
         let mut cancel = CancelOnDrop {
             actor: &self.actor,
             id,
