@@ -199,17 +199,22 @@ impl Prelude {
         b
     }
 
+    /// The fields of a prelude, unchecked (for a frame this process encoded itself).
+    pub fn read(b: &[u8; PRELUDE_LEN]) -> Prelude {
+        Prelude {
+            version: b[3],
+            header_len: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            payload_len: u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]),
+        }
+    }
+
     /// Reads a prelude and checks magic, version and both lengths against `limits`.
     pub fn decode(b: &[u8; PRELUDE_LEN], limits: &Limits) -> Result<Prelude, FrameError> {
         let magic = [b[0], b[1], b[2]];
         if magic != MAGIC {
             return Err(FrameError::NotMesh(magic));
         }
-        let p = Prelude {
-            version: b[3],
-            header_len: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
-            payload_len: u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]),
-        };
+        let p = Prelude::read(b);
         if p.version != PROTOCOL_VERSION {
             return Err(FrameError::Version { got: p.version });
         }

@@ -135,23 +135,25 @@ pub fn via(chunks: Vec<Bytes>, out: Option<&Outbound>) -> Vec<Bytes> {
     let (Some(out), Some(first)) = (out, chunks.first()) else {
         return chunks;
     };
-    let Some(prelude) = first.get(..PRELUDE_LEN) else {
+    let Some(prelude) = first.get(..PRELUDE_LEN).and_then(|b| b.try_into().ok()) else {
         return chunks;
     };
-    let word = |r: std::ops::Range<usize>| prelude[r].iter().rev().fold(0u64, |n, &b| n << 8 | u64::from(b));
-    let (header_len, payload_len) = (word(4..8) as u32, word(8..16));
+    let prelude = Prelude::read(prelude);
     let parts = &chunks[1..];
-    let whole = parts.iter().map(|p| p.len() as u64).sum::<u64>() == payload_len;
-    if payload_len < MIN_PAYLOAD || header_len & SHARED != 0 || !whole {
+    let whole = parts.iter().map(|p| p.len() as u64).sum::<u64>() == prelude.payload_len;
+    if prelude.payload_len < MIN_PAYLOAD || prelude.shared() || !whole {
         return chunks;
     }
-    let Some(d) = out.put(parts, payload_len) else {
+    let Some(d) = out.put(parts, prelude.payload_len) else {
         return chunks;
     };
+    let shared = Prelude {
+        header_len: prelude.header_len | SHARED,
+        ..prelude
+    };
     let mut head = Vec::with_capacity(first.len() + DESCRIPTOR_LEN);
-    head.extend_from_slice(&first[..4]);
-    head.extend_from_slice(&(header_len | SHARED).to_le_bytes());
-    head.extend_from_slice(&first[8..]);
+    head.extend_from_slice(&shared.encode());
+    head.extend_from_slice(&first[PRELUDE_LEN..]);
     head.extend_from_slice(&d.encode());
     vec![Bytes::from(head)]
 }

@@ -192,9 +192,25 @@ impl Inbound {
         }
     }
 
+    /// Where the `len` payload bytes of the slot a descriptor names lie, if that is a slot of this
+    /// arena: past the header, aligned, with its bytes inside the arena (every sum checked).
+    fn payload(&self, d: &Descriptor, len: u64) -> Result<std::ops::Range<u64>, String> {
+        let bad = |why: &str| format!("shared-memory payload at {}: {why}", d.slot);
+        let end = d
+            .slot
+            .checked_add(SLOT_HEADER)
+            .and_then(|s| s.checked_add(len))
+            .filter(|&end| end <= self.shared.len)
+            .ok_or_else(|| bad("outside the arena"))?;
+        if d.slot < HEADER || !d.slot.is_multiple_of(SLOT_HEADER) || d.seq == 0 || d.seq >= 1 << 62 {
+            return Err(bad("not a slot"));
+        }
+        Ok(end - len..end)
+    }
+
     /// Frees the slot of a payload this process will not read (its budget refused the frame).
     pub fn refuse(&self, d: &Descriptor) {
-        if d.slot >= HEADER && d.slot.is_multiple_of(SLOT_HEADER) && d.slot + SLOT_HEADER <= self.shared.len {
+        if self.payload(d, 0).is_ok() {
             let _ = self.shared.state(d.slot).compare_exchange(
                 d.seq << 2 | SENT,
                 d.seq << 2 | DONE,
@@ -212,16 +228,7 @@ impl Inbound {
         len: u64,
         into: &mut rkyv::util::AlignedVec<A>,
     ) -> Result<(), String> {
-        let bad = |why: &str| format!("shared-memory payload at {}: {why}", d.slot);
-        let end = d
-            .slot
-            .checked_add(SLOT_HEADER)
-            .and_then(|s| s.checked_add(len))
-            .filter(|&end| end <= self.shared.len)
-            .ok_or_else(|| bad("outside the arena"))?;
-        if d.slot < HEADER || !d.slot.is_multiple_of(SLOT_HEADER) || d.seq == 0 || d.seq >= 1 << 62 {
-            return Err(bad("not a slot"));
-        }
+        let bytes = self.payload(d, len)?;
         // The peer reached the file, so it no longer needs its name.
         self.unlink();
         let state = self.shared.state(d.slot);
@@ -232,12 +239,16 @@ impl Inbound {
                 Ordering::Acquire,
                 Ordering::Relaxed,
             )
-            .map_err(|_| bad("not written, or already taken back"))?;
-        let start = (end - len) as usize;
-        // SAFETY: `start..end` lies inside the mapping (checked above); `into` has room reserved by
-        // the caller for `len` more bytes, and the two never overlap (one is this process's heap).
+            .map_err(|_| {
+                format!(
+                    "shared-memory payload at {}: not written, or already taken back",
+                    d.slot
+                )
+            })?;
+        // SAFETY: `bytes` lies inside the mapping (`payload` checked it); `into` has room reserved
+        // by the caller for `len` more bytes, and the two never overlap (one is this process's heap).
         unsafe {
-            let from = std::slice::from_raw_parts(self.shared.ptr.add(start), len as usize);
+            let from = std::slice::from_raw_parts(self.shared.ptr.add(bytes.start as usize), len as usize);
             into.extend_from_slice(from);
         }
         state.store(d.seq << 2 | DONE, Ordering::Release);
@@ -404,8 +415,9 @@ impl Outbound {
         }
     }
 
-    /// Payload bytes in slots not given back yet (for tests).
-    pub fn held(&self) -> u64 {
+    /// Payload bytes in slots not given back yet.
+    #[cfg(test)]
+    fn held(&self) -> u64 {
         self.ring
             .lock()
             .unwrap_or_else(|p| p.into_inner())

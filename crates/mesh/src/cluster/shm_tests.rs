@@ -149,6 +149,13 @@ fn a_refused_payload_gives_its_slot_back() {
     let dir = tempfile::tempdir().unwrap();
     let (inbound, outbound) = arena(dir.path(), 1, 1024);
     let d = outbound.put(&[bytes(1024, 1)], 1024).unwrap();
+    // A descriptor that names no slot is ignored, without overflowing its sums.
+    inbound.refuse(&Descriptor {
+        slot: u64::MAX - 8,
+        ..d
+    });
+    inbound.refuse(&Descriptor { slot: d.slot + 8, ..d });
+    assert!(outbound.put(&[bytes(1024, 2)], 1024).is_none(), "still held");
     inbound.refuse(&d);
     assert!(outbound.put(&[bytes(1024, 2)], 1024).is_some());
 }
