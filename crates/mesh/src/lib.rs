@@ -1,5 +1,6 @@
 //! Shared core of the mesh: tensors, model config, KServe v2 codecs and frontends, errors, the Dispatch seam.
 
+pub mod busy;
 pub mod classify;
 pub mod cluster;
 pub mod compat;

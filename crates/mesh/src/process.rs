@@ -68,11 +68,19 @@ pub fn workers(cores: usize, env: Option<&str>) -> usize {
     }
 }
 
+static WORKERS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// The runtime's worker threads (1 before [`run`] started it).
+pub fn worker_count() -> usize {
+    WORKERS.get().copied().unwrap_or(1)
+}
+
 /// Runs `main` on a multi-threaded runtime with [`workers`] threads; an error is logged and
 /// makes the exit code a failure.
 pub fn run(main: impl Future<Output = Result<(), String>>) -> ExitCode {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = workers(cores, std::env::var("TOKIO_WORKER_THREADS").ok().as_deref());
+    let _ = WORKERS.set(threads);
     tracing::info!(
         workers = threads,
         cores,

@@ -189,6 +189,12 @@ pub struct ListenArgs {
     /// Largest accepted HTTP body (and gRPC message), in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub http_max_input_size: usize,
+    /// Busy polling: for this many microseconds after each request starts or ends, the async
+    /// workers poll their sockets instead of sleeping, trading CPU for the latency of a wake-up
+    /// (0, the default: off; `crates/mesh/src/busy.rs`). For a host with cores to spare.
+    #[arg(long, default_value_t = 0, value_name = "MICROSECONDS",
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub busy_poll_us: u64,
     /// Puts HTTP API groups behind a header, as tritonserver's flag: `<api>[,<api>...]:<key>=<value>`
     /// (repeatable; groups: health, metadata, inference, shared-memory, model-config,
     /// model-repository, statistics, trace, logging, and on a router cluster: its /mesh/v1 API).

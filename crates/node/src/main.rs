@@ -36,6 +36,10 @@ fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), String> {
     repository::check_repositories(&args.model_repository)?;
     let prometheus = metrics::install(metrics::MetricsConfig::parse(&args.triton.metrics_config)?)?;
+    mesh::busy::start(
+        Duration::from_micros(args.listen.busy_poll_us),
+        mesh::process::worker_count(),
+    );
     let env = ort_env::Ort::load(args.backend_setting("onnxruntime", "library"))?;
     let discovery = placement::discover_gpus();
     tracing::info!("{}", discovery.note);

@@ -38,6 +38,10 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), String> {
     let prometheus = metrics::install()?;
+    mesh::busy::start(
+        Duration::from_micros(args.listen.busy_poll_us),
+        mesh::process::worker_count(),
+    );
     let ensembles = Ensembles::load(&args.model_repository)?;
     let mut server = quinn::ServerConfig::with_crypto(args.link.server_crypto()?);
     server.transport_config(args.link.transport()?);

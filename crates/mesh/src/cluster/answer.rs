@@ -102,6 +102,7 @@ pub async fn serve<D: Dispatch + ?Sized>(
     (limits, out): (&Limits, Option<&Outbound>),
     kind_of: impl Fn(&Error) -> ErrorKind,
 ) {
+    crate::busy::touch();
     let cancelled = send.stopped();
     if !stream {
         // The request was the stream's only frame: its end, read now, spares the caller a STOP_SENDING.
@@ -117,6 +118,7 @@ pub async fn serve<D: Dispatch + ?Sized>(
         if write_answer(&mut send, Some(&answer), true, limits, out).await.is_ok() {
             let _ = send.finish();
         }
+        crate::busy::touch();
         return;
     }
     // Each answer's credit is held until its frame is written: a reader that stops holds the producer back.
@@ -163,6 +165,7 @@ pub async fn serve<D: Dispatch + ?Sized>(
         _ = async { tokio::join!(dispatch.infer_stream(request, tx), forward) } => {}
         _ = cancelled => {}
     }
+    crate::busy::touch();
 }
 
 #[cfg(test)]

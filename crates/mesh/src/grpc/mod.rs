@@ -392,7 +392,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
             front::stamp(Point::SendStart);
             Ok(Response::new(codec::encode_response(response, &written)?))
         };
-        front::serve(Frontend::Grpc, model.as_deref(), received, served).await
+        crate::busy::around(front::serve(Frontend::Grpc, model.as_deref(), received, served)).await
     }
 
     type ModelStreamInferStream = StreamOf<proto::ModelStreamInferResponse>;
@@ -443,6 +443,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                             let (queued, next) = tokio::sync::oneshot::channel();
                             let before = last_queued.replace(next);
                             let task = running.spawn(async move {
+                                crate::busy::touch();
                                 if let Some(before) = before {
                                     let _ = before.await;
                                 }
@@ -459,6 +460,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                                     crate::queued::scope(queued, answer).await;
                                 }
                                 done.finish();
+                                crate::busy::touch();
                             });
                             sizes.insert(task.id(), bytes);
                         }

@@ -371,7 +371,13 @@ async fn run_infer<D: Dispatch>(
             Err(e) => error_response(&e),
         }
     };
-    front::serve(Frontend::Http, Some(&model), std::time::Instant::now(), served).await
+    crate::busy::around(front::serve(
+        Frontend::Http,
+        Some(&model),
+        std::time::Instant::now(),
+        served,
+    ))
+    .await
 }
 
 async fn try_infer<D: Dispatch>(

@@ -1,0 +1,89 @@
+"""`--busy-poll-us`: between requests that come closer than the window, the async workers poll
+their sockets instead of sleeping (crates/mesh/src/busy.rs). Sleeping shows as a voluntary context
+switch of a worker thread, so over sequential requests a polling server's workers switch far less
+often than once per request, and a server without the flag at least about once per request (its
+workers sleep in epoll_wait between a Python client's requests)."""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from cluster_util import wait_until
+
+REQUESTS = 200
+
+
+def worker_switches(pid: int) -> int:
+    """Voluntary context switches of the process's async worker threads, summed."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() != "tokio-rt-worker":
+                continue
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return total
+
+
+def add_sub_inputs():
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        i = httpclient.InferInput(name, [1, 16], "FP32")
+        i.set_data_from_numpy(a)
+        inputs.append(i)
+    return inputs, a
+
+
+def switches_over_requests(url: str, model: str, pid: int) -> int:
+    """Worker switches of `pid` while one client sends REQUESTS requests, one after the other."""
+    client = httpclient.InferenceServerClient(url)
+    try:
+        inputs, a = add_sub_inputs()
+        client.infer(model, inputs)  # connection and model warm
+        before = worker_switches(pid)
+        for _ in range(REQUESTS):
+            out = client.infer(model, inputs).as_numpy("OUTPUT0")
+            np.testing.assert_array_equal(out, a + a)
+        return worker_switches(pid) - before
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["sleeps", "polls"])
+def test_a_node_with_busy_polling_does_not_sleep_between_close_requests(fresh_server, add_sub_repo, busy):
+    args = ["--busy-poll-us", "50000"] if busy else []
+    srv = fresh_server([add_sub_repo], args, wait_models=["add_sub"])
+    switches = switches_over_requests(srv.http_url, "add_sub", srv.proc.pid)
+    if busy:
+        assert switches < REQUESTS // 4, switches
+        assert "busy polling" in srv.log_path.read_text(errors="replace")
+    else:
+        assert switches >= REQUESTS // 2, switches
+
+
+def test_a_router_with_busy_polling_does_not_sleep_between_routed_requests(cluster_factory, models_dir):
+    """Routed requests answer the same, and the router's workers stay awake between them: they read
+    the node's answer and the client's next request without a wake-up."""
+    c = cluster_factory()
+    router = c.start_router(args=["--busy-poll-us", "50000"])
+    c.start_node("n1", [models_dir / "simple"], wait_models=["add_sub"])
+    probe = httpclient.InferenceServerClient(router.http_url)
+    try:
+        wait_until(lambda: probe.is_model_ready("add_sub"), 30, "add_sub routable through the router")
+    finally:
+        probe.close()
+    switches = switches_over_requests(router.http_url, "add_sub", router.proc.pid)
+    assert switches < REQUESTS // 4, switches
+
+
+def test_busy_poll_refuses_a_window_over_a_second(mesh_bin, tmp_path):
+    import subprocess
+    r = subprocess.run([str(mesh_bin), "--model-repository", str(tmp_path), "--busy-poll-us", "2000000"],
+                       capture_output=True, text=True, timeout=30, env=dict(os.environ))
+    assert r.returncode != 0
+    assert "--busy-poll-us" in r.stderr and "2000000" in r.stderr, r.stderr
