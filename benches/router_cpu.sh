@@ -4,10 +4,12 @@
 # unbatched MLP at concurrency C, directly and through the router. For each run the router's and the
 # node's user+system CPU time (/proc/PID/stat) before and after is divided by the requests the node
 # ran (its inference count), so the router's figure is what one routed request costs it: how many
-# nodes one router core can front. Then the same with pinning (taskset): the router alone on CPU 0,
-# the node and the client on CPU 1, throughput through the router against direct on that pinning.
+# nodes one router core can front. Then the same with pinning: router and node are started again
+# under taskset, the router alone on CPU 0 (so its runtime has one worker), the node and the client
+# on CPU 1, and throughput through the router is compared with direct on that pinning.
 # Usage: benches/router_cpu.sh [SECONDS_PER_POINT] [CONCURRENCY]   (needs scripts/setup.sh; ~1 minute)
-# ROUTER_BIN and NODE_BIN run other builds (to compare a change against the commit before it).
+# ROUTER_BIN and NODE_BIN run other builds (to compare a change against the commit before it);
+# ROUTER_ARGS and NODE_ARGS add flags (e.g. ROUTER_ARGS="--busy-poll-us 300").
 DEFAULT_SECS=8
 CONC=${2:-4}
 set -- "${1:-$DEFAULT_SECS}"
@@ -23,14 +25,24 @@ cargo build -q --release -p mesh-node --bench grpc_load
 LOAD=$(ls -t target/release/deps/grpc_load-* | grep -v '\.d$' | head -1)
 TICK=$(getconf CLK_TCK)
 
-"$ROUTER" --http-port 28600 --grpc-port 28601 --metrics-port 28602 --cluster-port 28603 $(tls router) \
-  >"$WORK/router.log" 2>&1 &
-ROUTER_PID=$!
-"${NODE_BIN:-$BIN}" --model-repository "$WORK/repo" --http-port 28610 --grpc-port 28611 --metrics-port 28612 \
-  --cluster-join 127.0.0.1:28603 --node-name node $(tls node) >"$WORK/node.log" 2>&1 &
-NODE_PID=$!
-wait_live 28610; wait_live 28600
-for _ in $(seq 60); do curl -sf localhost:28600/v2/models/mlp/ready >/dev/null && break; sleep 0.5; done
+start() {  # [taskset prefix for the router] -- [taskset prefix for the node]: sets ROUTER_PID, NODE_PID
+  local rpin=() npin=()
+  while [ "$#" -gt 0 ] && [ "$1" != -- ]; do rpin+=("$1"); shift; done
+  [ "$#" -gt 0 ] && shift
+  npin=("$@")
+  "${rpin[@]}" "$ROUTER" --http-port 28600 --grpc-port 28601 --metrics-port 28602 --cluster-port 28603 $(tls router) \
+    ${ROUTER_ARGS:-} >>"$WORK/router.log" 2>&1 &
+  ROUTER_PID=$!
+  "${npin[@]}" "${NODE_BIN:-$BIN}" --model-repository "$WORK/repo" --http-port 28610 --grpc-port 28611 --metrics-port 28612 \
+    --cluster-join 127.0.0.1:28603 --node-name node $(tls node) ${NODE_ARGS:-} >>"$WORK/node.log" 2>&1 &
+  NODE_PID=$!
+  wait_live 28610; wait_live 28600
+  for _ in $(seq 60); do curl -sf localhost:28600/v2/models/mlp/ready >/dev/null && break; sleep 0.5; done
+}
+stop() {  # SIGKILL: the next start needs the ports at once
+  kill -9 "$ROUTER_PID" "$NODE_PID" 2>/dev/null || true
+  wait "$ROUTER_PID" "$NODE_PID" 2>/dev/null || true
+}
 
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }  # user + system, in clock ticks
 count() { curl -sf localhost:28610/v2/models/mlp/stats | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["model_stats"][0]["inference_count"])'; }
@@ -46,13 +58,14 @@ point() {  # label port [taskset prefix for the client]: "label req/s p50 p99 re
 }
 
 {
+  start
   point direct 28611
   point router 28601
-  taskset -pc 0 $ROUTER_PID >/dev/null
-  for t in $(ls /proc/$ROUTER_PID/task); do taskset -pc 0 "$t" >/dev/null; done
-  for t in $(ls /proc/$NODE_PID/task); do taskset -pc 1 "$t" >/dev/null; done
+  stop
+  start taskset -c 0 -- taskset -c 1
   point pinned-direct 28611 taskset -c 1
   point pinned-router 28601 taskset -c 1
+  stop
 } >"$WORK/rows"
 
 .venv/bin/python - "$WORK/rows" "$SECS" "$CONC" <<'PY' | tee "$OUT"
@@ -60,8 +73,9 @@ import datetime, os, sys
 rows = {r[0]: r[1:] for r in (l.split() for l in open(sys.argv[1]) if l.strip())}
 secs, conc = sys.argv[2:4]
 model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+extra = " ".join(f"{k}={os.environ[k]!r}" for k in ("ROUTER_ARGS", "NODE_ARGS") if os.environ.get(k))
 print(f"# Router CPU per routed request, {datetime.date.today()}, {os.cpu_count()} vCPU {model}, "
-      f"{os.uname().release}, c={conc}, {secs} s a point\n")
+      f"{os.uname().release}, c={conc}, {secs} s a point{', ' + extra if extra else ''}\n")
 print("| path | req/s | p50 µs | p99 µs | requests | router CPU µs/request | node CPU µs/request |")
 print("|---|---|---|---|---|---|---|")
 per = {}
@@ -76,4 +90,7 @@ print(f"- Router CPU per routed request: {per['router'][1]:.1f} µs unpinned, {p
       f"{1e6 / per['pinned-router'][1]:.0f} requests/s.")
 print(f"- Through the router against direct: {per['router'][0] / per['direct'][0]:.2f}× the throughput unpinned, "
       f"{per['pinned-router'][0] / per['pinned-direct'][0]:.2f}× with the router on its own core.")
+lat = {label: float(r[1]) for label, r in rows.items()}
+print(f"- Added by the router at p50: {lat['router'] - lat['direct']:+.0f} µs unpinned, "
+      f"{lat['pinned-router'] - lat['pinned-direct']:+.0f} µs pinned.")
 PY
