@@ -119,34 +119,30 @@ mod tests {
         assert!(open(1_000_000, 1_000_050, w));
     }
 
+    /// Waits until the spinners' flag reads `spinning`, failing with `what` after 5 s.
+    async fn until(spinning: bool, what: &str) {
+        let s = SPIN.get().expect("started");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while s.spinning.load(Ordering::Acquire) != spinning {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn spinners_run_while_requests_touch_and_stop_after_the_window() {
         start(Duration::from_millis(20), 2);
-        let s = SPIN.get().expect("started");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while s.spinning.load(Ordering::Acquire) {
-            assert!(Instant::now() < deadline, "nothing touched yet: the spinners wait");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        until(false, "nothing touched yet: the spinners wait").await;
         touch();
-        while !s.spinning.load(Ordering::Acquire) {
-            assert!(Instant::now() < deadline, "a touch wakes a spinner");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        until(true, "a touch wakes a spinner").await;
         // Other tasks still run while the spinners poll.
         let ran = tokio::spawn(async { 7 })
             .await
             .expect("a task runs beside the spinners");
         assert_eq!(ran, 7);
-        while s.spinning.load(Ordering::Acquire) {
-            assert!(Instant::now() < deadline, "the spinners stop once the window passes");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until(false, "the spinners stop once the window passes").await;
         // Touched again, they start again.
         touch();
-        while !s.spinning.load(Ordering::Acquire) {
-            assert!(Instant::now() < deadline, "a later touch wakes them again");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        until(true, "a later touch wakes them again").await;
     }
 }
