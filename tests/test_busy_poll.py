@@ -2,7 +2,11 @@
 their sockets instead of sleeping (crates/mesh/src/busy.rs). Sleeping shows as a voluntary context
 switch of a worker thread, so over sequential requests a polling server's workers switch far less
 often than once per request, and a server without the flag at least about once per request (its
-workers sleep in epoll_wait between a Python client's requests)."""
+workers sleep in epoll_wait between a Python client's requests).
+
+The servers run one async worker (TOKIO_WORKER_THREADS=1), as a process started on a core of its own
+does. With several workers each gets a spinner, but tokio may move spinners between workers, and a
+worker left without one sleeps now and then (more often on a host whose CPUs are busy elsewhere)."""
 import os
 from pathlib import Path
 
@@ -57,6 +61,7 @@ def switches_over_requests(url: str, model: str, pid: int) -> int:
 @pytest.mark.parametrize("busy", [False, True], ids=["sleeps", "polls"])
 def test_a_node_with_busy_polling_does_not_sleep_between_close_requests(fresh_server, add_sub_repo, busy):
     args = ["--busy-poll-us", "50000"] if busy else []
+    fresh_server.env = dict(fresh_server.env, TOKIO_WORKER_THREADS="1")
     srv = fresh_server([add_sub_repo], args, wait_models=["add_sub"])
     switches = switches_over_requests(srv.http_url, "add_sub", srv.proc.pid)
     if busy:
@@ -70,6 +75,7 @@ def test_a_router_with_busy_polling_does_not_sleep_between_routed_requests(clust
     """Routed requests answer the same, and the router's workers stay awake between them: they read
     the node's answer and the client's next request without a wake-up."""
     c = cluster_factory()
+    c.env = dict(c.env, TOKIO_WORKER_THREADS="1")
     router = c.start_router(args=["--busy-poll-us", "50000"])
     c.start_node("n1", [models_dir / "simple"], wait_models=["add_sub"])
     probe = httpclient.InferenceServerClient(router.http_url)
