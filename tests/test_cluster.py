@@ -4,6 +4,7 @@ and metadata, every data type, decoupled streaming and cancellation, statistics 
 nodes, the repository index with the nodes of each model, `mesh-ops status`, and the router's
 metrics. The cluster is shared by the module; no test here breaks it."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,6 +27,26 @@ PY_MODELS = Path(__file__).parent / "python_models"
 PY_ARGS = ["--backend-config", f"python,interpreter={sys.executable}",
            "--backend-config", "python,execute-timeout-seconds=30"]
 NODES = ["n1", "n2", "n3"]
+
+
+def test_router_metrics_grow_no_series_for_unknown_model_names(cluster, http):
+    """Requests for names the cluster does not serve are answered 'not found' and leave no series
+    behind: otherwise any client could grow the router's memory and /metrics without bound."""
+    names = [f"made_up_{i}_{os.getpid()}" for i in range(20)]
+    for name in names:
+        ins, _, _ = add_sub_request(httpclient, 0)
+        with pytest.raises(InferenceServerException, match="not found"):
+            http.infer(name, ins)
+    text = cluster.router.metrics()
+    assert not [n for n in names if n in text], [l for l in text.splitlines() if "made_up_" in l][:5]
+    # A known model's failures still count.
+    fail0 = metric_sum(parse_metrics(text), "nv_inference_request_failure", model="add_sub") or 0
+    bad = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 3), np.float32))
+    with pytest.raises(InferenceServerException):
+        http.infer("add_sub", [bad])
+    after = parse_metrics(cluster.router.metrics())
+    assert (metric_sum(after, "nv_inference_request_failure", model="add_sub") or 0) == fail0 + 1
 
 
 @pytest.fixture(scope="module")

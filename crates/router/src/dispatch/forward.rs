@@ -126,6 +126,12 @@ impl RouterDispatch {
     }
 
     fn finish<T>(&self, r: &Attempts, model: &str, started: Instant, result: &Result<T>) {
+        // A name that matched nothing the cluster serves gets no series: a client sending made-up
+        // names would grow the metrics registry (and /metrics) without bound. A node, like Triton,
+        // keeps statistics only for the models it has.
+        if matches!(result, Err(e) if e.code == mesh::Code::NotFound) && r.version().is_none() {
+            return;
+        }
         let failure = result.as_ref().err().map(|e| e.metric_reason());
         if result.is_ok() && r.failed_over() {
             metrics::failover();
