@@ -8,12 +8,13 @@ The servers run one async worker (TOKIO_WORKER_THREADS=1), as a process started 
 does. With several workers each gets a spinner, but tokio may move spinners between workers, and a
 worker left without one sleeps now and then (more often on a host whose CPUs are busy elsewhere)."""
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from cluster_util import wait_until
+from cluster_util import add_sub_inputs, wait_until
 
 REQUESTS = 200
 
@@ -33,26 +34,19 @@ def worker_switches(pid: int) -> int:
     return total
 
 
-def add_sub_inputs():
-    a = np.arange(16, dtype=np.float32).reshape(1, 16)
-    inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        i = httpclient.InferInput(name, [1, 16], "FP32")
-        i.set_data_from_numpy(a)
-        inputs.append(i)
-    return inputs, a
-
-
 def switches_over_requests(url: str, model: str, pid: int) -> int:
     """Worker switches of `pid` while one client sends REQUESTS requests, one after the other."""
     client = httpclient.InferenceServerClient(url)
     try:
-        inputs, a = add_sub_inputs()
+        a, b = add_sub_inputs(0)
+        inputs = [httpclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
         client.infer(model, inputs)  # connection and model warm
         before = worker_switches(pid)
         for _ in range(REQUESTS):
             out = client.infer(model, inputs).as_numpy("OUTPUT0")
-            np.testing.assert_array_equal(out, a + a)
+            np.testing.assert_array_equal(out, a + b)
         return worker_switches(pid) - before
     finally:
         client.close()
@@ -88,7 +82,6 @@ def test_a_router_with_busy_polling_does_not_sleep_between_routed_requests(clust
 
 
 def test_busy_poll_refuses_a_window_over_a_second(mesh_bin, tmp_path):
-    import subprocess
     r = subprocess.run([str(mesh_bin), "--model-repository", str(tmp_path), "--busy-poll-us", "2000000"],
                        capture_output=True, text=True, timeout=30, env=dict(os.environ))
     assert r.returncode != 0

@@ -442,8 +442,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                             // Each request goes on once the one before is queued (or ended).
                             let (queued, next) = tokio::sync::oneshot::channel();
                             let before = last_queued.replace(next);
-                            let task = running.spawn(async move {
-                                crate::busy::touch();
+                            let task = running.spawn(crate::busy::around(async move {
                                 if let Some(before) = before {
                                     let _ = before.await;
                                 }
@@ -460,8 +459,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
                                     crate::queued::scope(queued, answer).await;
                                 }
                                 done.finish();
-                                crate::busy::touch();
-                            });
+                            }));
                             sizes.insert(task.id(), bytes);
                         }
                         Ok(None) => break,
