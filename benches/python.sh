@@ -45,7 +45,7 @@ echo "|---|---|---|---|---|---|"
   --backend-config "python,interpreter=$PWD/.venv/bin/python" ${MESH_ARGS:-} >"$WORK/node.log" 2>&1 &
 NODE=$!
 wait_live 28300
-points() { for c in 1 4; do echo "add_sub $c"; done; for c in 1 4 8; do echo "bls_x2 $c"; done; }
+points() { for c in 1 4 8; do echo "add_sub $c"; done; for c in 1 4 8; do echo "bls_x2 $c"; done; }
 points | while read -r m c; do measure mesh 28301 "$m" "$c"; done > "$WORK/mesh.md"
 .venv/bin/python benches/python_probe.py probe 28300 mesh add_sub add_sub_onnx > "$WORK/probe.md"
 .venv/bin/python benches/python_probe.py rss mesh $NODE > "$WORK/rss.md"

@@ -1,9 +1,11 @@
 """The Python backend through tritonclient: Triton model.py files run unmodified in stub processes,
 BLS (sync, async, an autoregressive loop) goes back through the node, and failures stay contained."""
 import json
+import re
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,8 @@ pytestmark = [pytest.mark.server]
 
 PY_MODELS = Path(__file__).parent / "python_models"
 SERVING = ["add_sub_py", "py_package", "bls_twice", "bls_async", "py_errors", "auto_cfg", "strings_py", "seal_loop",
-           "dlpack_py", "bls_outer", "bls_outer2", "bls_threads", "add_sub", "seal_encoder", "seal_decoder"]
+           "dlpack_py", "bls_outer", "bls_outer2", "bls_threads", "add_sub", "seal_encoder", "seal_decoder",
+           "each_py"]
 
 
 def seal_models(repo: Path):
@@ -218,6 +221,48 @@ def test_errors_fail_only_their_request(http):
         http.infer("py_errors", x_input(13.0))
     assert "thirteen is unlucky" in str(e.value)
     np.testing.assert_array_equal(http.infer("py_errors", x_input(2.0)).as_numpy("Y"), [4.0])
+
+
+def test_requests_that_queue_travel_together_yet_each_gets_its_own_execute(py_server):
+    """each_py (no dynamic batching, reads only requests[0], 20 ms per execute): 16 concurrent
+    requests queue behind one instance and travel to its stub in groups, but every execute() sees
+    one request, each request gets its own answer from the shared memory, a failing request fails
+    alone, and the statistics count one execution per request."""
+    def grouped():
+        found = re.search(r'mesh_instance_grouped_requests_total\{[^}]*model="each_py"[^}]*\} (\S+)',
+                          py_server.metrics())
+        return float(found.group(1)) if found else 0.0
+
+    def one(i):
+        c = httpclient.InferenceServerClient(py_server.http_url)
+        try:
+            value = -float(i) if i % 5 == 0 else float(i)
+            t = httpclient.InferInput("IN", [1], "FP32")
+            t.set_data_from_numpy(np.array([value], np.float32))
+            try:
+                r = c.infer("each_py", [t])
+                return value, r.as_numpy("OUT").tolist(), r.as_numpy("SEEN").tolist()
+            except InferenceServerException as e:
+                return value, str(e), None
+        finally:
+            c.close()
+
+    before = grouped()
+    stats = httpclient.InferenceServerClient(py_server.http_url)
+    start = stats.get_inference_statistics("each_py")["model_stats"][0]
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(1, 33)))
+    for value, out, seen in results:
+        if value < 0:
+            assert f"negative input {value}" in out, out
+        else:
+            assert (out, seen) == ([value * 2], [1]), (value, out, seen)
+    assert grouped() > before, "requests that queued went to the stub one by one"
+    end = stats.get_inference_statistics("each_py")["model_stats"][0]
+    served = int(end["inference_count"]) - int(start.get("inference_count", 0))
+    assert served == 26, end  # 32 requests, 6 of them failing
+    assert int(end["execution_count"]) - int(start.get("execution_count", 0)) == served
+    stats.close()
 
 
 def wait_ready_and_serving(http, what):

@@ -71,12 +71,30 @@ class _Answers:
 
 class Plain:
     def execute_plain(self, header, blob):
+        """One execute() of the frame's requests; with `each` (requests of a model without dynamic
+        batching that queued while it was busy), one execute() per request, one after another, as
+        Triton runs them. Either way the answers go back together."""
         requests = self.requests_of(header, blob)
         seq = header.get("seq")
-        answers = _Answers(len(requests), lambda i: self.plain_cancelled(seq, i))
         if self.cancelled:  # clients of earlier executions that went away
             with self.allowance_cv:
                 self.cancelled = {k for k in self.cancelled if k[0] == seq}
+        blobs, blob_len = [], [0]
+        if not header.get("each"):
+            responses, again = self.run_plain(requests, 0, seq, blobs, blob_len)
+        else:
+            responses, again = [], []
+            for i, request in enumerate(requests):
+                answered, later = self.run_plain([request], i, seq, blobs, blob_len)
+                responses += answered
+                again += [i] if later else []
+        return {"op": "responses", "responses": responses, "reschedule": again}, blobs
+
+    def run_plain(self, requests, base, seq, blobs, blob_len):
+        """Runs execute(requests) (the frame's requests from place `base` on) and describes each
+        request's answer into `blobs`; returns the descriptions and the places (in `requests`) of
+        those the model rescheduled."""
+        answers = _Answers(len(requests), lambda i: self.plain_cancelled(seq, base + i))
         for i, req in enumerate(requests):
             req._sender_for = lambda i=i: answers.sender_for(i)
             req._cancelled = lambda i=i: answers.probe(i)
@@ -87,18 +105,18 @@ class Plain:
                 is_async = True
                 result = self.loop.run_until_complete(result)
         except Exception as e:  # noqa: BLE001 - the model's error fails its requests, not the stub
-            return self.plain_failed(requests, answers, self.failure(e))
+            return self.plain_failed(requests, answers, self.failure(e), blobs, blob_len)
         if result is not None and (not isinstance(result, (list, tuple)) or len(result) != len(requests)):
             got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
             return self.plain_failed(
-                requests, answers, f"execute() must return a list of {len(requests)} InferenceResponse, got {got}")
+                requests, answers, f"execute() must return a list of {len(requests)} InferenceResponse, got {got}",
+                blobs, blob_len)
         returned = list(result) if result is not None else [None] * len(requests)
         again = rescheduled(requests)
         # A returned response is the sender's one response: later sends are refused.
         claimed = [r is not None and i not in again and answers.claim(i) for i, r in enumerate(returned)]
         waiting = [i for i in range(len(requests)) if i not in again and not claimed[i]]
         self.await_senders(answers, waiting, is_async)
-        blobs, blob_len = [], [0]
         responses = []
         for i, request in enumerate(requests):
             sent = answers.slots[i]
@@ -116,7 +134,7 @@ class Plain:
                     self.log("warn", "a response was sent for this request already; the one execute() "
                                      "returned is ignored, as a model that is not decoupled answers once")
                 responses.append(self.response_desc(sent, blobs, blob_len, request._client_wanted))
-        return {"op": "responses", "responses": responses, "reschedule": again}, blobs
+        return responses, again
 
     def plain_cancelled(self, seq, index):
         """`request.is_cancelled()`: mesh-node sends a `cancel` frame when the client goes away."""
@@ -148,11 +166,9 @@ class Plain:
         with answers.cv:
             answers.cv.wait_for(lambda: not answers.missing(places))
 
-    def plain_failed(self, requests, answers, message):
+    def plain_failed(self, requests, answers, message, blobs, blob_len):
         """execute() raised or returned something else: requests answered through their senders
         keep those answers, the others get `message`; every sender closes."""
         answers.close()
-        blobs, blob_len = [], [0]
-        return {"op": "responses", "responses": [
-            self.response_desc(s, blobs, blob_len, r._client_wanted) if s is not None else {"error": message}
-            for s, r in zip(answers.slots, requests)]}, blobs
+        return [self.response_desc(s, blobs, blob_len, r._client_wanted) if s is not None else {"error": message}
+                for s, r in zip(answers.slots, requests)], []

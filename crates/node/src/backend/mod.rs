@@ -113,6 +113,31 @@ pub trait Backend: Send {
         Err(Error::internal("this backend takes merged batches"))
     }
 
+    /// True for backends that take requests of a model without dynamic batching together
+    /// (`execute_each`); the executor then sends them the requests that queued while it was busy.
+    fn groups_executions(&self) -> bool {
+        false
+    }
+
+    /// Runs each request in an execution of its own (the model sees one request per execution, as
+    /// Triton runs a model without dynamic batching). Backends that `groups_executions` do it in
+    /// one exchange; this default runs them one after another.
+    fn execute_each(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
+        let mut results = Vec::with_capacity(requests.len());
+        let mut total = Timings::default();
+        for r in requests {
+            let (mut one, t) = self.execute_requests(std::slice::from_ref(r))?;
+            results.push(
+                one.pop()
+                    .unwrap_or_else(|| Err(Error::internal("the backend gave no response"))),
+            );
+            total.input += t.input;
+            total.infer += t.infer;
+            total.output += t.output;
+        }
+        Ok((results, total))
+    }
+
     /// False for backends that wait on another process (Python): a BLS call they wait for may need
     /// the async runtime's threads, so they never run on one.
     fn may_run_inline(&self) -> bool {

@@ -112,6 +112,10 @@ fn describe() {
         "mesh_instance_executions_total",
         "Executions (batches) run by each model instance"
     );
+    c!(
+        "mesh_instance_grouped_requests_total",
+        "Requests of a model without dynamic batching that travelled to their instance's backend with others (each still its own execution)"
+    );
     c!("nv_cache_num_hits_per_model", "Number of cache hits per model");
     c!(
         "nv_cache_hit_duration_per_model",

@@ -158,7 +158,6 @@ fn run_merged(
 /// Runs one batch on the backend and answers every request in it.
 pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
     let started = Instant::now();
-    let total: usize = jobs.iter().map(|j| j.sub.rows).sum();
     let result = {
         let mut b = exec.backend.locked();
         let subs: Vec<&Submission> = jobs.iter().map(|j| &j.sub).collect();
@@ -170,9 +169,79 @@ pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
             run_merged(label, exec, &mut **b, &subs)
         }
     };
+    answer(jobs, result, started, false);
+}
+
+/// At most this many requests of a model without dynamic batching travel to a backend that takes
+/// them together (`Backend::groups_executions`), with at most this many input bytes: grouping saves
+/// the wake-ups of small requests; large ones gain nothing from it.
+pub(crate) const GROUP_MAX: usize = 8;
+pub(crate) const GROUP_MAX_BYTES: usize = 1 << 20;
+
+/// Whether a request with `bytes` of inputs joins a group of `count` requests holding `held` bytes. Sans-IO.
+pub(crate) fn joins_group(count: usize, held: usize, bytes: usize) -> bool {
+    count < GROUP_MAX && held.saturating_add(bytes) <= GROUP_MAX_BYTES
+}
+
+fn input_bytes(sub: &Submission) -> usize {
+    sub.inputs.iter().map(|t| t.tensor.data.len()).sum()
+}
+
+/// Takes the requests queued behind `first` that may travel with it (`joins_group`), and the first
+/// message that may not (it is handled next).
+fn gather(first: Job, rx: &mpsc::Receiver<ExecMsg>) -> (Vec<Job>, Option<ExecMsg>) {
+    let mut held = input_bytes(&first.sub);
+    let mut jobs = vec![first];
+    while jobs.len() < GROUP_MAX {
+        match rx.try_recv() {
+            // A request whose client went away is dropped here, as the Direct path drops it.
+            Ok(ExecMsg::Direct(job)) if job.reply.is_closed() => {}
+            Ok(ExecMsg::Direct(job)) if joins_group(jobs.len(), held, input_bytes(&job.sub)) => {
+                held += input_bytes(&job.sub);
+                jobs.push(job);
+            }
+            Ok(other) => return (jobs, Some(other)),
+            Err(_) => break,
+        }
+    }
+    (jobs, None)
+}
+
+/// Runs requests of a model without dynamic batching, each as an execution of its own, in one
+/// exchange with the backend (`Backend::execute_each`), and answers every request.
+fn run_each(label: &str, exec: &Executor, jobs: Vec<Job>) {
+    let started = Instant::now();
+    let result = {
+        let mut b = exec.backend.locked();
+        let subs: Vec<&Submission> = jobs.iter().map(|j| &j.sub).collect();
+        let closed: Vec<_> = jobs.iter().map(|j| move || j.reply.is_closed()).collect();
+        let probes: Vec<Option<Probe<'_>>> = closed.iter().map(|c| Some(c as Probe<'_>)).collect();
+        exec.guarded(label, &mut **b, |b| b.execute_each(&views(&subs, &probes)))
+    };
+    // `guarded` counted one execution; each request had its own.
+    exec.executions.increment(jobs.len().saturating_sub(1) as u64);
+    if jobs.len() > 1 {
+        exec.grouped.increment(jobs.len() as u64);
+    }
+    answer(jobs, result, started, true);
+}
+
+/// Answers every request of an execution (or, with `each`, of executions that ran one request
+/// each and share the measured time evenly).
+fn answer(jobs: Vec<Job>, result: Result<(PerRequest, Timings)>, started: Instant, each: bool) {
+    let total: usize = jobs.iter().map(|j| j.sub.rows).sum();
     match result {
-        Ok((parts, timings)) => {
+        Ok((parts, mut timings)) => {
+            if each {
+                let n = jobs.len().max(1) as u32;
+                timings = Timings {
+                    input: timings.input / n,
+                    infer: timings.infer / n,
+                    output: timings.output / n,
+                };
+            }
             for (i, (job, outs)) in jobs.into_iter().zip(parts).enumerate() {
+                let batch_rows = if each { job.sub.rows } else { total };
                 let answer = outs.map(|mut outs| {
                     if !job.sub.outputs.is_empty() {
                         outs.retain(|o| job.sub.outputs.contains(&o.name));
@@ -181,8 +250,8 @@ pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
                         outputs: outs,
                         timings,
                         queued: started.saturating_duration_since(job.enqueued),
-                        batch_rows: total,
-                        counts_execution: i == 0,
+                        batch_rows,
+                        counts_execution: each || i == 0,
                     }
                 });
                 let _ = job.reply.send(answer);
@@ -201,6 +270,8 @@ pub(crate) struct Executor {
     pub backend: Shared,
     pub policy: Arc<InlinePolicy>,
     pub executions: Counter,
+    /// Requests that travelled to the backend with others (`run_each`).
+    pub grouped: Counter,
     pub health: Arc<Health>,
     pub on_failure: FailureNotice,
     /// Set for models with ragged inputs, batch inputs or batch outputs.
@@ -349,6 +420,11 @@ pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<Ex
                     let _ = job
                         .reply
                         .send(Err(Error::unavailable(format!("instance {label} is restarting"))));
+                } else if runs && exec.limit.is_none() && exec.backend.locked().groups_executions() {
+                    // Requests that queued while the instance was busy travel together.
+                    let (jobs, after) = gather(job, rx);
+                    next = after;
+                    run_each(label, exec, jobs);
                 } else if runs {
                     let turn = exec.limit.as_ref().map(|m| m.wait_turn());
                     run_batch(label, exec, vec![job]);
@@ -392,6 +468,19 @@ mod tests {
             p.record(Duration::from_micros(10));
         }
         assert!(p.allows_inline());
+    }
+
+    #[test]
+    fn groups_are_bounded_by_count_and_bytes() {
+        assert!(joins_group(1, 0, 64));
+        assert!(joins_group(GROUP_MAX - 1, 0, 64));
+        assert!(!joins_group(GROUP_MAX, 0, 64), "no more than GROUP_MAX requests");
+        assert!(joins_group(1, GROUP_MAX_BYTES - 64, 64));
+        assert!(
+            !joins_group(1, GROUP_MAX_BYTES - 63, 64),
+            "no more than GROUP_MAX_BYTES of inputs"
+        );
+        assert!(!joins_group(1, usize::MAX, 1), "no overflow");
     }
 
     #[test]

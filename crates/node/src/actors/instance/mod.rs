@@ -274,6 +274,7 @@ impl InstanceHandle {
             backend: Arc::new(Mutex::new(backend)),
             policy: Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT)),
             executions: metrics::counter!("mesh_instance_executions_total", &metric_labels),
+            grouped: metrics::counter!("mesh_instance_grouped_requests_total", &metric_labels),
             health: Arc::new(Health::new(&metric_labels)),
             on_failure,
             ragged,

@@ -446,10 +446,33 @@ impl Backend for PythonBackend {
     /// Runs the batch, then again the requests the model rescheduled
     /// (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`) until none is.
     fn execute_requests(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
-        let (mut results, mut timings, mut again) = self.execute_once(requests)?;
+        self.execute_rounds(requests, false)
+    }
+
+    /// A model that is not decoupled takes the requests that queued while it was busy in one frame.
+    fn groups_executions(&self) -> bool {
+        !self.decoupled
+    }
+
+    /// The requests travel to the stub in one frame, which runs `execute([request])` for each, as
+    /// Triton runs a model without dynamic batching, and answers them all in one frame.
+    fn execute_each(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
+        self.execute_rounds(requests, !self.decoupled)
+    }
+
+    fn healthy(&mut self) -> bool {
+        self.dead.is_none() && self.stub.exited().is_none()
+    }
+}
+
+impl PythonBackend {
+    /// Runs the requests (in one `execute`, or with `each` one `execute` per request), then again
+    /// those the model rescheduled until none is.
+    fn execute_rounds(&mut self, requests: &[RequestView<'_>], each: bool) -> Result<(PerRequest, Timings)> {
+        let (mut results, mut timings, mut again) = self.execute_once(requests, each)?;
         while !again.is_empty() {
             let views: Vec<RequestView<'_>> = again.iter().map(|&i| requests[i]).collect();
-            let (answers, more, next) = match self.execute_once(&views) {
+            let (answers, more, next) = match self.execute_once(&views, each) {
                 Ok(round) => round,
                 Err(e) => {
                     // Only the requests of this round fail: the others have their answers (a
@@ -467,10 +490,6 @@ impl Backend for PythonBackend {
             again = next.into_iter().filter_map(|k| again.get(k).copied()).collect();
         }
         Ok((results, timings))
-    }
-
-    fn healthy(&mut self) -> bool {
-        self.dead.is_none() && self.stub.exited().is_none()
     }
 }
 
@@ -490,7 +509,8 @@ fn rescheduled(reply: &Value, count: usize) -> Vec<usize> {
 
 impl PythonBackend {
     /// One execution of the model: each request's answer, and the requests it rescheduled.
-    fn execute_once(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings, Vec<usize>)> {
+    /// With `each`, the stub runs one `execute` per request.
+    fn execute_once(&mut self, requests: &[RequestView<'_>], each: bool) -> Result<(PerRequest, Timings, Vec<usize>)> {
         if let Some(why) = &self.dead {
             return Err(Error::unavailable(why.clone()));
         }
@@ -501,7 +521,10 @@ impl PythonBackend {
         self.stub.shm.reset();
         let (encoded, blob) = self.encode_requests(requests);
         self.seq += 1;
-        let header = json!({"op": "execute", "seq": self.seq, "requests": encoded});
+        let mut header = json!({"op": "execute", "seq": self.seq, "requests": encoded});
+        if each && requests.len() > 1 {
+            header["each"] = true.into();
+        }
         let t1 = Instant::now();
         let (reply, reply_blob) = self.exchange(&header, &blob, requests)?;
         let t2 = Instant::now();
