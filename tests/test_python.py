@@ -223,46 +223,70 @@ def test_errors_fail_only_their_request(http):
     np.testing.assert_array_equal(http.infer("py_errors", x_input(2.0)).as_numpy("Y"), [4.0])
 
 
+def grouped_requests(srv, model):
+    found = re.search(r'mesh_instance_grouped_requests_total\{[^}]*model="' + model + r'"[^}]*\} (\S+)', srv.metrics())
+    return float(found.group(1)) if found else 0.0
+
+
+def each_py(srv, value):
+    """One each_py request: (OUT, SEEN) or the error's message."""
+    c = httpclient.InferenceServerClient(srv.http_url, network_timeout=60)
+    try:
+        t = httpclient.InferInput("IN", [1], "FP32")
+        t.set_data_from_numpy(np.array([value], np.float32))
+        r = c.infer("each_py", [t])
+        return r.as_numpy("OUT").tolist(), r.as_numpy("SEEN").tolist()
+    except InferenceServerException as e:
+        return str(e)
+    finally:
+        c.close()
+
+
 def test_requests_that_queue_travel_together_yet_each_gets_its_own_execute(py_server):
-    """each_py (no dynamic batching, reads only requests[0], 20 ms per execute): 16 concurrent
-    requests queue behind one instance and travel to its stub in groups, but every execute() sees
+    """each_py (no dynamic batching, reads only requests[0], 20 ms per execute): 32 requests from 16
+    clients queue behind one instance and travel to its stub in groups, but every execute() sees
     one request, each request gets its own answer from the shared memory, a failing request fails
     alone, and the statistics count one execution per request."""
-    def grouped():
-        found = re.search(r'mesh_instance_grouped_requests_total\{[^}]*model="each_py"[^}]*\} (\S+)',
-                          py_server.metrics())
-        return float(found.group(1)) if found else 0.0
-
-    def one(i):
-        c = httpclient.InferenceServerClient(py_server.http_url)
-        try:
-            value = -float(i) if i % 5 == 0 else float(i)
-            t = httpclient.InferInput("IN", [1], "FP32")
-            t.set_data_from_numpy(np.array([value], np.float32))
-            try:
-                r = c.infer("each_py", [t])
-                return value, r.as_numpy("OUT").tolist(), r.as_numpy("SEEN").tolist()
-            except InferenceServerException as e:
-                return value, str(e), None
-        finally:
-            c.close()
-
-    before = grouped()
+    values = [-float(i) if i % 5 == 0 else float(i) for i in range(1, 33)]
+    before = grouped_requests(py_server, "each_py")
     stats = httpclient.InferenceServerClient(py_server.http_url)
     start = stats.get_inference_statistics("each_py")["model_stats"][0]
     with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(one, range(1, 33)))
-    for value, out, seen in results:
+        results = list(pool.map(lambda v: each_py(py_server, v), values))
+    for value, got in zip(values, results):
         if value < 0:
-            assert f"negative input {value}" in out, out
+            assert f"negative input {value}" in got, got
         else:
-            assert (out, seen) == ([value * 2], [1]), (value, out, seen)
-    assert grouped() > before, "requests that queued went to the stub one by one"
+            assert got == ([value * 2], [1]), (value, got)
+    assert grouped_requests(py_server, "each_py") > before, "requests that queued went to the stub one by one"
     end = stats.get_inference_statistics("each_py")["model_stats"][0]
     served = int(end["inference_count"]) - int(start.get("inference_count", 0))
     assert served == 26, end  # 32 requests, 6 of them failing
     assert int(end["execution_count"]) - int(start.get("execution_count", 0)) == served
     stats.close()
+
+
+def test_an_answer_does_not_wait_for_the_requests_that_travelled_with_it(py_server):
+    """While a first request holds each_py's stub, two more queue and then travel to it together:
+    the first of them is answered while the second is still running."""
+    model_dir = py_server.repo / "each_py"
+    before = grouped_requests(py_server, "each_py")
+    with ThreadPoolExecutor(3) as pool:
+        holder = pool.submit(each_py, py_server, 1000.0)
+        time.sleep(0.5)
+        early = pool.submit(each_py, py_server, 3.0)
+        time.sleep(0.3)
+        late = pool.submit(each_py, py_server, 1001.0)
+        time.sleep(0.3)
+        (model_dir / "gate1000").touch()
+        try:
+            assert holder.result(timeout=20) == ([2000.0], [1])
+            assert early.result(timeout=20) == ([6.0], [1])
+            assert not late.done(), "the late request runs until its gate opens"
+        finally:
+            (model_dir / "gate1001").touch()
+        assert late.result(timeout=20) == ([2002.0], [1])
+    assert grouped_requests(py_server, "each_py") - before == 2, "the two queued requests travelled together"
 
 
 def wait_ready_and_serving(http, what):

@@ -73,7 +73,8 @@ class Plain:
     def execute_plain(self, header, blob):
         """One execute() of the frame's requests; with `each` (requests of a model without dynamic
         batching that queued while it was busy), one execute() per request, one after another, as
-        Triton runs them. Either way the answers go back together."""
+        Triton runs them: each answer but the last goes back at once in an `answer` frame, and the
+        reply carries the last one (the others marked `streamed`) and the rescheduled places."""
         requests = self.requests_of(header, blob)
         seq = header.get("seq")
         if self.cancelled:  # clients of earlier executions that went away
@@ -85,9 +86,15 @@ class Plain:
         else:
             responses, again = [], []
             for i, request in enumerate(requests):
-                answered, later = self.run_plain([request], i, seq, blobs, blob_len)
+                last = i == len(requests) - 1
+                own_blobs, own_len = (blobs, blob_len) if last else ([], [0])
+                answered, later = self.run_plain([request], i, seq, own_blobs, own_len)
+                if later:
+                    again.append(i)
+                elif not last:
+                    self.send({"op": "answer", "index": i, "response": answered[0]}, own_blobs)
+                    answered = [{"streamed": True}]
                 responses += answered
-                again += [i] if later else []
         return {"op": "responses", "responses": responses, "reschedule": again}, blobs
 
     def run_plain(self, requests, base, seq, blobs, blob_len):

@@ -97,6 +97,9 @@ impl ResponseSink {
 /// The outputs (or the error) of each request of a batch, in order.
 pub type PerRequest = Vec<Result<Vec<NamedTensor>>>;
 
+/// Where `Backend::execute_each` hands the answer of the request at a place, as soon as it is ready.
+pub type Deliver<'d> = &'d mut dyn FnMut(usize, Result<Vec<NamedTensor>>);
+
 /// One loaded model session; `execute` runs on the instance's own thread.
 pub trait Backend: Send {
     /// Runs the inputs and returns the outputs named in `outputs` (all config outputs when empty).
@@ -120,22 +123,19 @@ pub trait Backend: Send {
     }
 
     /// Runs each request in an execution of its own (the model sees one request per execution, as
-    /// Triton runs a model without dynamic batching). Backends that `groups_executions` do it in
-    /// one exchange; this default runs them one after another.
-    fn execute_each(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
-        let mut results = Vec::with_capacity(requests.len());
-        let mut total = Timings::default();
-        for r in requests {
-            let (mut one, t) = self.execute_requests(std::slice::from_ref(r))?;
-            results.push(
+    /// Triton runs a model without dynamic batching) and hands each answer to `deliver` as it is
+    /// ready, once per request. Backends that `groups_executions` do it in one exchange; this
+    /// default runs them one after another. On an error, the requests not delivered yet fail with it.
+    fn execute_each(&mut self, requests: &[RequestView<'_>], deliver: Deliver<'_>) -> Result<()> {
+        for (i, r) in requests.iter().enumerate() {
+            let (mut one, _) = self.execute_requests(std::slice::from_ref(r))?;
+            deliver(
+                i,
                 one.pop()
                     .unwrap_or_else(|| Err(Error::internal("the backend gave no response"))),
             );
-            total.input += t.input;
-            total.infer += t.infer;
-            total.output += t.output;
         }
-        Ok((results, total))
+        Ok(())
     }
 
     /// False for backends that wait on another process (Python): a BLS call they wait for may need

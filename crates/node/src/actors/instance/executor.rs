@@ -169,7 +169,7 @@ pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
             run_merged(label, exec, &mut **b, &subs)
         }
     };
-    answer(jobs, result, started, false);
+    answer(jobs, result, started);
 }
 
 /// At most this many requests of a model without dynamic batching travel to a backend that takes
@@ -208,40 +208,80 @@ fn gather(first: Job, rx: &mpsc::Receiver<ExecMsg>) -> (Vec<Job>, Option<ExecMsg
 }
 
 /// Runs requests of a model without dynamic batching, each as an execution of its own, in one
-/// exchange with the backend (`Backend::execute_each`), and answers every request.
+/// exchange with the backend (`Backend::execute_each`), and answers each request as soon as its
+/// answer is ready (an early request does not wait for the group).
 fn run_each(label: &str, exec: &Executor, jobs: Vec<Job>) {
     let started = Instant::now();
+    let count = jobs.len();
+    let mut subs = Vec::with_capacity(count);
+    let mut waiting = Vec::with_capacity(count);
+    for job in jobs {
+        subs.push(job.sub);
+        waiting.push(Some((job.reply, job.enqueued)));
+    }
+    // Taken once per request: by its answer, or by the error that ends the exchange.
+    let waiting = Mutex::new(waiting);
+    let mut last = started;
     let result = {
         let mut b = exec.backend.locked();
-        let subs: Vec<&Submission> = jobs.iter().map(|j| &j.sub).collect();
-        let closed: Vec<_> = jobs.iter().map(|j| move || j.reply.is_closed()).collect();
+        let refs: Vec<&Submission> = subs.iter().collect();
+        let closed: Vec<_> = (0..count)
+            .map(|i| {
+                let waiting = &waiting;
+                move || waiting.locked()[i].as_ref().is_none_or(|(reply, _)| reply.is_closed())
+            })
+            .collect();
         let probes: Vec<Option<Probe<'_>>> = closed.iter().map(|c| Some(c as Probe<'_>)).collect();
-        exec.guarded(label, &mut **b, |b| b.execute_each(&views(&subs, &probes)))
+        let mut deliver = |i: usize, outs: Result<Vec<NamedTensor>>| {
+            let now = Instant::now();
+            // Each request's execution ran from the previous answer to its own.
+            let took = now.saturating_duration_since(last);
+            last = now;
+            let Some((reply, enqueued)) = waiting.locked().get_mut(i).and_then(Option::take) else {
+                return;
+            };
+            let sub = &subs[i];
+            let answer = outs.map(|mut outs| {
+                if !sub.outputs.is_empty() {
+                    outs.retain(|o| sub.outputs.contains(&o.name));
+                }
+                Executed {
+                    outputs: outs,
+                    timings: Timings {
+                        infer: took,
+                        ..Timings::default()
+                    },
+                    queued: started.saturating_duration_since(enqueued),
+                    batch_rows: sub.rows,
+                    counts_execution: true,
+                }
+            });
+            let _ = reply.send(answer);
+        };
+        exec.guarded(label, &mut **b, |b| {
+            b.execute_each(&views(&refs, &probes), &mut deliver)
+        })
     };
     // `guarded` counted one execution; each request had its own.
-    exec.executions.increment(jobs.len().saturating_sub(1) as u64);
-    if jobs.len() > 1 {
-        exec.grouped.increment(jobs.len() as u64);
+    exec.executions.increment(count.saturating_sub(1) as u64);
+    if count > 1 {
+        exec.grouped.increment(count as u64);
     }
-    answer(jobs, result, started, true);
+    let unanswered = waiting.into_inner().unwrap_or_else(|e| e.into_inner());
+    let error = result
+        .err()
+        .unwrap_or_else(|| Error::internal("the backend gave no response"));
+    for (reply, _) in unanswered.into_iter().flatten() {
+        let _ = reply.send(Err(error.clone()));
+    }
 }
 
-/// Answers every request of an execution (or, with `each`, of executions that ran one request
-/// each and share the measured time evenly).
-fn answer(jobs: Vec<Job>, result: Result<(PerRequest, Timings)>, started: Instant, each: bool) {
+/// Answers every request of an execution.
+fn answer(jobs: Vec<Job>, result: Result<(PerRequest, Timings)>, started: Instant) {
     let total: usize = jobs.iter().map(|j| j.sub.rows).sum();
     match result {
-        Ok((parts, mut timings)) => {
-            if each {
-                let n = jobs.len().max(1) as u32;
-                timings = Timings {
-                    input: timings.input / n,
-                    infer: timings.infer / n,
-                    output: timings.output / n,
-                };
-            }
+        Ok((parts, timings)) => {
             for (i, (job, outs)) in jobs.into_iter().zip(parts).enumerate() {
-                let batch_rows = if each { job.sub.rows } else { total };
                 let answer = outs.map(|mut outs| {
                     if !job.sub.outputs.is_empty() {
                         outs.retain(|o| job.sub.outputs.contains(&o.name));
@@ -250,8 +290,8 @@ fn answer(jobs: Vec<Job>, result: Result<(PerRequest, Timings)>, started: Instan
                         outputs: outs,
                         timings,
                         queued: started.saturating_duration_since(job.enqueued),
-                        batch_rows,
-                        counts_execution: each || i == 0,
+                        batch_rows: total,
+                        counts_execution: i == 0,
                     }
                 });
                 let _ = job.reply.send(answer);
@@ -451,42 +491,5 @@ fn next_after_done(rx: &mpsc::Receiver<ExecMsg>, deadline: &mut Option<Instant>)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn inline_only_after_short_measurements() {
-        let p = InlinePolicy::new(Duration::from_micros(200));
-        assert!(!p.allows_inline(), "unknown cost must not run inline");
-        p.record(Duration::from_micros(20));
-        assert!(p.allows_inline());
-        for _ in 0..40 {
-            p.record(Duration::from_millis(50));
-        }
-        assert!(!p.allows_inline(), "a model that became slow moves to its thread");
-        for _ in 0..200 {
-            p.record(Duration::from_micros(10));
-        }
-        assert!(p.allows_inline());
-    }
-
-    #[test]
-    fn groups_are_bounded_by_count_and_bytes() {
-        assert!(joins_group(1, 0, 64));
-        assert!(joins_group(GROUP_MAX - 1, 0, 64));
-        assert!(!joins_group(GROUP_MAX, 0, 64), "no more than GROUP_MAX requests");
-        assert!(joins_group(1, GROUP_MAX_BYTES - 64, 64));
-        assert!(
-            !joins_group(1, GROUP_MAX_BYTES - 63, 64),
-            "no more than GROUP_MAX_BYTES of inputs"
-        );
-        assert!(!joins_group(1, usize::MAX, 1), "no overflow");
-    }
-
-    #[test]
-    fn first_slow_measurement_keeps_it_off_the_runtime() {
-        let p = InlinePolicy::new(Duration::from_micros(200));
-        p.record(Duration::from_millis(80));
-        assert!(!p.allows_inline());
-    }
-}
+#[path = "executor_tests.rs"]
+mod tests;

@@ -2,6 +2,7 @@
 //! per instance; tensors cross in shared memory and BLS calls go back through the node's Dispatch.
 mod bls;
 mod decoupled;
+mod each;
 pub mod env;
 pub mod ipc;
 pub mod stub;
@@ -14,7 +15,7 @@ use mesh::config::{config_from_json, config_to_json, ModelConfig};
 use mesh::{Code, Dispatch, Error, NamedTensor, Params, Result};
 use serde_json::{json, Value};
 
-use super::{Backend, PerRequest, RequestView, Timings};
+use super::{Backend, Deliver, PerRequest, RequestView, Timings};
 use ipc::{decode_tensor, encode_tensor};
 use stub::Stub;
 
@@ -446,7 +447,7 @@ impl Backend for PythonBackend {
     /// Runs the batch, then again the requests the model rescheduled
     /// (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`) until none is.
     fn execute_requests(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
-        self.execute_rounds(requests, false)
+        self.execute_rounds(requests)
     }
 
     /// A model that is not decoupled takes the requests that queued while it was busy in one frame.
@@ -454,10 +455,24 @@ impl Backend for PythonBackend {
         !self.decoupled
     }
 
-    /// The requests travel to the stub in one frame, which runs `execute([request])` for each, as
-    /// Triton runs a model without dynamic batching, and answers them all in one frame.
-    fn execute_each(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
-        self.execute_rounds(requests, !self.decoupled)
+    /// The requests travel to the stub in one frame; it runs `execute([request])` for each, as
+    /// Triton runs a model without dynamic batching, and sends each answer as soon as it has it.
+    fn execute_each(&mut self, requests: &[RequestView<'_>], deliver: Deliver<'_>) -> Result<()> {
+        if self.decoupled || requests.len() == 1 {
+            let (results, _) = self.execute_requests(requests)?;
+            for (i, r) in results.into_iter().enumerate() {
+                deliver(i, r);
+            }
+            return Ok(());
+        }
+        // Rescheduled requests run again (each in its own execute too) until none is.
+        let mut pending: Vec<usize> = (0..requests.len()).collect();
+        while !pending.is_empty() {
+            let views: Vec<RequestView<'_>> = pending.iter().map(|&i| requests[i]).collect();
+            let again = self.execute_streamed(&views, &mut |k, r| deliver(pending[k], r))?;
+            pending = again.into_iter().filter_map(|k| pending.get(k).copied()).collect();
+        }
+        Ok(())
     }
 
     fn healthy(&mut self) -> bool {
@@ -466,13 +481,12 @@ impl Backend for PythonBackend {
 }
 
 impl PythonBackend {
-    /// Runs the requests (in one `execute`, or with `each` one `execute` per request), then again
-    /// those the model rescheduled until none is.
-    fn execute_rounds(&mut self, requests: &[RequestView<'_>], each: bool) -> Result<(PerRequest, Timings)> {
-        let (mut results, mut timings, mut again) = self.execute_once(requests, each)?;
+    /// Runs the requests in one `execute`, then again those the model rescheduled until none is.
+    fn execute_rounds(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings)> {
+        let (mut results, mut timings, mut again) = self.execute_once(requests)?;
         while !again.is_empty() {
             let views: Vec<RequestView<'_>> = again.iter().map(|&i| requests[i]).collect();
-            let (answers, more, next) = match self.execute_once(&views, each) {
+            let (answers, more, next) = match self.execute_once(&views) {
                 Ok(round) => round,
                 Err(e) => {
                     // Only the requests of this round fail: the others have their answers (a
@@ -509,8 +523,7 @@ fn rescheduled(reply: &Value, count: usize) -> Vec<usize> {
 
 impl PythonBackend {
     /// One execution of the model: each request's answer, and the requests it rescheduled.
-    /// With `each`, the stub runs one `execute` per request.
-    fn execute_once(&mut self, requests: &[RequestView<'_>], each: bool) -> Result<(PerRequest, Timings, Vec<usize>)> {
+    fn execute_once(&mut self, requests: &[RequestView<'_>]) -> Result<(PerRequest, Timings, Vec<usize>)> {
         if let Some(why) = &self.dead {
             return Err(Error::unavailable(why.clone()));
         }
@@ -521,10 +534,7 @@ impl PythonBackend {
         self.stub.shm.reset();
         let (encoded, blob) = self.encode_requests(requests);
         self.seq += 1;
-        let mut header = json!({"op": "execute", "seq": self.seq, "requests": encoded});
-        if each && requests.len() > 1 {
-            header["each"] = true.into();
-        }
+        let header = json!({"op": "execute", "seq": self.seq, "requests": encoded});
         let t1 = Instant::now();
         let (reply, reply_blob) = self.exchange(&header, &blob, requests)?;
         let t2 = Instant::now();
