@@ -416,6 +416,8 @@ pub(crate) const PRECISE_WAKE_BELOW: Duration = Duration::from_millis(5);
 /// The executor thread: runs batches, and wakes the actor at precise deadlines while idle.
 pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<ExecMsg>, me: &ActorRef<InstanceMsg>) {
     MAY_BLOCK.with(|b| b.set(true));
+    // A rate-limited instance asks for a turn per request, so its requests never travel together.
+    let groups = exec.limit.is_none() && exec.backend.locked().groups_executions();
     let mut deadline: Option<Instant> = None;
     let mut next: Option<ExecMsg> = None;
     loop {
@@ -460,11 +462,15 @@ pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<Ex
                     let _ = job
                         .reply
                         .send(Err(Error::unavailable(format!("instance {label} is restarting"))));
-                } else if runs && exec.limit.is_none() && exec.backend.locked().groups_executions() {
+                } else if runs && groups {
                     // Requests that queued while the instance was busy travel together.
                     let (jobs, after) = gather(job, rx);
                     next = after;
-                    run_each(label, exec, jobs);
+                    if jobs.len() == 1 {
+                        run_batch(label, exec, jobs);
+                    } else {
+                        run_each(label, exec, jobs);
+                    }
                 } else if runs {
                     let turn = exec.limit.as_ref().map(|m| m.wait_turn());
                     run_batch(label, exec, vec![job]);

@@ -459,9 +459,9 @@ impl Backend for PythonBackend {
     /// Triton runs a model without dynamic batching, and sends each answer as soon as it has it.
     fn execute_each(&mut self, requests: &[RequestView<'_>], deliver: Deliver<'_>) -> Result<()> {
         if self.decoupled || requests.len() == 1 {
-            let (results, _) = self.execute_requests(requests)?;
-            for (i, r) in results.into_iter().enumerate() {
-                deliver(i, r);
+            for (i, r) in requests.iter().enumerate() {
+                let (mut one, _) = self.execute_requests(std::slice::from_ref(r))?;
+                deliver(i, one.pop().unwrap_or_else(|| Err(Error::internal("no response"))));
             }
             return Ok(());
         }
