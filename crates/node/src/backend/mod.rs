@@ -100,6 +100,19 @@ pub type PerRequest = Vec<Result<Vec<NamedTensor>>>;
 /// Where `Backend::execute_each` hands the answer of the request at a place, as soon as it is ready.
 pub type Deliver<'d> = &'d mut dyn FnMut(usize, Result<Vec<NamedTensor>>);
 
+/// `Backend::execute_each` one request after another, each answer delivered as its execution ends.
+pub fn each_in_turn<B: Backend + ?Sized>(b: &mut B, requests: &[RequestView<'_>], deliver: Deliver<'_>) -> Result<()> {
+    for (i, r) in requests.iter().enumerate() {
+        let (mut one, _) = b.execute_requests(std::slice::from_ref(r))?;
+        deliver(
+            i,
+            one.pop()
+                .unwrap_or_else(|| Err(Error::internal("the backend gave no response"))),
+        );
+    }
+    Ok(())
+}
+
 /// One loaded model session; `execute` runs on the instance's own thread.
 pub trait Backend: Send {
     /// Runs the inputs and returns the outputs named in `outputs` (all config outputs when empty).
@@ -127,15 +140,7 @@ pub trait Backend: Send {
     /// ready, once per request. Backends that `groups_executions` do it in one exchange; this
     /// default runs them one after another. On an error, the requests not delivered yet fail with it.
     fn execute_each(&mut self, requests: &[RequestView<'_>], deliver: Deliver<'_>) -> Result<()> {
-        for (i, r) in requests.iter().enumerate() {
-            let (mut one, _) = self.execute_requests(std::slice::from_ref(r))?;
-            deliver(
-                i,
-                one.pop()
-                    .unwrap_or_else(|| Err(Error::internal("the backend gave no response"))),
-            );
-        }
-        Ok(())
+        each_in_turn(self, requests, deliver)
     }
 
     /// False for backends that wait on another process (Python): a BLS call they wait for may need

@@ -158,6 +158,7 @@ fn run_merged(
 /// Runs one batch on the backend and answers every request in it.
 pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
     let started = Instant::now();
+    let total: usize = jobs.iter().map(|j| j.sub.rows).sum();
     let result = {
         let mut b = exec.backend.locked();
         let subs: Vec<&Submission> = jobs.iter().map(|j| &j.sub).collect();
@@ -169,7 +170,30 @@ pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
             run_merged(label, exec, &mut **b, &subs)
         }
     };
-    answer(jobs, result, started);
+    match result {
+        Ok((parts, timings)) => {
+            for (i, (job, outs)) in jobs.into_iter().zip(parts).enumerate() {
+                let answer = outs.map(|mut outs| {
+                    if !job.sub.outputs.is_empty() {
+                        outs.retain(|o| job.sub.outputs.contains(&o.name));
+                    }
+                    Executed {
+                        outputs: outs,
+                        timings,
+                        queued: started.saturating_duration_since(job.enqueued),
+                        batch_rows: total,
+                        counts_execution: i == 0,
+                    }
+                });
+                let _ = job.reply.send(answer);
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
 }
 
 /// At most this many requests of a model without dynamic batching travel to a backend that takes
@@ -196,8 +220,12 @@ fn gather(first: Job, rx: &mpsc::Receiver<ExecMsg>) -> (Vec<Job>, Option<ExecMsg
         match rx.try_recv() {
             // A request whose client went away is dropped here, as the Direct path drops it.
             Ok(ExecMsg::Direct(job)) if job.reply.is_closed() => {}
-            Ok(ExecMsg::Direct(job)) if joins_group(jobs.len(), held, input_bytes(&job.sub)) => {
-                held += input_bytes(&job.sub);
+            Ok(ExecMsg::Direct(job)) => {
+                let bytes = input_bytes(&job.sub);
+                if !joins_group(jobs.len(), held, bytes) {
+                    return (jobs, Some(ExecMsg::Direct(job)));
+                }
+                held += bytes;
                 jobs.push(job);
             }
             Ok(other) => return (jobs, Some(other)),
@@ -273,35 +301,6 @@ fn run_each(label: &str, exec: &Executor, jobs: Vec<Job>) {
         .unwrap_or_else(|| Error::internal("the backend gave no response"));
     for (reply, _) in unanswered.into_iter().flatten() {
         let _ = reply.send(Err(error.clone()));
-    }
-}
-
-/// Answers every request of an execution.
-fn answer(jobs: Vec<Job>, result: Result<(PerRequest, Timings)>, started: Instant) {
-    let total: usize = jobs.iter().map(|j| j.sub.rows).sum();
-    match result {
-        Ok((parts, timings)) => {
-            for (i, (job, outs)) in jobs.into_iter().zip(parts).enumerate() {
-                let answer = outs.map(|mut outs| {
-                    if !job.sub.outputs.is_empty() {
-                        outs.retain(|o| job.sub.outputs.contains(&o.name));
-                    }
-                    Executed {
-                        outputs: outs,
-                        timings,
-                        queued: started.saturating_duration_since(job.enqueued),
-                        batch_rows: total,
-                        counts_execution: i == 0,
-                    }
-                });
-                let _ = job.reply.send(answer);
-            }
-        }
-        Err(e) => {
-            for job in jobs {
-                let _ = job.reply.send(Err(e.clone()));
-            }
-        }
     }
 }
 

@@ -458,12 +458,8 @@ impl Backend for PythonBackend {
     /// The requests travel to the stub in one frame; it runs `execute([request])` for each, as
     /// Triton runs a model without dynamic batching, and sends each answer as soon as it has it.
     fn execute_each(&mut self, requests: &[RequestView<'_>], deliver: Deliver<'_>) -> Result<()> {
-        if self.decoupled || requests.len() == 1 {
-            for (i, r) in requests.iter().enumerate() {
-                let (mut one, _) = self.execute_requests(std::slice::from_ref(r))?;
-                deliver(i, one.pop().unwrap_or_else(|| Err(Error::internal("no response"))));
-            }
-            return Ok(());
+        if self.decoupled {
+            return super::each_in_turn(self, requests, deliver);
         }
         // Rescheduled requests run again (each in its own execute too) until none is.
         let mut pending: Vec<usize> = (0..requests.len()).collect();
