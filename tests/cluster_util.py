@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mesh_util import HOST, MeshServer, metric_sum, parse_metrics
+from mesh_util import HOST, MeshServer, free_ports, metric_sum, parse_metrics
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -31,12 +30,7 @@ def strip_ansi(text: str) -> str:
 
 def free_udp_port() -> int:
     """A UDP port on HOST that was free a moment ago (the cluster port is QUIC, over UDP)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
+    return free_ports(1)[0]
 
 
 def repo_models(repos) -> list[str]:

@@ -7,13 +7,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
-from mesh_util import HOST
+from mesh_util import HOST, free_ports
 
 
 def etcd_binary() -> str | None:
@@ -31,12 +30,7 @@ def require_etcd() -> None:
 
 
 def _free_tcp_port() -> int:
-    s = socket.socket()
-    try:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
+    return free_ports(1)[0]
 
 
 class Etcd:

@@ -10,6 +10,7 @@ import gzip
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -59,17 +60,61 @@ CONFIG_TYPES = {
 # Ports and the server process
 # --------------------------------------------------------------------------
 
-def free_ports(n: int) -> list[int]:
-    """n distinct ports that were free a moment ago."""
-    socks = []
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections."""
     try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_handed_out: set[int] = set()
+_rng = random.Random(os.getpid() ^ time.time_ns())
+
+
+def _candidates():
+    """Ports outside the kernel's ephemeral range, in random order: a port picked from inside it
+    could be taken by any outgoing connection (a client's, a server's) before the process the port is
+    meant for binds it, which failed a CI run with "Address already in use"."""
+    lo, hi = _ephemeral_range()
+    pool = [p for p in range(10000, 65536) if not lo <= p <= hi and p not in _handed_out]
+    _rng.shuffle(pool)
+    return pool
+
+
+def _free_both(port: int) -> socket.socket | None:
+    """A TCP socket holding `port` on HOST, if the port is free for TCP and UDP alike."""
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        udp.bind((HOST, port))
+        tcp.bind((HOST, port))
+        return tcp
+    except OSError:
+        tcp.close()
+        return None
     finally:
-        for s in socks:
+        udp.close()
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports, free for TCP and UDP a moment ago, never handed out before by this process,
+    and outside the kernel's ephemeral range (so no outgoing connection takes one meanwhile)."""
+    held: list[socket.socket] = []
+    try:
+        for port in _candidates():
+            s = _free_both(port)
+            if s is not None:
+                held.append(s)
+                if len(held) == n:
+                    break
+        assert len(held) == n, f"only {len(held)} free ports outside the ephemeral range"
+        ports = [s.getsockname()[1] for s in held]
+        _handed_out.update(ports)
+        return ports
+    finally:
+        for s in held:
             s.close()
 
 
