@@ -144,13 +144,46 @@ pub trait Backend: Send {
     }
 
     /// False for backends that wait on another process (Python): a BLS call they wait for may need
-    /// the async runtime's threads, so they never run on one.
+    /// the async runtime's threads, so on one they run only as `may_wait_inline` allows.
     fn may_run_inline(&self) -> bool {
         true
+    }
+
+    /// For backends that wait on another process: true when a request that finds its instance idle
+    /// may still run on an async runtime worker, while another worker stays free for the sockets
+    /// and the BLS calls it makes (decoupled Python models never do: their answers outlive the call).
+    fn may_wait_inline(&self) -> bool {
+        false
     }
 
     /// False once the backend cannot serve again (its process died or hung): the instance is rebuilt.
     fn healthy(&mut self) -> bool {
         true
+    }
+}
+
+thread_local! {
+    /// True on executor threads: they may block, so a backend that must stay off the async runtime
+    /// (Python) can run inline there, as for a BLS call from another model's instance.
+    static MAY_BLOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the current thread may block: an executor thread, not an async runtime worker.
+pub(crate) fn thread_may_block() -> bool {
+    MAY_BLOCK.with(|b| b.get())
+}
+
+/// Marks the current thread one that may block until the returned guard drops (an executor thread
+/// keeps its guard for its whole life).
+pub(crate) fn enter_may_block() -> MayBlockGuard {
+    MayBlockGuard(MAY_BLOCK.with(|b| b.replace(true)))
+}
+
+/// Restores the thread's previous mark when dropped.
+pub(crate) struct MayBlockGuard(bool);
+
+impl Drop for MayBlockGuard {
+    fn drop(&mut self) {
+        MAY_BLOCK.with(|b| b.set(self.0));
     }
 }

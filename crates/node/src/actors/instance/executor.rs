@@ -75,6 +75,9 @@ pub struct InlinePolicy {
 impl InlinePolicy {
     /// Executions averaging under this run inline; a thread hand-off costs tens of µs on small VMs.
     pub const DEFAULT_LIMIT: Duration = Duration::from_micros(200);
+    /// The limit for backends that wait on another process (Python) on a runtime worker: their
+    /// executions include the other process's wake-up, and a worker stays free meanwhile.
+    pub const WAIT_LIMIT: Duration = Duration::from_millis(2);
 
     pub fn new(limit: Duration) -> Self {
         InlinePolicy {
@@ -385,17 +388,6 @@ impl Executor {
     }
 }
 
-thread_local! {
-    /// True on executor threads: they may block, so a backend that must stay off the async runtime
-    /// (Python) can run inline there, as for a BLS call from another model's instance.
-    static MAY_BLOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether the current thread is an executor thread (not an async runtime worker).
-pub(crate) fn thread_may_block() -> bool {
-    MAY_BLOCK.with(|b| b.get())
-}
-
 /// Work for the executor thread.
 pub(crate) enum ExecMsg {
     Batch(Vec<Job>),
@@ -414,7 +406,7 @@ pub(crate) const PRECISE_WAKE_BELOW: Duration = Duration::from_millis(5);
 
 /// The executor thread: runs batches, and wakes the actor at precise deadlines while idle.
 pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<ExecMsg>, me: &ActorRef<InstanceMsg>) {
-    MAY_BLOCK.with(|b| b.set(true));
+    let _may_block = crate::backend::enter_may_block();
     // A rate-limited instance asks for a turn per request, so its requests never travel together.
     let groups = exec.limit.is_none() && exec.backend.locked().groups_executions();
     let mut deadline: Option<Instant> = None;

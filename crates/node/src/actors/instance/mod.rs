@@ -7,6 +7,7 @@ pub mod executor;
 pub mod ragged;
 pub mod rate_limit;
 pub mod supervision;
+pub mod waits;
 
 use mesh::sync::Locked;
 use std::collections::HashMap;
@@ -218,9 +219,13 @@ pub struct InstanceHandle {
     /// (its batcher would run each request alone), and with zero-delay batching only when nothing
     /// else is outstanding (else the batcher could have merged it).
     inline: Inline,
-    /// For backends that block on another process (Python): inline only from an executor thread
-    /// (a BLS call), never on an async runtime worker.
+    /// For backends that block on another process (Python): inline from an executor thread (a BLS
+    /// call), and on an async runtime worker only as `wait_inline` allows.
     inline_off_runtime_only: bool,
+    /// Such a backend may run a request that finds its instance idle on an async runtime worker,
+    /// holding one of the node's `waits::runtime_slots` (one worker always stays free): the hand-off
+    /// to the executor thread and back would cost two of the request's four wake-ups.
+    wait_inline: bool,
     outstanding: AtomicUsize,
     next_id: AtomicU64,
     /// For models without dynamic batching: the executor thread's channel, bypassing the actor.
@@ -270,9 +275,16 @@ impl InstanceHandle {
             ("instance", label.clone()),
         ];
         let backend = supervision::build(&factory)?;
+        let inline_off_runtime_only = !backend.may_run_inline();
+        let wait_inline = inline_off_runtime_only && backend.may_wait_inline();
+        let inline_limit = if inline_off_runtime_only {
+            InlinePolicy::WAIT_LIMIT
+        } else {
+            InlinePolicy::DEFAULT_LIMIT
+        };
         let exec = Arc::new(Executor {
             backend: Arc::new(Mutex::new(backend)),
-            policy: Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT)),
+            policy: Arc::new(InlinePolicy::new(inline_limit)),
             executions: metrics::counter!("mesh_instance_executions_total", &metric_labels),
             grouped: metrics::counter!("mesh_instance_grouped_requests_total", &metric_labels),
             health: Arc::new(Health::new(&metric_labels)),
@@ -280,7 +292,6 @@ impl InstanceHandle {
             ragged,
             limit,
         });
-        let inline_off_runtime_only = !exec.backend.locked().may_run_inline();
         let inline = match (config.dynamic, config.max_queue_delay.is_zero()) {
             (false, _) => Inline::WhenIdle,
             (true, true) => Inline::WhenAlone,
@@ -307,6 +318,7 @@ impl InstanceHandle {
             exec,
             inline,
             inline_off_runtime_only,
+            wait_inline,
             outstanding,
             next_id: AtomicU64::new(0),
             direct,
@@ -363,9 +375,18 @@ impl InstanceHandle {
             Inline::Never => false,
         };
         // An executor thread may block, so there the execution time does not matter; on an async
-        // runtime worker only short executions of backends that may run there do.
+        // runtime worker only short executions do, and those of a backend that waits on another
+        // process only alone and while another worker stays free (the slot is held until it ends).
+        let mut wait_slot = None;
         let may_inline = may_inline
-            && (executor::thread_may_block() || (!self.inline_off_runtime_only && self.exec.policy.allows_inline()));
+            && (crate::backend::thread_may_block()
+                || (self.exec.policy.allows_inline()
+                    && (!self.inline_off_runtime_only || {
+                        wait_slot = (self.wait_inline && alone)
+                            .then(|| waits::runtime_slots().try_take())
+                            .flatten();
+                        wait_slot.is_some()
+                    })));
         // A rate-limited instance runs inline only when its resources are free now.
         let turn = match &self.exec.limit {
             Some(m) if may_inline => m.try_turn(),
@@ -374,25 +395,30 @@ impl InstanceHandle {
         let may_inline = may_inline && (self.exec.limit.is_none() || turn.is_some());
         if may_inline && self.exec.health.is_ready() {
             if let Ok(mut b) = self.exec.backend.try_lock() {
-                mesh::queued::fire();
-                let result = self.exec.run_one(&self.label, &mut **b, &sub);
-                drop(b);
-                drop(turn);
-                if !self.exec.health.is_ready() {
-                    // Anything queued meanwhile is answered by the actor instead of waiting.
-                    let _ = self.actor.cast(InstanceMsg::Wake);
+                // Read under the lock: a Python model that made a BLS call stops waiting inline.
+                if wait_slot.is_none() || b.may_wait_inline() {
+                    mesh::queued::fire();
+                    let result = self.exec.run_one(&self.label, &mut **b, &sub);
+                    drop(b);
+                    drop(turn);
+                    drop(wait_slot);
+                    if !self.exec.health.is_ready() {
+                        // Anything queued meanwhile is answered by the actor instead of waiting.
+                        let _ = self.actor.cast(InstanceMsg::Wake);
+                    }
+                    let (outputs, timings) = result?;
+                    return Ok(Executed {
+                        outputs,
+                        timings,
+                        queued: Duration::ZERO,
+                        batch_rows: sub.rows,
+                        counts_execution: true,
+                    });
                 }
-                let (outputs, timings) = result?;
-                return Ok(Executed {
-                    outputs,
-                    timings,
-                    queued: Duration::ZERO,
-                    batch_rows: sub.rows,
-                    counts_execution: true,
-                });
             }
         }
         drop(turn);
+        drop(wait_slot);
         if let Some(tx) = &self.direct {
             let (reply, rx) = oneshot::channel();
             let job = Job {

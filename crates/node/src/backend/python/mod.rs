@@ -5,6 +5,7 @@ mod decoupled;
 mod each;
 pub mod env;
 pub mod ipc;
+mod settings;
 pub mod stub;
 
 use std::path::{Path, PathBuf};
@@ -17,59 +18,8 @@ use serde_json::{json, Value};
 
 use super::{Backend, Deliver, PerRequest, RequestView, Timings};
 use ipc::{decode_tensor, encode_tensor};
+pub use settings::PythonSettings;
 use stub::Stub;
-
-/// How Python stubs are run, from `--backend-config python,<key>=<value>`.
-#[derive(Debug, Clone)]
-pub struct PythonSettings {
-    /// `interpreter=PATH`; default `python3` from PATH.
-    pub interpreter: Option<PathBuf>,
-    /// `shm-default-byte-size=N`: each stub's shared memory (sparse; tensors past it travel in the socket).
-    pub shm_bytes: usize,
-    /// `execute-timeout-seconds=N`: an execute running longer is declared hung and its stub restarted.
-    pub execute_timeout: Duration,
-    /// `spin-microseconds=N`: how long each side polls for the other's answer before sleeping.
-    pub spin: Duration,
-}
-
-impl Default for PythonSettings {
-    fn default() -> Self {
-        PythonSettings {
-            interpreter: None,
-            shm_bytes: 64 << 20,
-            execute_timeout: Duration::from_secs(300),
-            spin: Duration::from_micros(100),
-        }
-    }
-}
-
-impl PythonSettings {
-    /// Reads the `python` entries of `--backend-config`.
-    pub fn from_backend_config(entries: &[(String, String)]) -> std::result::Result<Self, String> {
-        let mut s = PythonSettings::default();
-        for (key, value) in entries {
-            let number = || {
-                value
-                    .parse::<u64>()
-                    .map_err(|_| format!("--backend-config python,{key} needs a number, got '{value}'"))
-            };
-            match key.as_str() {
-                "interpreter" => s.interpreter = Some(PathBuf::from(value)),
-                "shm-default-byte-size" => s.shm_bytes = (number()? as usize).clamp(1 << 12, 1 << 34),
-                "execute-timeout-seconds" => s.execute_timeout = Duration::from_secs(number()?.max(1)),
-                "spin-microseconds" => s.spin = Duration::from_micros(number()?.min(10_000)),
-                // Triton's Python-backend settings for its own shared-memory pools and stub
-                // management; the mesh sizes its region with shm-default-byte-size alone.
-                "shm-growth-byte-size" | "shm-region-prefix-name" | "stub-timeout-seconds" | "shm-message-queue-size"
-                | "platform-name" => tracing::info!(
-                    "--backend-config python,{key} accepted without effect: the mesh's stub keeps one region per instance"
-                ),
-                _ => tracing::warn!("ignoring unknown --backend-config python,{key}"),
-            }
-        }
-        Ok(s)
-    }
-}
 
 /// What every Python instance of the node shares: settings, and the Dispatch BLS calls go through.
 pub struct PythonContext {
@@ -194,6 +144,8 @@ pub struct PythonBackend {
     seq: u64,
     /// A decoupled model's requests still answering (read by the stub's reading thread).
     streams: Arc<decoupled::Streams>,
+    /// Set once the model made a BLS call: its requests then never run on an async runtime worker.
+    calls_node: bool,
 }
 
 impl PythonBackend {
@@ -230,6 +182,7 @@ impl PythonBackend {
             decoupled,
             seq: 0,
             streams: Default::default(),
+            calls_node: false,
         };
         if decoupled {
             backend.route_frames()?;
@@ -270,8 +223,12 @@ impl PythonBackend {
             let spin = if watching {
                 self.watch_cancels(watch, &mut told, deadline)?;
                 Duration::ZERO
-            } else {
+            } else if crate::backend::thread_may_block() {
                 self.ctx.settings.spin
+            } else {
+                // On an async runtime worker (a request that found the instance idle) polling would
+                // take the CPU the stub and the runtime's other tasks need.
+                Duration::ZERO
             };
             let (frame, blob) = match self.stub.recv_spinning(Some(deadline), spin) {
                 Ok(f) => f,
@@ -296,7 +253,22 @@ impl PythonBackend {
                 }
             };
             match frame["op"].as_str() {
-                Some("bls") => bls::start(&self.ctx, &self.stub.answers(), frame, &blob),
+                Some("bls") if !crate::backend::thread_may_block() && on_multi_thread_runtime() => {
+                    // On an async runtime worker (a request that found the instance idle) the tasks
+                    // a BLS call starts would wait in this worker's own queue until the execute
+                    // ends: the rest of it runs with the worker handed over to another thread, and
+                    // the model's later requests go to its executor thread (`may_wait_inline`).
+                    self.calls_node = true;
+                    return tokio::task::block_in_place(|| {
+                        let _may_block = crate::backend::enter_may_block();
+                        bls::start(&self.ctx, &self.stub.answers(), frame, &blob);
+                        self.next_reply_watching(deadline, watch)
+                    });
+                }
+                Some("bls") => {
+                    self.calls_node = true;
+                    bls::start(&self.ctx, &self.stub.answers(), frame, &blob)
+                }
                 Some("bls_cancel") => bls::cancel(&self.stub.answers(), &frame),
                 Some("log") => log(&self.stub.label, &frame),
                 Some("metric") => metric(&self.stub.answers(), &frame),
@@ -362,6 +334,13 @@ fn decode_response(shm: &ipc::Shm, response: &Value, blob: &[u8]) -> Result<Vec<
     }
     let outputs = response["outputs"].as_array().map(|v| v.as_slice()).unwrap_or_default();
     outputs.iter().map(|d| decode_tensor(shm, d, blob)).collect()
+}
+
+/// Whether this thread is a worker of a multi-threaded async runtime (whose other workers can take
+/// its tasks while it blocks, `tokio::task::block_in_place`).
+fn on_multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// The stub's own failure (not the model's), as it reported it.
@@ -442,6 +421,10 @@ impl Backend for PythonBackend {
 
     fn may_run_inline(&self) -> bool {
         false
+    }
+
+    fn may_wait_inline(&self) -> bool {
+        !self.decoupled && !self.calls_node
     }
 
     /// Runs the batch, then again the requests the model rescheduled

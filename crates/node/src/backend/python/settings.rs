@@ -1,0 +1,55 @@
+//! How Python stubs are run: the `python` entries of `--backend-config`, read once at start.
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How Python stubs are run, from `--backend-config python,<key>=<value>`.
+#[derive(Debug, Clone)]
+pub struct PythonSettings {
+    /// `interpreter=PATH`; default `python3` from PATH.
+    pub interpreter: Option<PathBuf>,
+    /// `shm-default-byte-size=N`: each stub's shared memory (sparse; tensors past it travel in the socket).
+    pub shm_bytes: usize,
+    /// `execute-timeout-seconds=N`: an execute running longer is declared hung and its stub restarted.
+    pub execute_timeout: Duration,
+    /// `spin-microseconds=N`: how long each side polls for the other's answer before sleeping.
+    pub spin: Duration,
+}
+
+impl Default for PythonSettings {
+    fn default() -> Self {
+        PythonSettings {
+            interpreter: None,
+            shm_bytes: 64 << 20,
+            execute_timeout: Duration::from_secs(300),
+            spin: Duration::from_micros(100),
+        }
+    }
+}
+
+impl PythonSettings {
+    /// Reads the `python` entries of `--backend-config`.
+    pub fn from_backend_config(entries: &[(String, String)]) -> std::result::Result<Self, String> {
+        let mut s = PythonSettings::default();
+        for (key, value) in entries {
+            let number = || {
+                value
+                    .parse::<u64>()
+                    .map_err(|_| format!("--backend-config python,{key} needs a number, got '{value}'"))
+            };
+            match key.as_str() {
+                "interpreter" => s.interpreter = Some(PathBuf::from(value)),
+                "shm-default-byte-size" => s.shm_bytes = (number()? as usize).clamp(1 << 12, 1 << 34),
+                "execute-timeout-seconds" => s.execute_timeout = Duration::from_secs(number()?.max(1)),
+                "spin-microseconds" => s.spin = Duration::from_micros(number()?.min(10_000)),
+                // Triton's Python-backend settings for its own shared-memory pools and stub
+                // management; the mesh sizes its region with shm-default-byte-size alone.
+                "shm-growth-byte-size" | "shm-region-prefix-name" | "stub-timeout-seconds" | "shm-message-queue-size"
+                | "platform-name" => tracing::info!(
+                    "--backend-config python,{key} accepted without effect: the mesh's stub keeps one region per instance"
+                ),
+                _ => tracing::warn!("ignoring unknown --backend-config python,{key}"),
+            }
+        }
+        Ok(s)
+    }
+}
