@@ -9,29 +9,19 @@ does. With several workers each gets a spinner, but tokio may move spinners betw
 worker left without one sleeps now and then (more often on a host whose CPUs are busy elsewhere)."""
 import os
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from cluster_util import add_sub_inputs, wait_until
+from mesh_util import voluntary_switches
 
 REQUESTS = 200
 
 
 def worker_switches(pid: int) -> int:
     """Voluntary context switches of the process's async worker threads, summed."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            if (task / "comm").read_text().strip() != "tokio-rt-worker":
-                continue
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("voluntary_ctxt_switches:"):
-                    total += int(line.split()[1])
-        except FileNotFoundError:  # a thread that ended meanwhile
-            continue
-    return total
+    return voluntary_switches(pid, "tokio-rt-worker") or 0
 
 
 def switches_over_requests(url: str, model: str, pid: int) -> int:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from cluster_util import add_sub_inputs
+from mesh_util import voluntary_switches
 
 pytestmark = [pytest.mark.server]
 
@@ -74,16 +75,9 @@ def start(fresh_server, repo, workers: int):
 def executor_switches(pid: int) -> int:
     """Voluntary context switches of the inl instance's executor thread (named after the instance;
     its stub's log reader is inl_0_0_v1-log)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            if (task / "comm").read_text().strip() != "inl_0_0_v1":
-                continue
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("voluntary_ctxt_switches:"):
-                    return int(line.split()[1])
-        except FileNotFoundError:  # a thread that ended meanwhile
-            continue
-    raise AssertionError("no executor thread named inl_0_0_v1 in the node")
+    switches = voluntary_switches(pid, "inl_0_0_v1")
+    assert switches is not None, "no executor thread named inl_0_0_v1 in the node"
+    return switches
 
 
 def send(client, count: int, *, via_bls: bool = False) -> None:
