@@ -379,14 +379,18 @@ impl InstanceHandle {
         // process only alone and while another worker stays free (the slot is held until it ends).
         let mut wait_slot = None;
         let may_inline = may_inline
-            && (crate::backend::thread_may_block()
-                || (self.exec.policy.allows_inline()
-                    && (!self.inline_off_runtime_only || {
-                        wait_slot = (self.wait_inline && alone)
-                            .then(|| waits::runtime_slots().try_take())
-                            .flatten();
-                        wait_slot.is_some()
-                    })));
+            && if crate::backend::thread_may_block() {
+                true
+            } else if !self.exec.policy.allows_inline() {
+                false
+            } else if !self.inline_off_runtime_only {
+                true
+            } else {
+                if self.wait_inline && alone {
+                    wait_slot = waits::runtime_slots().try_take();
+                }
+                wait_slot.is_some()
+            };
         // A rate-limited instance runs inline only when its resources are free now.
         let turn = match &self.exec.limit {
             Some(m) if may_inline => m.try_turn(),

@@ -253,20 +253,19 @@ impl PythonBackend {
                 }
             };
             match frame["op"].as_str() {
-                Some("bls") if !crate::backend::thread_may_block() && on_multi_thread_runtime() => {
-                    // On an async runtime worker (a request that found the instance idle) the tasks
-                    // a BLS call starts would wait in this worker's own queue until the execute
-                    // ends: the rest of it runs with the worker handed over to another thread, and
-                    // the model's later requests go to its executor thread (`may_wait_inline`).
-                    self.calls_node = true;
-                    return tokio::task::block_in_place(|| {
-                        let _may_block = crate::backend::enter_may_block();
-                        bls::start(&self.ctx, &self.stub.answers(), frame, &blob);
-                        self.next_reply_watching(deadline, watch)
-                    });
-                }
                 Some("bls") => {
+                    // The model's later requests go to its executor thread (`may_wait_inline`).
                     self.calls_node = true;
+                    if !crate::backend::thread_may_block() && on_multi_thread_runtime() {
+                        // On an async runtime worker (a request that found the instance idle) the
+                        // tasks a BLS call starts would wait in this worker's own queue until the
+                        // execute ends: the rest of it runs with the worker handed over.
+                        return tokio::task::block_in_place(|| {
+                            let _may_block = crate::backend::enter_may_block();
+                            bls::start(&self.ctx, &self.stub.answers(), frame, &blob);
+                            self.next_reply_watching(deadline, watch)
+                        });
+                    }
                     bls::start(&self.ctx, &self.stub.answers(), frame, &blob)
                 }
                 Some("bls_cancel") => bls::cancel(&self.stub.answers(), &frame),
