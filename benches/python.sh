@@ -86,7 +86,7 @@ cat "$WORK/probe.md"
 echo
 echo "Python stub processes once serving:"
 echo
-echo "| server | stubs | max RSS MB | mean RSS MB |"
-echo "|---|---|---|---|"
+echo "| server | stubs | max RSS MB | mean RSS MB | mean PSS MB | mean private MB |"
+echo "|---|---|---|---|---|---|"
 cat "$WORK/rss.md"
 } | tee "$OUT"

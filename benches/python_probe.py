@@ -2,7 +2,7 @@
 
   write REPO [--onnx]        adds bls_probe (and, with --onnx, add_sub_onnx: the same sum in ONNX)
   probe HTTP_PORT SERVER T.. times 300 blocking BLS exec() calls from inside bls_probe to each target
-  rss SERVER PID             resident memory of the Python stub processes under PID
+  rss SERVER PID             resident memory of the Python stub processes under PID (RSS, PSS, private)
 """
 import sys
 from pathlib import Path
@@ -94,9 +94,20 @@ def rss(server: str, pid: str):
             continue
         if b"mesh_stub" in cmd or b"triton_python_backend_stub" in cmd:
             kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-            sizes.append(kb / 1024)
+            sizes.append((kb / 1024, *private(child)))
     if sizes:
-        print(f"| {server} | {len(sizes)} | {max(sizes):.1f} | {sum(sizes) / len(sizes):.1f} |")
+        mean = [sum(s[i] for s in sizes) / len(sizes) for i in range(3)]
+        print(f"| {server} | {len(sizes)} | {max(s[0] for s in sizes):.1f} | {mean[0]:.1f} | {mean[1]:.1f} | {mean[2]:.1f} |")
+
+
+def private(pid: str) -> tuple[float, float]:
+    """A process's proportional set size and its private pages (what one more instance costs), in MB."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+    except OSError:
+        return (float("nan"), float("nan"))
+    kb = lambda name: int(fields.get(name, "0 kB").split()[0])
+    return (kb("Pss") / 1024, (kb("Private_Clean") + kb("Private_Dirty")) / 1024)
 
 
 if __name__ == "__main__":
