@@ -118,22 +118,6 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def voluntary_switches(pid: int, thread: str) -> int | None:
-    """Voluntary context switches of `pid`'s threads named `thread` (their comm), summed; None when
-    it has no such thread. A thread that sleeps and is woken counts one each time."""
-    total = None
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            if (task / "comm").read_text().strip() != thread:
-                continue
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("voluntary_ctxt_switches:"):
-                    total = (total or 0) + int(line.split()[1])
-        except FileNotFoundError:  # a thread that ended meanwhile
-            continue
-    return total
-
-
 def wait_live(proc, port: int, log: Path, timeout: float = 30.0, path: str = "/v2/health/live"):
     """Waits until GET `path` on `port` answers 200, failing at once with the log if `proc` exits
     (for processes the tests start themselves, not through MeshServer)."""

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from cluster_util import add_sub_inputs, wait_until
-from mesh_util import voluntary_switches
+from proc_util import voluntary_switches
 
 REQUESTS = 200
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from mesh_util import http_request
+from proc_util import stubs_of
 
 pytestmark = [pytest.mark.server]
 
@@ -57,21 +58,6 @@ def write_model(repo: Path, name: str, code: str) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
     (repo / name / "1" / "model.py").write_text(code)
-
-
-def stubs_of(node_pid: int) -> list[int]:
-    """Processes running mesh_stub.py from this node's runtime directory."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(a.endswith(b"mesh_stub.py") and f"/mesh-node-{node_pid}-".encode() in a for a in cmd):
-            found.append(int(d.name))
-    return found
 
 
 def wait_for(pred, what: str, timeout: float = 30.0):

@@ -26,7 +26,7 @@ import numpy as np
 
 # The stub's own modules sit beside it (also when PYTHONSAFEPATH keeps the script's directory off sys.path).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mesh_stub_calls import ANSWERS, Calls  # noqa: E402
+from mesh_stub_calls import ANSWERS, Calls, SpinPolicy  # noqa: E402
 from mesh_stub_plain import Plain, rescheduled  # noqa: E402
 
 ALIGN = 64
@@ -102,7 +102,7 @@ class Host(Calls, Plain):
         self.read_lock = threading.Lock()
         self._loop = None  # made on first use: asyncio alone is about 10 MB of a stub's memory
         self.watching = False
-        self.spin = spin_us / 1e6
+        self.spin = SpinPolicy(spin_us / 1e6)
         self.model = None
         self.model_name = ""
         self.instance_name = ""
@@ -182,10 +182,11 @@ class Host(Calls, Plain):
         del self.buf[:end]
         return header, blob
 
-    def recv(self, spin=0.0, until=None):
+    def recv(self, spin=None, until=None):
         """The next frame, read on the calling thread (no hand-off between threads: each costs a wake-up).
-        Polls for up to `spin` seconds first: on a VM a quick answer then costs no wake-up. With
-        `until` (whether a call's answer is in), returns a no-op at once once another thread put it there."""
+        Polls first for as long as the `spin` policy says: on a VM a quick answer then costs no wake-up.
+        With `until` (whether a call's answer is in), returns a no-op at once once another thread put
+        it there."""
         with self.read_lock:
             while True:
                 if until is not None and until():
@@ -194,8 +195,9 @@ class Host(Calls, Plain):
                 if frame is not None:
                     return frame
                 data = None
-                if spin > 0:
-                    end = time.perf_counter() + spin
+                poll = spin.next() if spin is not None else 0.0
+                if poll > 0:
+                    end = time.perf_counter() + poll
                     while True:
                         try:
                             data = self.sock.recv_into(self.chunk, 0, socket.MSG_DONTWAIT)
@@ -203,6 +205,7 @@ class Host(Calls, Plain):
                         except BlockingIOError:
                             if time.perf_counter() > end:
                                 break
+                    spin.record(data is not None)
                 if data is None:
                     data = self.sock.recv_into(self.chunk)
                 if not data:

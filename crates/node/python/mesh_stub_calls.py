@@ -12,6 +12,44 @@ import threading
 ANSWERS = ("bls_response", "bls_stream", "metric_reply", "cancel")
 
 
+class SpinPolicy:
+    """Whether a wait for mesh-node's answer polls before it sleeps (`spin-microseconds`), by the rule
+    of mesh-node's own waits (backend/python/spin.rs): a poll that catches the answer adds one to a
+    score, one that misses takes three off, and waits poll while the score is in its upper half,
+    which holds while more than three polls in four catch. Below it, every 32nd wait polls as a
+    probe, and a probe that catches starts polls again. A BLS call to a Python model takes longer
+    than a poll, so its waits soon stop burning the CPU that model needs."""
+    MAX, THRESHOLD, MISS, PROBE_EVERY = 12, 6, 3, 32
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.score = self.MAX
+        self.since_probe = 0
+        self.probing = False
+
+    def next(self):
+        """Seconds the next wait polls before it sleeps; one that gets more reports to `record`."""
+        if self.seconds <= 0:
+            return 0.0
+        if self.score >= self.THRESHOLD:
+            return self.seconds
+        self.since_probe += 1
+        if self.since_probe >= self.PROBE_EVERY:
+            self.since_probe = 0
+            self.probing = True
+            return self.seconds
+        return 0.0
+
+    def record(self, caught):
+        probe, self.probing = self.probing, False
+        if caught and probe:
+            self.score = self.THRESHOLD
+        elif caught:
+            self.score = min(self.score + 1, self.MAX)
+        else:
+            self.score = max(self.score - self.MISS, 0)
+
+
 class ResponseIterator:
     """The responses of a decoupled BLS call, as Triton's ResponseIterator: `next()` waits for the
     next one (reading mesh-node's frames itself when the stub has no reader thread) and ends after

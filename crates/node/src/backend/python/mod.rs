@@ -6,6 +6,7 @@ mod each;
 pub mod env;
 pub mod ipc;
 mod settings;
+mod spin;
 pub mod stub;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ use serde_json::{json, Value};
 use super::{Backend, Deliver, PerRequest, RequestView, Timings};
 use ipc::{decode_tensor, encode_tensor};
 pub use settings::PythonSettings;
+use spin::SpinPolicy;
 use stub::Stub;
 
 /// What every Python instance of the node shares: settings, and the Dispatch BLS calls go through.
@@ -146,6 +148,8 @@ pub struct PythonBackend {
     streams: Arc<decoupled::Streams>,
     /// Set once the model made a BLS call: its requests then never run on an async runtime worker.
     calls_node: bool,
+    /// Whether a wait for the stub on the executor thread polls first (`spin-microseconds`).
+    spin: SpinPolicy,
 }
 
 impl PythonBackend {
@@ -158,6 +162,7 @@ impl PythonBackend {
         let python = interpreter(&ctx, config, info.model_dir)?;
         let settings = &ctx.settings;
         let mut stub = Stub::start(&python, settings.shm_bytes, settings.spin, info.name)?;
+        let spin = settings.spin;
         let mut args = json!({
             "model_config": config_to_json(config).to_string(),
             "model_instance_kind": if info.gpu.is_some() { "GPU" } else { "CPU" },
@@ -183,6 +188,7 @@ impl PythonBackend {
             seq: 0,
             streams: Default::default(),
             calls_node: false,
+            spin: SpinPolicy::new(spin),
         };
         if decoupled {
             backend.route_frames()?;
@@ -218,19 +224,17 @@ impl PythonBackend {
         let watching = watch.iter().any(|r| r.cancelled.is_some());
         let mut told = vec![false; if watching { watch.len() } else { 0 }];
         loop {
-            // When watching, the frame has started to arrive once `watch_cancels` returns (it spun
-            // already): it is read at once.
-            let spin = if watching {
+            // When watching, the frame has started to arrive once `watch_cancels` returns (it
+            // polled already): it is read at once. On an async runtime worker (a request that
+            // found the instance idle) polling would take the CPU the stub and the runtime's other
+            // tasks need.
+            let may_poll = if watching {
                 self.watch_cancels(watch, &mut told, deadline)?;
-                Duration::ZERO
-            } else if crate::backend::thread_may_block() {
-                self.ctx.settings.spin
+                false
             } else {
-                // On an async runtime worker (a request that found the instance idle) polling would
-                // take the CPU the stub and the runtime's other tasks need.
-                Duration::ZERO
+                crate::backend::thread_may_block()
             };
-            let (frame, blob) = match self.stub.recv_spinning(Some(deadline), spin) {
+            let (frame, blob) = match self.recv_polled(deadline, may_poll) {
                 Ok(f) => f,
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                     let why = format!(
@@ -274,6 +278,27 @@ impl PythonBackend {
                 _ => return Ok((frame, blob)),
             }
         }
+    }
+
+    /// Polls for the stub's next frame for as long as the spin policy says; true once it has
+    /// started to arrive (or the socket failed: the read that follows tells).
+    fn poll(&mut self) -> bool {
+        let spin = self.spin.next();
+        if spin.is_zero() {
+            return false;
+        }
+        let caught = self.stub.spin_for_data(spin).unwrap_or(true);
+        self.spin.record(caught);
+        caught
+    }
+
+    /// The stub's next frame, waiting at most until `deadline`; polled for first where
+    /// `may_poll` and the spin policy say so.
+    fn recv_polled(&mut self, deadline: Instant, may_poll: bool) -> std::io::Result<(Value, Vec<u8>)> {
+        if may_poll {
+            self.poll();
+        }
+        self.stub.recv(Some(deadline))
     }
 
     /// Sends an execute and waits for its responses, serving BLS calls and logs meanwhile and
@@ -548,8 +573,8 @@ impl PythonBackend {
     /// read by `request.is_cancelled()`), each once; returns as soon as a frame arrives (the
     /// reply, or a BLS call the caller serves) or the deadline passes.
     fn watch_cancels(&mut self, requests: &[RequestView<'_>], told: &mut [bool], deadline: Instant) -> Result<()> {
-        // A quick answer is taken by spinning first, as `recv_spinning` would, with no wake-up.
-        if self.stub.spin_for_data(self.ctx.settings.spin).unwrap_or(true) {
+        // A quick answer is taken by polling first, as `recv_polled` would, with no wake-up.
+        if self.poll() {
             return Ok(());
         }
         loop {

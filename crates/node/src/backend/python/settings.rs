@@ -11,7 +11,8 @@ pub struct PythonSettings {
     pub shm_bytes: usize,
     /// `execute-timeout-seconds=N`: an execute running longer is declared hung and its stub restarted.
     pub execute_timeout: Duration,
-    /// `spin-microseconds=N`: how long each side polls for the other's answer before sleeping.
+    /// `spin-microseconds=N`: how long each side polls for the other's answer before sleeping, while
+    /// polls keep catching it (`spin::SpinPolicy`).
     pub spin: Duration,
 }
 

@@ -280,14 +280,8 @@ impl Stub {
         n != 0 // ready, closed or failed: the read that follows tells which
     }
 
-    /// Reads the next frame, waiting at most until `deadline`; first polls for up to `spin`, which
-    /// on a VM saves the wake-up (a VM exit) when the answer comes quickly.
-    pub fn recv_spinning(&mut self, deadline: Option<Instant>, spin: Duration) -> std::io::Result<(Value, Vec<u8>)> {
-        self.spin_for_data(spin)?;
-        self.recv(deadline)
-    }
-
-    /// Polls without sleeping for up to `spin` until bytes are buffered; true if they are.
+    /// Polls without sleeping for up to `spin` until bytes are buffered; true if they are. On a VM
+    /// this saves the wake-up (a VM exit) when the answer comes quickly.
     pub fn spin_for_data(&mut self, spin: Duration) -> std::io::Result<bool> {
         let Source::Direct(reader) = &mut self.reader else {
             return Ok(false);

@@ -1,0 +1,136 @@
+"""A wait for a Python stub's answer polls first (`spin-microseconds`) only while polls keep catching
+the answer: on a node whose model takes longer than the poll, the waits soon sleep at once instead
+of burning the poll's CPU every time. Both ends hold to it: mesh-node's executor thread waiting for
+an execute, and the stub waiting for the answer to a BLS call.
+
+The model here sleeps 5 ms per execute against polls of 3 ms, so a wait that always polled would
+burn at least 3 ms of CPU per execute; CPU time is read from /proc in clock ticks (10 ms)."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from proc_util import cpu_ticks, stubs_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "crates" / "node" / "python"))
+from mesh_stub_calls import SpinPolicy  # noqa: E402  (the stub's own copy of the policy)
+
+CALLS = 100
+POLL_US = 3000
+# 100 polls of 3 ms that miss are at least 30 ticks; the work itself is a few.
+MOST_TICKS = 12
+
+SLEEPY_PY = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.005)
+        return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "X")]) for r in requests]
+'''
+CALLER_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X")
+            for _ in range(int(x.as_numpy().flat[0])):
+                answer = pb_utils.InferenceRequest(model_name="sleepy", requested_output_names=["X"],
+                                                   inputs=[x]).exec()
+                if answer.has_error():
+                    raise RuntimeError(answer.error().message())
+            out.append(pb_utils.InferenceResponse([x]))
+        return out
+'''
+CONFIG = '''name: "{name}"
+backend: "python"
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU }} ]
+'''
+
+
+@pytest.fixture
+def spin_server(fresh_server, tmp_path):
+    repo = tmp_path / "repo"
+    for name, code in (("sleepy", SLEEPY_PY), ("caller", CALLER_PY)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+        (repo / name / "1" / "model.py").write_text(code)
+    return fresh_server([repo], ["--backend-config", f"python,interpreter={sys.executable}",
+                                 "--backend-config", f"python,spin-microseconds={POLL_US}"],
+                        wait_models=["sleepy", "caller"])
+
+
+def infer(client, model: str, value: float) -> None:
+    x = httpclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.array([value], np.float32))
+    np.testing.assert_array_equal(client.infer(model, [x]).as_numpy("X"), [value])
+
+
+@pytest.mark.server
+def test_the_executor_thread_stops_polling_for_a_slow_model(spin_server):
+    """Requests one after the other to the sleepy model wait on its executor thread (its executions
+    are too long to run on an async worker)."""
+    client = httpclient.InferenceServerClient(spin_server.http_url)
+    try:
+        infer(client, "sleepy", 1.0)
+        pid = spin_server.proc.pid
+        before = cpu_ticks(pid, "sleepy_0_0_v1")
+        for i in range(CALLS):
+            infer(client, "sleepy", float(i))
+        burnt = cpu_ticks(pid, "sleepy_0_0_v1") - before
+    finally:
+        client.close()
+    assert burnt < MOST_TICKS, f"the executor thread burnt {burnt} ticks over {CALLS} requests"
+
+
+@pytest.mark.server
+def test_a_stub_waiting_for_bls_answers_stops_polling_for_a_slow_model(spin_server):
+    """One execute of the caller makes 100 BLS calls to the sleepy model: neither the caller's stub
+    (waiting for each answer) nor the thread that runs the calls keeps polling."""
+    client = httpclient.InferenceServerClient(spin_server.http_url, network_timeout=60)
+    try:
+        infer(client, "caller", 1.0)
+        pid = spin_server.proc.pid
+        stubs = stubs_of(pid)
+        assert len(stubs) == 2, stubs
+        before = sum(cpu_ticks(s) for s in stubs), cpu_ticks(pid, "caller_0_0_v1")
+        infer(client, "caller", float(CALLS))
+        after = sum(cpu_ticks(s) for s in stubs), cpu_ticks(pid, "caller_0_0_v1")
+    finally:
+        client.close()
+    stubs_burnt, thread_burnt = after[0] - before[0], after[1] - before[1]
+    assert stubs_burnt < MOST_TICKS, f"the stubs burnt {stubs_burnt} ticks over {CALLS} BLS calls"
+    assert thread_burnt < MOST_TICKS, f"the caller's executor thread burnt {thread_burnt} ticks"
+
+
+def run(policy: SpinPolicy, waits: int, catches) -> int:
+    """`waits` waits whose polls catch when `catches(i)` says so; how many polled."""
+    polled = 0
+    for i in range(waits):
+        if policy.next() > 0:
+            polled += 1
+            policy.record(catches(i))
+    return polled
+
+
+def test_the_stubs_policy_polls_while_polls_catch_and_then_only_probes():
+    """The stub's copy of the rule, as mesh-node's spin.rs tests it."""
+    p = SpinPolicy(0.0001)
+    assert run(p, 1000, lambda i: i % 10 != 0) == 1000, "nine catches in ten pay"
+    assert run(p, 3, lambda i: False) == 3, "two misses are tolerated, the third stops polls"
+    assert run(p, 3200, lambda i: False) == 3200 // SpinPolicy.PROBE_EVERY
+    assert run(p, 3200, lambda i: i % 2 == 0) < 3200 // 8, "half the polls catching is not enough"
+    run(p, 100, lambda i: False)
+    assert any(run(p, 1, lambda i: True) for _ in range(SpinPolicy.PROBE_EVERY)), "a probe that catches"
+    assert run(p, 100, lambda i: True) == 100, "starts polls again"
+    assert run(SpinPolicy(0.0), 100, lambda i: True) == 0
