@@ -51,7 +51,7 @@ if [ "${SKIP_TRITON:-}" = 1 ]; then
   .venv/bin/python benches/python_probe.py probe 28300 mesh add_sub add_sub_onnx
   .venv/bin/python benches/python_probe.py rss mesh $NODE
   # This block runs in the pipeline's subshell, whose children common.sh's trap does not see.
-  kill $NODE; wait $NODE 2>/dev/null || true
+  kill $NODE 2>/dev/null || true; wait $NODE 2>/dev/null || true
   exit 0
 fi
 "$PEERS/bin/tritonserver" --model-repository "$WORK/repo" --http-port 28400 --grpc-port 28401 --metrics-port 28402 \

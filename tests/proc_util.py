@@ -34,18 +34,19 @@ def stubs_of(node_pid: int) -> list[int]:
     return found
 
 
-def cpu_ticks(pid: int, thread: str | None = None) -> int:
+def cpu_ticks(pid: int, thread: str | None = None) -> int | None:
     """User and system CPU time of `pid`, or of its threads named `thread` (their comm), summed, in
-    clock ticks (1/100 s): what a thread that polls instead of sleeping burns shows here."""
+    clock ticks (1/100 s): what a thread that polls instead of sleeping burns shows here. None when
+    there is no such process or thread."""
     paths = [Path(f"/proc/{pid}/stat")] if thread is None else [
         task / "stat" for task in Path(f"/proc/{pid}/task").iterdir() if _comm(task) == thread]
-    total = 0
+    total = None
     for path in paths:
         try:
             fields = path.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):  # ended meanwhile
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        total = (total or 0) + int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
     return total
 
 

@@ -195,7 +195,9 @@ class Host(Calls, Plain):
                 if frame is not None:
                     return frame
                 data = None
-                poll = spin.next() if spin is not None else 0.0
+                # Only a wait for a new frame polls (and counts for the policy), not one for the
+                # rest of a frame already arriving.
+                poll = spin.next() if spin is not None and not self.buf else 0.0
                 if poll > 0:
                     end = time.perf_counter() + poll
                     while True:

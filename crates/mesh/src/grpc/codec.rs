@@ -228,7 +228,11 @@ pub fn encode_response(resp: InferResponse, shm: &ShmOutputs) -> Result<proto::M
 }
 
 /// The stream's (or call's) ASCII metadata whose key matches, as request parameters.
-pub fn forward_metadata(pattern: &regex::Regex, metadata: &tonic::metadata::MetadataMap, params: &mut crate::Params) {
+pub(crate) fn forward_metadata(
+    pattern: &regex::Regex,
+    metadata: &tonic::metadata::MetadataMap,
+    params: &mut crate::Params,
+) {
     let pairs = metadata.iter().filter_map(|kv| match kv {
         tonic::metadata::KeyAndValueRef::Ascii(k, v) => Some((k.as_str(), v.as_bytes())),
         tonic::metadata::KeyAndValueRef::Binary(..) => None,

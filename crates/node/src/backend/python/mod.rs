@@ -8,6 +8,7 @@ pub mod ipc;
 mod settings;
 mod spin;
 pub mod stub;
+mod wait;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, Weak};
@@ -280,27 +281,6 @@ impl PythonBackend {
         }
     }
 
-    /// Polls for the stub's next frame for as long as the spin policy says; true once it has
-    /// started to arrive (or the socket failed: the read that follows tells).
-    fn poll(&mut self) -> bool {
-        let spin = self.spin.next();
-        if spin.is_zero() {
-            return false;
-        }
-        let caught = self.stub.spin_for_data(spin).unwrap_or(true);
-        self.spin.record(caught);
-        caught
-    }
-
-    /// The stub's next frame, waiting at most until `deadline`; polled for first where
-    /// `may_poll` and the spin policy say so.
-    fn recv_polled(&mut self, deadline: Instant, may_poll: bool) -> std::io::Result<(Value, Vec<u8>)> {
-        if may_poll {
-            self.poll();
-        }
-        self.stub.recv(Some(deadline))
-    }
-
     /// Sends an execute and waits for its responses, serving BLS calls and logs meanwhile and
     /// telling the stub which of `watch`'s requests lost their client.
     fn exchange(&mut self, header: &Value, blob: &[u8], watch: &[RequestView<'_>]) -> Result<(Value, Vec<u8>)> {
@@ -562,33 +542,6 @@ impl PythonBackend {
             output: t2.elapsed(),
         };
         Ok((results, timings, again))
-    }
-}
-
-/// How often a running `execute` looks for requests whose client went away.
-const CANCEL_POLL: Duration = Duration::from_millis(50);
-
-impl PythonBackend {
-    /// While the stub is silent, tells it which requests' clients went away (`cancel` frames,
-    /// read by `request.is_cancelled()`), each once; returns as soon as a frame arrives (the
-    /// reply, or a BLS call the caller serves) or the deadline passes.
-    fn watch_cancels(&mut self, requests: &[RequestView<'_>], told: &mut [bool], deadline: Instant) -> Result<()> {
-        // A quick answer is taken by polling first, as `recv_polled` would, with no wake-up.
-        if self.poll() {
-            return Ok(());
-        }
-        loop {
-            let now = Instant::now();
-            if now >= deadline || self.stub.readable_by((now + CANCEL_POLL).min(deadline)) {
-                return Ok(());
-            }
-            for (i, r) in requests.iter().enumerate() {
-                if !told[i] && r.cancelled.is_some_and(|gone| gone()) {
-                    told[i] = true;
-                    self.send(&json!({"op": "cancel", "seq": self.seq, "index": i}), &[])?;
-                }
-            }
-        }
     }
 }
 

@@ -233,7 +233,7 @@ impl Stub {
         super::bls::Answers {
             writer: self.writer.clone(),
             shm: self.shm.clone(),
-            routed: matches!(self.reader, Source::Routed(_)),
+            routed: self.is_routed(),
             holder: self.holder().into(),
             streaming: self.streaming.clone(),
         }
@@ -278,6 +278,16 @@ impl Stub {
         // SAFETY: one valid pollfd for the duration of the call.
         let n = unsafe { libc::poll(&mut fd, 1, ms) };
         n != 0 // ready, closed or failed: the read that follows tells which
+    }
+
+    /// Whether a reading thread has the socket (`route`).
+    pub fn is_routed(&self) -> bool {
+        matches!(self.reader, Source::Routed(_))
+    }
+
+    /// Whether bytes of the next frame are already read from the socket.
+    pub fn has_buffered(&self) -> bool {
+        matches!(&self.reader, Source::Direct(reader) if !reader.buffer().is_empty())
     }
 
     /// Polls without sleeping for up to `spin` until bytes are buffered; true if they are. On a VM
