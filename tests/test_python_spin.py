@@ -83,6 +83,13 @@ def thread_ticks(pid: int, name: str) -> int:
     return ticks
 
 
+def stub_ticks(stubs: list[int]) -> int:
+    """CPU ticks of the stub processes, summed (a stub that exited fails the test)."""
+    ticks = [cpu_ticks(s) for s in stubs]
+    assert None not in ticks, f"a stub of {stubs} exited"
+    return sum(ticks)
+
+
 @pytest.mark.server
 def test_the_executor_thread_stops_polling_for_a_slow_model(spin_server):
     """Requests one after the other to the sleepy model wait on its executor thread (its executions
@@ -110,9 +117,9 @@ def test_a_stub_waiting_for_bls_answers_stops_polling_for_a_slow_model(spin_serv
         pid = spin_server.proc.pid
         stubs = stubs_of(pid)
         assert len(stubs) == 2, stubs
-        before = sum(cpu_ticks(s) for s in stubs), thread_ticks(pid, "caller_0_0_v1")
+        before = stub_ticks(stubs), thread_ticks(pid, "caller_0_0_v1")
         infer(client, "caller", float(CALLS))
-        after = sum(cpu_ticks(s) for s in stubs), thread_ticks(pid, "caller_0_0_v1")
+        after = stub_ticks(stubs), thread_ticks(pid, "caller_0_0_v1")
     finally:
         client.close()
     stubs_burnt, thread_burnt = after[0] - before[0], after[1] - before[1]
@@ -135,8 +142,8 @@ def test_the_stubs_policy_polls_while_polls_catch_and_then_only_probes():
     probes = 3200 // SpinPolicy.PROBE_EVERY
     p = SpinPolicy(0.0001)
     assert run(p, 1000, lambda k: k % 10 != 0) == 1000, "nine catches in ten pay"
-    assert run(p, 3, lambda k: False) == 3, "two misses are tolerated, the third stops polls"
-    assert run(p, 3200, lambda k: False) == probes
+    assert run(p, 3, lambda k: False) == 3
+    assert run(p, 3200, lambda k: False) == probes, "the third miss in a row stops polls; then only probes"
     assert any(run(p, 1, lambda k: True) for _ in range(SpinPolicy.PROBE_EVERY)), "a probe that catches"
     assert run(p, 100, lambda k: True) == 100, "starts polls again"
     run(p, 100, lambda k: False)

@@ -49,10 +49,11 @@ impl PythonBackend {
         told: &mut [bool],
         deadline: Instant,
     ) -> Result<()> {
-        // A quick answer is taken by polling first, as `recv_polled` would, with no wake-up; a
-        // failed socket is left to the read that follows.
-        if self.poll().unwrap_or(true) {
-            return Ok(());
+        // A quick answer is taken by polling first, as `recv_polled` would, with no wake-up.
+        match self.poll() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(self.fail(format!("python stub {} is gone: {e}", self.stub.label))),
         }
         loop {
             let now = Instant::now();
