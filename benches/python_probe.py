@@ -94,13 +94,13 @@ def rss(server: str, pid: str):
             continue
         if b"mesh_stub" in cmd or b"triton_python_backend_stub" in cmd:
             kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-            sizes.append((kb / 1024, *private(child)))
+            sizes.append((kb / 1024, *pss_and_private(child)))
     if sizes:
         mean = [sum(s[i] for s in sizes) / len(sizes) for i in range(3)]
         print(f"| {server} | {len(sizes)} | {max(s[0] for s in sizes):.1f} | {mean[0]:.1f} | {mean[1]:.1f} | {mean[2]:.1f} |")
 
 
-def private(pid: str) -> tuple[float, float]:
+def pss_and_private(pid: str) -> tuple[float, float]:
     """A process's proportional set size and its private pages (what one more instance costs), in MB."""
     try:
         fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])

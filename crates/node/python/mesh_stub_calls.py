@@ -13,13 +13,13 @@ ANSWERS = ("bls_response", "bls_stream", "metric_reply", "cancel")
 
 
 class SpinPolicy:
-    """Whether a wait for mesh-node's answer polls before it sleeps (`spin-microseconds`), by the rule
-    of mesh-node's own waits (backend/python/spin.rs): a poll that catches the answer adds one to a
-    score, one that misses takes three off, and waits poll while the score is in its upper half
-    (over time, while more than three polls in four catch; at most three misses in a row stop them). Below
-    it, every 32nd wait polls as a probe, and a probe that catches starts polls again. A BLS call
-    to a Python model takes longer than a poll, so its waits soon stop burning the CPU that model
-    needs."""
+    """Whether a wait for mesh-node's answer polls before it sleeps (`spin-microseconds`), by the
+    rule of mesh-node's own waits (backend/python/spin.rs): a poll that catches the answer adds one
+    to a score, one that misses takes three off, and waits poll while the score is in its upper half
+    (over time, while more than three polls in four catch; at most three misses in a row stop
+    them). Below it, every 32nd wait polls as a probe, and a probe that catches starts polls again.
+    A BLS call to a Python model takes longer than a poll, so its waits soon stop burning the CPU
+    that model needs."""
     MAX, THRESHOLD, MISS, PROBE_EVERY = 12, 6, 3, 32
 
     def __init__(self, seconds):

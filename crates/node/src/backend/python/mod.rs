@@ -163,7 +163,7 @@ impl PythonBackend {
         let python = interpreter(&ctx, config, info.model_dir)?;
         let settings = &ctx.settings;
         let mut stub = Stub::start(&python, settings.shm_bytes, settings.spin, info.name)?;
-        let spin = settings.spin;
+        let spin = SpinPolicy::new(settings.spin);
         let mut args = json!({
             "model_config": config_to_json(config).to_string(),
             "model_instance_kind": if info.gpu.is_some() { "GPU" } else { "CPU" },
@@ -189,7 +189,7 @@ impl PythonBackend {
             seq: 0,
             streams: Default::default(),
             calls_node: false,
-            spin: SpinPolicy::new(spin),
+            spin,
         };
         if decoupled {
             backend.route_frames()?;

@@ -8,9 +8,9 @@ use std::time::Duration;
 /// burns its whole budget of CPU and then sleeps anyway. On a host whose cores are all busy the
 /// poller also takes the core the stub needs, so its polls keep missing. The policy therefore
 /// keeps a score, like a branch predictor: a catch adds one, a miss takes three off, and polls
-/// go on while the score stays in the upper half, which holds while more than three polls in four
-/// catch. Below it, every `PROBE_EVERY`th wait still polls, and a probe that catches starts polls
-/// again, so a host that has cores to spare again is noticed.
+/// go on while the score stays in the upper half, which holds over time while more than three
+/// polls in four catch. Below it, every `PROBE_EVERY`th wait still polls, and a probe that
+/// catches starts polls again, so a host that has cores to spare again is noticed.
 #[derive(Debug, Clone)]
 pub struct SpinPolicy {
     budget: Duration,
