@@ -5,7 +5,7 @@ use quinn::{RecvStream, SendStream, VarInt};
 
 use super::convert::{answer_frame, request_from, ErrorKind};
 use super::frame::{Frame, FrameError, Limits};
-use super::io::{read_frame, take_end, via, write_frame};
+use super::io::{finish_reading, read_frame, via, write_frame};
 use super::msg::Message;
 use super::shm::Outbound;
 use super::transport::stream_code;
@@ -105,8 +105,6 @@ pub async fn serve<D: Dispatch + ?Sized>(
     crate::busy::touch();
     let cancelled = send.stopped();
     if !stream {
-        // The request was the stream's only frame: its end, read now, spares the caller a STOP_SENDING.
-        take_end(&mut recv);
         let result = tokio::select! {
             r = dispatch.infer(request) => r,
             _ = cancelled => return,
@@ -118,6 +116,9 @@ pub async fn serve<D: Dispatch + ?Sized>(
         if write_answer(&mut send, Some(&answer), true, limits, out).await.is_ok() {
             let _ = send.finish();
         }
+        // The request was the stream's only frame: its end, read before the stream goes, spares
+        // the caller a STOP_SENDING.
+        finish_reading(recv, limits.frame_deadline);
         crate::busy::touch();
         return;
     }
@@ -165,6 +166,9 @@ pub async fn serve<D: Dispatch + ?Sized>(
         _ = async { tokio::join!(dispatch.infer_stream(request, tx), forward) } => {}
         _ = cancelled => {}
     }
+    // Credit the caller sent before it saw the final answer, and its end, are read before the
+    // stream goes (a reset caller's stream is already done).
+    finish_reading(recv, limits.frame_deadline);
     crate::busy::touch();
 }
 

@@ -9,7 +9,7 @@ use quinn::{Connection, VarInt};
 
 use super::convert::{answer_from, error_from, Answered, ErrorKind};
 use super::frame::{self, FrameError, Limits};
-use super::io::{read_frame, take_end};
+use super::io::{finish_reading, read_frame};
 use super::msg::{Message, StatsQuery, StatsReply};
 use super::shm::Outbound;
 use super::transport::stream_code;
@@ -129,7 +129,7 @@ pub async fn unary(link: Peer<'_>, chunks: Vec<Bytes>, limits: &Limits) -> Resul
     let (_tx, mut rx) = open(link, chunks, limits, true).await?;
     let frame = match read_frame(&mut rx, limits).await {
         Ok(Some(f)) => {
-            take_end(&mut rx);
+            finish_reading(rx, limits.frame_deadline);
             f
         }
         Ok(None) => {
@@ -255,6 +255,7 @@ pub async fn stream(
         forwarded += 1;
         if last {
             let _ = tx.finish();
+            finish_reading(rx, limits.frame_deadline);
             return Ok(());
         }
     }
@@ -294,6 +295,7 @@ pub async fn stats(
     let frame = read_frame(&mut rx, limits)
         .await?
         .ok_or_else(|| Error::unavailable(format!("{} closed the statistics stream", link.name)))?;
+    finish_reading(rx, limits.frame_deadline);
     match frame.message {
         Message::StatsReply(StatsReply::Stats(bytes)) => prost::Message::decode(bytes.as_slice())
             .map_err(|e| Error::internal(format!("{} sent unreadable statistics: {e}", link.name))),

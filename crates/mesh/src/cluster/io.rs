@@ -119,12 +119,41 @@ impl AsRef<[u8]> for Payload {
 }
 
 /// Takes the end of a stream whose last frame was read, when the end has already arrived (it
-/// usually travels in the same packet as that frame). A stream read to its end is dropped quietly;
-/// one dropped before would send the peer a STOP_SENDING, which costs a packet and a wake-up on
-/// both ends for every request. Never waits.
-pub fn take_end(recv: &mut RecvStream) {
+/// usually travels in the same packet as that frame); true when it had. Never waits.
+pub fn take_end(recv: &mut RecvStream) -> bool {
     use futures::FutureExt;
-    let _ = recv.read_chunk(usize::MAX, true).now_or_never();
+    matches!(
+        recv.read_chunk(usize::MAX, true).now_or_never(),
+        Some(Ok(None) | Err(_))
+    )
+}
+
+/// Most bytes [`finish_reading`] reads and drops after a stream's last frame: credit frames that a
+/// caller sent before it saw the final answer. A peer that sends more is stopped.
+pub const END_SLACK: usize = 64 << 10;
+
+/// Lets go of a stream whose last frame was read without costing either side a STOP_SENDING: quinn
+/// sends one for a stream dropped before its end was read, a packet and a wake-up on both ends for
+/// every request. When the end has arrived (it usually travels with the last frame) the stream is
+/// dropped at once; else a task reads on to the end, for at most `wait` and [`END_SLACK`] bytes,
+/// and drops it then. A peer that ends its streams (every mesh peer does) never gets a
+/// STOP_SENDING; one that does not gets it after `wait`. Never waits itself; needs a tokio runtime.
+pub fn finish_reading(mut recv: RecvStream, wait: std::time::Duration) {
+    if take_end(&mut recv) {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut read = 0usize;
+        let to_end = async {
+            while let Ok(Some(chunk)) = recv.read_chunk(END_SLACK, true).await {
+                read += chunk.bytes.len();
+                if read > END_SLACK {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(wait, to_end).await;
+    });
 }
 
 /// The chunks of an encoded frame (`frame::encode`: prelude and header, then the payload's parts)

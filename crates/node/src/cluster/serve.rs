@@ -7,7 +7,7 @@ use std::sync::Arc;
 use mesh::cluster::answer::{message_name, refuse, reject, request_of, serve};
 use mesh::cluster::convert::{wire_error, ErrorKind};
 use mesh::cluster::frame::{self, FrameError};
-use mesh::cluster::io::{read_frame, write_frame};
+use mesh::cluster::io::{finish_reading, read_frame, write_frame};
 use mesh::cluster::msg::{Message, StatsReply};
 use mesh::cluster::shm::Outbound;
 use mesh::cluster::Limits;
@@ -69,6 +69,7 @@ impl Serving {
                 let _ = write_frame(&mut send, chunks).await;
             }
             let _ = send.finish();
+            finish_reading(recv, self.limits.frame_deadline);
             return;
         }
         if !matches!(first.message, Message::Request(_)) {
