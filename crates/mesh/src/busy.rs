@@ -26,6 +26,9 @@ struct Spin {
     last: AtomicU64,
     spinning: AtomicBool,
     wake: Notify,
+    /// Windows the spinners began to poll through (a spinner that found a window open), also
+    /// exported as `mesh_busy_poll_windows_total`.
+    windows: AtomicU64,
 }
 
 impl Spin {
@@ -50,11 +53,16 @@ pub fn start(window: Duration, spinners: usize) {
         last: AtomicU64::new(0),
         spinning: AtomicBool::new(true),
         wake: Notify::new(),
+        windows: AtomicU64::new(0),
     };
     if SPIN.set(spin).is_err() {
         return;
     }
     let Some(s) = SPIN.get() else { return };
+    metrics::describe_counter!(
+        "mesh_busy_poll_windows_total",
+        "Windows of --busy-poll-us that a spinner polled through (a request started or ended while none was open)"
+    );
     tracing::info!(
         window_us = window.as_micros() as u64,
         spinners,
@@ -78,6 +86,8 @@ async fn spinner(s: &'static Spin) {
             notified.await;
         }
         s.spinning.store(true, Ordering::SeqCst);
+        s.windows.fetch_add(1, Ordering::SeqCst);
+        metrics::counter!("mesh_busy_poll_windows_total").increment(1);
         while open(s.now(), s.last.load(Ordering::SeqCst), s.window) {
             tokio::task::yield_now().await;
         }
@@ -119,11 +129,25 @@ mod tests {
         assert!(open(1_000_000, 1_000_050, w));
     }
 
-    /// Waits until the spinners' flag reads `spinning`, failing with `what` after 5 s.
+    /// Waits until the spinners' flag reads `spinning`, failing with `what` after 60 s (a guard
+    /// against a hang, not a timing: the flag stays put once it changed).
     async fn until(spinning: bool, what: &str) {
         let s = SPIN.get().expect("started");
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while s.spinning.load(Ordering::Acquire) != spinning {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Touches, then waits until a spinner has begun a window since (the count only grows, so no
+    /// window is missed however briefly it lasted); fails with `what` after 60 s.
+    async fn touch_wakes(what: &str) {
+        let s = SPIN.get().expect("started");
+        let before = s.windows.load(Ordering::SeqCst);
+        touch();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while s.windows.load(Ordering::SeqCst) == before {
             assert!(Instant::now() < deadline, "{what}");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -133,8 +157,7 @@ mod tests {
     async fn spinners_run_while_requests_touch_and_stop_after_the_window() {
         start(Duration::from_millis(20), 2);
         until(false, "nothing touched yet: the spinners wait").await;
-        touch();
-        until(true, "a touch wakes a spinner").await;
+        touch_wakes("a touch wakes a spinner").await;
         // Other tasks still run while the spinners poll.
         let ran = tokio::spawn(async { 7 })
             .await
@@ -142,7 +165,6 @@ mod tests {
         assert_eq!(ran, 7);
         until(false, "the spinners stop once the window passes").await;
         // Touched again, they start again.
-        touch();
-        until(true, "a later touch wakes them again").await;
+        touch_wakes("a later touch wakes them again").await;
     }
 }
