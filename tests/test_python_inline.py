@@ -4,8 +4,10 @@ executor thread and back (two wake-ups of four). One async worker always stays f
 that makes a BLS call goes back to its executor thread for good (the call's first request finishes
 with the worker handed over, so the tasks it starts are not stuck behind it).
 
-The executor thread sleeps between the requests it runs, so each shows as one of its voluntary
-context switches; a request run by the async worker leaves the thread asleep."""
+The node counts the requests each instance ran this way (`mesh_instance_inline_executions_total`).
+Whether a model is quick enough for it is measured (its executions must average under
+`inline-limit-microseconds`); the tests set that limit to a minute, so that how fast this machine
+happens to be never decides the path. The wake-ups saved are measured in benches/scheduling.py."""
 import sys
 from pathlib import Path
 
@@ -13,12 +15,12 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from cluster_util import add_sub_inputs
-from proc_util import voluntary_switches
+from mesh_util import metric_sum, parse_metrics
 
 pytestmark = [pytest.mark.server]
 
 REQUESTS = 200
-WARM = 30  # the first requests run on the executor thread until their execution time is known
+WARM = 5  # the first request runs on the executor thread, until its execution time is known
 
 # OUTPUT0 = INPUT0 + INPUT1, computed here, or through a BLS call (async_exec) to the ONNX add_sub
 # when INPUT0 starts with a negative number.
@@ -66,18 +68,17 @@ def inline_repo(models_dir, tmp_path) -> Path:
 
 def start(fresh_server, repo, workers: int):
     fresh_server.env = dict(fresh_server.env, TOKIO_WORKER_THREADS=str(workers))
-    # A short execute timeout: a BLS call stuck behind its caller would fail its request in 3 s.
+    # A BLS call stuck behind its caller would fail its request at the execute timeout.
     return fresh_server([repo], ["--backend-config", f"python,interpreter={sys.executable}",
-                                 "--backend-config", "python,execute-timeout-seconds=3"],
+                                 "--backend-config", "python,execute-timeout-seconds=60",
+                                 "--backend-config", "python,inline-limit-microseconds=60000000"],
                         wait_models=["inl", "add_sub"])
 
 
-def executor_switches(pid: int) -> int:
-    """Voluntary context switches of the inl instance's executor thread (named after the instance;
-    its stub's log reader is inl_0_0_v1-log)."""
-    switches = voluntary_switches(pid, "inl_0_0_v1")
-    assert switches is not None, "no executor thread named inl_0_0_v1 in the node"
-    return switches
+def inline_runs(srv) -> int:
+    """Requests the inl instance ran on the async worker that received them."""
+    samples = parse_metrics(srv.metrics())
+    return int(metric_sum(samples, "mesh_instance_inline_executions_total", instance="inl_0_0_v1") or 0)
 
 
 def send(client, count: int, *, via_bls: bool = False) -> None:
@@ -93,41 +94,41 @@ def send(client, count: int, *, via_bls: bool = False) -> None:
         np.testing.assert_array_equal(out, a + b)
 
 
-def switches_over(srv, client, count: int, **kw) -> int:
-    before = executor_switches(srv.proc.pid)
+def inline_over(srv, client, count: int, **kw) -> int:
+    """How many of `count` requests, sent one after the other, ran inline."""
+    before = inline_runs(srv)
     send(client, count, **kw)
-    return executor_switches(srv.proc.pid) - before
+    return inline_runs(srv) - before
 
 
 @pytest.mark.parametrize("workers", [2, 1])
 def test_a_request_to_an_idle_python_model_skips_its_executor_thread(fresh_server, inline_repo, workers):
-    """With two async workers, sequential requests leave the executor thread asleep. With one,
-    that worker must stay free, so every request goes through the executor thread."""
+    """With two async workers, every request sent one after the other finds the instance idle and
+    runs inline. With one, that worker must stay free, so every request goes through the executor
+    thread."""
     srv = start(fresh_server, inline_repo, workers)
-    client = httpclient.InferenceServerClient(srv.http_url)
+    client = httpclient.InferenceServerClient(srv.http_url, network_timeout=120)
     try:
         send(client, WARM)
-        switches = switches_over(srv, client, REQUESTS)
+        inline = inline_over(srv, client, REQUESTS)
     finally:
         client.close()
-    if workers == 2:
-        assert switches < REQUESTS // 4, switches
-    else:
-        assert switches >= REQUESTS // 2, switches
+    assert inline == (REQUESTS if workers == 2 else 0), f"{inline} of {REQUESTS} requests ran inline"
 
 
 def test_a_bls_call_from_a_request_run_inline_is_answered_and_sends_the_model_back(fresh_server, inline_repo):
     """The model's first BLS call comes from a request the async worker runs itself: the call (an
-    async_exec, whose task the runtime must run meanwhile) is answered, well within the 3 s execute
-    timeout. From then on the model's requests go through its executor thread again."""
+    async_exec, whose task the runtime must run meanwhile) is answered before the execute timeout.
+    From then on the model's requests go through its executor thread again."""
     srv = start(fresh_server, inline_repo, 2)
-    client = httpclient.InferenceServerClient(srv.http_url)
+    client = httpclient.InferenceServerClient(srv.http_url, network_timeout=120)
     try:
         send(client, WARM)
-        assert switches_over(srv, client, 50) < 50 // 4, "requests ran inline before the BLS call"
+        assert inline_over(srv, client, 50) == 50, "requests did not run inline before the BLS call"
+        assert inline_over(srv, client, 1, via_bls=True) == 1, "the first BLS call came from an inline request"
         send(client, 20, via_bls=True)
-        switches = switches_over(srv, client, REQUESTS)
+        inline = inline_over(srv, client, REQUESTS)
     finally:
         client.close()
-    assert switches >= REQUESTS // 2, switches
+    assert inline == 0, f"{inline} requests ran inline after the model made a BLS call"
     assert "did not answer within" not in srv.log_path.read_text(errors="replace")

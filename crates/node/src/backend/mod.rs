@@ -156,6 +156,12 @@ pub trait Backend: Send {
         false
     }
 
+    /// For such a backend: executions averaging under this run on an async runtime worker (as
+    /// `may_wait_inline` allows); None takes the instance's default for its kind.
+    fn inline_limit(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// False once the backend cannot serve again (its process died or hung): the instance is rebuilt.
     fn healthy(&mut self) -> bool {
         true

@@ -113,6 +113,14 @@ fn describe() {
         "Executions (batches) run by each model instance"
     );
     c!(
+        "mesh_instance_inline_executions_total",
+        "Requests that found their instance idle and ran on the thread that received them instead of the instance's executor thread"
+    );
+    c!(
+        "mesh_python_stub_waits_total",
+        "Waits of a Python instance's executor thread for its stub, by how they polled first (spin-microseconds): none, caught or missed"
+    );
+    c!(
         "mesh_instance_grouped_requests_total",
         "Requests of a model without dynamic batching that travelled to their instance's backend with others (each still its own execution)"
     );

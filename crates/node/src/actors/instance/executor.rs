@@ -314,6 +314,8 @@ pub(crate) struct Executor {
     pub executions: Counter,
     /// Requests that travelled to the backend with others (`run_each`).
     pub grouped: Counter,
+    /// Requests run on their caller's thread instead of the executor thread (the inline path).
+    pub inline: Counter,
     pub health: Arc<Health>,
     pub on_failure: FailureNotice,
     /// Set for models with ragged inputs, batch inputs or batch outputs.

@@ -51,6 +51,7 @@ fn scripted_executor(order: Vec<usize>, then: Option<Error>) -> Executor {
         policy: Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT)),
         executions: Counter::noop(),
         grouped: Counter::noop(),
+        inline: Counter::noop(),
         health: Arc::new(Health::new(&[])),
         on_failure: Arc::new(|| {}),
         ragged: None,

@@ -277,16 +277,17 @@ impl InstanceHandle {
         let backend = supervision::build(&factory)?;
         let inline_off_runtime_only = !backend.may_run_inline();
         let wait_inline = inline_off_runtime_only && backend.may_wait_inline();
-        let inline_limit = if inline_off_runtime_only {
+        let inline_limit = backend.inline_limit().unwrap_or(if inline_off_runtime_only {
             InlinePolicy::WAIT_LIMIT
         } else {
             InlinePolicy::DEFAULT_LIMIT
-        };
+        });
         let exec = Arc::new(Executor {
             backend: Arc::new(Mutex::new(backend)),
             policy: Arc::new(InlinePolicy::new(inline_limit)),
             executions: metrics::counter!("mesh_instance_executions_total", &metric_labels),
             grouped: metrics::counter!("mesh_instance_grouped_requests_total", &metric_labels),
+            inline: metrics::counter!("mesh_instance_inline_executions_total", &metric_labels),
             health: Arc::new(Health::new(&metric_labels)),
             on_failure,
             ragged,
@@ -402,6 +403,7 @@ impl InstanceHandle {
                 // Read under the lock: a Python model that made a BLS call stops waiting inline.
                 if wait_slot.is_none() || b.may_wait_inline() {
                     mesh::queued::fire();
+                    self.exec.inline.increment(1);
                     let result = self.exec.run_one(&self.label, &mut **b, &sub);
                     drop(b);
                     drop(turn);

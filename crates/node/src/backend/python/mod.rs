@@ -151,6 +151,8 @@ pub struct PythonBackend {
     calls_node: bool,
     /// Whether a wait for the stub on the executor thread polls first (`spin-microseconds`).
     spin: SpinPolicy,
+    /// How those waits went.
+    waits: wait::WaitCounts,
 }
 
 impl PythonBackend {
@@ -190,6 +192,7 @@ impl PythonBackend {
             streams: Default::default(),
             calls_node: false,
             spin,
+            waits: wait::WaitCounts::new(&config.name, info.version, info.name),
         };
         if decoupled {
             backend.route_frames()?;
@@ -429,6 +432,10 @@ impl Backend for PythonBackend {
 
     fn may_wait_inline(&self) -> bool {
         !self.decoupled && !self.calls_node
+    }
+
+    fn inline_limit(&self) -> Option<std::time::Duration> {
+        Some(self.ctx.settings.inline_limit)
     }
 
     /// Runs the batch, then again the requests the model rescheduled

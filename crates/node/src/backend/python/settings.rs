@@ -14,7 +14,14 @@ pub struct PythonSettings {
     /// `spin-microseconds=N`: how long each side polls for the other's answer before sleeping, while
     /// polls keep catching it (`spin::SpinPolicy`).
     pub spin: Duration,
+    /// `inline-limit-microseconds=N`: a request that finds its instance idle runs on the async
+    /// worker that decoded it while the model's executions average under this (0: never).
+    pub inline_limit: Duration,
 }
+
+/// The largest `inline-limit-microseconds` (60 s): an execute that long on an async worker is
+/// still answered, as long as another worker stays free.
+const MAX_INLINE_LIMIT_US: u64 = 60_000_000;
 
 impl Default for PythonSettings {
     fn default() -> Self {
@@ -23,6 +30,7 @@ impl Default for PythonSettings {
             shm_bytes: 64 << 20,
             execute_timeout: Duration::from_secs(300),
             spin: Duration::from_micros(100),
+            inline_limit: Duration::from_millis(2),
         }
     }
 }
@@ -42,6 +50,7 @@ impl PythonSettings {
                 "shm-default-byte-size" => s.shm_bytes = (number()? as usize).clamp(1 << 12, 1 << 34),
                 "execute-timeout-seconds" => s.execute_timeout = Duration::from_secs(number()?.max(1)),
                 "spin-microseconds" => s.spin = Duration::from_micros(number()?.min(10_000)),
+                "inline-limit-microseconds" => s.inline_limit = Duration::from_micros(number()?.min(MAX_INLINE_LIMIT_US)),
                 // Triton's Python-backend settings for its own shared-memory pools and stub
                 // management; the mesh sizes its region with shm-default-byte-size alone.
                 "shm-growth-byte-size" | "shm-region-prefix-name" | "stub-timeout-seconds" | "shm-message-queue-size"

@@ -142,6 +142,45 @@ mod tests {
         assert!(polled > probes && polled <= 2 * probes, "polled {polled}");
     }
 
+    /// What the policy guarantees whatever the timing, which the node's tests read off its
+    /// `mesh_python_stub_waits_total` counts: over `waits` waits in which `caught` polls caught the
+    /// answer, at most `4 + 2 * caught + waits / 32` polls miss. (A miss while polling takes three
+    /// off a score that starts at 12 and stays at or above 6 while polling; a catch adds at most
+    /// six to it; and probes miss at most once each, one per 32 waits.)
+    #[test]
+    fn misses_stay_bounded_by_catches_over_any_sequence_of_outcomes() {
+        // Seeded runs of outcomes with every mix of catches, from none to all.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for catch_one_in in [0u64, 1, 2, 3, 4, 5, 8, 64] {
+            let mut p = SpinPolicy::new(BUDGET);
+            let (mut waits, mut caught, mut missed) = (0u64, 0u64, 0u64);
+            for _ in 0..20_000 {
+                waits += 1;
+                if p.next().is_zero() {
+                    continue;
+                }
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let catch = catch_one_in != 0 && seed % catch_one_in == 0;
+                p.record(catch);
+                if catch {
+                    caught += 1;
+                } else {
+                    missed += 1;
+                }
+                let most = 4 + 2 * caught + waits / u64::from(SpinPolicy::PROBE_EVERY);
+                assert!(
+                    missed <= most,
+                    "{missed} misses over {waits} waits with {caught} catches (one in {catch_one_in})"
+                );
+            }
+        }
+        // Tight where it matters: polls that never catch miss three times, then once per probe.
+        let mut p = SpinPolicy::new(BUDGET);
+        assert_eq!(run(&mut p, 3 + 2 * SpinPolicy::PROBE_EVERY as usize, |_| false), 3 + 2);
+    }
+
     #[test]
     fn a_zero_budget_never_polls() {
         let mut p = SpinPolicy::new(Duration::ZERO);

@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use mesh::Result;
+use metrics::Counter;
 use serde_json::{json, Value};
 
 use super::PythonBackend;
@@ -10,6 +11,33 @@ use crate::backend::RequestView;
 
 /// How often a running `execute` looks for requests whose client went away.
 const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+/// How an instance's waits for its stub went, counted in `mesh_python_stub_waits_total` by `poll`:
+/// `none` (the policy said sleep at once), `caught` (the poll caught the answer) or `missed`.
+pub(super) struct WaitCounts {
+    none: Counter,
+    caught: Counter,
+    missed: Counter,
+}
+
+impl WaitCounts {
+    pub(super) fn new(model: &str, version: i64, instance: &str) -> Self {
+        let counter = |poll: &'static str| {
+            let labels = [
+                ("model", model.to_string()),
+                ("version", version.to_string()),
+                ("instance", instance.to_string()),
+                ("poll", poll.to_string()),
+            ];
+            metrics::counter!("mesh_python_stub_waits_total", &labels)
+        };
+        WaitCounts {
+            none: counter("none"),
+            caught: counter("caught"),
+            missed: counter("missed"),
+        }
+    }
+}
 
 impl PythonBackend {
     /// Polls for the stub's next frame for as long as the spin policy says; true once it has
@@ -24,10 +52,12 @@ impl PythonBackend {
         }
         let spin = self.spin.next();
         if spin.is_zero() {
+            self.waits.none.increment(1);
             return Ok(false);
         }
         let caught = self.stub.spin_for_data(spin)?;
         self.spin.record(caught);
+        if caught { &self.waits.caught } else { &self.waits.missed }.increment(1);
         Ok(caught)
     }
 
