@@ -609,3 +609,17 @@ def metric(samples, name: str, **labels) -> list[tuple[dict[str, str], float]]:
 def metric_sum(samples, name: str, **labels) -> float | None:
     found = metric(samples, name, **labels)
     return None if not found else sum(v for _, v in found)
+
+
+def wait_pending(server, model: str, count: int, timeout: float = 60.0) -> None:
+    """Waits until `count` requests of `model` are in flight on `server` (its
+    nv_inference_pending_request_count): how a test knows that the requests it sent in the
+    background have arrived, however long the machine takes, instead of sleeping and hoping."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = metric_sum(parse_metrics(server.metrics()), "nv_inference_pending_request_count", model=model) or 0
+        if int(now) == count:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{model}: {int(now)} requests in flight after {timeout}s, waiting for {count}")
+        time.sleep(0.02)

@@ -13,6 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+from mesh_util import wait_pending
 
 pytestmark = [pytest.mark.server]
 
@@ -244,15 +245,22 @@ def each_py(srv, value):
 
 def test_requests_that_queue_travel_together_yet_each_gets_its_own_execute(py_server):
     """each_py (no dynamic batching, reads only requests[0], 20 ms per execute): 32 requests from 16
-    clients queue behind one instance and travel to its stub in groups, but every execute() sees
-    one request, each request gets its own answer from the shared memory, a failing request fails
-    alone, and the statistics count one execution per request."""
+    clients queue behind one instance (held by a first request until 16 are queued) and travel to
+    its stub in groups, but every execute() sees one request, each request gets its own answer from
+    the shared memory, a failing request fails alone, and the statistics count one execution per
+    request."""
     values = [-float(i) if i % 5 == 0 else float(i) for i in range(1, 33)]
     before = grouped_requests(py_server, "each_py")
     stats = httpclient.InferenceServerClient(py_server.http_url)
     start = stats.get_inference_statistics("each_py")["model_stats"][0]
-    with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(lambda v: each_py(py_server, v), values))
+    with ThreadPoolExecutor(17) as pool:
+        holder = pool.submit(each_py, py_server, 1002.0)
+        wait_pending(py_server, "each_py", 1)
+        queued = [pool.submit(each_py, py_server, v) for v in values]
+        wait_pending(py_server, "each_py", 17)
+        (py_server.repo / "each_py" / "gate1002").touch()
+        results = [f.result(timeout=60) for f in queued]
+        assert holder.result(timeout=60) == ([2004.0], [1])
     for value, got in zip(values, results):
         if value < 0:
             assert f"negative input {value}" in got, got
@@ -261,7 +269,7 @@ def test_requests_that_queue_travel_together_yet_each_gets_its_own_execute(py_se
     assert grouped_requests(py_server, "each_py") > before, "requests that queued went to the stub one by one"
     end = stats.get_inference_statistics("each_py")["model_stats"][0]
     served = int(end["inference_count"]) - int(start.get("inference_count", 0))
-    assert served == 26, end  # 32 requests, 6 of them failing
+    assert served == 27, end  # the holder and 32 requests, 6 of them failing
     assert int(end["execution_count"]) - int(start.get("execution_count", 0)) == served
     stats.close()
 
@@ -273,11 +281,11 @@ def test_an_answer_does_not_wait_for_the_requests_that_travelled_with_it(py_serv
     before = grouped_requests(py_server, "each_py")
     with ThreadPoolExecutor(3) as pool:
         holder = pool.submit(each_py, py_server, 1000.0)
-        time.sleep(0.5)
+        wait_pending(py_server, "each_py", 1)
         early = pool.submit(each_py, py_server, 3.0)
-        time.sleep(0.3)
+        wait_pending(py_server, "each_py", 2)
         late = pool.submit(each_py, py_server, 1001.0)
-        time.sleep(0.3)
+        wait_pending(py_server, "each_py", 3)
         (model_dir / "gate1000").touch()
         try:
             assert holder.result(timeout=20) == ([2000.0], [1])

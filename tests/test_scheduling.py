@@ -1,21 +1,27 @@
 """Scheduling through tritonclient: dynamic batching, queue limits and timeouts, priorities, instance groups.
 
 Each test writes its own config.pbtxt around a generated ONNX model and starts a private server,
-so statistics and metrics count only what the test sent. Waits use generous margins (hundreds of ms)
-and the assertions are on behaviour (which batch, which error, which order), never on durations.
+so statistics and metrics count only what the test sent. A test that needs requests queued waits
+until the server counts them in flight (mesh_util.wait_pending) instead of sleeping; queue delays
+are seconds long, so what the test does meanwhile fits in them on a loaded machine. The assertions
+are on behaviour (which batch, which error, which order), never on durations.
 """
 import re
 import shutil
 import threading
-import time
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from mesh_util import wait_pending
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.server]
+
+# How long a batcher holds a request that a test keeps queued while it probes the server (µs): long
+# enough for any probe on a loaded machine, short enough that the suite does not wait long for it.
+HOLD_US = 6_000_000
 
 ADD_SUB_IO = """
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
@@ -72,8 +78,11 @@ def run_threads(fns):
 
 
 def test_dynamic_batching_merges_concurrent_requests_and_splits_outputs(fresh_server, models_dir, tmp_path):
+    # A batch runs as soon as four requests are queued (or after HOLD_US): 12 concurrent requests
+    # are batched however the threads are scheduled.
     repo = make_repo(tmp_path, models_dir, "add_sub", "batched",
-                     "max_batch_size: 8\n" + ADD_SUB_IO + "dynamic_batching { max_queue_delay_microseconds: 100000 }")
+                     "max_batch_size: 8\n" + ADD_SUB_IO +
+                     f"dynamic_batching {{ preferred_batch_size: [ 4 ] max_queue_delay_microseconds: {HOLD_US} }}")
     srv = fresh_server([repo])
 
     def one(i):
@@ -113,7 +122,7 @@ def assert_refused_over_http_and_grpc(srv, model, reason):
 def test_max_queue_size_rejects_at_once_with_unavailable(fresh_server, models_dir, tmp_path):
     repo = make_repo(tmp_path, models_dir, "add_sub", "bounded",
                      "max_batch_size: 8\n" + ADD_SUB_IO +
-                     "dynamic_batching { max_queue_delay_microseconds: 1500000 "
+                     f"dynamic_batching {{ max_queue_delay_microseconds: {HOLD_US} "
                      "default_queue_policy { max_queue_size: 1 } }")
     srv = fresh_server([repo])
     first = {}
@@ -127,9 +136,9 @@ def test_max_queue_size_rejects_at_once_with_unavailable(fresh_server, models_di
 
     t = threading.Thread(target=hold)
     t.start()
-    time.sleep(0.4)  # the first request now waits in the queue for its 1.5 s delay
+    wait_pending(srv, "bounded", 1)  # the first request now waits in the queue for its delay
     assert_refused_over_http_and_grpc(srv, "bounded", "queue full")
-    t.join(timeout=30)
+    t.join(timeout=60)
     np.testing.assert_array_equal(first["out"], np.full((1, 16), 2.0, np.float32))
 
 
@@ -158,17 +167,17 @@ def test_queue_timeouts_reject_and_per_request_override(fresh_server, models_dir
 def test_priorities_reorder_the_queue(fresh_server, models_dir, tmp_path):
     # max_batch_size 3: low-a (1 row) and low-b (1 row) wait for the delay; high (2 rows, priority 1)
     # then forms a full batch with low-a, ahead of low-b. Without priorities low-a and low-b would
-    # have run first and high after them.
+    # have run first and high after them. Each is sent once the one before is queued.
     repo = make_repo(tmp_path, models_dir, "identity_fp32", "prio",
                      "max_batch_size: 3\n" + IDENTITY_IO +
-                     "dynamic_batching { max_queue_delay_microseconds: 600000 priority_levels: 2 "
+                     f"dynamic_batching {{ max_queue_delay_microseconds: {HOLD_US} priority_levels: 2 "
                      "default_priority_level: 2 }")
     srv = fresh_server([repo])
     done = []
     lock = threading.Lock()
+    results = {}
 
-    def send(tag, rows, priority, delay):
-        time.sleep(delay)
+    def send(tag, rows, priority):
         c = httpclient.InferenceServerClient(srv.http_url)
         try:
             x = np.full((rows, 4), float(rows), np.float32)
@@ -178,12 +187,20 @@ def test_priorities_reorder_the_queue(fresh_server, models_dir, tmp_path):
             np.testing.assert_array_equal(out, x)
             with lock:
                 done.append(tag)
+            results[tag] = "ok"
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            results[tag] = e
         finally:
             c.close()
 
-    results = run_threads([lambda: send("low-a", 1, 2, 0.0), lambda: send("low-b", 1, 2, 0.15),
-                           lambda: send("high", 2, 1, 0.3)])
-    assert all(k == "ok" for k, _ in results), results
+    threads = []
+    for queued, (tag, rows, priority) in enumerate([("low-a", 1, 2), ("low-b", 1, 2), ("high", 2, 1)]):
+        wait_pending(srv, "prio", queued)
+        threads.append(threading.Thread(target=send, args=(tag, rows, priority)))
+        threads[-1].start()
+    for t in threads:
+        t.join(timeout=60)
+    assert all(v == "ok" for v in results.values()) and len(results) == 3, results
     assert done.index("high") < done.index("low-b"), done
     c = httpclient.InferenceServerClient(srv.http_url)
     sizes = {b["batch_size"] for b in c.get_inference_statistics("prio")["model_stats"][0]["batch_stats"]}
@@ -264,7 +281,7 @@ def test_client_disconnect_removes_its_request_from_the_queue(fresh_server, mode
     import socket
     repo = make_repo(tmp_path, models_dir, "add_sub", "cancel",
                      "max_batch_size: 8\n" + ADD_SUB_IO +
-                     "dynamic_batching { max_queue_delay_microseconds: 1500000 "
+                     f"dynamic_batching {{ max_queue_delay_microseconds: {HOLD_US} "
                      "default_queue_policy { max_queue_size: 1 } }")
     srv = fresh_server([repo])
     body = add_sub_json_body()
@@ -272,9 +289,9 @@ def test_client_disconnect_removes_its_request_from_the_queue(fresh_server, mode
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     s = socket.create_connection(("127.0.0.1", srv.http_port))
     s.sendall(head + body)
-    time.sleep(0.3)  # the request now sits in the (size 1) queue
-    s.close()        # ...and its client goes away
-    time.sleep(0.3)
+    wait_pending(srv, "cancel", 1)  # the request now sits in the (size 1) queue
+    s.close()                       # ...and its client goes away
+    wait_pending(srv, "cancel", 0)
     r = srv.post("/v2/models/cancel/infer", body)  # would be "queue full" had the first stayed queued
     assert r.status == 200, r
     metrics = srv.metrics()
@@ -292,7 +309,7 @@ def test_inflight_byte_budget_refuses_at_once_and_frees_on_answer(fresh_server, 
     """Under overload memory stays bounded: past --max-inflight-bytes a request is refused with
     UNAVAILABLE at once, while the admitted ones are served and then free their bytes."""
     repo = make_repo(tmp_path, models_dir, "add_sub", "held",
-                     "max_batch_size: 64\n" + ADD_SUB_IO + "dynamic_batching { max_queue_delay_microseconds: 1500000 }")
+                     "max_batch_size: 64\n" + ADD_SUB_IO + f"dynamic_batching {{ max_queue_delay_microseconds: {HOLD_US} }}")
     srv = fresh_server([repo], ["--max-inflight-bytes", "1000"])
     outs, errors = [], []
 
@@ -308,10 +325,10 @@ def test_inflight_byte_budget_refuses_at_once_and_frees_on_answer(fresh_server, 
     holders = [threading.Thread(target=hold) for _ in range(7)]
     for t in holders:
         t.start()
-    time.sleep(0.5)  # the seven now wait in the queue for their 1.5 s delay
+    wait_pending(srv, "held", 7)  # the seven now wait in the queue for their delay
     assert_refused_over_http_and_grpc(srv, "held", "--max-inflight-bytes 1000")
     for t in holders:
-        t.join(timeout=30)
+        t.join(timeout=60)
     assert not errors and len(outs) == 7, errors[:3]
     for out in outs:
         np.testing.assert_array_equal(out, np.full((1, 16), 2.0, np.float32))

@@ -16,7 +16,7 @@ async fn commands_of_an_older_epoch_are_refused() {
     let mut link = router.accept_hello().await;
     link.welcome().await;
     send(&mut link.control, &Message::Fence(Fence { epoch: 7 })).await;
-    node.wait_log("this router leads placement now", Duration::from_secs(5))
+    node.wait_log("this router leads placement now", Duration::from_secs(30))
         .await;
 
     let place = |epoch| {
@@ -30,7 +30,7 @@ async fn commands_of_an_older_epoch_are_refused() {
     };
     send(&mut link.control, &place(3)).await;
     let placed = loop {
-        match link.next_control(Duration::from_secs(5)).await {
+        match link.next_control(Duration::from_secs(30)).await {
             Message::Placed(p) => break p,
             Message::LoadReport(_) | Message::ModelEvent(_) => continue,
             other => panic!("expected the place answered, got {other:?}"),
@@ -51,7 +51,7 @@ async fn commands_of_an_older_epoch_are_refused() {
         }),
     )
     .await;
-    node.wait_log("the command carries placement epoch 6", Duration::from_secs(5))
+    node.wait_log("the command carries placement epoch 6", Duration::from_secs(30))
         .await;
     node.assert_serving().await;
     assert!(

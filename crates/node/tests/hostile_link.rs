@@ -76,7 +76,7 @@ async fn the_hello_carries_the_name_the_models_and_a_fresh_incarnation() {
 
     // Once welcomed, the node reports the load of its model.
     link.welcome().await;
-    let report = link.next_control(Duration::from_secs(5)).await;
+    let report = link.next_control(Duration::from_secs(30)).await;
     let Message::LoadReport(report) = report else {
         panic!("expected a load report, got {report:?}")
     };
@@ -154,7 +154,7 @@ async fn garbage_on_a_router_stream_fails_only_that_stream() {
         "the node closed the link: {:?}",
         conn.close_reason()
     );
-    let next = link.next_control(Duration::from_secs(5)).await;
+    let next = link.next_control(Duration::from_secs(30)).await;
     assert!(
         matches!(next, Message::LoadReport(_) | Message::ModelEvent(_)),
         "{next:?}"
@@ -226,7 +226,7 @@ async fn a_router_of_another_ca_is_not_joined_and_the_node_keeps_serving() {
             Err(other) => panic!("the handshake ended with {other:?}, not a TLS alert from the node"),
         }
     }
-    let log = node.wait_log("invalid peer certificate", Duration::from_secs(5)).await;
+    let log = node.wait_log("invalid peer certificate", Duration::from_secs(30)).await;
     assert!(log.contains("UnknownIssuer"), "{log}");
     assert!(!log.contains("joined the cluster"), "{log}");
     node.assert_serving().await;
@@ -242,7 +242,7 @@ async fn a_refusal_is_logged_with_its_reason_and_the_node_keeps_running() {
         .close(VarInt::from_u32(close::REFUSED), b"cannot join: test refusal 4242");
     node.wait_log(
         "the router refused this node: cannot join: test refusal 4242",
-        Duration::from_secs(5),
+        Duration::from_secs(30),
     )
     .await;
     node.assert_serving().await;
@@ -261,7 +261,7 @@ async fn garbage_on_the_control_stream_ends_that_link_and_the_node_dials_again()
     link.welcome().await;
     link.control.write_all(b"these bytes are not a frame").await.unwrap();
 
-    let closed = tokio::time::timeout(Duration::from_secs(5), link.conn.closed())
+    let closed = tokio::time::timeout(Duration::from_secs(30), link.conn.closed())
         .await
         .expect("the node kept a link whose control stream is garbage");
     match &closed {
@@ -274,7 +274,7 @@ async fn garbage_on_the_control_stream_ends_that_link_and_the_node_dials_again()
         }
         other => panic!("expected the node to close the link, got {other:?}"),
     }
-    node.wait_log("not a mesh cluster frame", Duration::from_secs(5)).await;
+    node.wait_log("not a mesh cluster frame", Duration::from_secs(30)).await;
 
     let again = router.accept_hello().await;
     assert_eq!(
@@ -296,12 +296,12 @@ async fn an_unexpected_control_frame_is_ignored() {
     send(&mut link.control, &hello).await;
     node.wait_log(
         "ignoring an unexpected hello on the control stream",
-        Duration::from_secs(5),
+        Duration::from_secs(30),
     )
     .await;
     // The session goes on: more reports come on the same link.
     for _ in 0..3 {
-        let next = link.next_control(Duration::from_secs(5)).await;
+        let next = link.next_control(Duration::from_secs(30)).await;
         assert!(
             matches!(next, Message::LoadReport(_) | Message::ModelEvent(_)),
             "{next:?}"
@@ -325,7 +325,7 @@ async fn a_router_that_never_welcomes_is_dialed_again_after_the_hello_timeout() 
         "dialed again after {waited:?}, before the hello timeout"
     );
     assert_eq!(second.hello.incarnation, first.hello.incarnation);
-    node.wait_log("no welcome within", Duration::from_secs(1)).await;
+    node.wait_log("no welcome within", Duration::from_secs(30)).await;
     node.assert_serving().await;
 }
 
@@ -342,8 +342,9 @@ async fn a_router_that_grants_no_stream_credit_is_dialed_again_after_the_hello_t
         .await
         .expect("the node dials")
         .expect("the handshake succeeds");
-    // A router that never welcomes is dialed again after the 5 s hello timeout; this one should be too.
-    let second = router.next_attempt(Duration::from_secs(9)).await;
+    // A router that never welcomes is dialed again after the 5 s hello timeout; this one should be
+    // too (a node stuck on it would never dial again; the wait only bounds the test).
+    let second = router.next_attempt(Duration::from_secs(60)).await;
     assert!(
         second.is_some(),
         "the node stays stuck on a router that takes no bytes:\n{}",

@@ -155,10 +155,14 @@ async fn join_serving_fake_add(
         }
     });
     let seen = serve(conn.clone());
-    eventually("fake_add to be ready on the router", Duration::from_secs(5), || async {
-        let r = http_get(router.http, "/v2/models/fake_add/ready").await?;
-        (r.0 == 200).then_some(())
-    })
+    eventually(
+        "fake_add to be ready on the router",
+        Duration::from_secs(30),
+        || async {
+            let r = http_get(router.http, "/v2/models/fake_add/ready").await?;
+            (r.0 == 200).then_some(())
+        },
+    )
     .await;
     (conn, seen)
 }
@@ -205,11 +209,15 @@ async fn garbled_answers_of_a_node_become_client_errors_and_good_ones_still_flow
         assert_live(&mut router).await;
     }
 
-    let (status, body) = eventually("a good answer after the quarantine", Duration::from_secs(5), || async {
-        http_post(router.http, "/v2/models/fake_add/infer", &infer_body("ok"))
-            .await
-            .filter(|r| r.0 == 200)
-    })
+    let (status, body) = eventually(
+        "a good answer after the quarantine",
+        Duration::from_secs(30),
+        || async {
+            http_post(router.http, "/v2/models/fake_add/infer", &infer_body("ok"))
+                .await
+                .filter(|r| r.0 == 200)
+        },
+    )
     .await;
     assert_eq!(status, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -105,7 +105,7 @@ async fn a_node_of_another_ca_cannot_connect_and_good_nodes_still_join() {
 
     let log = eventually(
         "the router to log the refused handshake",
-        Duration::from_secs(5),
+        Duration::from_secs(30),
         || {
             let out = router.proc.output();
             async move { out.contains("refused a cluster connection").then_some(out) }
@@ -118,7 +118,7 @@ async fn a_node_of_another_ca_cannot_connect_and_good_nodes_still_join() {
     let mut good = join(&certs, &router, "node-good").await;
     assert!(!good.welcome.router.is_empty());
     send_load_report(&mut good).await;
-    let node = eventually("the good node to be listed", Duration::from_secs(5), || {
+    let node = eventually("the good node to be listed", Duration::from_secs(30), || {
         cluster_node(&router, "node-good")
     })
     .await;
@@ -245,7 +245,7 @@ async fn garbage_or_oversized_first_frames_close_the_connection_with_protocol() 
     }
     let mut node = join(&certs, &router, "node-after-garbage").await;
     send_load_report(&mut node).await;
-    let listed = eventually("the node to be up", Duration::from_secs(5), || async {
+    let listed = eventually("the node to be up", Duration::from_secs(30), || async {
         cluster_node(&router, "node-after-garbage")
             .await
             .filter(|n| n["state"] == "up")
@@ -305,7 +305,7 @@ async fn garbage_on_a_request_stream_fails_only_that_stream() {
         conn.close_reason()
     );
     send_load_report(&mut node).await;
-    let listed = eventually("node-g to be up", Duration::from_secs(5), || async {
+    let listed = eventually("node-g to be up", Duration::from_secs(30), || async {
         cluster_node(&router, "node-g").await.filter(|n| n["state"] == "up")
     })
     .await;
@@ -394,7 +394,7 @@ async fn garbage_datagrams_do_not_disturb_the_cluster_port() {
     send_load_report(&mut before).await;
     send_load_report(&mut after).await;
     for name in ["node-before", "node-after"] {
-        eventually(&format!("{name} to be up"), Duration::from_secs(5), || async {
+        eventually(&format!("{name} to be up"), Duration::from_secs(30), || async {
             cluster_node(&router, name).await.filter(|n| n["state"] == "up")
         })
         .await;
@@ -455,12 +455,13 @@ async fn a_node_that_grants_no_stream_credit_does_not_stall_other_joins() {
     send(&mut tx, &hello("node-stingy", Vec::new())).await;
     eventually(
         "the stingy hello to reach the router",
-        Duration::from_secs(5),
+        Duration::from_secs(30),
         || async { (stingy.stats().frame_tx.stream > 0).then_some(()) },
     )
     .await;
 
-    let good = tokio::time::timeout(Duration::from_secs(5), join(&certs, &router, "node-after-stingy")).await;
+    // Stalled behind the stingy node, the join would wait out its 30 s write timeout first.
+    let good = tokio::time::timeout(Duration::from_secs(20), join(&certs, &router, "node-after-stingy")).await;
     assert!(
         good.is_ok(),
         "a node that grants no stream credit stalled every later join:\n{}",
@@ -545,7 +546,7 @@ async fn a_node_joins_only_under_its_certificates_name_and_cannot_take_a_live_me
     // The same key is the same node coming back (a restart): it replaces the member.
     let again = join(&certs, &router, "node-t").await;
     assert!(!again.welcome.router.is_empty());
-    eventually("the older link to be closed", Duration::from_secs(5), || async {
+    eventually("the older link to be closed", Duration::from_secs(30), || async {
         live.conn.close_reason().map(|_| ())
     })
     .await;
