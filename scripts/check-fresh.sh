@@ -3,7 +3,7 @@
 # root made by debootstrap instead of on this machine, so that an install step the project forgot
 # fails here and not on a newcomer's first minute.
 #
-#   scripts/check-fresh.sh [--without PKG]... [--keep] [--rev REV]
+#   scripts/check-fresh.sh [--without PKG]... [--keep] [--rev REV] [--then CMD]...
 #
 # 1. base root: a minbase Debian 12 root (debootstrap, from Debian's packages), cached as a tarball
 #    in $MESH_FRESH_CACHE (default /var/cache/mesh-fresh, outside the repository) by
@@ -16,9 +16,16 @@
 # 4. set-up: a clean clone of REV (default HEAD) runs the README's set-up command, scripts/setup.sh;
 # 5. serve: scripts/serve-example.sh in a network namespace of its own with only loopback, checked
 #    with tritonclient by scripts/check_example.py (every model READY, one inference over HTTP and
-#    over gRPC), then stopped.
-# Mounts live in a private mount namespace; processes left in the root are killed and the mounts
-# taken down on any exit, and the root is removed unless --keep. Needs root.
+#    over gRPC), then stopped;
+# 6. then: each --then CMD in turn, run by bash from the clone in the root with the machine's
+#    network, as a user would after set-up; a step named after the command's script. CI runs the
+#    README's test command this way (`--then ./scripts/test-all.sh`: its own set-up, then every
+#    suite), then clippy (`--then ./scripts/lint.sh`, which needs the libtorch the test command
+#    installed).
+# pip's download cache is shared with later runs (in $MESH_FRESH_CACHE/pip), as cargo's is:
+# downloads, not installs. Mounts live in a private mount namespace; processes left in the root
+# are killed and the mounts taken down on any exit, and the root is removed unless --keep. Needs
+# root.
 set -euo pipefail
 
 # The README's prerequisites, exactly (its "Two commands for a fresh machine" section names them).
@@ -29,11 +36,13 @@ argv=("$@")
 rev=HEAD
 keep=0
 without=()
+then_cmds=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --without) without+=("$2"); shift 2 ;;
     --keep) keep=1; shift ;;
     --rev) rev=$2; shift 2 ;;
+    --then) then_cmds+=("$2"); shift 2 ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "check-fresh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -175,6 +184,11 @@ mounts() {
   mount --bind "$cargo/bin" "$root/root/.cargo/bin" && mount -o remount,bind,ro "$root/root/.cargo/bin"
   mkdir -p "$cargo/registry"
   mount --bind "$cargo/registry" "$root/root/.cargo/registry"
+  # pip's downloads (wheels, HTTP cache), kept for the next run.
+  local pip_cache=${MESH_FRESH_CACHE:-/var/cache/mesh-fresh}/pip
+  install -d -m 0700 "$pip_cache"
+  mkdir -p "$root/root/.cache/pip"
+  mount --bind "$pip_cache" "$root/root/.cache/pip"
   for d in git; do
     [ -d "$cargo/$d" ] && mkdir -p "$root/root/.cargo/$d" && mount --bind "$cargo/$d" "$root/root/.cargo/$d"
   done
@@ -215,6 +229,11 @@ serve() {
     exit $rc
   '
 }
+# One --then command, from the clone, with the machine's network (the test command's set-up installs
+# PyTorch, TensorFlow and PyTriton from PyPI; its suites use loopback only).
+then_command() {
+  in_root bash -c "cd /src && $1"
+}
 export -f in_root
 export root logs
 
@@ -227,3 +246,9 @@ step clone clone
 step setup setup
 step serve serve
 sed -n 's/^check: /  /p' "$logs/serve.log"
+for c in "${then_cmds[@]}"; do
+  name=$(basename "${c%% *}" .sh)
+  step "$name" then_command "$c"
+  # The last lines of what it printed (test-all.sh ends with its summary of suites).
+  tail -n 8 "$logs/$name.log" | sed 's/^/  /'
+done
