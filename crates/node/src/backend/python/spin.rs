@@ -162,7 +162,7 @@ mod tests {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
                 seed ^= seed << 17;
-                let catch = catch_one_in != 0 && seed % catch_one_in == 0;
+                let catch = catch_one_in != 0 && seed.is_multiple_of(catch_one_in);
                 p.record(catch);
                 if catch {
                     caught += 1;
