@@ -128,7 +128,10 @@ def silero_file() -> Path:
 
 def generate(repo: Path) -> None:
     f32, i64 = "TYPE_FP32", "TYPE_INT64"
-    batching = "dynamic_batching { max_queue_delay_microseconds: 2000 }\ninstance_group { count: 2 kind: KIND_CPU }"
+    # Batches of two form as soon as two requests are queued (a lone one waits up to 1 s), so the
+    # tests' concurrent requests are batched whatever the scheduling.
+    batching = ("dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 1000000 }\n"
+                "instance_group { count: 2 kind: KIND_CPU }")
     write(repo, "dict_out", DictOut(), config(
         "dict_out", 8, [io("input", "x", f32, [4]), io("input", "y", f32, [4])],
         [io("output", "diff", f32, [4]), io("output", "sum", f32, [4])], batching))
@@ -137,7 +140,7 @@ def generate(repo: Path) -> None:
         [io("output", "OUTPUT__1", i64, [3]), io("output", "OUTPUT__0", f32, [3])]))
     write(repo, "strings_out", StringsOut(), config(
         "strings_out", 4, [io("input", "x", f32, [2])], [io("output", "label", "TYPE_STRING", [1])],
-        "dynamic_batching { max_queue_delay_microseconds: 20000 }"))
+        "dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 1000000 }"))
     write(repo, "dict_in", DictIn(), config(
         "dict_in", 8, [io("input", "a", f32, [2]), io("input", "b", f32, [2])], [io("output", "OUTPUT__0", f32, [2])]))
     write(repo, "strings_in", StringsIn(), config(

@@ -6,6 +6,7 @@ instead of growing the node's memory."""
 import queue
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -97,12 +98,12 @@ def test_a_decoupled_model_makes_decoupled_bls_calls_from_its_reading_thread(ser
 
 
 def test_a_decoupled_instance_takes_the_next_execute_while_earlier_requests_stream(server):
-    """repeat_py has one instance: a slow request (5 answers, 300 ms apart, from a thread) must not
-    hold back a quick one sent after it."""
+    """repeat_py has one instance: a slow request (5 answers, 1 s apart, from a thread) must not
+    hold back a quick one sent after it. The quick request needs well under a second; the slow one
+    streams for 5 s, so only an instance that waits for the stream to end answers it later."""
     s = Stream(server.grpc_url)
     try:
-        s.send("repeat_py", [ints("IN", [1, 2, 3, 4, 5])], request_id="slow", mode="thread", delay_ms=300)
-        time.sleep(0.1)  # the slow request's execute has returned; its thread streams
+        s.send("repeat_py", [ints("IN", [1, 2, 3, 4, 5])], request_id="slow", mode="thread", delay_ms=1000)
         s.send("repeat_py", [ints("IN", [9])], request_id="quick", mode="thread")
         finished = []
         seen = {"slow": [], "quick": []}
@@ -125,22 +126,24 @@ def test_a_client_that_stops_reading_stops_the_model_and_loses_nothing(server, t
     progress = tmp_path / "progress"
     got = queue.Queue()
     paused = {"first": True}
+    reading = threading.Event()
 
     def slow_reader(result, error):
-        if paused["first"]:  # the client reads one answer, then nothing for a while
+        if paused["first"]:  # the client reads one answer, then nothing until the test says so
             paused["first"] = False
-            time.sleep(3)
+            reading.wait(60)
         got.put((result, error))
 
     s = Stream(server.grpc_url, callback=slow_reader)
     try:
         s.send("flood_py", [ints("COUNT", [count]), ints("SIZE", [size])], request_id="flood",
                progress=str(progress))
-        time.sleep(2)
-        sent = int(progress.read_text()) if progress.exists() else 0
-        # Unbounded, all 400 answers (100 MiB) would be sent by now; bounded, the model waits for
-        # the client once the node's window (16), the gRPC stream's (64) and the transport's buffers are full.
+        # Unbounded, the model would send all 400 answers (100 MiB); bounded, it waits for the client
+        # once the node's window (16), the gRPC stream's (64) and the transport's buffers are full:
+        # what it has sent once it stops is the bound.
+        sent = sent_when_stopped(progress)
         assert 0 < sent < count // 2, f"the model sent {sent} of {count} answers to a client reading none"
+        reading.set()
         numbers = []
         while True:
             result, error = got.get(timeout=60)
@@ -151,4 +154,26 @@ def test_a_client_that_stops_reading_stops_the_model_and_loses_nothing(server, t
             numbers.append(int(result.as_numpy("N")[0]))
         assert numbers == list(range(count)), "every answer, in order"
     finally:
+        reading.set()
         s.close()
+
+
+def sent_when_stopped(progress: Path, quiet: float = 1.0, timeout: float = 60.0) -> int:
+    """The count in `progress` (written by flood_py after each answer) once it is above 0 and has not
+    changed for `quiet` s, or has reached the end; fails after `timeout` s."""
+    def read():
+        try:
+            return int(progress.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    deadline = time.monotonic() + timeout
+    last, since = read(), time.monotonic()
+    while True:
+        time.sleep(0.05)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif last > 0 and time.monotonic() - since >= quiet:
+            return last
+        assert time.monotonic() < deadline, f"flood_py kept sending (or never started): {last} answers"

@@ -63,21 +63,37 @@ class TritonPythonModel:
 '''
 
 STAMP = '''
+import os
 import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+NAME, MARKERS = @NAME@, @MARKERS@
+
 
 class TritonPythonModel:
-    """Sleeps, then answers Y = X + 1 and when it started and ended (wall clock, s)."""
+    """Sleeps, then answers Y = X + 1 and when it started and ended (wall clock, s). With X >= 1000
+    the branch steps (stamp_a, stamp_b) meet at a barrier instead of sleeping: each leaves a marker
+    named X and its own name, then waits (up to 30 s) for the other branch's; a branch that waits in
+    vain fails, so branches run one after the other fail the request whatever the timing."""
 
     def execute(self, requests):
         out = []
         for r in requests:
             start = time.time()
-            time.sleep(0.3)
             x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            if x[0] >= 1000 and NAME in ("stamp_a", "stamp_b"):
+                key = str(int(x[0]))
+                open(os.path.join(MARKERS, f"{key}.{NAME}"), "w").close()
+                other = os.path.join(MARKERS, f"{key}.{'stamp_b' if NAME == 'stamp_a' else 'stamp_a'}")
+                deadline = time.monotonic() + 30
+                while not os.path.exists(other):
+                    if time.monotonic() > deadline:
+                        raise pb_utils.TritonModelException(f"{NAME}: the other branch never started")
+                    time.sleep(0.01)
+            else:
+                time.sleep(0.3)
             if x[0] < 0:
                 raise pb_utils.TritonModelException("negative input")
             out.append(pb_utils.InferenceResponse([
@@ -123,8 +139,11 @@ def build_repo(repo: Path):
         step("pipeline_second", {n: n + "_MID" for n, _, _ in TYPES}, {n + "_OUT": n + "_FINAL" for n, _, _ in TYPES}),
     ])
     stamp_io = io("input", X) + "\n" + io("output", [("Y", "TYPE_FP32", "[ 1 ]"), ("T", "TYPE_FP64", "[ 2 ]")])
+    markers = repo.parent / "stamp_markers"
+    markers.mkdir(parents=True, exist_ok=True)
     for name in ("stamp_a", "stamp_b", "stamp_c"):
-        add_model(repo, name, f'backend: "python"\n{stamp_io}', STAMP)
+        add_model(repo, name, f'backend: "python"\n{stamp_io}',
+                  STAMP.replace("@NAME@", repr(name)).replace("@MARKERS@", repr(str(markers))))
     # Two branches from X, then a join that fails on negative input: Y = (X + 1) + 1.
     ensemble(repo, "branches", X, [("TA", "TYPE_FP64", "[ 2 ]"), ("TB", "TYPE_FP64", "[ 2 ]"),
                                    ("Y", "TYPE_FP32", "[ 1 ]")], [
@@ -198,10 +217,12 @@ def test_the_data_pipeline_carries_five_dtypes_through_two_steps(server, mod):
 
 
 def test_independent_branches_overlap(http):
-    r = http.infer("branches", [tensor(httpclient, "X", np.array([1.0], np.float32), "FP32")])
+    """X >= 1000: each branch waits at a barrier until the other has started, so the request answers
+    only if both ran at once (each started before the other ended)."""
+    r = http.infer("branches", [tensor(httpclient, "X", np.array([1000.0], np.float32), "FP32")])
     (a_start, a_end), (b_start, b_end) = r.as_numpy("TA"), r.as_numpy("TB")
     assert a_start < b_end and b_start < a_end, f"branch A ran {a_start}..{a_end}, B {b_start}..{b_end}"
-    np.testing.assert_array_equal(r.as_numpy("Y"), [3.0])
+    np.testing.assert_array_equal(r.as_numpy("Y"), [1002.0])
 
 
 def test_each_model_keeps_its_statistics_and_the_ensemble_its_own(http):

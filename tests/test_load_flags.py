@@ -109,46 +109,62 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
+WANT = @WANT@
+
 
 class TritonPythonModel:
     def initialize(self, args):
-        start = time.monotonic()
-        time.sleep(1.0)
-        with open(os.path.join(args["model_repository"], "..", "spans.txt"), "a") as f:
-            f.write(f"{args['model_name']} {start} {time.monotonic()}\\n")
+        # Leaves its marker in running/ while it runs and one in started/ for good, waits (up to 30 s)
+        # until WANT initialize() calls have started, then watches running/ for a second more: it
+        # records the most calls it saw in initialize() at once. With WANT loads at once the barrier
+        # is met as soon as they are all in; with loads one at a time (WANT 1) no other may appear.
+        shared = os.path.join(args["model_repository"], "..", "..")
+        running, started = os.path.join(shared, "running"), os.path.join(shared, "started")
+        name = args["model_name"]
+        open(os.path.join(started, name), "w").close()
+        open(os.path.join(running, name), "w").close()
+        most = 0
+        deadline = time.monotonic() + 30
+        while len(os.listdir(started)) < WANT and time.monotonic() < deadline:
+            most = max(most, len(os.listdir(running)))
+            time.sleep(0.01)
+        watch = time.monotonic() + 1.0
+        while time.monotonic() < watch:
+            most = max(most, len(os.listdir(running)))
+            time.sleep(0.01)
+        os.remove(os.path.join(running, name))
+        with open(os.path.join(shared, "seen.txt"), "a") as f:
+            f.write(f"{name} {most}\\n")
 
     def execute(self, requests):
         return [pb_utils.InferenceResponse([]) for _ in requests]
 '''
 
 
-def slow_repo(tmp_path, n):
+def slow_repo(tmp_path, n, want):
     repo = tmp_path / "repo"
+    for d in ("running", "started"):
+        (tmp_path / d).mkdir()
     for i in range(n):
         d = repo / f"slow{i}"
         (d / "1").mkdir(parents=True)
-        (d / "1" / "model.py").write_text(SLOW_INIT)
+        (d / "1" / "model.py").write_text(SLOW_INIT.replace("@WANT@", str(want)))
         (d / "config.pbtxt").write_text('backend: "python"\n'
                                         'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
     return repo
 
 
-def init_spans(repo):
-    spans = [line.split() for line in (repo / "spans.txt").read_text().splitlines()]
-    return sorted((float(a), float(b)) for _, a, b in spans)
-
-
-@pytest.mark.parametrize("threads,overlap", [("3", True), ("1", False)])
-def test_load_thread_count_loads_that_many_models_at_once(fresh_server, tmp_path, threads, overlap):
-    """Three Python models whose initialize() takes a second: with three load threads their
-    initialize() calls overlap (each starts before another ended), with one they never do."""
-    repo = slow_repo(tmp_path, 3)
-    fresh_server([repo], PYTHON + ["--model-load-thread-count", threads],
+@pytest.mark.parametrize("threads", [3, 1])
+def test_load_thread_count_loads_that_many_models_at_once(fresh_server, tmp_path, threads):
+    """Three Python models: each initialize() waits at a barrier until min(3, threads) of them have
+    started, then watches a second more. With three load threads all three run at once (were fewer
+    loaded at once, the barrier would time out after 30 s with fewer than 3 seen); with one, never two do."""
+    repo = slow_repo(tmp_path, 3, want=min(3, threads))
+    fresh_server([repo], PYTHON + ["--model-load-thread-count", str(threads)],
                  wait_models=["slow0", "slow1", "slow2"])
-    spans = init_spans(repo)
-    assert len(spans) == 3, spans
-    overlapped = any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))
-    assert overlapped == overlap, spans
+    seen = dict(line.split() for line in (tmp_path / "seen.txt").read_text().splitlines())
+    assert sorted(seen) == ["slow0", "slow1", "slow2"], seen
+    assert max(int(v) for v in seen.values()) == threads, f"initialize() calls seen at once: {seen}"
 
 
 def test_a_load_thread_count_of_zero_stops_the_start(fresh_server, add_sub_repo):

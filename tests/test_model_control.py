@@ -145,6 +145,9 @@ def test_reload_under_traffic_fails_no_request(explicit_server):
         t.start()
     http = httpclient.InferenceServerClient(srv.http_url)
     try:
+        # The reloads start once traffic flows (however long the threads take to get going), and the
+        # traffic goes on until they are done: every reload happens under it.
+        wait_for(lambda: count[0] > 0 or errors, "the first answers of the traffic", timeout=60)
         for _ in range(5):
             http.load_model("add_sub")
     finally:

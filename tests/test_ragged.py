@@ -15,6 +15,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
 
+from cluster_util import wait_until
+
 pytestmark = [pytest.mark.server]
 
 CONFIG = """
@@ -35,6 +37,11 @@ output [
 batch_output [ { target_name: "DOUBLED" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "RAGGED_INPUT" } ]
 dynamic_batching { max_queue_delay_microseconds: 300000 }
 """
+
+# The same model, whose batch runs once four requests are queued (30 s is only the hang guard).
+CONFIG_OF_FOUR = CONFIG.replace('name: "ragged"', 'name: "ragged_four"').replace(
+    "dynamic_batching { max_queue_delay_microseconds: 300000 }",
+    "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 30000000 }")
 
 
 def ragged_onnx() -> bytes:
@@ -64,10 +71,11 @@ def ragged_onnx() -> bytes:
 
 @pytest.fixture
 def ragged_server(fresh_server, tmp_path):
-    d = tmp_path / "repo" / "ragged"
-    (d / "1").mkdir(parents=True)
-    (d / "1" / "model.onnx").write_bytes(ragged_onnx())
-    (d / "config.pbtxt").write_text(CONFIG)
+    for name, config in (("ragged", CONFIG), ("ragged_four", CONFIG_OF_FOUR)):
+        d = tmp_path / "repo" / name
+        (d / "1").mkdir(parents=True)
+        (d / "1" / "model.onnx").write_bytes(ragged_onnx())
+        (d / "config.pbtxt").write_text(config)
     return fresh_server([tmp_path / "repo"])
 
 
@@ -78,13 +86,15 @@ def ragged_input(n: int):
 
 
 def test_requests_of_different_lengths_run_as_one_ragged_batch(ragged_server):
+    """ragged_four runs its batch once four requests are queued, so the four form one batch however
+    long they take to arrive."""
     client = grpcclient.InferenceServerClient(ragged_server.grpc_url)
     answers = queue.Queue()
     client.start_stream(callback=partial(lambda q, result, error: q.put(error or result), answers))
     sizes = [2, 4, 1, 3]
     try:
         for i, n in enumerate(sizes):
-            client.async_stream_infer("ragged", ragged_input(n), request_id=str(i))
+            client.async_stream_infer("ragged_four", ragged_input(n), request_id=str(i))
         results = {}
         for _ in sizes:
             r = answers.get(timeout=30)
@@ -104,8 +114,10 @@ def test_requests_of_different_lengths_run_as_one_ragged_batch(ragged_server):
         np.testing.assert_array_equal(doubled, 2 * np.arange(1, n + 1, dtype=np.float32).reshape(1, n))
         np.testing.assert_array_equal(r.as_numpy("COUNTS"), counts)
         np.testing.assert_array_equal(r.as_numpy("OFFSETS"), results[0].as_numpy("OFFSETS"))
-    stats = client.get_inference_statistics("ragged", as_json=True)["model_stats"][0]
-    assert int(stats["execution_count"]) == 1, "the four lengths batched together"
+    stats = lambda: client.get_inference_statistics("ragged_four", as_json=True)["model_stats"][0]  # noqa: E731
+    # Statistics are recorded as each request ends, which may be just after its answer went out.
+    wait_until(lambda: int(stats()["inference_count"]) == 4, 30, lambda: f"four requests counted: {stats()}")
+    assert int(stats()["execution_count"]) == 1, "the four lengths batched together"
 
 
 def test_a_request_alone_sees_a_batch_of_one(ragged_server):

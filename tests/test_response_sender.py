@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from cluster_util import wait_until
+
 pytestmark = [pytest.mark.server]
 
 MODEL = '''
@@ -144,7 +146,9 @@ def server(server_factory, tmp_path_factory):
     models = {
         "sender": (SYNC, ""),
         "sender_async": (ASYNC, ""),
-        "sender_batching": (SYNC, "dynamic_batching { max_queue_delay_microseconds: 300000 }"),
+        # The batch runs once three requests are queued (30 s is only the hang guard).
+        "sender_batching": (SYNC, "dynamic_batching { preferred_batch_size: [ 3 ] "
+                                  "max_queue_delay_microseconds: 30000000 }"),
         "sender_decoupled": (SYNC, "model_transaction_policy { decoupled: true }"),
     }
     (repo / "raise_async" / "1").mkdir(parents=True)
@@ -220,9 +224,11 @@ def test_one_batch_mixes_returned_early_and_late_answers(server):
     got = stream(server, "sender_batching", inputs(returned=1), inputs(before=1, final_before=1),
                  inputs(after=1, final_after=1))
     assert sorted(got) == [0, 1000, 2000]
-    stats = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics(
-        "sender_batching", as_json=True)["model_stats"][0]
-    assert int(stats["execution_count"]) == 1, "the three requests ran as one execution"
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    stats = lambda: client.get_inference_statistics("sender_batching", as_json=True)["model_stats"][0]  # noqa: E731
+    # Statistics are recorded as each request ends, which may be just after its answer went out.
+    wait_until(lambda: int(stats()["inference_count"]) == 3, 30, lambda: f"three requests counted: {stats()}")
+    assert int(stats()["execution_count"]) == 1, "the three requests ran as one execution"
 
 
 def test_a_decoupled_execute_that_returns_responses_fails_its_open_requests(server):
@@ -233,10 +239,14 @@ def test_a_decoupled_execute_that_returns_responses_fails_its_open_requests(serv
 
 
 def test_the_models_refusals_are_tritons_words(server):
+    import time
     stream(server, "sender", inputs(before=2, final_before=1))
     stream(server, "sender", inputs(returned=1, after=1, final_after=1))
-    log = server.log_tail(400)
-    assert "Non-decoupled model cannot send more than one response" in log
+    # The model logs its refusals through the node, which writes them when they arrive.
+    deadline = time.monotonic() + 30
+    while "Non-decoupled model cannot send more than one response" not in server.log_tail(400):
+        assert time.monotonic() < deadline, "the refusal never reached the log"
+        time.sleep(0.05)
 
 
 def test_a_plain_models_request_sees_its_client_cancel_during_execute(server):
@@ -246,12 +256,16 @@ def test_a_plain_models_request_sees_its_client_cancel_during_execute(server):
     x = grpcclient.InferInput("SECONDS", [1, 1], "FP32")
     x.set_data_from_numpy(np.array([[8.0]], np.float32))
     future = client.async_infer("cancel_py", [x], lambda result, error: got.put(error or result))
-    time.sleep(1.0)
+    # Cancelled once execute() has looked at it (a request cancelled before it runs never reaches it).
+    deadline = time.monotonic() + 30
+    while "[cancel_py] Request not cancelled at 0.25 s" not in server.log_tail(200):
+        assert time.monotonic() < deadline, "execute() never logged its first look at the request"
+        time.sleep(0.05)
     assert got.empty(), "the request is still executing"
     future.cancel()
-    answer = got.get(timeout=10)
+    answer = got.get(timeout=30)
     assert isinstance(answer, Exception) and "CANCELLED" in str(answer.status())
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while "[cancel_py] Request cancelled at" not in server.log_tail(200) and time.monotonic() < deadline:
         time.sleep(0.2)
     log = server.log_tail(200)

@@ -263,40 +263,74 @@ def test_through_the_router(cluster_factory, models_dir, regions, proto):
     np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
 
 
+GATED_PY = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+STARTED, GATE = @STARTED@, @GATE@
+
+
+class TritonPythonModel:
+    \"\"\"Answers Y = X once the test opens the gate (at the latest after 60 s), saying first that it started.\"\"\"
+
+    def execute(self, requests):
+        open(STARTED, "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(GATE) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X")
+                                                           .as_numpy().copy())]) for r in requests]
+"""
+
+
 def test_a_region_in_use_cannot_be_unregistered_until_its_request_is_done(fresh_server, tmp_path, regions):
     """As Triton: unregistering a region an inference is writing its output to is refused with
     Triton's words, one by name and all at once, and works once the answer is out. (Input regions
-    are copied when the request is read, so they are free from then on.)"""
-    import shutil
+    are copied when the request is read, so they are free from then on.) The model holds the request
+    in execute() until the test has tried both."""
     import sys
     import threading
-    from pathlib import Path
+    import time
 
-    shutil.copytree(Path(__file__).parent / "python_models" / "sleep_py", tmp_path / "repo" / "sleep_py")
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    model = tmp_path / "repo" / "gated_py"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(
+        GATED_PY.replace("@STARTED@", repr(str(started))).replace("@GATE@", repr(str(gate))))
+    (model / "config.pbtxt").write_text(
+        'name: "gated_py"\nbackend: "python"\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
     srv = fresh_server([tmp_path / "repo"], ["--backend-config", f"python,interpreter={sys.executable}"])
     h, key = regions("y", 4)
     c = httpclient.InferenceServerClient(srv.http_url)
     c.register_system_shared_memory("y", key, 4)
     x = httpclient.InferInput("X", [1], "FP32")
     x.set_data_from_numpy(np.array([2.5], np.float32))
-    ms = httpclient.InferInput("MS", [1], "INT32")
-    ms.set_data_from_numpy(np.array([1500], np.int32))
     out = httpclient.InferRequestedOutput("Y")
     out.set_shared_memory("y", 4)
     done = []
     t = threading.Thread(target=lambda: done.append(
-        httpclient.InferenceServerClient(srv.http_url).infer("sleep_py", [x, ms], outputs=[out])))
+        httpclient.InferenceServerClient(srv.http_url, network_timeout=120).infer("gated_py", [x], outputs=[out])))
     t.start()
-    import time
-    time.sleep(0.5)  # the request (which sleeps 1.5 s) is running by now
-    assert not done
-    with pytest.raises(InferenceServerException,
-                       match="Cannot unregister shared memory region 'y', it is currently in use."):
-        c.unregister_system_shared_memory("y")
-    with pytest.raises(InferenceServerException, match="Failed to unregister the following system shared memory "
-                                                       "regions: y"):
-        c.unregister_system_shared_memory()
-    t.join(30)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert time.monotonic() < deadline, "the request never reached execute()"
+            time.sleep(0.02)
+        assert not done
+        with pytest.raises(InferenceServerException,
+                           match="Cannot unregister shared memory region 'y', it is currently in use."):
+            c.unregister_system_shared_memory("y")
+        with pytest.raises(InferenceServerException, match="Failed to unregister the following system shared "
+                                                           "memory regions: y"):
+            c.unregister_system_shared_memory()
+        assert not done, "the request was still held in execute()"
+    finally:
+        gate.touch()
+    t.join(60)
     assert done, "the inference answered"
     assert shm.get_contents_as_numpy(h, np.float32, [1])[0] == 2.5
     c.unregister_system_shared_memory("y")

@@ -1,10 +1,13 @@
 """Router streams are credit windows (issue 24, item 3): gRPC clients that open streams of a
-decoupled model through the router and then read nothing for 20 s hold a small window of answers
-each in the router, not all of them, and nothing unread in the link: credit flows back to the node
-only as a client reads, so the model itself waits. Twenty such streams on one node would fill the
-link's 64 MiB connection window four times over if their answers waited unread in it; meanwhile
-200 other requests through the router to the same node succeed, and once the clients go away the
-models are released and the router serves on."""
+decoupled model through the router and then read nothing hold a small window of answers each in the
+router, not all of them, and nothing unread in the link: credit flows back to the node only as a
+client reads, so the model itself waits. Twenty such streams on one node would fill the link's
+64 MiB connection window four times over if their answers waited unread in it; meanwhile 200 other
+requests through the router to the same node succeed, and once the clients go away the models are
+released and the router serves on.
+
+How far a model got is read once its count has stopped moving (`settled`), never after a fixed
+time, so a slow machine only makes the test slower."""
 from __future__ import annotations
 
 import sys
@@ -51,6 +54,22 @@ def sent(progress: Path) -> int:
         return 0
 
 
+def settled(progress: list[Path], quiet: float = 1.0, timeout: float = 120.0) -> list[int]:
+    """What each model has sent, once every one has sent something and none has sent more for
+    `quiet` s (a model held back by its client stops; one that is not runs to COUNT and stops
+    there); fails after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last, since = [sent(p) for p in progress], time.monotonic()
+    while True:
+        time.sleep(0.05)
+        now = [sent(p) for p in progress]
+        if now != last:
+            last, since = now, time.monotonic()
+        elif min(last) > 0 and time.monotonic() - since >= quiet:
+            return last
+        assert time.monotonic() < deadline, f"the models never settled: {last}"
+
+
 def test_stream_clients_that_stop_reading_hold_a_window_not_the_router(cluster_factory, models_dir, tmp_path):
     repo = copy_models(models_dir / "simple", tmp_path / "repo", ["add_sub"])
     copy_models(PY_MODELS, repo, ["flood_py"])
@@ -90,23 +109,19 @@ def test_stream_clients_that_stop_reading_hold_a_window_not_the_router(cluster_f
         channels.append(channel)
         streams.append(stub.ModelStreamInfer(requests()))
     try:
-        deadline = time.monotonic() + 20
-        done = 0
-        while time.monotonic() < deadline:
+        # Every model is held back (or, unbounded, has sent all it has) before the other requests go.
+        settled(progress)
+        for done in range(200):  # each answers within the client's 30 s, or fails the test
             add_sub(done)
-            done += 1
-            if done >= 200:
-                time.sleep(0.05)
-        assert done >= 200, f"only {done} requests got through in 20 s beside the stalled streams"
-        made = [sent(p) for p in progress]
+        made = settled(progress)
         peak = status_kib(pid, "VmHWM") - before
-        # Unbounded, each model would have sent all its answers into the router by now. Bounded, it
-        # sent 26: the router's window of 16, the link's 2 credits and the stub's allowance of 8.
+        # Unbounded, each model would have sent all its answers into the router. Bounded, it sent
+        # 26: the router's window of 16, the link's 2 credits and the stub's allowance of 8.
         assert all(0 < m <= 32 for m in made), f"answers sent to clients reading none: {made}"
         assert peak < 320 * 1024, f"the router grew by {peak // 1024} MiB for {STREAMS} stalled streams"
         node = next(n for n in c.view()["nodes"] if n["name"] == "w1")
         assert node["state"] == "up", node
-        print(f"{STREAMS} streams stalled 20 s: {done} other requests served, the models sent "
+        print(f"{STREAMS} streams stalled: 200 other requests served, the models sent "
               f"{min(made)}-{max(made)} of {COUNT} answers each, router peak growth {peak // 1024} MiB")
         # Reading resumes: answers come in order.
         first = next(streams[0])
@@ -148,11 +163,8 @@ def test_a_stalled_stream_holds_its_models_thread_not_the_instance(server_factor
 
     answers = stub.ModelStreamInfer(requests())
     try:
-        deadline = time.monotonic() + 10
-        while sent(stalled) == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1)
-        assert 0 < sent(stalled) < COUNT // 3, sent(stalled)
+        [made] = settled([stalled])
+        assert 0 < made < COUNT // 3, made
         # Another client of the same instance is served in full meanwhile.
         got = []
         for a in stub.ModelStreamInfer(iter([flood_request(tmp_path / "other", 5, 1024)]), timeout=30):
