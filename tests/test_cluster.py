@@ -379,7 +379,7 @@ def test_router_metrics_count_requests_nodes_and_links(cluster, http):
         return s if up == 3 and rtts == set(NODES) else None
 
     try:
-        after = wait_until(settled, 5, "mesh_router_nodes{state=up} == 3 and a link RTT per node")
+        after = wait_until(settled, 30, "mesh_router_nodes{state=up} == 3 and a link RTT per node")
     except AssertionError:
         s = parse_metrics(cluster.router.metrics())
         pytest.fail(f"mesh_router_nodes: {metric(s, 'mesh_router_nodes')}, "

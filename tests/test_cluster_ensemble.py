@@ -105,7 +105,7 @@ def cluster(module_cluster_factory, models_dir, tmp_path_factory):
     c.start_node("A", [a_repo], PY_ARGS)
     c.start_node("B", [b_repo])
     for name in ("chain", "repeat_router"):
-        wait_until(lambda: c.router.get(f"/v2/models/{name}/ready").status == 200, 30, "the ensembles to be planned")
+        wait_until(lambda: c.router.get(f"/v2/models/{name}/ready").status == 200, 60, "the ensembles to be planned")
     return c
 
 
@@ -282,7 +282,7 @@ def test_an_ensemble_is_not_ready_while_a_step_node_is_lost(cluster, http):
         cluster.nodes["B"].kill()
         cluster.wait_not_routable("B")
         assert not http.is_model_ready("add_sub")
-        wait_until(lambda: chain_row(cluster)["state"] != "READY", 3, "chain to become unavailable")
+        wait_until(lambda: chain_row(cluster)["state"] != "READY", 30, "chain to become unavailable")
         assert "add_sub" in chain_row(cluster)["reason"]
         assert not http.is_model_ready("chain")
     finally:
@@ -293,7 +293,7 @@ def test_an_ensemble_runs_again_once_its_step_node_is_back(cluster, http):
     """Runs after B was killed and started again: the new B serves chain's second step."""
     if not cluster.nodes["B"].running():
         cluster.restart("B", kill=True)
-    wait_until(lambda: http.is_model_ready("chain") and chain_row(cluster)["state"] == "READY", 10,
+    wait_until(lambda: http.is_model_ready("chain") and chain_row(cluster)["state"] == "READY", 60,
                "chain to be ready")
     a = np.ones((1, 16), np.float32)
     before = count(cluster.nodes["B"], "add_sub")

@@ -4,7 +4,9 @@ is run again on another node and succeeds; a model whose config says mesh.idempo
 run again (the client gets an error, the other node never sees it); a decoupled stream that already
 answered is not restarted elsewhere (the client gets an error, no tick from a new start).
 Two nodes serve the same Python models; the one running the request is found in the router's view
-(its in-flight count) and killed with SIGKILL, then restarted for the next test."""
+(its in-flight count) and killed with SIGKILL, then restarted for the next test. The sleeping requests
+sleep until the test opens their gate (a file named by the request parameter `gate`), at most SLEEP_MS:
+whatever the machine's load, the kill or SIGTERM lands while the request runs."""
 import queue
 import signal
 import sys
@@ -26,21 +28,57 @@ pytestmark = [pytest.mark.server, pytest.mark.cluster]
 PY_MODELS = Path(__file__).parent / "python_models"
 PY_ARGS = ["--backend-config", f"python,interpreter={sys.executable}",
            "--backend-config", "python,execute-timeout-seconds=30"]
+# Time for a node to finish its requests after SIGTERM: far more than the test needs to open a gate.
+NODE_ARGS = PY_ARGS + ["--exit-timeout-secs", "120"]
 NODES = ["p1", "p2"]
-SLEEP_MS = 1500
+# A gated request's longest sleep (a hang guard: the test opens the gate); below the execute timeout.
+SLEEP_MS = 20_000
+
+# sleep_py that also wakes when the file named by the request parameter `gate` exists.
+GATED_SLEEP = """
+import json
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            ms = int(pb_utils.get_input_tensor_by_name(r, "MS").as_numpy()[0])
+            gate = json.loads(r.parameters() or "{}").get("gate")
+            end = time.monotonic() + ms / 1000
+            while time.monotonic() < end and not (gate and os.path.exists(gate)):
+                time.sleep(min(0.01, max(0.0, end - time.monotonic())))
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x.copy())]))
+        return out
+"""
 
 
 @pytest.fixture(scope="module")
 def cluster(module_cluster_factory, tmp_path_factory):
     repo = copy_models(PY_MODELS, tmp_path_factory.mktemp("retry") / "repo", ["sleep_py", "ticker_py"])
     copy_models(PY_MODELS, repo, ["sleep_py"], rename={"sleep_py": "sleep_once"})
+    for name in ("sleep_py", "sleep_once"):
+        (repo / name / "1" / "model.py").write_text(GATED_SLEEP)
     cfg = repo / "sleep_once" / "config.pbtxt"
     cfg.write_text(cfg.read_text() + 'parameters { key: "mesh.idempotent" value { string_value: "false" } }\n')
     c = module_cluster_factory("cl-retry")
     c.start_router()
     for name in NODES:
-        c.start_node(name, [repo], PY_ARGS)
+        c.start_node(name, [repo], NODE_ARGS)
     return c
+
+
+@pytest.fixture
+def gate(tmp_path):
+    """A gate file for gated sleep requests: opened (created) by the test, and at the end anyway."""
+    path = tmp_path / "gate"
+    yield path
+    path.touch()
 
 
 @pytest.fixture
@@ -61,7 +99,7 @@ def stats(cluster, node, model):
         c.close()
 
 
-def runner(cluster, timeout=15):
+def runner(cluster, timeout=60):
     """The node the router has a request in flight on."""
     def find():
         busy = [n["name"] for n in cluster.view()["nodes"] if n["inflight"] > 0 and n["state"].lower() == "up"]
@@ -80,22 +118,24 @@ def sleep_inputs(x, ms=SLEEP_MS):
     return ins
 
 
-def kill_under_request(cluster, model, x):
-    """Sends one sleep request through the router, kills the node running it; returns
-    (the killed node, the other node, the other's counts before, the async result)."""
-    http = httpclient.InferenceServerClient(cluster.router.http_url, network_timeout=60)
+def kill_under_request(cluster, model, x, gate):
+    """Sends one gated sleep request through the router, kills the node running it while it sleeps,
+    then opens the gate (a run elsewhere ends at once); returns (the killed node, the other node, the
+    other's counts before, the async result)."""
+    http = httpclient.InferenceServerClient(cluster.router.http_url, network_timeout=120)
     before = {n: stats(cluster, n, model) for n in NODES}
-    pending = http.async_infer(model, sleep_inputs(x))
+    pending = http.async_infer(model, sleep_inputs(x), parameters={"gate": str(gate)})
     victim = runner(cluster)
     other = next(n for n in NODES if n != victim)
     cluster.nodes[victim].kill()
+    gate.touch()
     return victim, other, before[other], pending, http
 
 
-def test_an_idempotent_request_lost_with_its_node_runs_again_elsewhere(both_up):
+def test_an_idempotent_request_lost_with_its_node_runs_again_elsewhere(both_up, gate):
     cluster = both_up
     r0 = retries(cluster)
-    victim, other, other_before, pending, http = kill_under_request(cluster, "sleep_py", 41.0)
+    victim, other, other_before, pending, http = kill_under_request(cluster, "sleep_py", 41.0, gate)
     try:
         result = pending.get_result()
         assert result.as_numpy("Y")[0] == 41.0
@@ -106,17 +146,18 @@ def test_an_idempotent_request_lost_with_its_node_runs_again_elsewhere(both_up):
     assert retries(cluster) - r0 >= 1
 
 
-def test_a_non_idempotent_request_is_not_run_again_after_its_node_died(both_up):
+def test_a_non_idempotent_request_is_not_run_again_after_its_node_died(both_up, gate):
     cluster = both_up
     r0 = retries(cluster)
-    victim, other, other_before, pending, http = kill_under_request(cluster, "sleep_once", 42.0)
+    victim, other, other_before, pending, http = kill_under_request(cluster, "sleep_once", 42.0, gate)
     try:
         with pytest.raises(InferenceServerException) as e:
             pending.get_result()
     finally:
         http.close()
     print(f"\nnon-idempotent request lost with {victim}: {e.value}")
-    time.sleep(0.5)
+    time.sleep(0.5)  # a wrong second run would be in flight there or (the gate is open) done
+    assert cluster.node_info(other)["inflight"] == 0, cluster.node_info(other)
     assert stats(cluster, other, "sleep_once") == other_before, f"{other} must not run it again"
     assert retries(cluster) == r0
     assert "sleep_once" in str(e.value) or victim in str(e.value), str(e.value)
@@ -158,25 +199,28 @@ def test_a_stream_that_answered_is_not_restarted_on_another_node(both_up):
         client.close()
 
 
-def test_sigterm_drains_a_node_while_its_running_request_finishes_there(both_up):
+def test_sigterm_drains_a_node_while_its_running_request_finishes_there(both_up, gate):
     """SIGTERM on the node running a request: the router sends it nothing new (it shows 'draining'),
-    the running request finishes on it with its answer, then the router releases it and it exits."""
+    the running request finishes on it with its answer (once the test opens its gate), then the
+    router releases it and it exits."""
     cluster = both_up
-    http = httpclient.InferenceServerClient(cluster.router.http_url, network_timeout=60)
+    http = httpclient.InferenceServerClient(cluster.router.http_url, network_timeout=120)
     try:
         r0 = retries(cluster)
-        pending = http.async_infer("sleep_py", sleep_inputs(43.0))
+        pending = http.async_infer("sleep_py", sleep_inputs(43.0), parameters={"gate": str(gate)})
         victim = runner(cluster)
         other = next(n for n in NODES if n != victim)
         other_before = stats(cluster, other, "sleep_py")
         node = cluster.nodes[victim]
         node.signal(signal.SIGTERM)
-        wait_until(lambda: cluster.state(victim) == "draining", 5, lambda: f"{victim} to drain: {cluster.node_info(victim)}")
+        wait_until(lambda: cluster.state(victim) == "draining", 30,
+                   lambda: f"{victim} to drain: {cluster.node_info(victim)}")
         for k in range(3):  # new work goes to the other node meanwhile
             assert http.infer("sleep_py", sleep_inputs(float(k), ms=0)).as_numpy("Y")[0] == k
         assert node.running() and cluster.state(victim) == "draining", "still finishing its request"
+        gate.touch()
         assert pending.get_result().as_numpy("Y")[0] == 43.0
-        assert node.proc.wait(timeout=20) == 0
+        assert node.proc.wait(timeout=60) == 0
         assert log_has(node, r"the router released this node") and log_has(node, r"every router released")
         ok, fail = stats(cluster, other, "sleep_py")
         assert (ok - other_before[0], fail - other_before[1]) == (3, 0), "the drained request did not move"
