@@ -163,13 +163,16 @@ fn grpc_request(bytes: usize) -> ModelInferRequest {
     }
 }
 
+/// Calls made before a point is timed.
+const WARM_UP: usize = 50;
+
 /// Runs `call` from `concurrency` tasks for `secs`; returns the latencies and the wall time.
 async fn load<F, Fut>(concurrency: usize, secs: f64, call: F) -> (Vec<Duration>, Duration)
 where
     F: Fn() -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    for _ in 0..50 {
+    for _ in 0..WARM_UP {
         call().await;
     }
     let start = Instant::now();
@@ -211,6 +214,8 @@ async fn main() {
     let (conn, _listener) = quic_pair(limits.clone(), None).await;
     let (shm_conn, _shm_listener) = quic_pair(limits.clone(), Some(shm.to_router.clone())).await;
     let grpc = grpc_client().await;
+    // Requests sent on `conn` (the plain QUIC link), warm-ups included, for its packet counts.
+    let mut on_conn = 0usize;
     println!("| call | req/s | p50 µs | p99 µs | GB/s (both ways) |");
     println!("|---|---|---|---|---|");
     for (bytes, concurrencies) in [(256usize, vec![1, 8]), (16 << 20, vec![1, 4])] {
@@ -232,6 +237,7 @@ async fn main() {
                 if out.is_some() && (bytes as u64) < mesh::cluster::shm::MIN_PAYLOAD {
                     continue; // small payloads travel inline either way
                 }
+                let plain = out.is_none();
                 let req = Arc::new(request(bytes));
                 let limits = limits.clone();
                 let (lat, wall) = load(c, secs, move || {
@@ -248,6 +254,9 @@ async fn main() {
                     }
                 })
                 .await;
+                if plain {
+                    on_conn += WARM_UP + lat.len();
+                }
                 row(&format!("{label}, {size}, c={c}"), lat, wall, bytes);
             }
 
@@ -264,4 +273,16 @@ async fn main() {
             row(&format!("gRPC over TCP, {size}, c={c}"), lat, wall, bytes);
         }
     }
+    // What the scheduler decides, so a measurement here rather than a test: whether a peer's FIN
+    // has arrived when a stream is let go (each stream's end is read before it goes, so none should
+    // cost a STOP_SENDING), and how many datagrams a request takes.
+    let s = conn.stats();
+    let per = |n: u64| n as f64 / on_conn.max(1) as f64;
+    println!(
+        "\nQUIC link: {on_conn} requests; STOP_SENDING frames: {} sent, {} received; datagrams per request: {:.2} sent, {:.2} received",
+        s.frame_tx.stop_sending,
+        s.frame_rx.stop_sending,
+        per(s.udp_tx.datagrams),
+        per(s.udp_rx.datagrams)
+    );
 }

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.server]
 PY_MODELS = Path(__file__).parent / "python_models"
 SERVING = ["add_sub_py", "py_package", "bls_twice", "bls_async", "py_errors", "auto_cfg", "strings_py", "seal_loop",
            "dlpack_py", "bls_outer", "bls_outer2", "bls_threads", "add_sub", "seal_encoder", "seal_decoder",
-           "each_py"]
+           "each_py", "inplace_py"]
 
 
 def seal_models(repo: Path):
@@ -180,7 +180,18 @@ def test_bytes_ids_and_parameters_reach_the_model(http):
     info = json.loads(r.as_numpy("INFO")[0])
     assert info["id"] == "req-7"
     assert info["parameters"] == {"mode": "loud", "n": 3}
-    assert info["writeable"] is False, "inputs are read-only views of shared memory"
+    assert info["writeable"] is True, "inputs are writable, as in Triton"
+
+
+def test_a_model_may_change_its_inputs_in_place_and_the_next_request_sees_its_own(http):
+    """as_numpy() of an input is writable (Triton's is a copy): the model's `x -= 1` works, and what
+    it wrote never reaches a later request, whose inputs land in the same pages of shared memory.
+    Sizes from a few floats to several pages."""
+    for i, n in enumerate([4, 4, 3000, 3000, 70000, 5, 70000]):
+        x = np.arange(n, dtype=np.float32) + 10 * i
+        t = httpclient.InferInput("IN", [n], "FP32")
+        t.set_data_from_numpy(x)
+        np.testing.assert_array_equal(http.infer("inplace_py", [t]).as_numpy("OUT"), x - 1)
 
 
 def test_auto_complete_config_fills_the_config(http):

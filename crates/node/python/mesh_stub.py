@@ -178,7 +178,7 @@ class Host(Calls, Plain):
         if len(self.buf) < end:
             return None
         header = json.loads(self.buf[8:8 + hlen])
-        blob = bytes(self.buf[8 + hlen:end])
+        blob = self.buf[8 + hlen:end]  # a bytearray of its own: inputs read from it are writable
         del self.buf[:end]
         return header, blob
 
@@ -325,7 +325,10 @@ class Host(Calls, Plain):
         return desc
 
     def decode(self, desc, blob, copy):
-        """One tensor: a read-only view of shared memory (execute inputs), or a copy (BLS results)."""
+        """One tensor, writable as in Triton (where an input's as_numpy() is a copy): a view of
+        shared memory or of the frame (execute() inputs: mesh-node writes each execute's inputs
+        afresh and never reads them back, so the model may change them in place at no cost), or a
+        copy (BLS results, a decoupled model's inputs, which outlive the execute)."""
         dtype, shape = desc["datatype"], desc["shape"]
         if "shm" in desc:
             off, n = desc["shm"]
@@ -335,15 +338,12 @@ class Host(Calls, Plain):
             source = blob
         if dtype == "BYTES":
             array = deserialize_bytes(memoryview(source)[off:off + n], shape)
-            array.flags.writeable = copy  # execute() inputs are read-only, whatever their type
         else:
             np_type = _NP[dtype]
             array = np.frombuffer(source, dtype=np_type, count=n // np.dtype(np_type).itemsize, offset=off)
             array = array.reshape(shape)
-            if copy:
+            if copy or not array.flags.writeable:
                 array = array.copy()
-            else:
-                array.flags.writeable = False
         return _utils().Tensor(desc["name"], array, _dtype=dtype)
 
     # ---- the model ----
