@@ -85,6 +85,11 @@ cleanup() {
   if [ "$keep" = 1 ] || [ "$left" != 0 ]; then
     say "kept $work (root, logs)$([ "$left" != 0 ] && echo ": $left mounts still under it")"
   else
+    if [ $rc != 0 ]; then
+      # The steps' logs outlive a failure, for whoever reads why.
+      kept=$(mktemp -d "${TMPDIR:-/var/tmp}/mesh-fresh-logs.XXXXXX")
+      cp -r "$logs/." "$kept/" && say "the steps' logs are kept in $kept"
+    fi
     rm -rf --one-file-system "$work"
   fi
   echo "check-fresh: steps (seconds):"
@@ -172,6 +177,9 @@ network() {
 }
 
 mounts() {
+  # The root is a mount point of its own, as a real machine's is: `ip netns` (the fault tests'
+  # hosts) makes "/" a slave mount, which fails on a plain directory.
+  mount --bind "$root" "$root"
   mount -t proc proc "$root/proc"
   mount -t sysfs -o ro sysfs "$root/sys"
   mount --bind /dev "$root/dev"

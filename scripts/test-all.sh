@@ -44,10 +44,17 @@ done
 suite layers python3 scripts/check_layers.py
 suite cargo-test bash -c 'source scripts/torch-env.sh && MESH_REQUIRE_SERVER=1 exec cargo test --workspace --features mesh-node/torch --no-fail-fast'
 suite fault-build cargo build -p mesh-node --features fault-injection
-suite pytest env MESH_REQUIRE_SERVER=1 MESH_REQUIRE_TORCH=1 MESH_REQUIRE_TF=1 MESH_REQUIRE_PYTRITON=1 \
-  MESH_FAULT_BIN=target/debug/mesh-node .venv/bin/python -m pytest -q tests "$@"
+# pytest's own summary of failures is kept for the end (its output can be long).
+pytest_log=$(mktemp)
+trap 'rm -f "$pytest_log"' EXIT
+pytest_suite() {
+  env MESH_REQUIRE_SERVER=1 MESH_REQUIRE_TORCH=1 MESH_REQUIRE_TF=1 MESH_REQUIRE_PYTRITON=1 \
+    MESH_FAULT_BIN=target/debug/mesh-node .venv/bin/python -m pytest -q -rfE tests "$@" 2>&1 | tee "$pytest_log"
+}
+suite pytest pytest_suite "$@"
 
 summary
+grep -E '^(FAILED|ERROR) ' "$pytest_log" | sed 's/^/  /' || true
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test-all: FAILED: ${failed[*]}" >&2
   exit 1

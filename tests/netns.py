@@ -31,7 +31,11 @@ def unavailable() -> str | None:
     r = _ip("netns", "add", probe, check=False)
     if r.returncode != 0:
         return f"cannot create a network namespace: {r.stderr.strip()}"
+    # Entering one (`ip -n`) also needs "/" to be a mount point (a bare chroot's is not).
+    entered = _ip("-n", probe, "link", "show", check=False)
     _ip("netns", "del", probe, check=False)
+    if entered.returncode != 0:
+        return f"cannot enter a network namespace: {entered.stderr.strip()}"
     return None
 
 
@@ -71,14 +75,21 @@ class Network:
         self.prefix = f"{tag}{os.getpid() % 100000}"
         self.subnet = f"10.{77 + os.getpid() % 100}.{os.getpid() // 100 % 250}"
         self.hub = f"{self.prefix}hub"
+        # The test process's interface on the bridge (its end stays in this namespace).
+        self.local_if = f"{self.prefix}t"
         self.hosts: dict[str, Host] = {}
         self.closed = False
         atexit.register(self.close)
+        try:
+            self._make_hub()
+        except subprocess.CalledProcessError as e:
+            self.close()
+            raise RuntimeError(f"cannot make the test network: {' '.join(e.cmd)}: {e.stderr.strip()}") from e
+
+    def _make_hub(self) -> None:
         _ip("netns", "add", self.hub)
         _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.hub, "link", "set", "br0", "up")
-        # The test process's interface on the bridge (its end stays in this namespace).
-        self.local_if = f"{self.prefix}t"
         _ip("link", "add", self.local_if, "type", "veth", "peer", "name", "tb", "netns", self.hub)
         _ip("-n", self.hub, "link", "set", "tb", "master", "br0", "up")
         _ip("addr", "add", f"{self.subnet}.254/24", "dev", self.local_if)
