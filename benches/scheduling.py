@@ -35,7 +35,7 @@ from mesh_util import MeshServer, metric_sum, parse_metrics  # noqa: E402
 from proc_util import cpu_ticks, stubs_of, voluntary_switches  # noqa: E402
 
 from test_python_inline import CONFIG as INLINE_CONFIG, MODEL_PY as INLINE_PY  # noqa: E402
-from test_python_spin import CALLER_PY, CONFIG as SPIN_CONFIG, SLEEPY_PY, WAITS_OUTPUT  # noqa: E402
+from test_python_spin import write_repo as write_spin_repo  # noqa: E402
 
 
 def env() -> dict[str, str]:
@@ -115,12 +115,7 @@ def inline(work: Path, models: Path, n: int) -> list[str]:
 
 
 def spin(work: Path, calls: int) -> list[str]:
-    repo = work / "spin"
-    for name, code in (("sleepy", SLEEPY_PY), ("caller", CALLER_PY)):
-        (repo / name / "1").mkdir(parents=True)
-        extra = WAITS_OUTPUT if name == "caller" else ""
-        (repo / name / "config.pbtxt").write_text(SPIN_CONFIG.format(name=name, extra=extra))
-        (repo / name / "1" / "model.py").write_text(code)
+    repo = write_spin_repo(work / "spin")
     rows = []
     for poll_us in (0, 3000):
         srv = node(repo, ["--backend-config", f"python,interpreter={sys.executable}",

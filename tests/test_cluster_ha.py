@@ -83,22 +83,24 @@ def two_routers(cluster_factory, models_dir, etcd, tmp_path, lease_s):
     return c
 
 
-@pytest.fixture
-def pair(cluster_factory, models_dir, etcd, tmp_path):
-    """Two routers and three nodes, the leader's lease LEASE_S."""
-    c = two_routers(cluster_factory, models_dir, etcd, tmp_path, LEASE_S)
+def routers_with_lease(cluster_factory, models_dir, etcd, tmp_path, lease):
+    """`two_routers` for a fixture: the checked loads started on it are stopped at its end."""
+    c = two_routers(cluster_factory, models_dir, etcd, tmp_path, lease)
     yield c
     for load in c.loads:
         load.abort()
+
+
+@pytest.fixture
+def pair(cluster_factory, models_dir, etcd, tmp_path):
+    """Two routers and three nodes, the leader's lease LEASE_S."""
+    yield from routers_with_lease(cluster_factory, models_dir, etcd, tmp_path, LEASE_S)
 
 
 @pytest.fixture
 def timed_pair(cluster_factory, models_dir, etcd, tmp_path):
     """The same with the short lease, TIMED_LEASE_S, for the tests whose takeover times are gathered."""
-    c = two_routers(cluster_factory, models_dir, etcd, tmp_path, TIMED_LEASE_S)
-    yield c
-    for load in c.loads:
-        load.abort()
+    yield from routers_with_lease(cluster_factory, models_dir, etcd, tmp_path, TIMED_LEASE_S)
 
 
 def test_one_leader_places_and_a_follower_hands_changes_to_it(pair):

@@ -67,14 +67,19 @@ instance_group [ {{ kind: KIND_CPU }} ]
 WAITS_OUTPUT = 'output [ { name: "WAITS" data_type: TYPE_INT64 dims: [ 3 ] } ]'
 
 
-@pytest.fixture
-def spin_server(fresh_server, tmp_path):
-    repo = tmp_path / "repo"
+def write_repo(repo: Path) -> Path:
+    """The sleepy model and its BLS caller, in `repo` (benches/scheduling.py serves it too)."""
     for name, code in (("sleepy", SLEEPY_PY), ("caller", CALLER_PY)):
         (repo / name / "1").mkdir(parents=True)
         extra = WAITS_OUTPUT if name == "caller" else ""
         (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, extra=extra))
         (repo / name / "1" / "model.py").write_text(code)
+    return repo
+
+
+@pytest.fixture
+def spin_server(fresh_server, tmp_path):
+    repo = write_repo(tmp_path / "repo")
     return fresh_server([repo], ["--backend-config", f"python,interpreter={sys.executable}",
                                  "--backend-config", f"python,spin-microseconds={POLL_US}"],
                         wait_models=["sleepy", "caller"])

@@ -238,18 +238,26 @@ async fn unary_requests_end_their_streams_without_a_stop_sending_each() {
         let answer = call::unary(peer, chunks, &limits).await.unwrap();
         assert_eq!(answer.outputs[0].tensor.data, request.inputs[0].tensor.data);
     }
-    let served = tokio::time::timeout(Duration::from_secs(10), serving)
+    assert_no_stop_sending(&conn, serving, "200 unary requests").await;
+}
+
+/// Each side reads the other's end before letting its stream go (at once when it came with the
+/// last frame, else in a task that waits for it), so no request costs a STOP_SENDING packet,
+/// however the packets and the threads were scheduled.
+async fn assert_no_stop_sending(
+    conn: &quinn::Connection,
+    serving: tokio::task::JoinHandle<quinn::Connection>,
+    what: &str,
+) {
+    let served = tokio::time::timeout(Duration::from_secs(60), serving)
         .await
-        .unwrap()
+        .expect("the serving side ends")
         .unwrap();
-    // Each side reads the other's end before letting its stream go (at once when it came with the
-    // last frame, else in a task that waits for it), so no request costs a STOP_SENDING packet,
-    // however the packets and the threads were scheduled.
     let (caller, callee) = (conn.stats().frame_tx.stop_sending, served.stats().frame_tx.stop_sending);
     assert_eq!(
         (caller, callee),
         (0, 0),
-        "STOP_SENDING frames from the caller and the callee for {CALLS} requests"
+        "STOP_SENDING frames from the caller and the callee for {what}"
     );
 }
 
@@ -285,14 +293,5 @@ async fn streamed_requests_end_their_streams_without_a_stop_sending_each() {
         }
         assert_eq!(got, 3);
     }
-    let served = tokio::time::timeout(Duration::from_secs(60), serving)
-        .await
-        .unwrap()
-        .unwrap();
-    let (caller, callee) = (conn.stats().frame_tx.stop_sending, served.stats().frame_tx.stop_sending);
-    assert_eq!(
-        (caller, callee),
-        (0, 0),
-        "STOP_SENDING frames from the caller and the callee for {CALLS} streamed requests"
-    );
+    assert_no_stop_sending(&conn, serving, "50 streamed requests").await;
 }
