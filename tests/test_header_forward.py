@@ -83,3 +83,25 @@ def test_several_headers_with_quotes_and_backslashes_all_arrive(node, mod):
     assert {k: v for k, v in seen.items() if k.startswith("x-fwd-")} == {
         "x-fwd-1": "my_value_1", "x-fwd-2": "my_value_2", "x-fwd-3": want}, seen
     c.close()
+
+
+def test_patterns_match_case_insensitively_as_tritons_do(fresh_server, tmp_path):
+    """Triton's L0_parameters starts tritonserver with `--*-header-forward-pattern MY_HEADER.*` and
+    expects `my_header_1` and `my_header_3` to reach the model; `(?-i)MY_HEADER.*` on gRPC forwards
+    nothing, since metadata names are lower case."""
+    repo = tmp_path / "repo"
+    shutil.copytree(PY_MODELS / "strings_py", repo / "strings_py")
+    node = fresh_server([repo], ["--backend-config", f"python,interpreter={sys.executable}",
+                                   "--http-header-forward-pattern", "MY_HEADER.*",
+                                   "--grpc-header-forward-pattern", "(?-i)MY_HEADER.*"],
+                          name="forward-case", wait_models=["strings_py"])
+    headers = {"header_1": "value_1", "my_header_1": "my_value_1", "My_Header_3": "my_value_3"}
+    c = httpclient.InferenceServerClient(node.http_url)
+    seen = params_seen(c.infer("strings_py", [text(httpclient)], headers=dict(headers)))
+    assert {k: v for k, v in seen.items() if "header" in k} == {
+        "my_header_1": "my_value_1", "my_header_3": "my_value_3"}, seen
+    c.close()
+    g = grpcclient.InferenceServerClient(node.grpc_url)
+    seen = params_seen(g.infer("strings_py", [text(grpcclient)], headers={k.lower(): v for k, v in headers.items()}))
+    assert not [k for k in seen if "header" in k], seen
+    g.close()

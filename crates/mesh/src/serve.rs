@@ -243,11 +243,17 @@ pub struct ListenArgs {
     pub grpc_conn: crate::listen::GrpcConnArgs,
 }
 
-/// A header-forward pattern, compiled (names are matched in lower case, as they arrive).
-fn forward_pattern(flag: &str, pattern: &Option<String>) -> Result<Option<regex::Regex>, String> {
+/// A header-forward pattern, compiled to match case-insensitively as Triton's does (`MY_HEADER.*`
+/// matches `my_header_1`); `(?-i)` in the pattern makes it case-sensitive. Names arrive in lower case.
+pub fn forward_pattern(flag: &str, pattern: &Option<String>) -> Result<Option<regex::Regex>, String> {
     pattern
         .as_deref()
-        .map(|p| regex::Regex::new(p).map_err(|e| format!("--{flag} '{p}' is not a valid regular expression: {e}")))
+        .map(|p| {
+            regex::RegexBuilder::new(p)
+                .case_insensitive(true)
+                .build()
+                .map_err(|e| format!("--{flag} '{p}' is not a valid regular expression: {e}"))
+        })
         .transpose()
 }
 
@@ -340,5 +346,28 @@ impl ListenArgs {
             servers.push(metrics(addr, render, stop).await?);
         }
         Ok(servers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forward_pattern;
+
+    #[test]
+    fn forward_patterns_match_names_case_insensitively_unless_told_not_to() {
+        let flag = "http-header-forward-pattern";
+        let upper = forward_pattern(flag, &Some("MY_HEADER.*".into())).unwrap().unwrap();
+        assert!(upper.is_match("my_header_1") && upper.is_match("My_Header_3"));
+        assert!(!upper.is_match("header_1"));
+        let exact = forward_pattern(flag, &Some("(?-i)MY_HEADER.*".into()))
+            .unwrap()
+            .unwrap();
+        assert!(!exact.is_match("my_header_1") && exact.is_match("MY_HEADER_1"));
+        assert!(forward_pattern(flag, &None).unwrap().is_none());
+        let e = forward_pattern(flag, &Some("(".into())).unwrap_err();
+        assert!(
+            e.starts_with("--http-header-forward-pattern '(' is not a valid regular expression"),
+            "{e}"
+        );
     }
 }
