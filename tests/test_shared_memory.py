@@ -5,6 +5,7 @@ the server keeps serving; CUDA shared memory answers a clear error on a machine 
 import base64
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 
@@ -187,13 +188,15 @@ def test_bad_regions_sizes_and_offsets_are_clear_errors(node, regions):
     assert status == 404 and "Unable to find shared memory region: 'nope'" in text, (status, text)
     for path, body, want in [
         ("/v2/systemsharedmemory/region/bad/register", {"key": key, "byte_size": 8}, "shared memory region 'bad' already in manager"),
-        ("/v2/systemsharedmemory/region/k/register", {"key": "/mesh_no_such_key", "byte_size": 8}, "cannot be opened"),
         ("/v2/systemsharedmemory/region/k/register", {"key": key, "offset": 100, "byte_size": 100},
          "failed to register shared memory region 'k': invalid args"),
         ("/v2/systemsharedmemory/region/k/register", {"key": key, "byte_size": "8"}, "failed to parse"),
     ]:
         status, text = post(node, path, body)
         assert status == 400 and want in text, (path, want, status, text)
+    # A key that cannot be opened is Triton's 500 "Unable to open shared memory region: 'KEY'".
+    status, text = post(node, "/v2/systemsharedmemory/region/k/register", {"key": "/mesh_no_such_key", "byte_size": 8})
+    assert status == 500 and "Unable to open shared memory region: '/mesh_no_such_key'" in text, (status, text)
     # Nothing above was registered, and the server serves the good request.
     assert [r["name"] for r in c.get_system_shared_memory_status()] == ["bad"]
     status, text = post(node, infer, infer_body("bad", NBYTES))
@@ -214,23 +217,34 @@ def test_grpc_errors_carry_the_code_and_message(node):
     assert "Unable to find shared memory region: 'missing'" in e.value.message()
     with pytest.raises(InferenceServerException) as e:
         c.register_system_shared_memory("x", "/mesh_no_such_key", 8)
-    assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "cannot be opened" in e.value.message()
+    assert e.value.status() == "StatusCode.INTERNAL"
+    assert e.value.message().startswith("Unable to open shared memory region: '/mesh_no_such_key'")
     c.close()
 
 
-def test_registering_without_a_region_name_gets_tritons_error(node):
+def test_registering_without_a_region_name_gets_tritons_error(node, regions):
     """Triton's HTTP route without a region (`/v2/systemsharedmemory/register`) is INVALID_ARG
-    "'region name' is necessary ..." before the body is read; the mesh answers gRPC the same way
-    (Triton's gRPC would register a region with no name)."""
+    "'region name' is necessary ..." before the body is read. Its gRPC opens the key first: with
+    neither name nor key (its aio client test) that is INTERNAL "Unable to open shared memory
+    region: ''", and a malformed CUDA handle is "failed to register ... invalid args". Where the key
+    opens, the mesh still wants a name (Triton's gRPC would register a region no request can name)."""
     for kind in ("system", "cuda"):
         status, body = post(node, f"/v2/{kind}sharedmemory/register", {"key": "/x", "byte_size": 8})
         assert status == 400, (status, body)
         assert f"'region name' is necessary to register {kind} shared memory region" in body, body
     c = client("grpc", node.grpc_url)
     with pytest.raises(InferenceServerException) as e:
-        c.register_system_shared_memory("", "/mesh_no_such_key", 8)
+        c.register_system_shared_memory("", "", 0)
+    assert e.value.status() == "StatusCode.INTERNAL"
+    assert e.value.message().startswith("Unable to open shared memory region: ''"), e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        c.register_cuda_shared_memory("", b"", 0, 0)
+    assert re.search("failed to register shared memory region.*invalid args", e.value.message()), e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        c.register_system_shared_memory("", regions("noname", 8)[1], 8)
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "'region name' is necessary to register system shared memory region" in e.value.message()
+    assert "" not in c.get_system_shared_memory_status(as_json=True).get("regions", {})
     c.close()
 
 
@@ -286,10 +300,10 @@ class TritonPythonModel:
 
 
 def test_a_region_in_use_cannot_be_unregistered_until_its_request_is_done(fresh_server, tmp_path, regions):
-    """As Triton: unregistering a region an inference is writing its output to is refused with
-    Triton's words, one by name and all at once, and works once the answer is out. (Input regions
-    are copied when the request is read, so they are free from then on.) The model holds the request
-    in execute() until the test has tried both."""
+    """As Triton: unregistering a region an inference reads its input from or writes its output to
+    is refused with Triton's words, one by name and all at once (naming every region in use, as
+    Triton's L0_shared_memory expects), and works once the answer is out. The model holds the
+    request in execute() until the test has tried both."""
     import sys
     import threading
     import time
@@ -305,10 +319,13 @@ def test_a_region_in_use_cannot_be_unregistered_until_its_request_is_done(fresh_
         'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
     srv = fresh_server([tmp_path / "repo"], ["--backend-config", f"python,interpreter={sys.executable}"])
     h, key = regions("y", 4)
+    hx, key_x = regions("x", 4)
+    shm.set_shared_memory_region(hx, [np.array([2.5], np.float32)])
     c = httpclient.InferenceServerClient(srv.http_url)
     c.register_system_shared_memory("y", key, 4)
+    c.register_system_shared_memory("x", key_x, 4)
     x = httpclient.InferInput("X", [1], "FP32")
-    x.set_data_from_numpy(np.array([2.5], np.float32))
+    x.set_shared_memory("x", 4)
     out = httpclient.InferRequestedOutput("Y")
     out.set_shared_memory("y", 4)
     done = []
@@ -321,11 +338,12 @@ def test_a_region_in_use_cannot_be_unregistered_until_its_request_is_done(fresh_
             assert time.monotonic() < deadline, "the request never reached execute()"
             time.sleep(0.02)
         assert not done
-        with pytest.raises(InferenceServerException,
-                           match="Cannot unregister shared memory region 'y', it is currently in use."):
-            c.unregister_system_shared_memory("y")
+        for name in ("x", "y"):
+            with pytest.raises(InferenceServerException,
+                               match=f"Cannot unregister shared memory region '{name}', it is currently in use."):
+                c.unregister_system_shared_memory(name)
         with pytest.raises(InferenceServerException, match="Failed to unregister the following system shared "
-                                                           "memory regions: y"):
+                                                           "memory regions: x ,y$"):
             c.unregister_system_shared_memory()
         assert not done, "the request was still held in execute()"
     finally:
@@ -334,4 +352,5 @@ def test_a_region_in_use_cannot_be_unregistered_until_its_request_is_done(fresh_
     assert done, "the inference answered"
     assert shm.get_contents_as_numpy(h, np.float32, [1])[0] == 2.5
     c.unregister_system_shared_memory("y")
+    c.unregister_system_shared_memory("x")
     assert c.get_system_shared_memory_status() == []

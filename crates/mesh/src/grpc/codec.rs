@@ -71,6 +71,7 @@ pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Resu
         )));
     }
     let mut raw = raw.into_iter();
+    let mut written = ShmOutputs::new();
     for (input, region) in msg.inputs.into_iter().zip(regions) {
         let name = input.name;
         let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
@@ -80,7 +81,11 @@ pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Resu
                     "input '{name}' has both a shared memory region and typed contents"
                 )))
             }
-            (Some(region), None) => region.read_input(&msg.model_name, &name, dtype, &input.shape)?,
+            (Some(region), None) => {
+                let data = region.read_input(&msg.model_name, &name, dtype, &input.shape)?;
+                written.hold_input(region);
+                data
+            }
             (None, contents) => match (raw.next(), contents) {
                 (Some(_), Some(_)) => {
                     return Err(Error::invalid(format!(
@@ -96,7 +101,6 @@ pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Resu
             Tensor::new(dtype, input.shape, data).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
         inputs.push(NamedTensor { name, tensor });
     }
-    let mut written = ShmOutputs::new();
     let mut outputs = Vec::with_capacity(msg.outputs.len());
     for o in msg.outputs {
         let mut params = params_in(o.parameters);
@@ -108,7 +112,7 @@ pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Resu
                     o.name
                 )));
             }
-            written.push((o.name.clone(), region));
+            written.push_output(o.name.clone(), region);
         }
         outputs.push(RequestedOutput {
             name: o.name,
@@ -201,8 +205,8 @@ pub fn encode_response(resp: InferResponse, shm: &ShmOutputs) -> Result<proto::M
     let mut outputs = Vec::with_capacity(resp.outputs.len());
     let mut raw = Vec::with_capacity(resp.outputs.len());
     for o in resp.outputs {
-        let data = match shm.iter().find(|(n, _)| *n == o.name) {
-            Some((_, region)) => {
+        let data = match shm.target(&o.name) {
+            Some(region) => {
                 region.write(&o.name, &o.tensor.data)?;
                 Bytes::new()
             }
@@ -346,8 +350,41 @@ mod tests {
             }],
             ..Default::default()
         };
-        let m = encode_response(resp, &Vec::new()).unwrap();
+        let m = encode_response(resp, &ShmOutputs::new()).unwrap();
         assert_eq!(m.outputs[0].datatype, "UINT16");
         assert_eq!(m.raw_output_contents[0].as_ref(), &[3, 0]);
+    }
+
+    #[test]
+    fn input_regions_stay_in_use_until_the_answer_is_out() {
+        let key = format!("/mesh_codec_{}", std::process::id());
+        std::fs::write(format!("/dev/shm{key}"), [5u8; 4]).unwrap();
+        let shm = SharedMemory::default();
+        shm.register_system("in", &key, 0, 4).unwrap();
+        let mut a = input("a", "INT8", vec![4], None);
+        let param = |c| proto::InferParameter {
+            parameter_choice: Some(c),
+        };
+        a.parameters.insert(
+            "shared_memory_region".into(),
+            param(ParameterChoice::StringParam("in".into())),
+        );
+        a.parameters
+            .insert("shared_memory_byte_size".into(), param(ParameterChoice::Int64Param(4)));
+        let msg = proto::ModelInferRequest {
+            model_name: "m".into(),
+            inputs: vec![a],
+            ..Default::default()
+        };
+        let (r, in_use) = decode_request(msg, &shm).unwrap();
+        assert_eq!(r.inputs[0].tensor.data.as_ref(), &[5; 4]);
+        let e = shm.unregister_system("").unwrap_err();
+        assert_eq!(
+            e.message,
+            "Failed to unregister the following system shared memory regions: in"
+        );
+        drop(in_use);
+        shm.unregister_system("in").unwrap();
+        std::fs::remove_file(format!("/dev/shm{key}")).unwrap();
     }
 }

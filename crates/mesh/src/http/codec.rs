@@ -9,7 +9,7 @@ use super::json_data;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
-use crate::shm::{SharedMemory, ShmRef};
+use crate::shm::{SharedMemory, ShmOutputs, ShmRef};
 use crate::tensor::{NamedTensor, Tensor};
 
 #[derive(Deserialize)]
@@ -51,12 +51,13 @@ struct JsonOutput {
 pub struct OutputFormat {
     pub default_binary: bool,
     pub per_output: Vec<(String, bool)>,
-    pub shm: Vec<(String, ShmRef)>,
+    /// The outputs written to shared memory and the input regions held until the answer is out.
+    pub shm: ShmOutputs,
 }
 
 impl OutputFormat {
     fn shm_target(&self, name: &str) -> Option<&ShmRef> {
-        self.shm.iter().find(|(n, _)| n == name).map(|(_, r)| r)
+        self.shm.target(name)
     }
 
     fn is_binary(&self, name: &str) -> bool {
@@ -109,6 +110,7 @@ pub fn decode_request(
     let mut parameters = params_from_json(parsed.parameters)?;
     let default_binary = take_bool(&mut parameters, "binary_data_output")?.unwrap_or(false);
     let mut inputs = Vec::with_capacity(parsed.inputs.len());
+    let mut in_use = ShmOutputs::new();
     for input in parsed.inputs {
         let name = input.name;
         let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
@@ -123,7 +125,11 @@ pub fn decode_request(
             })?),
         };
         let data = match (region, bin_size, input.data) {
-            (Some(region), None, None) => region.read_input(model, &name, dtype, &input.shape)?,
+            (Some(region), None, None) => {
+                let data = region.read_input(model, &name, dtype, &input.shape)?;
+                in_use.hold_input(region);
+                data
+            }
             (Some(_), _, _) => {
                 return Err(Error::invalid(format!(
                     "input '{name}' has both a shared memory region and data in the body"
@@ -164,7 +170,7 @@ pub fn decode_request(
     let mut format = OutputFormat {
         default_binary,
         per_output: Vec::new(),
-        shm: Vec::new(),
+        shm: in_use,
     };
     let mut outputs = Vec::new();
     for out in parsed.outputs.into_iter().flatten() {
@@ -184,7 +190,7 @@ pub fn decode_request(
                     out.name
                 )));
             }
-            format.shm.push((out.name.clone(), region));
+            format.shm.push_output(out.name.clone(), region);
         } else if let Some(b) = binary {
             format.per_output.push((out.name.clone(), b));
         }
@@ -413,7 +419,7 @@ mod tests {
         let fmt = OutputFormat {
             default_binary: false,
             per_output: vec![("b".into(), true)],
-            shm: vec![],
+            shm: ShmOutputs::new(),
         };
         let (body, hl) = encode_response(&resp, &fmt).unwrap();
         let hl = hl.unwrap();

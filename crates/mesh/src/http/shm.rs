@@ -82,11 +82,11 @@ async fn system_register(State(shm): St, Path(name): Path<String>, body: Bytes) 
     done(parse_system_register(&body).and_then(|r| shm.register_system(&name, &r.key, r.offset, r.byte_size)))
 }
 /// A register naming no region is refused before its body is read, as Triton does.
-async fn system_register_nameless(State(shm): St) -> Response {
-    done(shm.register_system("", "", 0, 0))
+async fn system_register_nameless() -> Response {
+    done(SharedMemory::require_name("", "system"))
 }
-async fn cuda_register_nameless(State(shm): St) -> Response {
-    done(shm.register_cuda("", &[], 0, 0))
+async fn cuda_register_nameless() -> Response {
+    done(SharedMemory::require_name("", "cuda"))
 }
 async fn system_unregister(State(shm): St, Path(name): Path<String>) -> Response {
     done(shm.unregister_system(&name))

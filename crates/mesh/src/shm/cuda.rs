@@ -51,7 +51,7 @@ impl CudaRegion {
     pub fn open(name: &str, raw_handle: &[u8], device_id: i64, byte_size: u64) -> Result<CudaRegion> {
         if raw_handle.len() != HANDLE_SIZE {
             return Err(Error::invalid(format!(
-                "CUDA shared memory region '{name}': raw_handle must be the {HANDLE_SIZE} bytes of a cudaIpcMemHandle_t, got {}",
+                "failed to register shared memory region '{name}': invalid args (raw_handle must be the {HANDLE_SIZE} bytes of a cudaIpcMemHandle_t, got {})",
                 raw_handle.len()
             )));
         }

@@ -89,13 +89,18 @@ impl SharedMemory {
         self.regions.locked()
     }
 
-    fn refuse_taken(&self, name: &str, kind: &str) -> Result<()> {
-        if name.is_empty() {
-            // Triton's words and class (HTTP's; its gRPC would register a nameless region).
-            return Err(Error::invalid(format!(
+    /// A region needs a name: Triton's words and class (its HTTP's; its gRPC would register a
+    /// nameless region, which no request could then name).
+    pub fn require_name(name: &str, kind: &str) -> Result<()> {
+        match name.is_empty() {
+            true => Err(Error::invalid(format!(
                 "'region name' is necessary to register {kind} shared memory region"
-            )));
+            ))),
+            false => Ok(()),
         }
+    }
+
+    fn refuse_taken(&self, name: &str) -> Result<()> {
         let regions = self.regions();
         if regions.contains_key(name) {
             return Err(Error::new(
@@ -128,17 +133,23 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// Registers `byte_size` bytes from `offset` of the system shared-memory object `key`.
+    /// Registers `byte_size` bytes from `offset` of the system shared-memory object `key`. The
+    /// checks run in Triton's order (the name taken, the key opened, then the region's bounds), so a
+    /// registration with neither name nor key gets its `Unable to open shared memory region: ''`.
     pub fn register_system(&self, name: &str, key: &str, offset: u64, byte_size: u64) -> Result<()> {
-        self.refuse_taken(name, "system")?;
+        self.refuse_taken(name)?;
         let region = system::SystemRegion::open(name, key, offset, byte_size)?;
+        Self::require_name(name, "system")?;
         self.insert(name, Memory::System(region))
     }
 
-    /// Registers CUDA memory exported by another process (`raw_handle` is its cudaIpcMemHandle_t).
+    /// Registers CUDA memory exported by another process (`raw_handle` is its cudaIpcMemHandle_t);
+    /// a malformed handle is Triton's `failed to register shared memory region ...: invalid args`
+    /// whatever the name.
     pub fn register_cuda(&self, name: &str, raw_handle: &[u8], device_id: i64, byte_size: u64) -> Result<()> {
-        self.refuse_taken(name, "cuda")?;
+        self.refuse_taken(name)?;
         let region = cuda::CudaRegion::open(name, raw_handle, device_id, byte_size)?;
+        Self::require_name(name, "cuda")?;
         self.insert(name, Memory::Cuda(region))
     }
 
@@ -291,8 +302,35 @@ impl SharedMemory {
     }
 }
 
-/// The outputs of one request to be written to shared memory, by output name.
-pub type ShmOutputs = Vec<(String, ShmRef)>;
+/// The regions one request uses: the outputs to be written to shared memory, by output name, and
+/// the input regions it was read from. Both stay in use, as Triton holds them, until the request's
+/// answer is out (the value is dropped), so none can be unregistered meanwhile.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ShmOutputs {
+    outputs: Vec<(String, ShmRef)>,
+    inputs: Vec<ShmRef>,
+}
+
+impl ShmOutputs {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Output `name` is to be written to `region`.
+    pub fn push_output(&mut self, name: String, region: ShmRef) {
+        self.outputs.push((name, region));
+    }
+
+    /// An input was read from `region`: it stays in use until the answer is out.
+    pub fn hold_input(&mut self, region: ShmRef) {
+        self.inputs.push(region);
+    }
+
+    /// Where output `name` is to be written, if in shared memory.
+    pub fn target(&self, name: &str) -> Option<&ShmRef> {
+        self.outputs.iter().find(|(n, _)| n == name).map(|(_, r)| r)
+    }
+}
 
 /// Part of a registered region, named by one input or output of a request.
 #[derive(Clone)]

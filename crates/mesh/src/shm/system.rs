@@ -18,13 +18,19 @@ pub struct SystemRegion {
     file: File,
 }
 
+/// A key that cannot be opened: Triton's words and class (INTERNAL; HTTP 500), then why.
+fn unopenable(key: &str, why: impl std::fmt::Display) -> Error {
+    Error::internal(format!("Unable to open shared memory region: '{key}' ({why})"))
+}
+
 /// The file name `shm_open` uses for a key: one leading '/' dropped, nothing that leaves the directory.
 fn object_name(key: &str) -> Result<&str> {
     let name = key.strip_prefix('/').unwrap_or(key);
     if name.is_empty() || name.contains('/') || name.contains('\0') || name == "." || name == ".." {
-        return Err(Error::invalid(format!(
-            "'{key}' is not a valid shared memory key (expected a name such as '/my_region')"
-        )));
+        return Err(unopenable(
+            key,
+            "not a valid shared memory key; expected a name such as '/my_region'",
+        ));
     }
     // A node's own memory (its Python stubs'): never a client's to read or write.
     if name.starts_with(super::OWN_SHM_PREFIX) {
@@ -56,11 +62,7 @@ impl SystemRegion {
             .write(true)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
-            .map_err(|e| {
-                Error::invalid(format!(
-                    "unable to open shared memory region '{name}': key '{key}' cannot be opened ({e})"
-                ))
-            })?;
+            .map_err(|e| unopenable(key, format_args!("region '{name}': the key cannot be opened: {e}")))?;
         let end = offset
             .checked_add(byte_size)
             .ok_or_else(|| Error::invalid(format!("shared memory region '{name}': offset + byte_size overflows")))?;

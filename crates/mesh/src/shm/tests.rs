@@ -130,10 +130,23 @@ fn bad_references_get_errors_that_name_the_problem() {
 fn registration_checks_the_key_and_the_object_size() {
     let obj = Object::new("reg", &[0; 64]);
     let shm = SharedMemory::default();
+    // A key that cannot be opened is Triton's INTERNAL "Unable to open shared memory region: 'KEY'".
+    for (key, want) in [
+        (
+            "/mesh_test_does_not_exist",
+            "Unable to open shared memory region: '/mesh_test_does_not_exist' (region 'r': the key cannot be opened",
+        ),
+        (
+            "/../etc/passwd",
+            "Unable to open shared memory region: '/../etc/passwd' (not a valid shared memory key",
+        ),
+        ("", "Unable to open shared memory region: '' (not a valid"),
+    ] {
+        let e = shm.register_system("r", key, 0, 8).unwrap_err();
+        assert_eq!(e.code, Code::Internal, "{e}");
+        assert!(e.message.starts_with(want), "want '{want}' in '{e}'");
+    }
     for (key, offset, size, want) in [
-        ("/mesh_test_does_not_exist", 0, 8, "cannot be opened"),
-        ("/../etc/passwd", 0, 8, "not a valid shared memory key"),
-        ("", 0, 8, "not a valid shared memory key"),
         (obj.0.as_str(), 60, 8, "offset 60 + byte_size 8 is beyond the 64 bytes"),
         (obj.0.as_str(), u64::MAX, 8, "overflows"),
         (obj.0.as_str(), 0, 0, "byte_size must be positive"),
@@ -275,10 +288,36 @@ fn cuda_registration_without_a_usable_driver_is_a_clear_error() {
     let shm = SharedMemory::default();
     let e = shm.register_cuda("c", &[0; 10], 0, 16).unwrap_err();
     assert!(e.message.contains("raw_handle must be the 64 bytes"), "{e}");
+    // Triton's aio tests register ("", b"", 0, 0) and match its "invalid args".
+    let e = shm.register_cuda("", &[], 0, 0).unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument);
+    assert!(
+        e.message
+            .starts_with("failed to register shared memory region '': invalid args"),
+        "{e}"
+    );
     // On a machine without CUDA this names the missing driver; with one, a zero handle fails to
     // open. Either way nothing is registered and the server goes on.
     let e = shm.register_cuda("c", &[0; CUDA_HANDLE_SIZE], 0, 16).unwrap_err();
     assert_eq!(e.code, Code::InvalidArgument);
     assert!(e.message.contains("CUDA"), "{e}");
     assert!(shm.cuda_status("").unwrap().is_empty());
+}
+
+#[test]
+fn a_registration_without_a_name_is_checked_in_tritons_order() {
+    let obj = Object::new("noname", &[0; 16]);
+    let shm = SharedMemory::default();
+    // Neither name nor key (Triton's gRPC aio test): the key is opened first, and fails.
+    let e = shm.register_system("", "", 0, 0).unwrap_err();
+    assert_eq!(e.code, Code::Internal);
+    assert!(e.message.starts_with("Unable to open shared memory region: ''"), "{e}");
+    // A key that opens: the name is still required (Triton's gRPC would keep a nameless region).
+    let e = shm.register_system("", &obj.0, 0, 16).unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument);
+    assert_eq!(
+        e.message,
+        "'region name' is necessary to register system shared memory region"
+    );
+    assert!(shm.system_status("").unwrap().is_empty());
 }
