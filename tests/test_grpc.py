@@ -52,7 +52,7 @@ def test_live_and_ready(grpc_client):
 
 def test_server_metadata(grpc_client, main_server):
     md = grpc_client.get_server_metadata()
-    assert md.name
+    assert md.name == "triton"  # Triton's default --id
     assert md.version
     assert "binary_tensor_data" in list(md.extensions)
     assert md.name == main_server.get_json("/v2")["name"]

@@ -8,8 +8,8 @@ use clap::builder::BoolishValueParser;
 /// Accepted for compatibility with tritonserver's command line (flattened into each binary's flags).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TritonFlags {
-    /// Server name in the server metadata (`GET /v2`, gRPC ServerMetadata); default "mesh".
-    /// Clients that check for Triton's name need `--id triton`.
+    /// Server name in the server metadata (`GET /v2`, gRPC ServerMetadata); default "triton", as
+    /// tritonserver's.
     #[arg(long)]
     pub id: Option<String>,
     /// Writes the log to this file (appended; created private, never through a symbolic link)

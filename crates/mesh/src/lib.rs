@@ -50,8 +50,9 @@ pub use request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
 pub use stream::{StreamItem, StreamSender};
 pub use tensor::{NamedTensor, Tensor};
 
-/// The server name reported by server metadata unless `--id` gives another.
-pub const SERVER_NAME: &str = "mesh";
+/// The server name reported by server metadata unless `--id` gives another: Triton's default, since
+/// clients and Triton's own tests check for it (the `version` is the mesh's).
+pub const SERVER_NAME: &str = "triton";
 static SERVER_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// Sets the name server metadata reports (`--id`); the first call wins.
