@@ -116,8 +116,15 @@ def test_an_error_answer_mid_stream_is_an_error_event_and_the_stream_goes_on(ser
 
 
 def test_a_model_that_fails_the_whole_request_answers_an_error(server):
-    st, _, body = post(server, "/v2/models/repeat_py/generate_stream", {"IN": [1], "mode": "raise"})
-    assert st >= 400 and "asked to fail" in json.loads(body)["error"], body
+    """Triton's generate_stream_response_error: when the model's first answer is an error, the HTTP
+    status says so and the error is the stream's one event (a request refused before it runs is
+    JSON instead: test_bad_generate_requests_are_refused_before_any_event)."""
+    st, ctype, body = post(server, "/v2/models/repeat_py/generate_stream", {"IN": [1], "mode": "raise"})
+    assert st >= 400 and ctype == "text/event-stream; charset=utf-8", (st, ctype, body)
+    (only,) = events(body)
+    assert "asked to fail" in only["error"], body
+    st, ctype, body = post(server, "/v2/models/repeat_py/generate", {"IN": [1], "mode": "raise"})
+    assert st >= 400 and ctype == "application/json" and "asked to fail" in json.loads(body)["error"], body
 
 
 def test_plain_models_serve_both_endpoints(server):

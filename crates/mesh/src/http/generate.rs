@@ -195,9 +195,14 @@ pub fn encode_generate(response: &InferResponse) -> Result<Value> {
 }
 
 /// Reads and decodes a generate request for the model and version of its path.
+/// The request is also checked against the model's config here, before anything runs, so that a
+/// bad request is refused with a JSON error on both endpoints (Triton's synchronous errors), while
+/// an error the model answers on `generate_stream` is an event.
 pub fn request_for<D: Dispatch>(dispatch: &D, model: &str, version: &str, body: &[u8]) -> Result<InferRequest> {
     let view = dispatch.model(model, version)?;
-    decode_generate(model, version, &view.config, body)
+    let request = decode_generate(model, version, &view.config, body)?;
+    crate::validate::check_request(&view.config, &request)?;
+    Ok(request)
 }
 
 /// `generate`: exactly one response. Decoupled models run on the stream path and must answer once.
@@ -249,11 +254,20 @@ pub async fn generate_stream<D: Dispatch>(dispatch: Arc<D>, request: InferReques
     tokio::spawn(async move { dispatch.infer_stream(request, sink).await });
     let first = answers.recv().await;
     let first = match first {
-        Some(StreamItem {
-            response: Some(Err(e)),
-            last: true,
-            ..
-        }) => return Err(e),
+        // The model's only answer is an error: its status, the error as the stream's one event.
+        Some(
+            item @ StreamItem {
+                response: Some(Err(_)),
+                last: true,
+                ..
+            },
+        ) => {
+            let status = match &item.response {
+                Some(Err(e)) => e.http_status(),
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            return event_stream(status, Body::from(event(item).unwrap_or_default()));
+        }
         None => None,
         Some(item) => Some(item),
     };
@@ -280,11 +294,15 @@ pub async fn generate_stream<D: Dispatch>(dispatch: Arc<D>, request: InferReques
     let body = futures::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), |(event, _credit)| {
         Ok::<_, std::io::Error>(event)
     });
+    event_stream(StatusCode::OK, Body::from_stream(body))
+}
+
+fn event_stream(status: StatusCode, body: Body) -> Result<Response> {
     Response::builder()
-        .status(StatusCode::OK)
+        .status(status)
         .header(header::CONTENT_TYPE, EVENT_STREAM)
         .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(body))
+        .body(body)
         .map_err(|e| Error::internal(format!("building response: {e}")))
 }
 
