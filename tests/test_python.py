@@ -213,6 +213,12 @@ def test_initialize_exception_is_a_load_error_with_the_traceback(http):
     assert http.is_model_ready("add_sub_py"), "the other models keep serving"
 
 
+def test_bls_in_initialize_is_tritons_load_error(http):
+    row = next(r for r in http.get_model_repository_index() if r["name"] == "bls_in_init")
+    assert row["state"] == "UNAVAILABLE"
+    assert "BLS is only supported during the 'execute' function." in row["reason"], row
+
+
 def test_dlpack_round_trips(http):
     x = np.array([1.5, -2.0, 3.25], np.float32)
     r = http.infer("dlpack_py", [fp32("X", x)])

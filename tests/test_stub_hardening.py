@@ -168,3 +168,52 @@ def test_a_model_loaded_with_file_overrides_survives_its_stub_dying(fresh_server
     client.unload_model("fo_py")
     wait_for(lambda: not overrides[0].exists(), "the override files to go with the unload", timeout=10)
     client.close()
+
+
+LEAVES_REQUESTS_OPEN = """import sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def execute(self, requests):
+        host = sys.modules["mesh_stub_host"]
+        for r in requests:
+            x = float(pb_utils.get_input_tensor_by_name(r, "x").as_numpy()[0])
+            sender = r.get_response_sender()
+            if x == 0:  # how many requests the stub still keeps an allowance or a cancellation for
+                kept = np.array([len(host.allowance) + len(host.cancelled)], np.float32)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("y", kept)]), flags=1)
+            elif x == 1:  # one answer, then execute() raises: mesh-node closes it, no final flag sent
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("y", np.ones(1, np.float32))]))
+                raise RuntimeError("left open")
+            else:  # one answer, then execute() returns responses, which a decoupled model must not
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("y", np.ones(1, np.float32))]))
+                return [None]
+        return None
+"""
+
+
+def test_requests_the_node_closes_without_a_final_flag_leave_nothing_in_the_stub(fresh_server, tmp_path):
+    """Issue 44: a decoupled request that mesh-node closes before the model sent its final flag
+    (execute() raised, or returned responses) drops the stub's per-request allowance entry; before,
+    each such request left one behind for the stub's lifetime."""
+    repo = tmp_path / "repo"
+    write_model(repo, "open_py", LEAVES_REQUESTS_OPEN)
+    config = repo / "open_py" / "config.pbtxt"
+    config.write_text(config.read_text() + "model_transaction_policy { decoupled: true }\n")
+    srv = fresh_server([repo], ["--backend-config", f"python,interpreter={sys.executable}"])
+
+    def stream(x):
+        r = http_request(srv.http_port, "POST", "/v2/models/open_py/generate_stream", json.dumps({"x": [x]}),
+                         timeout=60)
+        return r.status, [json.loads(e[len("data: "):]) for e in r.body.decode().split("\n\n") if e]
+
+    def y(event):
+        return event["y"][0] if isinstance(event["y"], list) else event["y"]
+
+    for x in [1.0] * 6 + [2.0] * 4:
+        status, events = stream(x)
+        assert status == 200 and y(events[0]) == 1.0 and "error" in events[-1], (status, events)
+    status, events = stream(0.0)
+    assert status == 200 and len(events) == 1, events
+    # Only the counting request's own entry is left.
+    assert y(events[0]) == 1.0, events

@@ -97,6 +97,8 @@ class Host(Calls, Plain):
         self.next_free = self.half
         self.alloc_lock = threading.Lock()
         self.calls = itertools.count(1)
+        # BLS is refused in initialize() and finalize(), as Triton's stub refuses it.
+        self.bls_open = False
         self.pending = {}
         self.pending_lock = threading.Lock()
         self.read_lock = threading.Lock()
@@ -112,6 +114,8 @@ class Host(Calls, Plain):
         self.cancelled = set()  # decoupled models: (seq, index) of requests whose client went away
         # decoupled models: answers each open request may still send before mesh-node returns credit
         # (its client took earlier ones); a model's own thread waits at zero, execute() never does.
+        # An entry lives from the request's arrival to its final flag, or to mesh-node closing it
+        # without one (execute() raised or returned responses, the request was rescheduled).
         self.allowance = {}
         self.allowance_cv = threading.Condition()
         self.decoupled = False
@@ -394,6 +398,7 @@ class Host(Calls, Plain):
             result = self.model.initialize(header["args"])
             if isinstance(result, types.CoroutineType):
                 self.loop.run_until_complete(result)
+        self.bls_open = True
         self.decoupled = bool(header.get("decoupled"))
         if self.decoupled:
             # Requests outlive execute(): their inputs are copied out of shared memory.
@@ -443,15 +448,16 @@ class Host(Calls, Plain):
         key = (seq, index)
         final = bool(flags & FINAL)
         with self.allowance_cv:
-            left = self.allowance.setdefault(key, STREAM_ALLOWANCE)
+            # A request mesh-node closed has no entry: what it still sends is not waited for (and
+            # dropped there), and makes no entry again.
             if threading.current_thread() is not threading.main_thread():
-                while left <= 0 and key not in self.cancelled:
+                while self.allowance.get(key, 1) <= 0 and key not in self.cancelled:
                     self.allowance_cv.wait()
-                    left = self.allowance.get(key, STREAM_ALLOWANCE)
             if final:
                 self.allowance.pop(key, None)
-            else:
-                self.allowance[key] = left - 1
+                self.cancelled.discard(key)
+            elif key in self.allowance:
+                self.allowance[key] -= 1
         blobs, blob_len = [], [0]
         desc = None if response is None else self.response_desc(response, blobs, blob_len, wanted, inline=True)
         self.send({"op": "stream", "seq": seq, "index": index, "flags": flags, "response": desc}, blobs)
@@ -462,6 +468,8 @@ class Host(Calls, Plain):
         seq = header["seq"]
         requests = self.requests_of(header, blob)
         senders = []
+        with self.allowance_cv:
+            self.allowance.update(((seq, i), STREAM_ALLOWANCE) for i in range(len(requests)))
         for i, req in enumerate(requests):
             cancelled = lambda key=(seq, i): key in self.cancelled
             wanted = req._client_wanted
@@ -481,15 +489,28 @@ class Host(Calls, Plain):
         except Exception as e:  # noqa: BLE001 - fails the requests still open, not the stub
             for sender in senders:
                 sender._closed = True
+            self.forget(seq, range(len(requests)))
             return {"op": "executed", "seq": seq, "error": self.failure(e)}, []
         if result is not None:
             # As Triton: the requests still open fail (those that sent their final flag are done).
             for sender in senders:
                 sender.close()
+            self.forget(seq, range(len(requests)))
             message = (f"Failed to process the request(s) for model '{self.instance_name}', message: Python model "
                        f"'{self.model_name}' is using the decoupled mode and the execute function must return None.")
             return {"op": "executed", "seq": seq, "error": message}, []
-        return {"op": "executed", "seq": seq, "reschedule": rescheduled(requests)}, []
+        again = rescheduled(requests)
+        self.forget(seq, again)  # they come back in a later execution, under its number
+        return {"op": "executed", "seq": seq, "reschedule": again}, []
+
+    def forget(self, seq, indices):
+        """Requests of execution `seq` that mesh-node closes without their final flag: their
+        allowance and cancellation entries go, and a thread waiting to send on one goes on."""
+        with self.allowance_cv:
+            for i in indices:
+                self.allowance.pop((seq, i), None)
+                self.cancelled.discard((seq, i))
+            self.allowance_cv.notify_all()
 
     def failure(self, e):
         """An exception of execute() as Triton reports it: the instance, the exception, and where
@@ -554,6 +575,7 @@ class Host(Calls, Plain):
                 elif op == "initialize":
                     reply = self.initialize(header)
                 elif op == "finalize":
+                    self.bls_open = False
                     if self.model is not None and hasattr(self.model, "finalize"):
                         self.model.finalize()
                     self.send({"op": "ok"})

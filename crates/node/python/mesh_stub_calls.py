@@ -93,6 +93,9 @@ class ResponseIterator:
 
 class Calls:
     def bls_message(self, request):
+        if not self.bls_open:
+            import triton_python_backend_utils as pb_utils
+            raise pb_utils.TritonModelException("BLS is only supported during the 'execute' function.")
         blobs, blob_len = [], [0]
         call_id = next(self.calls)
         version = request.model_version
