@@ -122,7 +122,7 @@ def kill_under_request(cluster, model, x, gate):
     """Sends one gated sleep request through the router, kills the node running it while it sleeps,
     then opens the gate (a run elsewhere ends at once); returns (the killed node, the other node, the
     other's counts before, the async result)."""
-    http = httpclient.InferenceServerClient(cluster.router.http_url, network_timeout=120)
+    http = httpclient.InferenceServerClient(cluster.router.http_url, network_timeout=120, concurrency=4)
     before = {n: stats(cluster, n, model) for n in NODES}
     pending = http.async_infer(model, sleep_inputs(x), parameters={"gate": str(gate)})
     victim = runner(cluster)
@@ -204,7 +204,7 @@ def test_sigterm_drains_a_node_while_its_running_request_finishes_there(both_up,
     the running request finishes on it with its answer (once the test opens its gate), then the
     router releases it and it exits."""
     cluster = both_up
-    http = httpclient.InferenceServerClient(cluster.router.http_url, network_timeout=120)
+    http = httpclient.InferenceServerClient(cluster.router.http_url, network_timeout=120, concurrency=4)
     try:
         r0 = retries(cluster)
         pending = http.async_infer("sleep_py", sleep_inputs(43.0), parameters={"gate": str(gate)})
