@@ -245,7 +245,7 @@ pub struct ListenArgs {
 
 /// A header-forward pattern, compiled to match case-insensitively as Triton's does (`MY_HEADER.*`
 /// matches `my_header_1`); `(?-i)` in the pattern makes it case-sensitive. Names arrive in lower case.
-pub fn forward_pattern(flag: &str, pattern: &Option<String>) -> Result<Option<regex::Regex>, String> {
+fn forward_pattern(flag: &str, pattern: &Option<String>) -> Result<Option<regex::Regex>, String> {
     pattern
         .as_deref()
         .map(|p| {

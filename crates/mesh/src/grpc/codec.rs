@@ -7,7 +7,7 @@ use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::proto::{self, infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor};
 use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
-use crate::shm::{SharedMemory, ShmOutputs};
+use crate::shm::{SharedMemory, ShmInUse};
 use crate::tensor::{NamedTensor, Tensor};
 
 fn params_in(map: HashMap<String, proto::InferParameter>) -> Params {
@@ -50,8 +50,8 @@ fn params_out(params: &Params) -> HashMap<String, proto::InferParameter> {
 
 /// Builds an InferRequest; inputs come from a shared-memory region their parameters name, from
 /// `raw_input_contents` by position (the inputs without a region, in order), or from typed
-/// `contents`. Also answers the outputs to be written to shared memory.
-pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Result<(InferRequest, ShmOutputs)> {
+/// `contents`. Also answers the regions it uses (outputs to write, inputs held until the answer is out).
+pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Result<(InferRequest, ShmInUse)> {
     let raw = msg.raw_input_contents;
     let mut inputs = Vec::with_capacity(msg.inputs.len());
     let mut regions = Vec::with_capacity(msg.inputs.len());
@@ -71,7 +71,7 @@ pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Resu
         )));
     }
     let mut raw = raw.into_iter();
-    let mut written = ShmOutputs::new();
+    let mut in_use = ShmInUse::new();
     for (input, region) in msg.inputs.into_iter().zip(regions) {
         let name = input.name;
         let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
@@ -83,7 +83,7 @@ pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Resu
             }
             (Some(region), None) => {
                 let data = region.read_input(&msg.model_name, &name, dtype, &input.shape)?;
-                written.hold_input(region);
+                in_use.hold_input(region);
                 data
             }
             (None, contents) => match (raw.next(), contents) {
@@ -112,7 +112,7 @@ pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Resu
                     o.name
                 )));
             }
-            written.push_output(o.name.clone(), region);
+            in_use.push_output(o.name.clone(), region);
         }
         outputs.push(RequestedOutput {
             name: o.name,
@@ -127,7 +127,7 @@ pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Resu
         outputs,
         parameters: params_in(msg.parameters),
     };
-    Ok((request, written))
+    Ok((request, in_use))
 }
 
 /// Typed `contents` to wire bytes, with range checks for narrow integer types.
@@ -201,7 +201,7 @@ pub fn load_options(params: HashMap<String, proto::ModelRepositoryParameter>) ->
 /// Builds the reply with every output in `raw_output_contents`, as tritonclient expects; an
 /// output the request put in shared memory is written there and its entry left empty (Triton's
 /// answer).
-pub fn encode_response(resp: InferResponse, shm: &ShmOutputs) -> Result<proto::ModelInferResponse> {
+pub fn encode_response(resp: InferResponse, shm: &ShmInUse) -> Result<proto::ModelInferResponse> {
     let mut outputs = Vec::with_capacity(resp.outputs.len());
     let mut raw = Vec::with_capacity(resp.outputs.len());
     for o in resp.outputs {
@@ -350,7 +350,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let m = encode_response(resp, &ShmOutputs::new()).unwrap();
+        let m = encode_response(resp, &ShmInUse::new()).unwrap();
         assert_eq!(m.outputs[0].datatype, "UINT16");
         assert_eq!(m.raw_output_contents[0].as_ref(), &[3, 0]);
     }

@@ -125,14 +125,14 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         // The name is copied (for the trace) only while anything traces.
         let model = front::active().then(|| msg.model_name.clone());
         let served = async {
-            let (mut request, written) = codec::decode_request(msg, &self.shm)?;
+            let (mut request, in_use) = codec::decode_request(msg, &self.shm)?;
             if let Some(pattern) = &self.forward {
                 codec::forward_metadata(pattern, &metadata, &mut request.parameters);
             }
             front::stamp(Point::RecvEnd);
             let response = self.dispatch.infer(request).await?;
             front::stamp(Point::SendStart);
-            Ok(Response::new(codec::encode_response(response, &written)?))
+            Ok(Response::new(codec::encode_response(response, &in_use)?))
         };
         crate::busy::around(front::serve(Frontend::Grpc, model.as_deref(), received, served)).await
     }

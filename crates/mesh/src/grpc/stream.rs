@@ -224,7 +224,7 @@ async fn stream_answers<D: Dispatch>(
         id: msg.id.clone(),
         ..Default::default()
     };
-    let (mut request, written) = match codec::decode_request(msg, shm) {
+    let (mut request, in_use) = match codec::decode_request(msg, shm) {
         Ok(decoded) => decoded,
         Err(e) => {
             if let Some(turn) = turn.as_mut() {
@@ -257,7 +257,7 @@ async fn stream_answers<D: Dispatch>(
                 }
             }
             let message = match item.response {
-                Some(Ok(response)) => match codec::encode_response(response, &written) {
+                Some(Ok(response)) => match codec::encode_response(response, &in_use) {
                     Ok(encoded) => Ok(stream_message(String::new(), encoded, item.last)),
                     Err(e) => stream_error(e, &echo, item.last, grpc_errors),
                 },

@@ -9,7 +9,7 @@ use super::json_data;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
-use crate::shm::{SharedMemory, ShmOutputs, ShmRef};
+use crate::shm::{SharedMemory, ShmInUse, ShmRef};
 use crate::tensor::{NamedTensor, Tensor};
 
 #[derive(Deserialize)]
@@ -52,7 +52,7 @@ pub struct OutputFormat {
     pub default_binary: bool,
     pub per_output: Vec<(String, bool)>,
     /// The outputs written to shared memory and the input regions held until the answer is out.
-    pub shm: ShmOutputs,
+    pub shm: ShmInUse,
 }
 
 impl OutputFormat {
@@ -110,7 +110,7 @@ pub fn decode_request(
     let mut parameters = params_from_json(parsed.parameters)?;
     let default_binary = take_bool(&mut parameters, "binary_data_output")?.unwrap_or(false);
     let mut inputs = Vec::with_capacity(parsed.inputs.len());
-    let mut in_use = ShmOutputs::new();
+    let mut in_use = ShmInUse::new();
     for input in parsed.inputs {
         let name = input.name;
         let dtype = DataType::from_wire(&input.datatype).map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
@@ -419,7 +419,7 @@ mod tests {
         let fmt = OutputFormat {
             default_binary: false,
             per_output: vec![("b".into(), true)],
-            shm: ShmOutputs::new(),
+            shm: ShmInUse::new(),
         };
         let (body, hl) = encode_response(&resp, &fmt).unwrap();
         let hl = hl.unwrap();

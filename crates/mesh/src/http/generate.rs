@@ -255,18 +255,13 @@ pub async fn generate_stream<D: Dispatch>(dispatch: Arc<D>, request: InferReques
     let first = answers.recv().await;
     let first = match first {
         // The model's only answer is an error: its status, the error as the stream's one event.
-        Some(
-            item @ StreamItem {
-                response: Some(Err(_)),
-                last: true,
-                ..
-            },
-        ) => {
-            let status = match &item.response {
-                Some(Err(e)) => e.http_status(),
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            };
-            return event_stream(status, Body::from(event(item).unwrap_or_default()));
+        Some(StreamItem {
+            response: Some(Err(e)),
+            last: true,
+            ..
+        }) => {
+            let status = e.http_status();
+            return event_stream(status, Body::from(answer_event(Err(e))));
         }
         None => None,
         Some(item) => Some(item),
@@ -308,11 +303,15 @@ fn event_stream(status: StatusCode, body: Body) -> Result<Response> {
 
 /// One answer as a server-sent event; a bare final flag is none.
 fn event(item: StreamItem) -> Option<Bytes> {
-    let value = match item.response? {
-        Ok(response) => encode_generate(&response).unwrap_or_else(|e| serde_json::json!({ "error": e.message })),
-        Err(e) => serde_json::json!({ "error": e.message }),
-    };
-    Some(Bytes::from(format!("data: {value}\n\n")))
+    item.response.map(answer_event)
+}
+
+/// An answer, or its error, as one server-sent event.
+fn answer_event(answer: Result<InferResponse>) -> Bytes {
+    let value = answer
+        .and_then(|response| encode_generate(&response))
+        .unwrap_or_else(|e| serde_json::json!({ "error": e.message }));
+    Bytes::from(format!("data: {value}\n\n"))
 }
 
 #[cfg(test)]

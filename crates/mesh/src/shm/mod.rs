@@ -306,12 +306,12 @@ impl SharedMemory {
 /// the input regions it was read from. Both stay in use, as Triton holds them, until the request's
 /// answer is out (the value is dropped), so none can be unregistered meanwhile.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ShmOutputs {
+pub struct ShmInUse {
     outputs: Vec<(String, ShmRef)>,
     inputs: Vec<ShmRef>,
 }
 
-impl ShmOutputs {
+impl ShmInUse {
     pub fn new() -> Self {
         Self::default()
     }
