@@ -73,7 +73,8 @@ def test_bls_to_a_decoupled_model_iterates_its_answers(server, mode):
     t.set_data_from_numpy(np.array([1, 2, 3, 40], np.int32))
     r = c.infer("bls_stream_py", [t], parameters={"mode": mode})
     assert int(r.as_numpy("SUM")[0]) == 46 and int(r.as_numpy("ANSWERS")[0]) == 4
-    # Zero answers (only the final flag): an empty iteration.
+    # Zero answers (only the final flag): the iteration is one empty response, as Triton's
+    # (bls_stream_py fails unless every iteration ends with that empty final response).
     t0 = httpclient.InferInput("IN", [0], "INT32")
     t0.set_data_from_numpy(np.zeros(0, np.int32))
     r = c.infer("bls_stream_py", [t0], parameters={"mode": mode})

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.server]
 
 PY_MODELS = Path(__file__).parent / "python_models"
 MODELS = ["api_py", "async_py", "async_plain_py", "resched_py", "iter_py", "finalize_fails", "seq_sum_py", "bls_api_py",
-          "add_sub_py"]
+          "add_sub_py", "control_py"]
 
 
 @pytest.fixture(scope="module")
@@ -278,3 +278,23 @@ def test_bls_correlation_id_and_flags_reach_a_sequence_model(server):
 
 def test_bls_outputs_outlive_their_response_and_preferred_memory_is_accepted(server):
     assert bls_api(server, "memory") == {"kept": [6.0, 6.0, 6.0, 6.0], "cpu": True}
+
+
+def control(server, what):
+    client = httpclient.InferenceServerClient(server.http_url)
+    return client.infer("control_py", [mode(what)]).as_numpy("OUT")[0].decode()
+
+
+def test_a_model_unloads_and_loads_another_and_asks_whether_it_is_ready(server):
+    """pb_utils.unload_model / load_model / is_model_ready (Triton's bls_request_rescheduling
+    reloads models this way): add_sub_py is ready, then gone (a BLS call to it fails), then back
+    and answering; a model the server does not know, or a version it does not serve, is not ready."""
+    assert control(server, "cycle") == "True False error True [2.0, 2.0, 2.0, 2.0] False False"
+    # It stays loaded for everyone else.
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert client.is_model_ready("add_sub_py")
+
+
+def test_load_model_of_a_missing_model_raises_the_servers_error_in_the_model(server):
+    text = control(server, "missing")
+    assert text.startswith("TritonModelException: ") and "no_such_model" in text, text

@@ -226,7 +226,7 @@ class Host(Calls, Plain):
                 self.cancelled.add((header.get("seq"), header.get("index")))
                 self.allowance_cv.notify_all()
             return
-        if header.get("op") == "metric_reply":
+        if header.get("op") in ("metric_reply", "model_control_reply"):
             with self.pending_lock:
                 done = self.pending.pop(header["call_id"], None)
             if done is not None:
@@ -497,7 +497,7 @@ class Host(Calls, Plain):
                 sender.close()
             self.forget(seq, range(len(requests)))
             message = (f"Failed to process the request(s) for model '{self.instance_name}', message: Python model "
-                       f"'{self.model_name}' is using the decoupled mode and the execute function must return None.")
+                       f"'{self.instance_name}' is using the decoupled mode and the execute function must return None.")
             return {"op": "executed", "seq": seq, "error": message}, []
         again = rescheduled(requests)
         self.forget(seq, again)  # they come back in a later execution, under its number

@@ -9,7 +9,7 @@ import threading
 
 # Frames mesh-node may send while an execute runs, which whoever reads them hands on: answers to a
 # call of this stub (a BLS call or a custom-metric operation), and a request's client going away.
-ANSWERS = ("bls_response", "bls_stream", "metric_reply", "cancel")
+ANSWERS = ("bls_response", "bls_stream", "metric_reply", "model_control_reply", "cancel")
 
 
 class SpinPolicy:
@@ -61,8 +61,10 @@ class SpinPolicy:
 class ResponseIterator:
     """The responses of a decoupled BLS call, as Triton's ResponseIterator: `next()` waits for the
     next one (reading mesh-node's frames itself when the stub has no reader thread) and ends after
-    the final flag; `cancel()` cancels the call: the called model sees `is_cancelled()` and the
-    iterator ends with a CANCELLED error."""
+    the final flag. A bare final flag (the called model's `send(flags=FINAL)` with no response) is
+    the iteration's last item, an InferenceResponse with no outputs, as in Triton. `cancel()`
+    cancels the call: the called model sees `is_cancelled()` and the iterator ends with a
+    CANCELLED error."""
 
     def __init__(self, host, call_id):
         self.host, self.call_id = host, call_id
@@ -81,6 +83,9 @@ class ResponseIterator:
                 self.host.read_until(lambda: not self.answers.empty())
             result, last = self.answers.get()
             self.done = bool(last)
+            if result is None and last:  # the bare final flag: an empty response, as Triton's
+                import triton_python_backend_utils as pb_utils
+                result = pb_utils.InferenceResponse([])
             if result is not None:
                 return result
         raise StopIteration
@@ -184,7 +189,7 @@ class Calls:
         return await self.await_call(call_id, header, blobs, on_answer, future)
 
     def bls_stream(self, request):
-        """A decoupled BLS call: its responses as they arrive (a bare final flag ends them)."""
+        """A decoupled BLS call: its responses as they arrive (the last one after the final flag)."""
         call_id, header, blobs = self.bls_message(request)
         header["decoupled"] = True
         stream = ResponseIterator(self, call_id)
@@ -195,8 +200,26 @@ class Calls:
 
     async def bls_stream_async(self, request):
         """async_exec(decoupled=True): the same iterator as exec(decoupled=True), as Triton's
-        (`next()` waits for the next response; `cancel()` cancels the call)."""
-        return self.bls_stream(request)
+        (`next()` waits for the next response; `cancel()` cancels the call), once the first answer
+        is in: until then the event loop runs other executes and tasks, as in Triton."""
+        import asyncio
+        loop = asyncio.get_running_loop()
+        first = loop.create_future()
+        call_id, header, blobs = self.bls_message(request)
+        header["decoupled"] = True
+        stream = ResponseIterator(self, call_id)
+
+        def resolve():
+            if not first.done():
+                first.set_result(stream)
+
+        def on_answer(result, last):
+            stream.put(result, last)
+            if self.inbox is None:
+                resolve()
+            else:  # the reading thread hands the answer on
+                loop.call_soon_threadsafe(resolve)
+        return await self.await_call(call_id, header, blobs, on_answer, first)
 
     def log(self, level, message, depth=2):
         """A line for the server's log, with the model file and line that wrote it (as Triton's
@@ -208,6 +231,19 @@ class Calls:
         except ValueError:
             pass
         self.send(frame)
+
+    def model_control(self, action, model_name, what, blobs=(), **fields):
+        """`pb_utils.load_model`/`unload_model`/`is_model_ready`: a repository call mesh-node
+        makes for the model (explicit model control applies); its value, or TritonModelException."""
+        import triton_python_backend_utils as pb_utils
+        if not self.bls_open:
+            raise pb_utils.TritonModelException(f"{what} is only supported during the 'execute' function.")
+        call_id = next(self.calls)
+        header = {"op": "model_control", "call_id": call_id, "action": action, "model": model_name, **fields}
+        answer = self.wait_answer(call_id, header, blobs)
+        if answer.get("error") is not None:
+            raise pb_utils.TritonModelException(answer["error"])
+        return answer.get("value")
 
     def metric(self, frame):
         """A custom-metric operation mesh-node answers: its value, or TritonModelException."""

@@ -1,7 +1,8 @@
 """The mesh's own `triton_python_backend_utils`: the API Triton's Python models import as `pb_utils`,
 backed by the mesh stub (mesh_stub.py) instead of Triton's. Written for the mesh from the public API."""
+import enum
 import json
-import math
+import numbers
 import sys
 import threading
 import traceback
@@ -89,11 +90,38 @@ class TritonModelException(Exception):
     pass
 
 
+# Argument checks, as Triton's stub (pybind11) makes them: an argument of the wrong type (None
+# included) is a TypeError naming it; text may also be given as UTF-8 bytes.
+def _text(value, what):
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    return value
+
+
+def _integer(value, what):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    return int(value)
+
+
+def _list(value, what):
+    if value is None or isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{what} must be a list, not {type(value).__name__}")
+    return list(value)
+
+
 class Tensor:
     """A named tensor. Inputs handed to execute() are read-only views of shared memory, valid while
     execute() runs, as in Triton."""
 
     def __init__(self, name, array, _dtype=None):
+        name = _text(name, "Tensor name")
+        if array is None:
+            raise TypeError("Tensor array must be a numpy array, not NoneType")
+        if name == "":
+            raise TritonModelException("Tensor name cannot be an empty string.")
         if not isinstance(array, np.ndarray):
             array = np.asarray(array)
         if array.dtype.kind in ("S", "U"):
@@ -121,7 +149,7 @@ class Tensor:
 
     def to_dlpack(self):
         if self._array.dtype == np.object_:
-            raise TritonModelException("BYTES tensors cannot be exported through DLPack")
+            raise TritonModelException("DLPack does not have support for string tensors.")
         array = self._array
         if not array.flags.writeable:  # inputs are read-only views; DLPack 0.x cannot say so
             array = array.view()
@@ -133,10 +161,26 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name, capsule):
-        if hasattr(capsule, "__dlpack__"):
-            array = np.from_dlpack(capsule)
+        """A tensor from a DLPack capsule or an object with `__dlpack__` and `__dlpack_device__`
+        (CPU memory; C-contiguous), sharing its memory, with Triton's errors."""
+        if _text(name, "Tensor name") == "":
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        if type(capsule).__name__ == "PyCapsule":
+            source = _Capsule(capsule)
+        elif hasattr(capsule, "__dlpack__") and hasattr(capsule, "__dlpack_device__"):
+            source = capsule
         else:
-            array = np.from_dlpack(_Capsule(capsule))
+            raise TritonModelException(
+                "Provided tensor is not supported. Tensor must be a DLPack capsule or have "
+                "`__dlpack__` and `__dlpack_device__` attributes")
+        try:
+            array = np.from_dlpack(source)
+        except BufferError as e:
+            raise TritonModelException(f"DLPack tensor is not supported by the mesh's Python stub: {e}") from e
+        if array.ndim > 1 and not array.flags.c_contiguous:
+            raise TritonModelException(
+                "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored in "
+                "C-Order are supported.")
         return Tensor(name, array)
 
     def __repr__(self):
@@ -179,9 +223,14 @@ class PreferredMemory:
         self.preferred_device_id = preferred_device_id
 
 
+_NO_OUTPUTS = ()  # InferenceResponse's default outputs (an explicit None is a TypeError, as in Triton)
+
+
 class InferenceResponse:
-    def __init__(self, output_tensors=None, error=None, parameters=None):
-        self._outputs = list(output_tensors or [])
+    def __init__(self, output_tensors=_NO_OUTPUTS, error=None, parameters=None):
+        self._outputs = _list(output_tensors, "output_tensors")
+        if any(t is None for t in self._outputs):
+            raise TritonModelException("Output tensor for inference response should not be empty.")
         if error is not None and not isinstance(error, TritonError):
             error = TritonError(str(error))
         self._error = error
@@ -269,20 +318,38 @@ class InferenceTrace:
         return None
 
 
-class InferenceRequest:
-    """A request: the ones execute() receives, and the ones a model builds for BLS."""
+_NO_INPUTS = ()  # InferenceRequest's default inputs and output names (None is a TypeError)
 
-    def __init__(self, model_name="", requested_output_names=None, inputs=None, request_id="",
+
+class InferenceRequest:
+    """A request: the ones execute() receives, and the ones a model builds for BLS. Its arguments
+    are checked as Triton's are (TypeError for a wrong type, None included)."""
+
+    def __init__(self, model_name="", requested_output_names=_NO_INPUTS, inputs=_NO_INPUTS, request_id="",
                  correlation_id=0, model_version=-1, flags=0, timeout=0, preferred_memory=None,
                  parameters=None, trace=None):
+        model_name = _text(model_name, "model_name")
+        request_id = _text(request_id, "request_id")
+        inputs = [] if inputs is _NO_INPUTS else _list(inputs, "inputs")
+        if any(t is None for t in inputs):
+            raise TritonModelException(
+                f"Input tensor for request with id '{request_id}' and model name '{model_name}' should "
+                "not be empty.")
+        requested = [] if requested_output_names is _NO_INPUTS else _list(requested_output_names,
+                                                                            "requested_output_names")
+        requested = [_text(n, "a requested output name") for n in requested]
+        if not isinstance(correlation_id, (str, bytes)):
+            correlation_id = _integer(correlation_id, "correlation_id")
+        elif isinstance(correlation_id, bytes):
+            correlation_id = correlation_id.decode("utf-8")
         self.model_name = model_name
-        self._requested = list(requested_output_names or [])
-        self._inputs = list(inputs or [])
+        self._requested = requested
+        self._inputs = inputs
         self._request_id = request_id
         self._correlation_id = correlation_id
-        self.model_version = model_version
-        self._flags = flags
-        self._timeout = int(timeout or 0)
+        self.model_version = _integer(model_version, "model_version")
+        self._flags = _integer(flags, "flags")
+        self._timeout = _integer(timeout, "timeout")
         self.preferred_memory = preferred_memory
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         if parameters is None:
@@ -338,7 +405,7 @@ class InferenceRequest:
 
     def exec(self, decoupled=False):
         """Runs the request on another model. With decoupled=True, an iterator of the responses
-        the model sends (zero or more; a bare final flag ends it), as they arrive."""
+        the model sends, as they arrive (a bare final flag is the last, with no outputs)."""
         if decoupled:
             return _host().bls_stream(self)
         return _host().bls(self)
@@ -348,14 +415,15 @@ class InferenceRequest:
         return _host().bls_stream(self)
 
     async def async_exec(self, decoupled=False):
-        """exec() as a coroutine; with decoupled=True it resolves to an iterator of every response,
-        once the model has sent its final flag."""
+        """exec() as a coroutine; with decoupled=True it resolves to the iterator of the
+        responses once the first one is in."""
         if decoupled:
             return await _host().bls_stream_async(self)
         return await _host().bls_async(self)
 
 
-class LogLevel:
+class LogLevel(enum.Enum):
+    """A log line's level (an enum, as Triton's: Logger.log(message, 1) is a TypeError)."""
     INFO = 0
     WARNING = 1
     ERROR = 2
@@ -373,111 +441,25 @@ class Logger:
 
     @staticmethod
     def log(message, level=LogLevel.INFO):
-        _host().log(Logger._NAMES.get(level, "info"), message)
+        if not isinstance(level, LogLevel):
+            raise TypeError(f"level must be a pb_utils.LogLevel, not {type(level).__name__}")
+        _host().log(Logger._NAMES[level], _text(message, "message"))
 
     @staticmethod
     def log_info(message):
-        _host().log("info", message)
+        _host().log("info", _text(message, "message"))
 
     @staticmethod
     def log_warn(message):
-        _host().log("warn", message)
+        _host().log("warn", _text(message, "message"))
 
     @staticmethod
     def log_error(message):
-        _host().log("error", message)
+        _host().log("error", _text(message, "message"))
 
     @staticmethod
     def log_verbose(message):
-        _host().log("verbose", message)
-
-
-class MetricFamily:
-    """A custom metric family, exported on the server's /metrics beside Triton's. Families of the
-    same name share their metrics (the first description stays); a family lives while any object
-    for it does."""
-    COUNTER = 0
-    GAUGE = 1
-    HISTOGRAM = 2
-
-    def __init__(self, name, description, kind):
-        if kind not in (MetricFamily.COUNTER, MetricFamily.GAUGE, MetricFamily.HISTOGRAM):
-            raise TritonModelException("kind must be MetricFamily.COUNTER, GAUGE or HISTOGRAM")
-        self._name = str(name)
-        self._kind = kind
-        _host().metric({"action": "family", "family": self._name, "description": str(description), "kind": kind})
-        self._live = True
-
-    def Metric(self, labels=None, buckets=None):  # noqa: N802 - Triton's name
-        return Metric(self, labels, buckets)
-
-    def __del__(self):
-        if getattr(self, "_live", False):
-            _host().metric_later({"action": "family_drop", "family": self._name})
-
-
-class Metric:
-    """One labelled metric of a family: increment/set for counters and gauges (a counter only goes
-    up), observe for histograms, value() for counters and gauges."""
-
-    def __init__(self, family, labels=None, buckets=None):
-        import weakref
-        labels = dict(labels or {})
-        if any(not isinstance(k, str) or not isinstance(v, str) for k, v in labels.items()):
-            raise TritonModelException("metric labels must map strings to strings")
-        self._family = weakref.ref(family)
-        self._name = family._name
-        self._kind = family._kind
-        self._labels = labels
-        frame = {"action": "metric", "family": self._name, "labels": labels}
-        if self._kind == MetricFamily.HISTOGRAM:
-            if buckets is None:
-                raise TritonModelException("a histogram metric needs buckets")
-            frame["buckets"] = [float(b) for b in buckets]
-            if not all(math.isfinite(b) for b in frame["buckets"]):
-                raise TritonModelException("histogram buckets must be finite numbers (+Inf is implied)")
-        _host().metric(frame)
-        self._live = True
-
-    def _op(self, action, value=None, wait=False):
-        if self._family() is None:
-            raise TritonModelException(
-                "Invalid metric operation as the corresponding 'MetricFamily' has been deleted.")
-        frame = {"action": action, "family": self._name, "labels": self._labels}
-        if value is not None:
-            value = float(value)
-            # NaN and infinities are not JSON: they travel as text ('nan', 'inf', '-inf').
-            frame["value"] = value if math.isfinite(value) else repr(value)
-        if wait:
-            return _host().metric(frame)
-        _host().metric_later(frame, flush=True)
-        return None
-
-    def increment(self, value):
-        if self._kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("increment() is not supported on a histogram metric")
-        if self._kind == MetricFamily.COUNTER and value < 0:
-            raise TritonModelException("a counter metric cannot be incremented by a negative value")
-        self._op("increment", value)
-
-    def set(self, value):
-        if self._kind != MetricFamily.GAUGE:
-            raise TritonModelException("set() is only supported on a gauge metric")
-        self._op("set", value)
-
-    def observe(self, value):
-        if self._kind != MetricFamily.HISTOGRAM:
-            raise TritonModelException("observe() is only supported on a histogram metric")
-        self._op("observe", value)
-
-    def value(self):
-        if self._kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("value() is not supported on a histogram metric")
-        return self._op("value", wait=True)
-
-    def __del__(self):
-        if getattr(self, "_live", False):
-            _host().metric_later({"action": "metric_drop", "family": self._name, "labels": self._labels})
+        _host().log("verbose", _text(message, "message"))
 
 
 class ModelConfig:
@@ -523,6 +505,35 @@ class ModelConfig:
         self._config["model_transaction_policy"] = dict(transaction_policy_dict)
 
 
+def load_model(model_name, config="", files=None):
+    """Loads (or reloads) a model, as a client's repository load does (explicit model control):
+    `config` a JSON config replacing config.pbtxt, `files` {"file:<version>/<name>": bytes}."""
+    model_name = _text(model_name, "model_name")
+    config = _text(config, "config")
+    blobs, described, at = [], [], 0
+    for path, content in (files or {}).items():
+        content = bytes(content)
+        described.append([_text(path, "a file name"), at, len(content)])
+        blobs.append(content)
+        at += len(content)
+    if described and not config:
+        raise TritonModelException("load_model: files need a config")
+    _host().model_control("load", model_name, "load_model", blobs, config=config, files=described)
+
+
+def unload_model(model_name, unload_dependents=False):
+    """Unloads a model, as a client's repository unload does (explicit model control)."""
+    _host().model_control("unload", _text(model_name, "model_name"), "unload_model",
+                          unload_dependents=bool(unload_dependents))
+
+
+def is_model_ready(model_name, model_version=""):
+    """Whether a model (its default version, or `model_version`) is ready: False for one the
+    server does not know."""
+    return bool(_host().model_control("ready", _text(model_name, "model_name"), "is_model_ready",
+                                      version=_text(model_version, "model_version")))
+
+
 def _host():
     host = sys.modules.get("mesh_stub_host")
     if host is None:
@@ -532,3 +543,7 @@ def _host():
 
 def format_exception():
     return "".join(traceback.format_exc())
+
+
+# Custom metrics live in their own module (it reaches this one's _host and TritonModelException).
+from mesh_pb_metrics import Metric, MetricFamily  # noqa: E402,F401 - pb_utils' names

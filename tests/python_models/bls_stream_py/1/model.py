@@ -23,11 +23,14 @@ class TritonPythonModel:
                 answers = ([first] if first is not None else []) + list(stream)
             else:
                 answers = list(call.exec(decoupled=True))
+            # The bare final flag of repeat_py is the last answer, with no outputs (as Triton's).
+            if not answers or answers[-1].has_error() or answers[-1].output_tensors():
+                raise pb_utils.TritonModelException("the last answer is not the empty final response")
             errors = [a.error().message() for a in answers if a.has_error()]
             if errors:
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError("; ".join(errors)))
             else:
-                outs = [int(pb_utils.get_output_tensor_by_name(a, "OUT").as_numpy()[0]) for a in answers]
+                outs = [int(pb_utils.get_output_tensor_by_name(a, "OUT").as_numpy()[0]) for a in answers[:-1]]
                 response = pb_utils.InferenceResponse([pb_utils.Tensor("SUM", np.array([sum(outs)], np.int32)),
                                                        pb_utils.Tensor("ANSWERS", np.array([len(outs)], np.int32))])
             if self.decoupled:

@@ -177,12 +177,79 @@ fn encode_inline(t: &NamedTensor, blob: &mut Vec<u8>) -> Value {
     desc
 }
 
+/// `pb_utils.load_model`, `unload_model` and `is_model_ready` from a model's `execute`: the
+/// repository calls clients make (so explicit model control applies, with its errors), run on the
+/// runtime, never on the instance's thread, and answered to the waiting stub. `load` may carry a
+/// config (JSON) and `file:` overrides whose bytes are in the frame's blob.
+fn control(ctx: &Arc<PythonContext>, to: &Answers, frame: Value, blob: &[u8]) {
+    let call_id = frame["call_id"].clone();
+    let to = to.clone();
+    let answer = move |result: Result<Value>| {
+        let header = match result {
+            Ok(value) => json!({"op": "model_control_reply", "call_id": call_id, "value": value}),
+            Err(e) => json!({
+                "op": "model_control_reply", "call_id": call_id, "error": e.message, "code": triton_code(e.code),
+            }),
+        };
+        reply(&to.writer, &header, &[]);
+    };
+    let Some(dispatch) = ctx.dispatch.get().and_then(|w| w.upgrade()) else {
+        return answer(Err(Error::unavailable(
+            "the node is not serving (starting or shutting down)",
+        )));
+    };
+    let name = frame["model"].as_str().unwrap_or_default().to_string();
+    let mut files = Vec::new();
+    for f in frame["files"].as_array().into_iter().flatten() {
+        let (path, at, len) = (f[0].as_str(), f[1].as_u64(), f[2].as_u64());
+        let bytes = match (path, at, len) {
+            (Some(path), Some(at), Some(len)) => usize::try_from(at)
+                .ok()
+                .zip(usize::try_from(len).ok())
+                .and_then(|(at, len)| blob.get(at..at.checked_add(len)?))
+                .map(|b| (path.to_string(), bytes::Bytes::copy_from_slice(b))),
+            _ => None,
+        };
+        match bytes {
+            Some(file) => files.push(file),
+            None => {
+                return answer(Err(Error::invalid(
+                    "load_model: a file override lies outside its frame",
+                )))
+            }
+        }
+    }
+    ctx.runtime.spawn(async move {
+        let result = match frame["action"].as_str() {
+            Some("load") => {
+                let config = frame["config"].as_str().filter(|c| !c.is_empty()).map(str::to_string);
+                let options = mesh::LoadOptions { config, files };
+                dispatch.load_model(&name, options).await.map(|()| Value::Null)
+            }
+            Some("unload") => {
+                let dependents = frame["unload_dependents"].as_bool().unwrap_or(false);
+                dispatch.unload_model(&name, dependents).await.map(|()| Value::Null)
+            }
+            // Triton's ServerModelIsReady: false, not an error, for a model it does not know.
+            Some("ready") => {
+                let version = frame["version"].as_str().unwrap_or_default();
+                Ok(Value::Bool(dispatch.model(&name, version).is_ok_and(|v| v.ready)))
+            }
+            other => Err(Error::invalid(format!("unknown model-control action {other:?}"))),
+        };
+        answer(result);
+    });
+}
+
 /// Runs one BLS call through the node's Dispatch. The inputs are copied out of shared memory now.
 /// A blocking `exec()` of a model that is not routed runs right here on the instance's thread,
 /// which waits for it anyway: the model it calls (ONNX, or Python when its instance is idle) then
 /// runs on this thread too, with no hand-off. Other calls go to the runtime so they overlap. A
 /// decoupled call (`exec(decoupled=True)`) streams each answer back as it comes.
 pub fn start(ctx: &Arc<PythonContext>, to: &Answers, frame: Value, blob: &[u8]) {
+    if frame["op"] == "model_control" {
+        return control(ctx, to, frame, blob);
+    }
     let call_id = frame["call_id"].clone();
     // Made with `trace=request.trace()` of a traced request: traced as its child.
     let parent = frame["trace"].as_u64();

@@ -188,7 +188,7 @@ pub(super) fn read_stub(
                     tracing::warn!(instance = %label, "ignoring an answer for request {key:?}, which is not open");
                 }
             }
-            Some("bls") => bls::start(&ctx, &answers, frame, &blob),
+            Some("bls" | "model_control") => bls::start(&ctx, &answers, frame, &blob),
             Some("bls_cancel") => bls::cancel(&answers, &frame),
             Some("log") => log(&label, &frame),
             Some("metric") => super::metric(&answers, &frame),

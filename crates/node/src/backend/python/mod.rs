@@ -261,7 +261,8 @@ impl PythonBackend {
                 }
             };
             match frame["op"].as_str() {
-                Some("bls") => {
+                // A BLS call or a model-control call (`pb_utils.load_model`, ...).
+                Some("bls" | "model_control") => {
                     // The model's later requests go to its executor thread (`may_wait_inline`).
                     self.calls_node = true;
                     if !crate::backend::thread_may_block() && on_multi_thread_runtime() {

@@ -20,6 +20,7 @@ const STUB_PY: &str = include_str!("../../../python/mesh_stub.py");
 const CALLS_PY: &str = include_str!("../../../python/mesh_stub_calls.py");
 const PLAIN_PY: &str = include_str!("../../../python/mesh_stub_plain.py");
 const UTILS_PY: &str = include_str!("../../../python/triton_python_backend_utils.py");
+const METRICS_PY: &str = include_str!("../../../python/mesh_pb_metrics.py");
 const TENSORFLOW_PY: &str = include_str!("../../../python/mesh_tensorflow.py");
 /// How long a new stub may take to import numpy and connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -40,6 +41,7 @@ fn runtime_dir() -> Result<&'static Path, String> {
                 ("mesh_stub_calls.py", CALLS_PY),
                 ("mesh_stub_plain.py", PLAIN_PY),
                 ("triton_python_backend_utils.py", UTILS_PY),
+                ("mesh_pb_metrics.py", METRICS_PY),
                 ("mesh_tensorflow.py", TENSORFLOW_PY),
             ] {
                 let mut f = std::fs::OpenOptions::new()
