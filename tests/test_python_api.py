@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.server]
 
 PY_MODELS = Path(__file__).parent / "python_models"
 MODELS = ["api_py", "async_py", "async_plain_py", "resched_py", "iter_py", "finalize_fails", "seq_sum_py", "bls_api_py",
-          "add_sub_py", "control_py"]
+          "add_sub_py", "control_py", "bls_gather_py"]
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +181,9 @@ def test_without_triton_grpc_error_errors_stay_in_the_stream(server):
         client.stop_stream()
 
 
-def async_stream(server, requests):
-    """Sends (gather, fail) requests to the decoupled async_py on one stream; answers by request id."""
+def async_stream(server, requests, model="async_py"):
+    """Sends (gather, fail) requests to the decoupled async_py (or a model passing them on to it) on
+    one stream; answers by request id."""
     answers = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
@@ -194,7 +195,7 @@ def async_stream(server, requests):
                 t = grpcclient.InferInput(name, [1], "INT32")
                 t.set_data_from_numpy(np.array([v], np.int32))
                 inputs.append(t)
-            client.async_stream_infer("async_py", inputs, request_id=str(n))
+            client.async_stream_infer(model, inputs, request_id=str(n))
         while len(got) < len(requests):
             result, error = answers.get(timeout=60)
             if error is not None:
@@ -210,6 +211,13 @@ def test_a_decoupled_async_execute_runs_several_executions_at_once(server):
     # Each request waits until three are in flight at once: only overlapping executions get there
     # (one at a time, each would give up after 20 s having seen one).
     assert async_stream(server, [(3, 0)] * 3) == {"0": 3, "1": 3, "2": 3}
+
+
+def test_awaiting_a_decoupled_bls_call_lets_other_executes_run(server):
+    """Triton's concurrent_execute_multi_request_bls: `await async_exec(decoupled=True)` returns
+    once the first answer is in, so bls_gather_py's three executes all reach async_py, which sees
+    three at once (an await that returned at once would block the loop in next(): one each)."""
+    assert async_stream(server, [(3, 0)] * 3, model="bls_gather_py") == {"0": 3, "1": 3, "2": 3}
 
 
 def test_a_decoupled_async_execute_that_raises_fails_only_its_own_request(server):

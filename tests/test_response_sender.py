@@ -233,8 +233,9 @@ def test_one_batch_mixes_returned_early_and_late_answers(server):
 
 def test_a_decoupled_execute_that_returns_responses_fails_its_open_requests(server):
     [answer] = stream(server, "sender_decoupled", inputs(returned=1))
-    # Triton names the instance (L0_backend_python's decoupled test asserts this sentence).
-    assert ("Python model 'sender_decoupled_0_0' is using the decoupled mode and the execute function must "
+    # Triton names the instance (L0_backend_python's decoupled test asserts this sentence; an
+    # implicit instance group's instance is '<model>_0', as Triton 2.51 names it).
+    assert ("Python model 'sender_decoupled_0' is using the decoupled mode and the execute function must "
             "return None.") in answer
     # A request whose sender finished before the return keeps its answers, and gets no error.
     assert stream(server, "sender_decoupled", inputs(before=1, final_before=1, returned=1)) == [1000]
