@@ -132,6 +132,27 @@ def test_the_count_runs_out_and_the_traces_are_written_at_once(fresh_server, mod
     assert not trace_file.exists(), "nothing was left to write at exit"
 
 
+def test_each_setting_writes_its_own_traces(fresh_server, models_dir, tmp_path):
+    """Triton's L0_trace (count): traces held by a setting stay with it when a change makes a new
+    one; the new setting writes only its own to trace_file.0 when its count runs out, and the
+    first setting's traces go to trace_file at exit."""
+    trace_file = tmp_path / "trace.json"
+    args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=1"]
+    server = fresh_server([repo_with_add_sub(models_dir, tmp_path)], args, wait_models=["add_sub"])
+    for n in range(4):
+        infer(server, f"before{n}")
+    status, body = post(server, "/v2/trace/setting", {"trace_count": "2"})
+    assert (status, body["trace_count"]) == (200, "2")
+    for n in range(3):
+        infer(server, f"after{n}")
+    ids = lambda path: [e["request_id"] for e in json.loads(path.read_text()) if "request_id" in e]  # noqa: E731
+    assert ids(tmp_path / "trace.json.0") == ["after0", "after1"]
+    assert server.stop() == 0
+    assert ids(trace_file) == [f"before{n}" for n in range(4)]
+    assert not (tmp_path / "trace.json.1").exists()
+
+
 def test_the_rate_th_request_is_traced_with_the_frontends_timestamps(fresh_server, models_dir, tmp_path):
     """trace_rate 2 traces the 2nd and 4th requests (Triton takes the N-th of every N). Each trace
     carries its frontend's stamps around the core ones, as Triton's trace docs show them."""
@@ -201,7 +222,8 @@ class TritonPythonModel:
 def test_a_bls_call_made_with_request_trace_is_traced_as_its_child(fresh_server, models_dir, tmp_path):
     """python_backend's `request.trace()`: a BLS request made with `trace=request.trace()` is traced
     as the calling request's child (`parent_id`), even where its model's own setting traces
-    nothing; a BLS request without it follows its model's setting."""
+    nothing; a BLS request without it is not traced, as in Triton, which samples only the
+    requests clients make (add_sub's setting would trace every one of its own)."""
     repo = repo_with_add_sub(models_dir, tmp_path)
     (repo / "bls_traced" / "1").mkdir(parents=True)
     (repo / "bls_traced" / "1" / "model.py").write_text(BLS_TRACED)
@@ -214,14 +236,84 @@ def test_a_bls_call_made_with_request_trace_is_traced_as_its_child(fresh_server,
     args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
             "--trace-config", "rate=1", "--backend-config", f"python,interpreter={sys.executable}"]
     server = fresh_server([repo], args, wait_models=["add_sub", "bls_traced"])
-    status, _ = post(server, "/v2/models/add_sub/trace/setting", {"trace_level": ["OFF"]})
-    assert status == 200
     client = httpclient.InferenceServerClient(server.http_url)
-    np.testing.assert_array_equal(client.infer("bls_traced", ones(httpclient), request_id="outer").as_numpy("OUTPUT0"),
-                                  np.full((1, 16), 2, np.float32))
+    for level in (["TIMESTAMPS"], ["OFF"]):
+        status, _ = post(server, "/v2/models/add_sub/trace/setting", {"trace_level": level, "trace_rate": "1"})
+        assert status == 200
+        answer = client.infer("bls_traced", ones(httpclient), request_id="outer").as_numpy("OUTPUT0")
+        np.testing.assert_array_equal(answer, np.full((1, 16), 2, np.float32))
     assert server.stop() == 0
-    heads = {e["request_id"]: e for e in json.loads(trace_file.read_text()) if "request_id" in e}
-    assert set(heads) == {"outer", "child"}, heads
-    assert heads["child"]["model_name"] == "add_sub"
-    assert heads["child"]["parent_id"] == heads["outer"]["id"], heads
-    assert "parent_id" not in heads["outer"]
+    heads = [e for e in json.loads(trace_file.read_text()) if "request_id" in e]
+    assert sorted(e["request_id"] for e in heads) == ["child", "child", "outer", "outer"], heads
+    outer = {e["id"] for e in heads if e["request_id"] == "outer"}
+    for child in (e for e in heads if e["request_id"] == "child"):
+        assert child["model_name"] == "add_sub" and child["parent_id"] in outer, heads
+    assert all("parent_id" not in e for e in heads if e["request_id"] == "outer")
+
+
+BLS_ENSEMBLE = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            inputs = [pb_utils.get_input_tensor_by_name(r, n) for n in ("INPUT0", "INPUT1")]
+            # The model name as numpy gives it (bytes), as Triton's qa model bls_simple passes it.
+            name = np.array([b"ens"], np.object_)[0]
+            call = pb_utils.InferenceRequest(model_name=name, requested_output_names=["OUTPUT0"],
+                                             inputs=inputs, request_id="child", trace=r.trace()).exec()
+            assert not call.has_error(), call.error().message()
+            out.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(call, "OUTPUT0")]))
+        return out
+'''
+
+
+def test_an_ensemble_is_traced_with_its_steps_as_children_and_only_clients_requests_are_sampled(
+        fresh_server, models_dir, tmp_path):
+    """Triton's L0_trace (rate 4, four requests to a BLS model calling an ensemble with
+    `trace=request.trace()`): only the requests clients make are sampled, so exactly the fourth is
+    traced, with its ensemble as its child and the ensemble's step as the ensemble's child; the
+    ensemble has no compute timestamps of its own."""
+    repo = repo_with_add_sub(models_dir, tmp_path)
+    (repo / "bls_ens" / "1").mkdir(parents=True)
+    (repo / "bls_ens" / "1" / "model.py").write_text("import numpy as np\n" + BLS_ENSEMBLE)
+    (repo / "bls_ens" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
+        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]\n')
+    (repo / "ens" / "1").mkdir(parents=True)
+    (repo / "ens" / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
+        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1 '
+        'input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" } '
+        'output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }\n')
+    trace_file = tmp_path / "trace.json"
+    args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=4", "--trace-config", "count=6",
+            "--backend-config", f"python,interpreter={sys.executable}"]
+    server = fresh_server([repo], args, wait_models=["add_sub", "ens", "bls_ens"])
+    client = httpclient.InferenceServerClient(server.http_url)
+    for n in range(4):
+        answer = client.infer("bls_ens", ones(httpclient), request_id=f"outer{n}").as_numpy("OUTPUT0")
+        np.testing.assert_array_equal(answer, np.full((1, 16), 2, np.float32))
+    assert server.stop() == 0
+    entries = json.loads(trace_file.read_text())
+    heads = {e["id"]: e for e in entries if "model_name" in e}
+    assert sorted(e["model_name"] for e in heads.values()) == ["add_sub", "bls_ens", "ens"], heads
+    by_model = {e["model_name"]: e for e in heads.values()}
+    assert by_model["bls_ens"]["request_id"] == "outer3" and "parent_id" not in by_model["bls_ens"]
+    assert by_model["ens"]["parent_id"] == by_model["bls_ens"]["id"], heads
+    assert by_model["add_sub"]["parent_id"] == by_model["ens"]["id"], heads
+    stamps = {}
+    for e in entries:
+        for t in e.get("timestamps", []):
+            stamps.setdefault(heads[e["id"]]["model_name"], set()).add(t["name"])
+    assert "COMPUTE_INPUT_END" in stamps["bls_ens"] and "COMPUTE_INPUT_END" in stamps["add_sub"], stamps
+    assert not any(s.startswith("COMPUTE") for s in stamps["ens"]), stamps
+    assert {"REQUEST_START", "REQUEST_END"} <= stamps["ens"], stamps

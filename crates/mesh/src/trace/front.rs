@@ -104,7 +104,7 @@ pub(super) fn claim(trace: &Trace) -> bool {
     FRONT
         .try_with(|f| {
             let mut slot = f.trace.locked();
-            let ours = slot.is_none() && f.model == trace.model;
+            let ours = slot.is_none() && trace.parent_id.is_none() && f.model == trace.model;
             if ours {
                 *slot = Some(trace.clone());
             }

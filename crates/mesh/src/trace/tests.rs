@@ -1,5 +1,12 @@
-//! Tests of trace settings (defaults, refusals, rate and count, log frequency, flags) and the trace clock.
+//! Tests of trace settings (defaults, refusals, rate and count, log frequency, flags), which file
+//! each setting's traces go to, and the trace clock.
 use super::*;
+
+/// The one file due.
+fn one(mut due: Vec<tracer::Write>) -> tracer::Write {
+    assert_eq!(due.len(), 1, "one file due: {due:?}");
+    due.pop().unwrap()
+}
 
 fn set(key: &str, value: &str) -> Change {
     (key.to_string(), Some(vec![value.to_string()]))
@@ -161,26 +168,27 @@ fn traces_are_written_at_once_when_the_count_is_used_up() {
     t.update(Some("m"), &[set("trace_count", "2")]).unwrap();
     let (a, b) = (t.sample("m").unwrap(), t.sample("m").unwrap());
     assert!(t.sample("m").is_none());
-    assert!(t.finish(&trace(a, "m")).is_none(), "one trace still running");
-    let (path, entries) = t.finish(&trace(b, "m")).unwrap();
+    assert!(t.finish(&trace(a, "m")).is_empty(), "one trace still running");
+    let (path, entries) = one(t.finish(&trace(b, "m")));
     assert_eq!(path, "/tmp/trace.json.0");
     assert_eq!(entries.len(), 6);
-    assert!(t.drain().is_none());
+    assert!(t.drain().is_empty());
 }
 
 #[test]
 fn traces_are_written_every_log_frequency_traces_or_at_the_end() {
     let mut t = started(&[set("trace_level", "TIMESTAMPS"), set("log_frequency", "2")]);
     let trace = |id| trace(id, "m");
-    assert!(t.finish(&trace(1)).is_none());
-    let (path, entries) = t.finish(&trace(2)).unwrap();
+    assert!(t.finish(&trace(1)).is_empty());
+    let (path, entries) = one(t.finish(&trace(2)));
     assert_eq!(path, "/tmp/trace.json.0");
     assert_eq!(entries.len(), 6, "per trace: who it is, then one entry per timestamp");
     assert_eq!(entries[0]["model_name"], "m");
     assert_eq!(entries[1]["timestamps"][0]["name"], "REQUEST_START");
-    assert!(t.finish(&trace(3)).is_none());
-    assert_eq!(t.drain().unwrap().0, "/tmp/trace.json");
-    assert!(t.drain().is_none());
+    assert!(t.finish(&trace(3)).is_empty());
+    // At exit a setting with a log_frequency writes what it holds to the next .<n> (Triton's rule).
+    assert_eq!(one(t.drain()).0, "/tmp/trace.json.1");
+    assert!(t.drain().is_empty());
 }
 
 #[test]
@@ -224,9 +232,9 @@ fn held_traces_are_bounded() {
     let mut t = Tracer::default();
     t.configure(String::new(), &[set("trace_level", "TIMESTAMPS")]).unwrap();
     for id in 0..100 {
-        assert!(t.finish(&trace(id)).is_none());
+        assert!(t.finish(&trace(id)).is_empty());
     }
-    assert!(t.drain().is_none());
+    assert!(t.drain().is_empty());
     // log_frequency 0 (write at exit): written once MAX_HELD_TRACES are held.
     let mut t = Tracer::default();
     t.configure(
@@ -235,30 +243,88 @@ fn held_traces_are_bounded() {
     )
     .unwrap();
     for id in 1..MAX_HELD_TRACES {
-        assert!(t.finish(&trace(id)).is_none());
+        assert!(t.finish(&trace(id)).is_empty());
     }
-    let (path, entries) = t.finish(&trace(MAX_HELD_TRACES)).unwrap();
+    let (path, entries) = one(t.finish(&trace(MAX_HELD_TRACES)));
     assert_eq!(path, "/tmp/t.json.0");
     assert_eq!(entries.len() as u64, 2 * MAX_HELD_TRACES);
-    assert!(t.drain().is_none());
+    assert!(t.drain().is_empty());
 }
 
 #[test]
-fn a_child_trace_is_made_whatever_the_settings_and_names_its_parent() {
-    assert_eq!(Tracer::default().child(), None, "no trace file: nothing to write to");
+fn a_child_trace_is_made_whatever_the_settings_and_goes_with_its_parent() {
+    assert_eq!(Tracer::default().child(1), None, "no trace file: nothing to write to");
     let mut t = started(&[set("log_frequency", "1")]);
     assert_eq!(t.sample("m"), None, "OFF: the model's own requests are not traced");
-    let id = t.child().unwrap();
+    t.update(
+        Some("outer"),
+        &[set("trace_level", "TIMESTAMPS"), set("trace_rate", "1")],
+    )
+    .unwrap();
+    let parent = t.sample("outer").unwrap();
+    let id = t.child(parent).unwrap();
     let mut child = trace(id, "m");
-    child.parent_id = Some(7);
-    let (_, entries) = t.finish(&child).unwrap();
+    child.parent_id = Some(parent);
+    assert!(
+        t.finish(&child).is_empty(),
+        "a child is written with its parent, not counted on its own"
+    );
+    let (_, entries) = one(t.finish(&trace(parent, "outer")));
     assert_eq!(
         (entries[0]["id"].as_u64(), entries[0]["parent_id"].as_u64()),
-        (Some(id), Some(7))
+        (Some(id), Some(parent))
     );
-    let (_, entries) = t.finish(&trace(id + 1, "m")).unwrap();
     assert!(
-        entries[0].get("parent_id").is_none(),
+        entries[3].get("parent_id").is_none(),
         "a trace of its own has no parent_id"
     );
+    assert_eq!(entries[3]["model_name"], "outer");
+}
+
+#[test]
+fn each_setting_writes_its_own_traces() {
+    // Triton's L0_trace (count): 4 traces held by the first setting (no count, no frequency); a
+    // change of count makes a new setting, which writes its 2 to trace_file.0 once its count is
+    // used up; the first setting's go to trace_file at exit.
+    let mut t = started(&[set("trace_level", "TIMESTAMPS"), set("trace_rate", "1")]);
+    for _ in 0..4 {
+        let id = t.sample("m").unwrap();
+        assert!(t.finish(&trace(id, "m")).is_empty());
+    }
+    t.update(None, &[set("trace_count", "2")]).unwrap();
+    assert!(
+        t.take_due().is_empty(),
+        "the replaced setting holds its traces until exit"
+    );
+    let (a, b) = (t.sample("m").unwrap(), t.sample("m").unwrap());
+    assert_eq!(t.sample("m"), None, "the count is used up");
+    assert!(t.finish(&trace(a, "m")).is_empty());
+    let (path, entries) = one(t.finish(&trace(b, "m")));
+    assert_eq!((path.as_str(), entries.len()), ("/tmp/trace.json.0", 2 * 3));
+    let (path, entries) = one(t.drain());
+    assert_eq!((path.as_str(), entries.len()), ("/tmp/trace.json", 4 * 3));
+}
+
+#[test]
+fn a_replaced_setting_writes_once_its_last_trace_is_in() {
+    let mut t = started(&[
+        set("trace_level", "TIMESTAMPS"),
+        set("trace_rate", "1"),
+        set("log_frequency", "3"),
+    ]);
+    let done = t.sample("m").unwrap();
+    assert!(t.finish(&trace(done, "m")).is_empty());
+    let running = t.sample("m").unwrap();
+    t.update(None, &[set("trace_rate", "5")]).unwrap();
+    assert!(t.take_due().is_empty(), "one of its traces still runs");
+    // The old setting's last trace: it holds two, and with a log_frequency they go to a .<n> file.
+    let (path, entries) = one(t.finish(&trace(running, "m")));
+    assert_eq!((path.as_str(), entries.len()), ("/tmp/trace.json.0", 2 * 3));
+    // A setting replaced with nothing running writes at once.
+    let id = (0..5).find_map(|_| t.sample("m")).unwrap();
+    assert!(t.finish(&trace(id, "m")).is_empty());
+    t.update(None, &[clear("trace_rate")]).unwrap();
+    let (path, entries) = one(t.take_due());
+    assert_eq!((path.as_str(), entries.len()), ("/tmp/trace.json.1", 3));
+    assert!(t.drain().is_empty());
 }

@@ -139,16 +139,38 @@ impl NodeDispatch {
         stream: Option<StreamSender>,
     ) -> Result<Option<InferResponse>> {
         let rows = request_rows(model, &request);
+        // Traced as Triton traces an ensemble: its own trace (no compute of its own), its steps
+        // that trace's children; an untraced ensemble's steps are not traced.
+        let trace = mesh::trace::sample(&request.model_name);
+        let (name, id) = (request.model_name.clone(), request.id.clone());
         InFlight::begin(model);
         let mut guard = InFlight {
             model,
             start,
             finished: false,
         };
-        let served = mesh::ensemble::serve(plan, self, request, &model.version_label, stream).await;
+        let serve = mesh::ensemble::serve(plan, self, request, &model.version_label, stream);
+        let served = mesh::trace::child(trace, serve).await;
         guard.finished = true;
         drop(guard);
         record_ensemble(model, rows, start, served.failed());
+        if let Some(trace) = trace {
+            let end = mesh::trace::ns(Instant::now());
+            let stamps = vec![
+                ("REQUEST_START", mesh::trace::ns(start)),
+                ("QUEUE_START", mesh::trace::ns(start)),
+                ("REQUEST_END", end),
+                ("INFER_RESPONSE_COMPLETE", end),
+            ];
+            mesh::trace::record(&mesh::trace::Trace {
+                id: trace,
+                model: name,
+                version: model.version,
+                request_id: id,
+                parent_id: mesh::trace::parent(),
+                stamps,
+            });
+        }
         match served {
             Served::Answered(answer) => answer.map(Some),
             Served::Streamed { .. } => Ok(None),
