@@ -178,3 +178,50 @@ def test_a_stalled_stream_holds_its_models_thread_not_the_instance(server_factor
         answers.cancel()
         hold.set()
         channel.close()
+
+
+def test_many_streams_of_one_connection_share_its_window(cluster_factory, models_dir, tmp_path):
+    """One client connection with 60 streams through the router, reading none: their windows share
+    the connection's (32 MiB, 128 of these answers, past the one answer each stream may always have
+    out), so the models were let send far fewer answers than 60 streams' own windows would take
+    (26 each, 1560), every stream still got its first, and a client on another connection is
+    served in full meanwhile."""
+    streams_n = 60
+    repo = copy_models(PY_MODELS, tmp_path / "repo", ["flood_py"])
+    c = cluster_factory()
+    router = c.start_router()
+    c.start_node("w1", [repo], PY_ARGS)
+    options = [("grpc.max_receive_message_length", -1), ("grpc.http2.bdp_probe", 0)]
+    channel = grpc.insecure_channel(router.grpc_url, options=options)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    progress = [tmp_path / f"conn-{k}" for k in range(streams_n)]
+    hold = threading.Event()
+    streams = []
+    for p in progress:
+        def requests(p=p):
+            yield flood_request(p)
+            hold.wait(120)
+        streams.append(stub.ModelStreamInfer(requests()))
+    other = grpc.insecure_channel(router.grpc_url, options=options)
+    try:
+        made = settled(progress)
+        # Bounded: 128 shared, plus per stream its first answer, the link's 2 credits, the stub's
+        # allowance of 8 and what HTTP/2 buffers for the client (805 seen); each stream's own
+        # window alone would allow 26 and those buffers each (1560 and more).
+        assert sum(made) <= 1000, f"answers made for one connection reading none: {sum(made)} ({made})"
+        other_stub = service_pb2_grpc.GRPCInferenceServiceStub(other)
+        got = 0
+        for a in other_stub.ModelStreamInfer(iter([flood_request(tmp_path / "other", 20, 1024)]), timeout=60):
+            assert a.error_message == "", a.error_message
+            got += bool(a.infer_response.outputs)
+            if got == 20:
+                break
+        assert got == 20, "another connection's stream is served in full"
+        print(f"{streams_n} stalled streams on one connection: {sum(made)} answers made "
+              f"({min(made)}-{max(made)} each)")
+    finally:
+        for s in streams:
+            s.cancel()
+        hold.set()
+        channel.close()
+        other.close()

@@ -6,6 +6,11 @@
 //! bytes to it, and sends it with the answer; whoever finally hands the answer to the client's connection drops
 //! the credit. Async producers wait with [`StreamSender::credit`]; a Python stub, bounded by its own allowance,
 //! takes its credits with [`Window::force`].
+//!
+//! The windows of one client connection's streams also share that connection's window
+//! ([`Window::on_connection`]): past a stream's first answer out, a credit needs room in both, so
+//! one client that opens many streams and reads none holds a bounded amount, and every stream can
+//! always have one answer out (none waits on another stream of its connection).
 
 use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
@@ -40,6 +45,12 @@ impl StreamItem {
 pub const STREAM_WINDOW_ANSWERS: usize = 16;
 /// Bytes of tensors those answers may hold (one answer is always let through, whatever its size).
 pub const STREAM_WINDOW_BYTES: u64 = 4 << 20;
+/// Answers all the streams of one client connection may hold made and not consumed (past the one
+/// each stream may always have out).
+pub const CONNECTION_WINDOW_ANSWERS: usize = 256;
+/// Bytes of tensors those answers may hold: eight streams' windows, so many streams of one client
+/// cannot hold 1024 windows (gRPC's streams per connection) of the server's memory.
+pub const CONNECTION_WINDOW_BYTES: u64 = 32 << 20;
 
 #[derive(Debug, Default)]
 struct Out {
@@ -48,10 +59,9 @@ struct Out {
 }
 
 impl Out {
-    /// Whether `window` lets one more answer out: fewer answers out than it and their bytes under its
-    /// bound, or nothing out at all (an answer larger than the window still passes, alone).
-    fn has_room(&self, window: &Window) -> bool {
-        self.answers == 0 || (self.answers < window.answers && self.bytes < window.bytes)
+    /// Whether the answers out are under `window`'s bounds.
+    fn under(&self, window: &Window) -> bool {
+        self.answers < window.answers && self.bytes < window.bytes
     }
 }
 
@@ -62,16 +72,23 @@ pub struct Window {
     woken: Notify,
     answers: usize,
     bytes: u64,
+    /// The window of the client connection this stream is on, shared by its streams.
+    connection: Option<Arc<Window>>,
 }
 
 impl Window {
     /// A window of `answers` answers (at least one) and `bytes` bytes.
     pub fn new(answers: usize, bytes: u64) -> Arc<Window> {
+        Window::with(answers, bytes, None)
+    }
+
+    fn with(answers: usize, bytes: u64, connection: Option<Arc<Window>>) -> Arc<Window> {
         Arc::new(Window {
             out: Mutex::new(Out::default()),
             woken: Notify::new(),
             answers: answers.max(1),
             bytes,
+            connection,
         })
     }
 
@@ -80,13 +97,26 @@ impl Window {
         Window::new(STREAM_WINDOW_ANSWERS, STREAM_WINDOW_BYTES)
     }
 
+    /// The default window of a client's stream on a connection whose window is `connection`.
+    pub fn on_connection(connection: Arc<Window>) -> Arc<Window> {
+        Window::with(STREAM_WINDOW_ANSWERS, STREAM_WINDOW_BYTES, Some(connection))
+    }
+
+    /// The default window of one client connection, shared by its streams.
+    pub fn for_connection() -> Arc<Window> {
+        Window::new(CONNECTION_WINDOW_ANSWERS, CONNECTION_WINDOW_BYTES)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Out> {
         self.out.locked()
     }
 
-    /// One more answer out, and its credit.
+    /// One more answer out, and its credit (counted by the connection's window too).
     fn credit(self: &Arc<Self>, out: &mut Out) -> Credit {
         out.answers += 1;
+        if let Some(c) = &self.connection {
+            c.lock().answers += 1;
+        }
         Credit {
             window: self.clone(),
             bytes: 0,
@@ -94,10 +124,11 @@ impl Window {
         }
     }
 
-    /// Takes a credit when the window has room.
+    /// Takes a credit when the window has room: nothing out, or room in it and in its connection's.
     fn try_take(self: &Arc<Self>) -> Option<Credit> {
         let mut out = self.lock();
-        out.has_room(self).then(|| self.credit(&mut out))
+        let room = out.answers == 0 || (out.under(self) && self.connection.as_ref().is_none_or(|c| c.lock().under(c)));
+        room.then(|| self.credit(&mut out))
     }
 
     /// Takes a credit even when the window is full, for a producer bounded another way (a Python stub's
@@ -112,10 +143,24 @@ impl Window {
             let woken = self.woken.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
+            // Room may also come from another stream of the connection.
+            let shared = self.connection.as_ref().map(|c| c.woken.notified());
+            let shared = async move {
+                match shared {
+                    Some(n) => n.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(shared);
+            // Registers the connection's waiter before looking (its notify_waiters is not kept).
+            let _ = futures::poll!(shared.as_mut());
             if let Some(credit) = self.try_take() {
                 return credit;
             }
-            woken.await;
+            tokio::select! {
+                () = woken => {}
+                () = shared => {}
+            }
         }
     }
 
@@ -155,18 +200,24 @@ impl Credit {
     /// Charges the answer's bytes to the window (the next credit waits while the bytes out pass its bound).
     pub fn charge(&mut self, bytes: u64) {
         self.window.lock().bytes += bytes;
+        if let Some(c) = &self.window.connection {
+            c.lock().bytes += bytes;
+        }
         self.bytes += bytes;
     }
 }
 
 impl Drop for Credit {
     fn drop(&mut self) {
-        {
-            let mut out = self.window.lock();
-            out.answers = out.answers.saturating_sub(1);
-            out.bytes = out.bytes.saturating_sub(self.bytes);
+        let windows = std::iter::once(&self.window).chain(self.window.connection.as_ref());
+        for window in windows {
+            {
+                let mut out = window.lock();
+                out.answers = out.answers.saturating_sub(1);
+                out.bytes = out.bytes.saturating_sub(self.bytes);
+            }
+            window.woken.notify_waiters();
         }
-        self.window.woken.notify_waiters();
         if let Some(f) = self.returned.take() {
             f();
         }
@@ -276,6 +327,46 @@ mod tests {
             window.bytes_out(),
             5_000,
             "an answer larger than the window passes when none is out"
+        );
+    }
+
+    #[tokio::test]
+    async fn streams_of_one_connection_share_its_window_but_each_may_have_one_answer_out() {
+        let connection = Window::new(3, 100);
+        let (a, b, c) = (
+            Window::on_connection(connection.clone()),
+            Window::on_connection(connection.clone()),
+            Window::on_connection(connection.clone()),
+        );
+        let mut a1 = a.acquire().await;
+        a1.charge(60);
+        let a2 = a.acquire().await;
+        assert_eq!((connection.out(), connection.bytes_out()), (2, 60));
+        let mut b1 = b.try_take().expect("a stream with nothing out always gets one");
+        b1.charge(60);
+        assert!(a.try_take().is_none(), "the connection's bytes are used up");
+        assert!(b.try_take().is_none(), "its second answer needs room in the connection");
+        let c1 = c
+            .try_take()
+            .expect("every stream of the connection still gets its first");
+        assert_eq!(connection.out(), 4);
+        let waiting = tokio::spawn({
+            let b = b.clone();
+            async move { b.acquire().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "no room in the connection");
+        drop((a1, a2));
+        let b2 = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("room made by another stream of the connection wakes the waiter")
+            .unwrap();
+        drop((b1, b2, c1));
+        assert_eq!((connection.out(), connection.bytes_out()), (0, 0));
+        let other = Window::for_stream();
+        assert!(
+            other.try_take().is_some(),
+            "another connection's stream is not held back"
         );
     }
 

@@ -1,5 +1,6 @@
 //! One ModelStreamInfer call: its requests read under the stream's budgets, each run as soon as the
 //! one before is queued, and their answers written in the order Triton writes them.
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tonic::{Request, Status};
@@ -10,6 +11,31 @@ use crate::error::Error;
 use crate::proto;
 use crate::shm::SharedMemory;
 use crate::stream::{stream_channel, Credit, Window};
+use crate::sync::Locked;
+
+/// The windows of the client connections with streams open, by (server, client) address: each
+/// connection's streams share one (`Window::on_connection`). An entry lives while a stream of its
+/// connection does; dead ones are swept as others are added, so the table holds at most one entry
+/// per connection with streams plus those that ended since the last sweep.
+static CONNECTIONS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<(SocketAddr, SocketAddr), std::sync::Weak<Window>>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// The window of a stream on the connection between `local` and `remote` (a stream's own when tonic
+/// does not know its connection).
+fn stream_window(local: Option<SocketAddr>, remote: Option<SocketAddr>) -> Arc<Window> {
+    let (Some(local), Some(remote)) = (local, remote) else {
+        return Window::for_stream();
+    };
+    let mut table = CONNECTIONS.locked();
+    if let Some(window) = table.get(&(local, remote)).and_then(std::sync::Weak::upgrade) {
+        return Window::on_connection(window);
+    }
+    table.retain(|_, w| w.strong_count() > 0);
+    let window = Window::for_connection();
+    table.insert((local, remote), Arc::downgrade(&window));
+    Window::on_connection(window)
+}
 
 /// Answers of one stream as tonic writes them.
 pub(super) type Answers =
@@ -24,12 +50,13 @@ pub(super) fn serve<D: Dispatch>(
     forward: Option<Arc<regex::Regex>>,
     r: Request<tonic::Streaming<proto::ModelInferRequest>>,
 ) -> Answers {
+    // One window for every request of the stream: its unread answers are bounded together, and
+    // with those of the connection's other streams.
+    let window = stream_window(r.local_addr(), r.remote_addr());
     let (metadata, _, mut inbound) = r.into_parts();
     let grpc_errors = wants_grpc_errors(&metadata);
     let metadata = Arc::new(metadata);
     let (tx, rx) = tokio::sync::mpsc::channel(STREAM_WINDOW);
-    // One window for every request of the stream: its unread answers are bounded together.
-    let window = Window::for_stream();
     tokio::spawn(async move {
         let mut running = tokio::task::JoinSet::new();
         let mut sequences = SequenceOrder::default();
