@@ -225,3 +225,55 @@ def test_many_streams_of_one_connection_share_its_window(cluster_factory, models
         hold.set()
         channel.close()
         other.close()
+
+
+def test_stalled_streams_of_large_answers_never_drop_a_healthy_node(cluster_factory, tmp_path):
+    """The link's idle timeout holds under load, at the product's timings (keep-alive 150 ms, link
+    dead after 750 ms of silence): 20 clients on their own connections stall streams of 1 MiB
+    answers through the router, so the link carries what their windows let through and then waits
+    on them, for 5 s; the router keeps the node up the whole time (its view, read every 100 ms,
+    never shows it otherwise), and the node serves another client meanwhile."""
+    link = ["--cluster-keepalive-ms", "150", "--cluster-idle-timeout-ms", "750"]
+    repo = copy_models(PY_MODELS, tmp_path / "repo", ["flood_py"])
+    c = cluster_factory()
+    router = c.start_router(args=link)
+    c.start_node("w1", [repo], PY_ARGS + link)
+    options = [("grpc.max_receive_message_length", -1), ("grpc.http2.bdp_probe", 0),
+               ("grpc.use_local_subchannel_pool", 1)]
+    progress = [tmp_path / f"big-{k}" for k in range(20)]
+    hold = threading.Event()
+    channels, streams = [], []
+    for p in progress:
+        channel = grpc.insecure_channel(router.grpc_url, options=options)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+        def requests(p=p):
+            yield flood_request(p, 100, 1 << 20)
+            hold.wait(120)
+
+        channels.append(channel)
+        streams.append(stub.ModelStreamInfer(requests()))
+    try:
+        settled(progress)
+        states, end = set(), time.monotonic() + 5
+        while time.monotonic() < end:
+            states.add(c.node_info("w1")["state"])
+            time.sleep(0.1)
+        assert states == {"up"}, f"the router saw the node {states} while streams stalled"
+        other = grpc.insecure_channel(router.grpc_url, options=options)
+        channels.append(other)
+        got = 0
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(other)
+        for a in stub.ModelStreamInfer(iter([flood_request(tmp_path / "other", 5, 1 << 20)]), timeout=60):
+            assert a.error_message == "", a.error_message
+            got += bool(a.infer_response.outputs)
+            if got == 5:
+                break
+        assert got == 5
+        assert c.node_info("w1")["state"] == "up"
+    finally:
+        for s in streams:
+            s.cancel()
+        hold.set()
+        for ch in channels:
+            ch.close()
