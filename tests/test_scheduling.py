@@ -8,6 +8,7 @@ are on behaviour (which batch, which error, which order), never on durations.
 """
 import re
 import shutil
+import sys
 import threading
 
 import numpy as np
@@ -310,10 +311,10 @@ def test_inflight_byte_budget_refuses_at_once_and_frees_on_answer(fresh_server, 
     UNAVAILABLE at once, while the admitted ones are served and then free their bytes."""
     repo = make_repo(tmp_path, models_dir, "add_sub", "held",
                      "max_batch_size: 64\n" + ADD_SUB_IO + f"dynamic_batching {{ max_queue_delay_microseconds: {HOLD_US} }}")
-    srv = fresh_server([repo], ["--max-inflight-bytes", "1000"])
+    srv = fresh_server([repo], ["--max-inflight-bytes", "30000"])
     outs, errors = [], []
 
-    def hold():  # 2 inputs x 16 FP32 = 128 bytes each; seven fit in 1000
+    def hold():  # 2 inputs x 16 FP32 = 128 bytes each, and 4096 for the request: seven fit in 30000
         c = httpclient.InferenceServerClient(srv.http_url)
         try:
             outs.append(c.infer("held", add_sub_inputs(1.0)).as_numpy("OUTPUT0"))
@@ -326,7 +327,7 @@ def test_inflight_byte_budget_refuses_at_once_and_frees_on_answer(fresh_server, 
     for t in holders:
         t.start()
     wait_pending(srv, "held", 7)  # the seven now wait in the queue for their delay
-    assert_refused_over_http_and_grpc(srv, "held", "--max-inflight-bytes 1000")
+    assert_refused_over_http_and_grpc(srv, "held", "--max-inflight-bytes 30000")
     for t in holders:
         t.join(timeout=60)
     assert not errors and len(outs) == 7, errors[:3]
@@ -337,11 +338,57 @@ def test_inflight_byte_budget_refuses_at_once_and_frees_on_answer(fresh_server, 
     try:
         np.testing.assert_array_equal(c.infer("held", add_sub_inputs(2.0)).as_numpy("OUTPUT0"),
                                       np.full((1, 16), 3.0, np.float32))
+    finally:
+        c.close()
+    small = fresh_server([repo], ["--max-inflight-bytes", "5000"])
+    c = httpclient.InferenceServerClient(small.http_url)
+    try:
         with pytest.raises(InferenceServerException) as e:
-            c.infer("held", add_sub_inputs(1.0, rows=8))  # 1024 bytes: never fits
+            c.infer("held", add_sub_inputs(1.0, rows=8))  # 1024 + 4096 bytes: never fits
         assert "larger than the in-flight budget" in str(e.value)
     finally:
         c.close()
     failures = re.findall(r'nv_inference_request_failure\{[^}]*model="held"[^}]*reason="REJECTED"[^}]*\} (\S+)',
                           srv.metrics())
-    assert [float(v) for v in failures] == [3.0], failures
+    assert [float(v) for v in failures] == [2.0], failures
+
+
+BLOCKS_UNTIL_MARKER = """import os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def execute(self, requests):
+        end = time.monotonic() + 60
+        while not os.path.exists({marker!r}) and time.monotonic() < end:
+            time.sleep(0.02)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", np.ones(1, np.float32))]) for _ in requests]
+"""
+
+
+def test_requests_without_tensors_are_bounded_by_the_budget_too(fresh_server, tmp_path):
+    """A flood of requests that carry no tensors (a model with no inputs) costs bounded memory: each
+    is charged 4096 bytes of the in-flight budget, so with 30000 seven wait for the model (blocked
+    until a marker appears) and the rest are refused at once as overload (503 / UNAVAILABLE),
+    never queued in the instance's mailbox without end; the seven are then served."""
+    marker = tmp_path / "go"
+    repo = tmp_path / "repo"
+    (repo / "blocked" / "1").mkdir(parents=True)
+    (repo / "blocked" / "1" / "model.py").write_text(BLOCKS_UNTIL_MARKER.format(marker=str(marker)))
+    (repo / "blocked" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\noutput [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    srv = fresh_server([repo], ["--max-inflight-bytes", "30000", "--backend-config",
+                                f"python,interpreter={sys.executable}"], wait_models=["blocked"])
+    c = httpclient.InferenceServerClient(srv.http_url, concurrency=12)
+    try:
+        pending = [c.async_infer("blocked", []) for _ in range(7)]
+        wait_pending(srv, "blocked", 7)  # one runs, six wait in the queue: seven in flight
+        refused = []
+        for _ in range(5):
+            r = srv.post("/v2/models/blocked/infer", b'{"inputs": []}')
+            refused.append((r.status, "server overloaded" in r.error_message()))
+        assert refused == [(503, True)] * 5, refused
+        marker.write_text("go")
+        assert [p.get_result().as_numpy("y").tolist() for p in pending] == [[1.0]] * 7
+    finally:
+        marker.write_text("go")
+        c.close()

@@ -3,7 +3,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mesh::{Error, Result};
 
-/// Bytes of request tensors admitted and not yet answered, against a limit.
+/// What one request costs the node besides its tensors (its message, its place in a queue and an
+/// instance's mailbox, its answer's channel), charged with them: requests without tensors are
+/// bounded by the budget too, so a flood of them is refused as overload, never queued without end.
+pub const REQUEST_BYTES: usize = 4 << 10;
+
+/// Bytes of request tensors (and [`REQUEST_BYTES`] each) admitted and not yet answered, against a limit.
 pub struct InflightBudget {
     used: AtomicUsize,
     limit: usize,

@@ -289,7 +289,8 @@ impl NodeDispatch {
             }
             None => None,
         };
-        let bytes = request.inputs.iter().map(|i| i.tensor.data.len()).sum();
+        let tensors: usize = request.inputs.iter().map(|i| i.tensor.data.len()).sum();
+        let bytes = tensors.saturating_add(super::budget::REQUEST_BYTES);
         let _admitted = self.budget.admit(bytes).map_err(failed)?;
         let trace = mesh::trace::sample(&request.model_name);
         let submission = Submission {
