@@ -17,9 +17,11 @@ use crate::sync::Locked;
 /// connection's streams share one (`Window::on_connection`). An entry lives while a stream of its
 /// connection does; dead ones are swept as others are added, so the table holds at most one entry
 /// per connection with streams plus those that ended since the last sweep.
-static CONNECTIONS: std::sync::LazyLock<
-    std::sync::Mutex<std::collections::HashMap<(SocketAddr, SocketAddr), std::sync::Weak<Window>>>,
-> = std::sync::LazyLock::new(Default::default);
+static CONNECTIONS: std::sync::LazyLock<std::sync::Mutex<ConnectionWindows>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Each connection's window, by (server, client) address.
+type ConnectionWindows = std::collections::HashMap<(SocketAddr, SocketAddr), std::sync::Weak<Window>>;
 
 /// The window of a stream on the connection between `local` and `remote` (a stream's own when tonic
 /// does not know its connection).
