@@ -136,17 +136,49 @@ def test_without_cache_config_nothing_is_cached(fresh_server, repo):
     assert metric(srv.metrics(), "nv_cache_num_entries") is None
 
 
-@pytest.mark.parametrize("value,want", [
-    ("local", "<cache name>,<setting>=<value>"),
-    ("local,bogus=1", "one setting is size"),
-    ("local,size=0", "size must be positive"),
-    ("redis,host=localhost", "unknown cache 'redis'"),
+@pytest.mark.parametrize("flags,want", [
+    (["--cache-config", "local"], "<cache name>,<setting>=<value>"),
+    (["--cache-config", "local,bogus=1"], "one setting is size"),
+    (["--cache-config", "local,size=0"], "size must be positive"),
+    (["--cache-config", "redis,host=localhost"], "unknown cache 'redis'"),
+    # Triton's words, which L0_response_cache looks for.
+    (["--cache-config", "local,size=8192", "--cache-config", "redis,key=value"],
+     "found multiple cache configurations, but only a single cache is currently supported"),
+    (["--response-cache-byte-size", "12345", "--cache-config", "local,size=67890"],
+     "Incompatible flags --response-cache-byte-size and --cache-config both provided"),
 ])
-def test_a_bad_cache_config_stops_the_node(mesh_bin, repo, value, want):
-    p = subprocess.run([str(mesh_bin), "--model-repository", str(repo), "--cache-config", value,
+def test_a_bad_cache_config_stops_the_node(mesh_bin, repo, flags, want):
+    p = subprocess.run([str(mesh_bin), "--model-repository", str(repo), *flags,
                         "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and want in p.stderr + p.stdout, (p.returncode, p.stderr)
+
+
+@pytest.mark.parametrize("extra,what", [
+    ("model_transaction_policy { decoupled: true }", "'decoupled' transaction policy"),
+    ("sequence_batching { }", "sequence batching scheduler"),
+])
+def test_the_cache_refuses_models_whose_answers_the_inputs_do_not_decide(mesh_bin, repo, tmp_path, extra, what):
+    """As Triton (L0_response_cache): a decoupled or sequence model with the cache enabled fails
+    to load, with Triton's words (--exit-on-error makes that stop the node)."""
+    bad = tmp_path / "bad"
+    shutil.copytree(repo / "add_sub_cached", bad / "add_sub_cached")
+    cfg = bad / "add_sub_cached" / "config.pbtxt"
+    cfg.write_text(cfg.read_text() + extra + "\n")
+    p = subprocess.run([str(mesh_bin), "--model-repository", str(bad), "--cache-config", "local,size=10480",
+                        "--exit-on-error", "true", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    want = f"Response Cache does not currently support model add_sub_cached with {what}. Please disable the response cache."
+    assert p.returncode != 0 and want in p.stderr + p.stdout, (p.returncode, p.stderr[-2000:])
+
+
+def test_an_answer_larger_than_the_cache_is_logged_and_served(fresh_server, repo):
+    srv = fresh_server([repo], ["--cache-config", "local,size=200"])
+    r, a, b = infer(srv.http_url, "add_sub_cached", 7)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
+    wait_until(lambda: "Failed to insert key [" in srv.log_tail(200), 30, "the failed insertion is logged")
+    line = next(l for l in srv.log_tail(200).splitlines() if "Failed to insert key [" in l)
+    assert "into response cache: Requested byte_size: " in line and "is greater than total cache size: 200" in line
 
 
 @pytest.mark.cluster

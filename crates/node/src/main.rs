@@ -64,6 +64,12 @@ async fn run(args: Args) -> Result<(), String> {
             &args.triton.rate_limit_resource,
         )?,
     };
+    // Triton's rule and words: the old flag and the new one are one or the other.
+    if args.triton.response_cache_byte_size.is_some() && !args.cache_config.is_empty() {
+        return Err("Error: Incompatible flags --response-cache-byte-size and --cache-config both provided. \
+                    Please provide one or the other."
+            .into());
+    }
     let options = NodeOptions {
         strict_readiness: args.strict_readiness,
         poll_secs: args.control.repository_poll_secs,

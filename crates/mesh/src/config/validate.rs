@@ -60,6 +60,22 @@ pub fn validate_config(c: &ModelConfig) -> Result<(), String> {
             ));
         }
     }
+    // As Triton: a cached answer is keyed by the inputs alone, which decide neither a sequence's
+    // answers (its state) nor a decoupled model's (any number of them).
+    if c.response_cache.as_ref().is_some_and(|r| r.enable) {
+        let refused = |what: &str| {
+            format!(
+                "Response Cache does not currently support model {} with {what}. Please disable the response cache.",
+                c.name
+            )
+        };
+        if matches!(c.scheduling_choice, Some(SchedulingChoice::SequenceBatching(_))) {
+            return Err(refused("sequence batching scheduler"));
+        }
+        if c.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
+            return Err(refused("'decoupled' transaction policy"));
+        }
+    }
     if let Some(PolicyChoice::Latest(l)) = c.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref()) {
         if l.num_versions == 0 {
             return Err("version_policy latest { num_versions } must be at least 1".into());

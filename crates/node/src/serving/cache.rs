@@ -21,6 +21,15 @@ impl CacheConfig {
     /// Reads tritonserver's `--cache-config <cache>,<setting>=<value>` values (the last setting
     /// given wins, as in tritonserver). None when no value was given.
     pub fn parse(values: &[String]) -> std::result::Result<Option<CacheConfig>, String> {
+        // Triton's words: one cache at most, whichever they are.
+        let mut names: Vec<&str> = values.iter().filter_map(|v| v.split_once(',').map(|(c, _)| c)).collect();
+        names.sort_unstable();
+        names.dedup();
+        if names.len() > 1 {
+            return Err(
+                "found multiple cache configurations, but only a single cache is currently supported".into(),
+            );
+        }
         let mut size = None;
         for value in values {
             let Some((cache, setting)) = value.split_once(',') else {
@@ -185,6 +194,11 @@ impl ResponseCache {
     pub fn insert(&self, key: Key, outputs: &[NamedTensor]) {
         let bytes = cost(outputs);
         if bytes > self.capacity {
+            let key: String = key.iter().map(|b| format!("{b:02x}")).collect();
+            tracing::error!(
+                "Failed to insert key [{key}] into response cache: Requested byte_size: {bytes} is greater than total cache size: {}",
+                self.capacity
+            );
             return;
         }
         let owned: Vec<NamedTensor> = outputs
