@@ -70,6 +70,34 @@ def settled(progress: list[Path], quiet: float = 1.0, timeout: float = 120.0) ->
         assert time.monotonic() < deadline, f"the models never settled: {last}"
 
 
+def stall(url: str, progress: list[Path], hold: threading.Event, options, count: int = COUNT, size: int = SIZE,
+          channel=None):
+    """Opens one flood_py stream per `progress` file that sends its request and then reads nothing
+    until `hold` is set: on `channel` if given (one connection for all), else each on a channel of
+    its own. Returns (channels opened, streams)."""
+    channels, streams = [], []
+    for p in progress:
+        ch = channel
+        if ch is None:
+            ch = grpc.insecure_channel(url, options=options)
+            channels.append(ch)
+
+        def requests(p=p):
+            yield flood_request(p, count, size)
+            hold.wait(120)  # the stream stays open, and nothing is read
+
+        streams.append(service_pb2_grpc.GRPCInferenceServiceStub(ch).ModelStreamInfer(requests()))
+    return channels, streams
+
+
+def release(streams, hold: threading.Event, channels) -> None:
+    for s in streams:
+        s.cancel()
+    hold.set()
+    for ch in channels:
+        ch.close()
+
+
 def test_stream_clients_that_stop_reading_hold_a_window_not_the_router(cluster_factory, models_dir, tmp_path):
     repo = copy_models(models_dir / "simple", tmp_path / "repo", ["add_sub"])
     copy_models(PY_MODELS, repo, ["flood_py"])
@@ -93,21 +121,11 @@ def test_stream_clients_that_stop_reading_hold_a_window_not_the_router(cluster_f
 
     progress = [tmp_path / f"flood-{k}" for k in range(STREAMS)]
     hold = threading.Event()
-    channels, streams = [], []
-    for p in progress:
-        # Without BDP probing the client's own HTTP/2 window stays small: grpc-core grows it with the
-        # measured bandwidth (seen in CI: 32 MiB per stream, 153 answers), which measures the client,
-        # not what the router and the node hold back.
-        channel = grpc.insecure_channel(router.grpc_url, options=[("grpc.max_receive_message_length", -1),
-                                                                  ("grpc.http2.bdp_probe", 0)])
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-
-        def requests(p=p):
-            yield flood_request(p)
-            hold.wait(120)  # the stream stays open, and nothing is read
-
-        channels.append(channel)
-        streams.append(stub.ModelStreamInfer(requests()))
+    # Without BDP probing the client's own HTTP/2 window stays small: grpc-core grows it with the
+    # measured bandwidth (seen in CI: 32 MiB per stream, 153 answers), which measures the client,
+    # not what the router and the node hold back.
+    options = [("grpc.max_receive_message_length", -1), ("grpc.http2.bdp_probe", 0)]
+    channels, streams = stall(router.grpc_url, progress, hold, options)
     try:
         # Every model is held back (or, unbounded, has sent all it has) before the other requests go.
         settled(progress)
@@ -128,11 +146,7 @@ def test_stream_clients_that_stop_reading_hold_a_window_not_the_router(cluster_f
         assert first.error_message == "", first.error_message
         assert first.infer_response.id == "flood-0"
     finally:
-        for s in streams:
-            s.cancel()
-        hold.set()
-        for ch in channels:
-            ch.close()
+        release(streams, hold, channels)
     # The clients are gone: the models are released (this one does not check is_cancelled(), so its
     # remaining answers are dropped unsent), nothing piles up in the router, and it serves on.
     deadline = time.monotonic() + 60
@@ -193,15 +207,9 @@ def test_many_streams_of_one_connection_share_its_window(cluster_factory, models
     c.start_node("w1", [repo], PY_ARGS)
     options = [("grpc.max_receive_message_length", -1), ("grpc.http2.bdp_probe", 0)]
     channel = grpc.insecure_channel(router.grpc_url, options=options)
-    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
     progress = [tmp_path / f"conn-{k}" for k in range(streams_n)]
     hold = threading.Event()
-    streams = []
-    for p in progress:
-        def requests(p=p):
-            yield flood_request(p)
-            hold.wait(120)
-        streams.append(stub.ModelStreamInfer(requests()))
+    _, streams = stall(router.grpc_url, progress, hold, options, channel=channel)
     other = grpc.insecure_channel(router.grpc_url, options=options)
     try:
         made = settled(progress)
@@ -220,11 +228,7 @@ def test_many_streams_of_one_connection_share_its_window(cluster_factory, models
         print(f"{streams_n} stalled streams on one connection: {sum(made)} answers made "
               f"({min(made)}-{max(made)} each)")
     finally:
-        for s in streams:
-            s.cancel()
-        hold.set()
-        channel.close()
-        other.close()
+        release(streams, hold, [channel, other])
 
 
 def test_stalled_streams_of_large_answers_never_drop_a_healthy_node(cluster_factory, tmp_path):
@@ -242,17 +246,7 @@ def test_stalled_streams_of_large_answers_never_drop_a_healthy_node(cluster_fact
                ("grpc.use_local_subchannel_pool", 1)]
     progress = [tmp_path / f"big-{k}" for k in range(20)]
     hold = threading.Event()
-    channels, streams = [], []
-    for p in progress:
-        channel = grpc.insecure_channel(router.grpc_url, options=options)
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-
-        def requests(p=p):
-            yield flood_request(p, 100, 1 << 20)
-            hold.wait(120)
-
-        channels.append(channel)
-        streams.append(stub.ModelStreamInfer(requests()))
+    channels, streams = stall(router.grpc_url, progress, hold, options, count=100, size=1 << 20)
     try:
         settled(progress)
         states, end = set(), time.monotonic() + 5
@@ -272,8 +266,4 @@ def test_stalled_streams_of_large_answers_never_drop_a_healthy_node(cluster_fact
         assert got == 5
         assert c.node_info("w1")["state"] == "up"
     finally:
-        for s in streams:
-            s.cancel()
-        hold.set()
-        for ch in channels:
-            ch.close()
+        release(streams, hold, channels)
