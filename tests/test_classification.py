@@ -30,6 +30,7 @@ def repo(models_dir, tmp_path_factory):
     cfg.write_text(re.sub(r'(name: "OUTPUT0"\n)', r'\1    label_filename: "labels.txt"\n', cfg.read_text()))
     (root / "add_sub" / "labels.txt").write_text("\n".join(LABELS) + "\n")
     write_ensemble(root)
+    write_ensemble(root, bare=True)
     (root / "densenet_onnx" / "1").mkdir(parents=True)
     shutil.copy(DENSENET, root / "densenet_onnx" / "1" / "model.onnx")
     return root
@@ -46,20 +47,26 @@ ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
 """
 
 
-def write_ensemble(root):
-    """add_sub_ens: add_sub's sum as the ensemble's output SUM, with the ensemble's own labels."""
-    (root / "add_sub_ens" / "1").mkdir(parents=True)
-    (root / "add_sub_ens" / "config.pbtxt").write_text(ENSEMBLE)
-    (root / "add_sub_ens" / "labels.txt").write_text("\n".join(f"sum-{i}" for i in range(16)))
+def write_ensemble(root, bare=False):
+    """add_sub_ens: add_sub's sum as the ensemble's output SUM, with the ensemble's own labels (or
+    add_sub_bare: the same with no label file, so SUM takes add_sub's OUTPUT0 labels)."""
+    name = "add_sub_bare" if bare else "add_sub_ens"
+    (root / name / "1").mkdir(parents=True)
+    text = ENSEMBLE.replace('name: "add_sub_ens"', f'name: "{name}"')
+    if bare:
+        text = text.replace(' label_filename: "labels.txt"', "")
+    (root / name / "config.pbtxt").write_text(text)
+    if not bare:
+        (root / name / "labels.txt").write_text("\n".join(f"sum-{i}" for i in range(16)))
 
 
-def ensemble_top(url, k) -> tuple[list[list[str]], np.ndarray]:
+def ensemble_top(url, k, model="add_sub_ens") -> tuple[list[list[str]], np.ndarray]:
     c = httpclient.InferenceServerClient(url)
     a, b = add_sub_inputs(3)
     ins = [httpclient.InferInput("A", [1, 16], "FP32"), httpclient.InferInput("B", [1, 16], "FP32")]
     ins[0].set_data_from_numpy(a)
     ins[1].set_data_from_numpy(b)
-    r = c.infer("add_sub_ens", ins, outputs=[httpclient.InferRequestedOutput("SUM", class_count=k)])
+    r = c.infer(model, ins, outputs=[httpclient.InferRequestedOutput("SUM", class_count=k)])
     c.close()
     return decode(r.as_numpy("SUM")), (a + b)[0]
 
@@ -189,3 +196,11 @@ def test_ensembles_classify_their_outputs_on_a_node_and_on_the_router(node, clus
     client.close()
     top, sums = ensemble_top(c.router.http_url, 2)
     assert top == [expected(sums, 2, labels)]
+
+
+def test_an_ensemble_output_without_labels_takes_its_steps(node):
+    """As Triton (L0_infer's test_class_* on its simple ensembles): an ensemble output with no
+    label file of its own is labelled with the labels of the step output that makes it."""
+    top, sums = ensemble_top(node.http_url, 16, model="add_sub_bare")
+    assert top == [expected(sums, 16, LABELS)]
+    assert any(len(t.split(":")) == 3 for t in top[0]), top

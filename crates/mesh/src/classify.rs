@@ -87,6 +87,16 @@ impl Labels {
     pub fn of(&self, output: &str) -> Option<&[String]> {
         self.by_output.get(output).map(|l| l.as_slice())
     }
+
+    /// Gives `output` the labels `from` has for `theirs` (an ensemble's output takes those of the
+    /// step output that makes it, as Triton's classification does), unless it has its own.
+    pub fn adopt(&mut self, output: &str, from: &Labels, theirs: &str) {
+        if let Some(labels) = from.by_output.get(theirs) {
+            self.by_output
+                .entry(output.to_string())
+                .or_insert_with(|| labels.clone());
+        }
+    }
 }
 
 /// The top `count` classes of `t` (per batch row when `batched`), as Triton returns them.

@@ -224,7 +224,22 @@ pub fn load_ensemble(
         ));
     }
     let config = Arc::new(written.clone());
-    let labels = Arc::new(mesh::classify::Labels::load(&dir.path, &written).map_err(|e| e.message)?);
+    let mut labels = mesh::classify::Labels::load(&dir.path, &written).map_err(|e| e.message)?;
+    // An output without labels of its own takes those of the step output that makes it.
+    if let Some(SchedulingChoice::EnsembleScheduling(e)) = &planned.scheduling_choice {
+        for step in &e.step {
+            let version = if step.model_version < 0 { String::new() } else { step.model_version.to_string() };
+            let Ok(m) = table.resolve(&step.model_name, &version) else {
+                continue;
+            };
+            for (theirs, ours) in &step.output_map {
+                if written.output.iter().any(|o| &o.name == ours) {
+                    labels.adopt(ours, &m.labels, theirs);
+                }
+            }
+        }
+    }
+    let labels = Arc::new(labels);
     let versions = repository::select_versions(&written, &dir.versions)?
         .into_iter()
         .map(|v| {
