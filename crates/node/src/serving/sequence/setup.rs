@@ -53,8 +53,10 @@ pub struct SequenceSetup {
 }
 
 /// The strategy's batching delay and preferred batch sizes (`direct` or `oldest`; none: direct),
-/// for the instance batcher, which forms batches of requests from different sequences.
-pub fn strategy(sb: &ModelSequenceBatching) -> (Duration, Vec<usize>) {
+/// for the instance batcher, which forms batches of requests from different sequences. Direct
+/// waits (up to its delay) only for `minimum_slot_utilization` of the `max_batch_size` slots to
+/// have a request, as Triton's: at the default 0 a batch goes as soon as one slot has one.
+pub fn strategy(sb: &ModelSequenceBatching, max_batch_size: usize) -> (Duration, Vec<usize>) {
     match &sb.strategy_choice {
         Some(StrategyChoice::Oldest(o)) => (
             Duration::from_micros(o.max_queue_delay_microseconds),
@@ -63,7 +65,15 @@ pub fn strategy(sb: &ModelSequenceBatching) -> (Duration, Vec<usize>) {
                 .filter_map(|&s| usize::try_from(s).ok())
                 .collect(),
         ),
-        Some(StrategyChoice::Direct(d)) => (Duration::from_micros(d.max_queue_delay_microseconds), Vec::new()),
+        Some(StrategyChoice::Direct(d)) => {
+            let utilization = f64::from(d.minimum_slot_utilization);
+            if utilization <= 0.0 || max_batch_size == 0 {
+                return (Duration::ZERO, Vec::new());
+            }
+            let slots = (utilization.min(1.0) * max_batch_size as f64).ceil().max(1.0) as usize;
+            let delay = Duration::from_micros(d.max_queue_delay_microseconds);
+            (delay, (slots..=max_batch_size).collect())
+        }
         None => (Duration::ZERO, Vec::new()),
     }
 }

@@ -279,3 +279,27 @@ fn an_iterative_sequence_model_takes_a_request_without_an_id_as_a_sequence_of_it
     let other = Arc::new(std::sync::Mutex::new(Sequences::new(setup(1000))));
     assert!(Step::begin(&other, &plain, 1, &["i0"]).is_err());
 }
+
+#[test]
+fn the_direct_strategy_waits_only_for_its_minimum_slot_utilization() {
+    use mesh::proto::model_sequence_batching::{StrategyChoice, StrategyDirect};
+    use mesh::proto::ModelSequenceBatching;
+    let direct = |u: f32| ModelSequenceBatching {
+        strategy_choice: Some(StrategyChoice::Direct(StrategyDirect {
+            max_queue_delay_microseconds: 3_000_000,
+            minimum_slot_utilization: u,
+        })),
+        ..Default::default()
+    };
+    // Triton: at the default 0 a batch goes as soon as one slot has a request; the delay is moot.
+    assert_eq!(super::setup::strategy(&direct(0.0), 4), (Duration::ZERO, vec![]));
+    // Half of 4 slots: a batch of 2 or more goes at once, fewer wait up to the delay.
+    assert_eq!(
+        super::setup::strategy(&direct(0.5), 4),
+        (Duration::from_secs(3), vec![2, 3, 4])
+    );
+    assert_eq!(
+        super::setup::strategy(&direct(1.0), 4),
+        (Duration::from_secs(3), vec![4])
+    );
+}

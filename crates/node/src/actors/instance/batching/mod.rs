@@ -5,8 +5,11 @@
 //! - Batch size is counted as `max(1, batch_size)`, as Triton does; with `max_batch_size` 0 it is ignored.
 //! - A request priority of 0 uses `default_priority_level`; when that is 0 or out of range, the lowest
 //!   level (`priority_levels`) is used. With `priority_levels` 0 every priority goes to one queue.
-//! - A candidate that cannot grow (the next queued request has another shape key or would overflow
-//!   `max_batch_size`, or it already reaches the largest preferred size) is sent without waiting.
+//! - As Triton's dynamic batcher (its `GetDynamicBatch`): while the oldest request's delay runs, a
+//!   batch of a preferred size goes at once, and so does the largest batch that does not pass the
+//!   largest preferred size (`max_batch_size` when none is given) once the next request would pass
+//!   it; a candidate that cannot grow (the next request has another shape key or would overflow
+//!   `max_batch_size`) or whose delay is over goes whole.
 //! - A timeout fires when `now >= arrival + timeout`; timeouts are applied before a batch is formed.
 //! - A request delayed by a DELAY timeout still counts towards its level's `max_queue_size`.
 //! - Without `dynamic_batching` no request timeouts are applied (Triton's default scheduler has none).
@@ -106,7 +109,7 @@ impl BatchConfig {
             // Sequences batch with each other (one request of each at a time), after the
             // strategy's delay, towards its preferred sizes.
             Some(SchedulingChoice::SequenceBatching(sb)) if max_batch_size > 0 => {
-                let (delay, preferred) = crate::serving::sequence::setup::strategy(sb);
+                let (delay, preferred) = crate::serving::sequence::setup::strategy(sb, max_batch_size);
                 return Self {
                     dynamic: true,
                     preferred_batch_sizes: preferred
@@ -397,7 +400,11 @@ impl<T> Batcher<T> {
         rejected
     }
 
-    /// Decides how many requests from the front of the order to send now, or until when to wait.
+    /// Decides how many requests from the front of the order to send now, or until when to wait,
+    /// as Triton's dynamic batcher does: a preferred batch size, or the batch as large as it gets
+    /// without passing the largest preferred size (max_batch_size when none is given), goes at
+    /// once while the delay runs; once the delay is over, or the batch cannot grow, everything
+    /// that fits goes.
     fn plan(&self, now: Instant) -> Plan {
         let mut it = self.order();
         let Some(first) = it.next() else {
@@ -407,28 +414,33 @@ impl<T> Batcher<T> {
             return Plan::Ready(1);
         }
         let max = self.cfg.max_batch_size;
-        let (mut sums, mut oldest, mut blocked) = (vec![first.rows], first.arrival, false);
+        let pref = &self.cfg.preferred_batch_sizes;
+        let largest = pref.last().copied().unwrap_or(max);
+        let (mut total, mut n, mut oldest) = (first.rows, 1, first.arrival);
+        let mut best = pref.contains(&total).then_some(1);
+        let mut full = false;
         for e in it {
-            let total = *sums.last().expect("non-empty");
+            if total + e.rows > largest && best.is_none() {
+                best = Some(n);
+            }
             if e.key != first.key || total + e.rows > max {
-                blocked = true;
+                full = true;
                 break;
             }
-            sums.push(total + e.rows);
+            total += e.rows;
+            n += 1;
             oldest = oldest.min(e.arrival);
+            if pref.contains(&total) {
+                best = Some(n);
+            }
         }
-        let (n, total) = (sums.len(), sums[sums.len() - 1]);
-        let pref = &self.cfg.preferred_batch_sizes;
-        if total >= max || pref.contains(&total) || self.cfg.max_queue_delay.is_zero() {
-            return Plan::Ready(n);
+        let delay = self.cfg.max_queue_delay;
+        let delayed = !delay.is_zero() && now >= oldest + delay;
+        match best {
+            Some(b) if !delayed => Plan::Ready(b),
+            _ if full || total >= largest || delay.is_zero() || delayed => Plan::Ready(n),
+            _ => Plan::WaitUntil(oldest + delay),
         }
-        let can_grow = !blocked && pref.last().is_none_or(|&m| total < m);
-        let expiry = oldest + self.cfg.max_queue_delay;
-        if can_grow && now < expiry {
-            return Plan::WaitUntil(expiry);
-        }
-        let best_preferred = sums.iter().rposition(|s| pref.contains(s));
-        Plan::Ready(best_preferred.map_or(n, |i| i + 1))
     }
 
     /// Takes the first `n` requests in dispatch order off the queues.

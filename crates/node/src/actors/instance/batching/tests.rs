@@ -102,16 +102,37 @@ fn delay_expiry_dispatches_partial_batch_exactly_at_deadline() {
 }
 
 #[test]
-fn largest_preferred_size_chosen_at_expiry_but_not_with_zero_delay() {
+fn a_preferred_batch_goes_at_once_and_at_expiry_everything_pending_goes() {
     let t0 = Instant::now();
+    // Triton: a preferred size found while the delay runs is sent at once, delay or not.
+    for delay in [100, 0] {
+        let mut b = mk(8, &[2, 4], delay, |_| {});
+        push(&mut b, t0, 1..=3);
+        assert_eq!(take(&mut b, t0), Some(vec![1, 2]), "delay {delay}");
+        let rest = if delay == 0 { take(&mut b, t0) } else { take(&mut b, at(t0, 99)) };
+        assert_eq!(rest, if delay == 0 { Some(vec![3]) } else { None });
+    }
+    // Once the delay is over, every pending request goes, past a preferred size too.
     let mut b = mk(8, &[2, 4], 100, |_| {});
-    push(&mut b, t0, 1..=3);
-    assert_eq!(take(&mut b, at(t0, 99)), None);
+    push(&mut b, t0, [1]);
+    enq(&mut b, at(t0, 1), (2, 2, 7, 0, None)).unwrap();
+    assert_eq!(take(&mut b, at(t0, 99)), None, "3 rows: no preferred size, and it can grow to 4");
     assert_eq!(take(&mut b, at(t0, 100)), Some(vec![1, 2]));
-    assert_eq!(take(&mut b, at(t0, 100)), Some(vec![3]), "already waited its delay");
-    let mut b = mk(8, &[2, 4], 0, |_| {});
-    push(&mut b, t0, 1..=3);
-    assert_eq!(poll(&mut b, t0, true), (vec![], Some(vec![1, 2, 3]), None));
+}
+
+#[test]
+fn a_batch_does_not_grow_past_the_largest_preferred_size() {
+    // L0_batcher's test_multi_batch_sum_gt_max_preferred: preferred [2, 6], max 8; a 3-row request,
+    // then a 4-row one: the 3 goes alone as soon as the 4 arrives (7 would pass 6), and the 4
+    // waits its own delay.
+    let t0 = Instant::now();
+    let mut b = mk(8, &[2, 6], 10_000, |_| {});
+    enq(&mut b, t0, (1, 3, 7, 0, None)).unwrap();
+    assert_eq!(poll(&mut b, t0, true), (vec![], None, Some(at(t0, 10_000))));
+    enq(&mut b, at(t0, 1000), (2, 4, 7, 0, None)).unwrap();
+    assert_eq!(take(&mut b, at(t0, 1000)), Some(vec![1]));
+    assert_eq!(poll(&mut b, at(t0, 1000), true), (vec![], None, Some(at(t0, 11_000))));
+    assert_eq!(take(&mut b, at(t0, 11_000)), Some(vec![2]));
 }
 
 #[test]
