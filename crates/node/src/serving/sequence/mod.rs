@@ -74,7 +74,13 @@ pub struct Sequences {
     setup: Arc<SequenceSetup>,
     active: HashMap<SequenceId, Active>,
     generations: u64,
+    /// Told when a sequence ends, for STARTs waiting for a slot.
+    freed: Arc<tokio::sync::Notify>,
 }
+
+/// How often a START waiting for a slot looks again without being told (a sequence that idles
+/// out frees its slot without a word).
+const BACKLOG_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Sequences {
     pub fn new(setup: Arc<SequenceSetup>) -> Self {
@@ -82,6 +88,7 @@ impl Sequences {
             setup,
             active: HashMap::new(),
             generations: 0,
+            freed: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -96,6 +103,16 @@ impl Sequences {
     /// Admits a request of a sequence. START begins (or restarts) the sequence on the instance
     /// holding the fewest sequences among `instances`; any other request needs the sequence active.
     pub fn begin(&mut self, model: &str, flags: &Flags, instances: &[&str], now: Instant) -> Result<Ticket> {
+        self.try_begin(model, flags, instances, now)?.ok_or_else(|| {
+            Error::unavailable(format!(
+                "model '{model}': every instance holds {} sequences, its most",
+                self.setup.slots
+            ))
+        })
+    }
+
+    /// As `begin`, but None for a START that finds every instance's slots taken (it may wait).
+    pub fn try_begin(&mut self, model: &str, flags: &Flags, instances: &[&str], now: Instant) -> Result<Option<Ticket>> {
         let idle = self.setup.idle;
         self.active
             .retain(|_, a| a.running > 0 || now.saturating_duration_since(a.last) <= idle);
@@ -109,17 +126,20 @@ impl Sequences {
                     a.generation = generation;
                     a.running += 1;
                     a.last = now;
-                    return Ok(Ticket {
+                    return Ok(Some(Ticket {
                         instance: a.instance.clone(),
                         turn: a.turn.clone(),
                         generation,
-                    });
+                    }));
                 }
             }
             // New, or replacing one that ended or whose instance is gone (its waiters fail).
-            let instance = self
-                .least_loaded(instances)
-                .ok_or_else(|| Error::unavailable(format!("model '{model}' has no ready instance")))?;
+            if instances.is_empty() {
+                return Err(Error::unavailable(format!("model '{model}' has no ready instance")));
+            }
+            let Some(instance) = self.least_loaded(instances) else {
+                return Ok(None);
+            };
             let turn = Arc::new(tokio::sync::Mutex::new(()));
             let active = Active {
                 instance: instance.clone(),
@@ -130,22 +150,26 @@ impl Sequences {
                 generation,
                 ended: false,
             };
-            self.active.insert(flags.id.clone(), active);
-            return Ok(Ticket {
+            if let Some(replaced) = self.active.insert(flags.id.clone(), active) {
+                if replaced.instance != instance {
+                    self.freed.notify_waiters();
+                }
+            }
+            return Ok(Some(Ticket {
                 instance,
                 turn,
                 generation,
-            });
+            }));
         }
         match self.active.get_mut(&flags.id).filter(|a| !a.ended) {
             Some(a) => {
                 a.running += 1;
                 a.last = now;
-                Ok(Ticket {
+                Ok(Some(Ticket {
                     instance: a.instance.clone(),
                     turn: a.turn.clone(),
                     generation: a.generation,
-                })
+                }))
             }
             None => Err(not_active(model, &flags.id)),
         }
@@ -182,14 +206,19 @@ impl Sequences {
         }
         if a.ended && a.running == 0 {
             self.active.remove(id);
+            self.freed.notify_waiters();
         }
     }
 
+    /// The instance among `instances` holding the fewest sequences, if one has a free slot.
     fn least_loaded(&self, instances: &[&str]) -> Option<String> {
+        let slots = self.setup.slots;
         instances
             .iter()
-            .min_by_key(|i| self.active.values().filter(|a| a.instance == **i).count())
-            .map(|i| i.to_string())
+            .map(|i| (self.active.values().filter(|a| a.instance == *i).count(), i))
+            .filter(|&(held, _)| slots == 0 || held < slots)
+            .min_by_key(|&(held, _)| held)
+            .map(|(_, i)| i.to_string())
     }
 
     /// How many sequences are active (for tests and metrics).
@@ -227,6 +256,23 @@ impl Step {
         instances: &[&str],
     ) -> Result<Step> {
         let model = &request.model_name;
+        let flags = Self::flags(table, request, rows)?;
+        let (ticket, setup) = {
+            let mut t = lock(table);
+            (t.begin(model, &flags, instances, Instant::now())?, t.setup().clone())
+        };
+        Ok(Step {
+            table: table.clone(),
+            setup,
+            flags,
+            ticket,
+            finished: false,
+        })
+    }
+
+    /// The request's sequence flags (an iterative sequence's own id when it has none).
+    fn flags(table: &Arc<std::sync::Mutex<Sequences>>, request: &InferRequest, rows: usize) -> Result<Flags> {
+        let model = &request.model_name;
         let iterative = lock(table).setup().iterative;
         let flags = match Flags::of(model, request) {
             Err(_) if iterative && mesh::params::sequence_id(&request.parameters)?.is_none() => Flags {
@@ -241,17 +287,35 @@ impl Step {
                 "inference request to model '{model}' must specify batch-size 1 due to requirements of sequence batcher"
             )));
         }
-        let (ticket, setup) = {
-            let mut t = lock(table);
-            (t.begin(model, &flags, instances, Instant::now())?, t.setup().clone())
-        };
-        Ok(Step {
-            table: table.clone(),
-            setup,
-            flags,
-            ticket,
-            finished: false,
-        })
+        Ok(flags)
+    }
+
+    /// As `begin`, but a START that finds every instance's slots taken waits for one to free (a
+    /// sequence ending, or idling out), as in Triton's backlog; waiting holds no budget.
+    pub async fn admit(
+        table: &Arc<std::sync::Mutex<Sequences>>,
+        request: &InferRequest,
+        rows: usize,
+        instances: &[&str],
+    ) -> Result<Step> {
+        let flags = Self::flags(table, request, rows)?;
+        let model = &request.model_name;
+        loop {
+            let freed = {
+                let mut t = lock(table);
+                if let Some(ticket) = t.try_begin(model, &flags, instances, Instant::now())? {
+                    return Ok(Step {
+                        table: table.clone(),
+                        setup: t.setup().clone(),
+                        flags,
+                        ticket,
+                        finished: false,
+                    });
+                }
+                t.freed.clone()
+            };
+            let _ = tokio::time::timeout(BACKLOG_RECHECK, freed.notified()).await;
+        }
     }
 
     /// Adds the controls and the sequence's current state (call once the turn is held).

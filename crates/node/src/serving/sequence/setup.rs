@@ -50,6 +50,10 @@ pub struct SequenceSetup {
     /// `iterative_sequence: true`: a request without a correlation ID is a sequence of its own
     /// (START and END, an id of the node's), as Triton's iterative sequencer makes it.
     pub iterative: bool,
+    /// Sequences one instance holds at once (Triton's slots: `max_batch_size`, at least 1, for the
+    /// direct strategy; `max_candidate_sequences` for oldest); 0: no bound. A START that finds
+    /// every instance full waits for a sequence to end (the backlog).
+    pub slots: usize,
 }
 
 /// The strategy's batching delay and preferred batch sizes (`direct` or `oldest`; none: direct),
@@ -206,11 +210,16 @@ impl SequenceSetup {
             0 => DEFAULT_IDLE,
             us => Duration::from_micros(us),
         };
+        let slots = match &sb.strategy_choice {
+            Some(StrategyChoice::Oldest(o)) => usize::try_from(o.max_candidate_sequences).unwrap_or(0),
+            _ => usize::try_from(config.max_batch_size.max(1)).unwrap_or(1),
+        };
         Ok(Some(SequenceSetup {
             idle,
             controls,
             states,
             iterative: sb.iterative_sequence,
+            slots,
         }))
     }
 

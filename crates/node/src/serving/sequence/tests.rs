@@ -38,6 +38,7 @@ fn setup(idle_ms: u64) -> Arc<SequenceSetup> {
             initial: Tensor::from_values(vec![1], &[0f32]),
         }],
         iterative: false,
+        slots: 0,
     })
 }
 
@@ -302,4 +303,65 @@ fn the_direct_strategy_waits_only_for_its_minimum_slot_utilization() {
         super::setup::strategy(&direct(1.0), 4),
         (Duration::from_secs(3), vec![4])
     );
+}
+
+#[test]
+fn an_instance_holds_at_most_its_slots_and_a_start_waits_for_one() {
+    // Triton's direct strategy with max_batch_size 0: one sequence per instance at a time, so a
+    // model that keeps its state in the instance never sees two sequences interleaved.
+    let t0 = Instant::now();
+    let one_slot = Arc::new(SequenceSetup {
+        slots: 1,
+        ..(*setup(1000)).clone()
+    });
+    let mut s = Sequences::new(one_slot);
+    let a = s.try_begin("m", &flags(1, true, false), &["i0", "i1"], t0).unwrap().unwrap();
+    let b = s.try_begin("m", &flags(2, true, false), &["i0", "i1"], t0).unwrap().unwrap();
+    assert_ne!(a.instance, b.instance, "a free instance first");
+    assert!(s.try_begin("m", &flags(3, true, false), &["i0", "i1"], t0).unwrap().is_none(), "every slot taken");
+    assert!(s.begin("m", &flags(3, true, false), &["i0", "i1"], t0).is_err());
+    // A new START of a held sequence restarts it in its slot.
+    let again = s.try_begin("m", &flags(1, true, false), &["i0", "i1"], t0).unwrap().unwrap();
+    assert_eq!(again.instance, a.instance);
+    s.finish(&SequenceId::Int(1), &a, Some(v(1.0)), false, t0);
+    s.finish(&SequenceId::Int(1), &again, Some(v(1.0)), true, t0);
+    let c = s.try_begin("m", &flags(3, true, false), &["i0", "i1"], t0).unwrap().unwrap();
+    assert_eq!(c.instance, a.instance, "the ended sequence's slot");
+    // An idle sequence frees its slot too.
+    let later = t0 + Duration::from_secs(2);
+    s.finish(&SequenceId::Int(3), &c, Some(v(1.0)), false, t0);
+    s.finish(&SequenceId::Int(2), &b, Some(v(1.0)), false, t0);
+    assert!(s.try_begin("m", &flags(4, true, false), &["i0", "i1"], later).unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_waiting_start_is_admitted_when_a_sequence_ends() {
+    let one_slot = Arc::new(SequenceSetup {
+        slots: 1,
+        ..(*setup(60_000)).clone()
+    });
+    let table = Arc::new(std::sync::Mutex::new(Sequences::new(one_slot)));
+    let seq = |id: u64, start: bool, end: bool| {
+        let mut params = vec![("sequence_id", Param::Uint(id))];
+        if start {
+            params.push(("sequence_start", Param::Bool(true)));
+        }
+        if end {
+            params.push(("sequence_end", Param::Bool(true)));
+        }
+        request(params)
+    };
+    let first = Step::admit(&table, &seq(1, true, false), 1, &["i0"]).await.unwrap();
+    let waiting = tokio::spawn({
+        let table = table.clone();
+        async move { Step::admit(&table, &seq(2, true, false), 1, &["i0"]).await.map(|s| s.ticket.instance) }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "the only slot is held");
+    drop(first);
+    let end = Step::admit(&table, &seq(1, false, true), 1, &["i0"]).await.unwrap();
+    let mut outputs = vec![];
+    end.finish(false, &mut outputs).ok();
+    let admitted = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+    assert_eq!(admitted.expect("admitted once the sequence ended").unwrap().unwrap(), "i0");
 }
