@@ -256,3 +256,76 @@ def test_through_the_router_a_sequence_stays_on_its_node_and_fails_clearly_when_
     r = step(c, httpclient, "seq_accumulate", 4, 777, start=True, end=True)
     assert r.as_numpy("OUTPUT")[0][0] == 4
     c.close()
+
+
+ONE_SEQUENCE_PER_INSTANCE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    # Like Triton's qa sequence models, the running sum lives in the instance: correct only if the
+    # instance holds one sequence at a time (max_batch_size 0: one slot).
+    def initialize(self, args):
+        self.open, self.total = None, 0
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            cid, flags = r.correlation_id(), r.flags()
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                if self.open is not None:
+                    raise pb_utils.TritonModelException(f"sequence {cid} started while {self.open} is open here")
+                self.open, self.total = cid, 0
+            elif self.open != cid:
+                raise pb_utils.TritonModelException(f"sequence {cid} reached an instance holding {self.open}")
+            self.total += int(pb_utils.get_input_tensor_by_name(r, "X").as_numpy()[0])
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", np.array([self.total], np.int32))]))
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+                self.open = None
+        return out
+"""
+
+
+def test_an_instance_holds_one_sequence_per_slot_and_the_rest_wait(server_factory, tmp_path):
+    """Triton's L0_sequence_batcher test_backlog: five sequences at once on a model with two
+    instances and no batching (one slot each): three wait in the backlog until a sequence ends, so
+    the model, which keeps its sum in the instance, never sees two sequences interleaved."""
+    import sys
+    repo = tmp_path / "repo"
+    (repo / "slots_py" / "1").mkdir(parents=True)
+    (repo / "slots_py" / "1" / "model.py").write_text(ONE_SEQUENCE_PER_INSTANCE)
+    (repo / "slots_py" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'instance_group [ { count: 2 kind: KIND_CPU } ]\n'
+        'sequence_batching { max_sequence_idle_microseconds: 30000000 }\n')
+    srv = server_factory([repo], ["--backend-config", f"python,interpreter={sys.executable}"],
+                         name="sequence-slots", wait_models=["slots_py"])
+    sums, errors = {}, []
+
+    def run(seq):
+        c = grpcclient.InferenceServerClient(srv.grpc_url)
+        got = []
+        try:
+            for k, value in enumerate((1, 2, 3)):
+                x = grpcclient.InferInput("X", [1], "INT32")
+                x.set_data_from_numpy(np.array([value], np.int32))
+                r = c.infer("slots_py", [x], sequence_id=seq, sequence_start=k == 0, sequence_end=k == 2,
+                            client_timeout=60)
+                got.append(int(r.as_numpy("SUM")[0]))
+                time.sleep(0.1)
+            sums[seq] = got
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(f"{seq}: {e}")
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=run, args=(seq,)) for seq in range(1001, 1006)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == [], errors
+    assert sums == {seq: [1, 3, 6] for seq in range(1001, 1006)}
