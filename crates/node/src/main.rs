@@ -66,9 +66,11 @@ async fn run(args: Args) -> Result<(), String> {
     };
     // Triton's rule and words: the old flag and the new one are one or the other.
     if args.triton.response_cache_byte_size.is_some() && !args.cache_config.is_empty() {
-        return Err("Error: Incompatible flags --response-cache-byte-size and --cache-config both provided. \
+        return Err(
+            "Error: Incompatible flags --response-cache-byte-size and --cache-config both provided. \
                     Please provide one or the other."
-            .into());
+                .into(),
+        );
     }
     let options = NodeOptions {
         strict_readiness: args.strict_readiness,

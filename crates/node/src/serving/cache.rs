@@ -22,13 +22,14 @@ impl CacheConfig {
     /// given wins, as in tritonserver). None when no value was given.
     pub fn parse(values: &[String]) -> std::result::Result<Option<CacheConfig>, String> {
         // Triton's words: one cache at most, whichever they are.
-        let mut names: Vec<&str> = values.iter().filter_map(|v| v.split_once(',').map(|(c, _)| c)).collect();
+        let mut names: Vec<&str> = values
+            .iter()
+            .filter_map(|v| v.split_once(',').map(|(c, _)| c))
+            .collect();
         names.sort_unstable();
         names.dedup();
         if names.len() > 1 {
-            return Err(
-                "found multiple cache configurations, but only a single cache is currently supported".into(),
-            );
+            return Err("found multiple cache configurations, but only a single cache is currently supported".into());
         }
         let mut size = None;
         for value in values {

@@ -274,7 +274,11 @@ impl NodeDispatch {
                     .filter(|i| i.is_ready())
                     .map(|i| &*i.label)
                     .collect();
-                Some(sequence::Step::admit(table, &request, rows, &ready).await.map_err(failed)?)
+                Some(
+                    sequence::Step::admit(table, &request, rows, &ready)
+                        .await
+                        .map_err(failed)?,
+                )
             }
             None => None,
         };

@@ -228,7 +228,11 @@ pub fn load_ensemble(
     // An output without labels of its own takes those of the step output that makes it.
     if let Some(SchedulingChoice::EnsembleScheduling(e)) = &planned.scheduling_choice {
         for step in &e.step {
-            let version = if step.model_version < 0 { String::new() } else { step.model_version.to_string() };
+            let version = if step.model_version < 0 {
+                String::new()
+            } else {
+                step.model_version.to_string()
+            };
             let Ok(m) = table.resolve(&step.model_name, &version) else {
                 continue;
             };

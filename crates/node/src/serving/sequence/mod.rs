@@ -112,7 +112,13 @@ impl Sequences {
     }
 
     /// As `begin`, but None for a START that finds every instance's slots taken (it may wait).
-    pub fn try_begin(&mut self, model: &str, flags: &Flags, instances: &[&str], now: Instant) -> Result<Option<Ticket>> {
+    pub fn try_begin(
+        &mut self,
+        model: &str,
+        flags: &Flags,
+        instances: &[&str],
+        now: Instant,
+    ) -> Result<Option<Ticket>> {
         let idle = self.setup.idle;
         self.active
             .retain(|_, a| a.running > 0 || now.saturating_duration_since(a.last) <= idle);

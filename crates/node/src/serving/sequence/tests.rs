@@ -315,23 +315,43 @@ fn an_instance_holds_at_most_its_slots_and_a_start_waits_for_one() {
         ..(*setup(1000)).clone()
     });
     let mut s = Sequences::new(one_slot);
-    let a = s.try_begin("m", &flags(1, true, false), &["i0", "i1"], t0).unwrap().unwrap();
-    let b = s.try_begin("m", &flags(2, true, false), &["i0", "i1"], t0).unwrap().unwrap();
+    let a = s
+        .try_begin("m", &flags(1, true, false), &["i0", "i1"], t0)
+        .unwrap()
+        .unwrap();
+    let b = s
+        .try_begin("m", &flags(2, true, false), &["i0", "i1"], t0)
+        .unwrap()
+        .unwrap();
     assert_ne!(a.instance, b.instance, "a free instance first");
-    assert!(s.try_begin("m", &flags(3, true, false), &["i0", "i1"], t0).unwrap().is_none(), "every slot taken");
+    assert!(
+        s.try_begin("m", &flags(3, true, false), &["i0", "i1"], t0)
+            .unwrap()
+            .is_none(),
+        "every slot taken"
+    );
     assert!(s.begin("m", &flags(3, true, false), &["i0", "i1"], t0).is_err());
     // A new START of a held sequence restarts it in its slot.
-    let again = s.try_begin("m", &flags(1, true, false), &["i0", "i1"], t0).unwrap().unwrap();
+    let again = s
+        .try_begin("m", &flags(1, true, false), &["i0", "i1"], t0)
+        .unwrap()
+        .unwrap();
     assert_eq!(again.instance, a.instance);
     s.finish(&SequenceId::Int(1), &a, Some(v(1.0)), false, t0);
     s.finish(&SequenceId::Int(1), &again, Some(v(1.0)), true, t0);
-    let c = s.try_begin("m", &flags(3, true, false), &["i0", "i1"], t0).unwrap().unwrap();
+    let c = s
+        .try_begin("m", &flags(3, true, false), &["i0", "i1"], t0)
+        .unwrap()
+        .unwrap();
     assert_eq!(c.instance, a.instance, "the ended sequence's slot");
     // An idle sequence frees its slot too.
     let later = t0 + Duration::from_secs(2);
     s.finish(&SequenceId::Int(3), &c, Some(v(1.0)), false, t0);
     s.finish(&SequenceId::Int(2), &b, Some(v(1.0)), false, t0);
-    assert!(s.try_begin("m", &flags(4, true, false), &["i0", "i1"], later).unwrap().is_some());
+    assert!(s
+        .try_begin("m", &flags(4, true, false), &["i0", "i1"], later)
+        .unwrap()
+        .is_some());
 }
 
 #[tokio::test]
@@ -354,7 +374,11 @@ async fn a_waiting_start_is_admitted_when_a_sequence_ends() {
     let first = Step::admit(&table, &seq(1, true, false), 1, &["i0"]).await.unwrap();
     let waiting = tokio::spawn({
         let table = table.clone();
-        async move { Step::admit(&table, &seq(2, true, false), 1, &["i0"]).await.map(|s| s.ticket.instance) }
+        async move {
+            Step::admit(&table, &seq(2, true, false), 1, &["i0"])
+                .await
+                .map(|s| s.ticket.instance.clone())
+        }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!waiting.is_finished(), "the only slot is held");
@@ -363,5 +387,8 @@ async fn a_waiting_start_is_admitted_when_a_sequence_ends() {
     let mut outputs = vec![];
     end.finish(false, &mut outputs).ok();
     let admitted = tokio::time::timeout(Duration::from_secs(10), waiting).await;
-    assert_eq!(admitted.expect("admitted once the sequence ended").unwrap().unwrap(), "i0");
+    assert_eq!(
+        admitted.expect("admitted once the sequence ended").unwrap().unwrap(),
+        "i0"
+    );
 }

@@ -109,14 +109,22 @@ fn a_preferred_batch_goes_at_once_and_at_expiry_everything_pending_goes() {
         let mut b = mk(8, &[2, 4], delay, |_| {});
         push(&mut b, t0, 1..=3);
         assert_eq!(take(&mut b, t0), Some(vec![1, 2]), "delay {delay}");
-        let rest = if delay == 0 { take(&mut b, t0) } else { take(&mut b, at(t0, 99)) };
+        let rest = if delay == 0 {
+            take(&mut b, t0)
+        } else {
+            take(&mut b, at(t0, 99))
+        };
         assert_eq!(rest, if delay == 0 { Some(vec![3]) } else { None });
     }
     // Once the delay is over, every pending request goes, past a preferred size too.
     let mut b = mk(8, &[2, 4], 100, |_| {});
     push(&mut b, t0, [1]);
     enq(&mut b, at(t0, 1), (2, 2, 7, 0, None)).unwrap();
-    assert_eq!(take(&mut b, at(t0, 99)), None, "3 rows: no preferred size, and it can grow to 4");
+    assert_eq!(
+        take(&mut b, at(t0, 99)),
+        None,
+        "3 rows: no preferred size, and it can grow to 4"
+    );
     assert_eq!(take(&mut b, at(t0, 100)), Some(vec![1, 2]));
 }
 
