@@ -94,11 +94,13 @@ def test_a_stream_that_floods_one_sequence_is_bounded(fresh_server, tmp_path):
     call.cancel()
     channel.close()
 
-    # The node serves on.
+    # The node serves on: the flooded sequence can be ended, and then its instance's one slot
+    # (max_batch_size 0) takes the next sequence, as Triton's backlog would.
     c = grpcclient.InferenceServerClient(srv.grpc_url)
     assert c.is_server_ready()
     x = grpcclient.InferInput("X", [4], "FP32")
     x.set_data_from_numpy(np.ones(4, np.float32))
-    r = c.infer("slow_seq", [x], sequence_id=8, sequence_start=True, sequence_end=True, client_timeout=60)
-    assert r.as_numpy("N").tolist() == [4]
+    for seq, start in ((7, False), (8, True)):
+        r = c.infer("slow_seq", [x], sequence_id=seq, sequence_start=start, sequence_end=True, client_timeout=60)
+        assert r.as_numpy("N").tolist() == [4]
     c.close()
