@@ -26,6 +26,8 @@ pub struct Plan {
     pub outputs: Vec<String>,
     /// Whether a step's model is decoupled: the ensemble may then answer any number of times.
     pub decoupled: bool,
+    /// How the ensemble's outputs that come from a step on the other side of batching are shaped.
+    output_fits: HashMap<String, Fit>,
     /// Which steps read each tensor, for readiness.
     consumers: HashMap<String, Vec<usize>>,
 }
@@ -42,6 +44,42 @@ pub struct Step {
     pub outputs: Vec<(String, String)>,
     /// The model may answer several times: each answer goes on through the steps after it.
     pub decoupled: bool,
+    /// By model input: how a tensor made on the other side of batching is shaped for the model.
+    fits: HashMap<String, Fit>,
+}
+
+/// How a tensor is shaped where it goes when its producer batches and its consumer does not, or
+/// the other way round (Triton's ensemble rule): a batch dimension of 1 is added for a batching
+/// consumer whose dims the tensor already has, and removed for a non-batching one whose dims it
+/// does not have.
+#[derive(Debug, Clone, PartialEq)]
+struct Fit {
+    /// The consumer's dims, without a batch dimension.
+    dims: Vec<i64>,
+    /// Whether the consumer batches (the producer does not).
+    batching: bool,
+}
+
+impl Fit {
+    /// The shape the consumer gets for a tensor of `shape`.
+    fn apply(&self, shape: &mut Vec<i64>) {
+        if self.batching {
+            if compatible(&self.dims, shape) {
+                shape.insert(0, 1);
+            }
+        } else if !compatible(&self.dims, shape) && shape.first() == Some(&1) {
+            shape.remove(0);
+        }
+    }
+}
+
+/// Shapes a tensor for where it goes: a copy of the handle, sharing the bytes.
+fn fitted(tensor: &crate::tensor::Tensor, fit: Option<&Fit>) -> crate::tensor::Tensor {
+    let mut t = tensor.clone();
+    if let Some(fit) = fit {
+        fit.apply(&mut t.shape);
+    }
+    t
 }
 
 /// What a step's model looks like, for checking the wiring; looked up by model name and version.
@@ -51,12 +89,15 @@ pub struct StepModel {
     pub decoupled: bool,
 }
 
-/// A tensor's type and full shape: a batching model's (or ensemble's) tensors get a leading -1,
-/// which is how a non-batching ensemble can feed [1, 3, H, W] to a batching model.
+/// A tensor's type, dims and full shape: a batching model's (or ensemble's) tensors get a leading
+/// -1 in the full shape. A link fits if the dims match, or else the full shapes (Triton's rule): so a
+/// non-batching ensemble can feed [16] or [1, 16] to a batching model of dims [-1].
 #[derive(Debug, Clone, PartialEq)]
 struct TensorSpec {
     dtype: Option<DataType>,
+    dims: Vec<i64>,
     shape: Vec<i64>,
+    batching: bool,
 }
 
 impl TensorSpec {
@@ -69,8 +110,18 @@ impl TensorSpec {
         shape.extend_from_slice(dims);
         TensorSpec {
             dtype: DataType::from_config(data_type),
+            dims: dims.to_vec(),
             shape,
+            batching: max_batch_size > 0,
         }
+    }
+
+    /// How a tensor from `producer` is shaped for this consumer; None: as it is.
+    fn fit_from(&self, producer: &TensorSpec) -> Option<Fit> {
+        (producer.batching != self.batching).then(|| Fit {
+            dims: self.dims.clone(),
+            batching: self.batching,
+        })
     }
 }
 
@@ -105,7 +156,7 @@ fn check_link(tensor: &str, producer: &(String, TensorSpec), consumer: &(String,
             ));
         }
     }
-    if !compatible(&p.shape, &c.shape) {
+    if !compatible(&p.dims, &c.dims) && !compatible(&p.shape, &c.shape) {
         return Err(format!(
             "tensor '{tensor}' has shape {:?} from {who_p} but {who_c} takes {:?}",
             p.shape, c.shape
@@ -138,7 +189,8 @@ impl Plan {
             produced.insert(i.name.clone(), ("the ensemble's input".into(), spec));
         }
         let mut steps = Vec::with_capacity(scheduling.step.len());
-        let mut consumed: Vec<(String, (String, TensorSpec))> = Vec::new();
+        // (tensor, (who consumes it, what it takes), (step, model input))
+        let mut consumed: Vec<(String, (String, TensorSpec), (usize, String))> = Vec::new();
         for (n, s) in scheduling.step.iter().enumerate() {
             let version = if s.model_version < 0 {
                 String::new()
@@ -161,7 +213,8 @@ impl Plan {
                     format!("{who}: input_map names '{model_input}', which is not an input of the model")
                 })?;
                 let spec = TensorSpec::new(i.data_type, m.max_batch_size, &i.dims);
-                consumed.push((tensor.clone(), (format!("{who} input '{model_input}'"), spec)));
+                let link = (n, model_input.clone());
+                consumed.push((tensor.clone(), (format!("{who} input '{model_input}'"), spec), link));
             }
             if let Some(missing) = m
                 .input
@@ -186,19 +239,27 @@ impl Plan {
                 inputs,
                 outputs,
                 decoupled: model.decoupled,
+                fits: HashMap::new(),
             });
         }
-        for (tensor, consumer) in &consumed {
+        for (tensor, consumer, (n, model_input)) in consumed {
             let producer = produced
-                .get(tensor)
+                .get(&tensor)
                 .ok_or_else(|| format!("tensor '{tensor}' used by {} is never produced", consumer.0))?;
-            check_link(tensor, producer, consumer)?;
+            check_link(&tensor, producer, &consumer)?;
+            if let Some(fit) = consumer.1.fit_from(&producer.1) {
+                steps[n].fits.insert(model_input, fit);
+            }
         }
+        let mut output_fits = HashMap::new();
         for o in &config.output {
             let producer = produced
                 .get(&o.name)
                 .ok_or_else(|| format!("ensemble output '{}' is produced by no step", o.name))?;
             let spec = TensorSpec::new(o.data_type, mbs, &o.dims);
+            if let Some(fit) = spec.fit_from(&producer.1) {
+                output_fits.insert(o.name.clone(), fit);
+            }
             check_link(&o.name, producer, &("the ensemble's output".into(), spec))?;
         }
         let mut consumers: HashMap<String, Vec<usize>> = HashMap::new();
@@ -210,6 +271,7 @@ impl Plan {
         let plan = Plan {
             name: config.name.clone(),
             decoupled: steps.iter().any(|s| s.decoupled),
+            output_fits,
             steps,
             inputs: config.input.iter().map(|i| i.name.clone()).collect(),
             outputs: config.output.iter().map(|o| o.name.clone()).collect(),

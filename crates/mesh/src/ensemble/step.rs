@@ -3,12 +3,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::{Plan, Step};
+use super::{fitted, Plan, Step};
 use crate::error::{Error, Result};
 use crate::request::{InferRequest, Params, RequestedOutput};
 use crate::tensor::{NamedTensor, Tensor};
 
-/// One step's request: its inputs renamed from the ensemble's tensors (shared bytes, no copy).
+/// One step's request: its inputs renamed from the ensemble's tensors (shared bytes, no copy), each
+/// shaped for the model where one side batches and the other does not.
 pub(super) fn step_request(step: &Step, tensors: &HashMap<String, Tensor>, id: &str, params: &Params) -> InferRequest {
     InferRequest {
         model_name: step.model.clone(),
@@ -21,7 +22,7 @@ pub(super) fn step_request(step: &Step, tensors: &HashMap<String, Tensor>, id: &
                 let t = tensors.get(tensor)?;
                 Some(NamedTensor {
                     name: input.clone(),
-                    tensor: t.clone(),
+                    tensor: fitted(t, step.fits.get(input)),
                 })
             })
             .collect(),
@@ -80,7 +81,7 @@ pub(super) fn outputs_of(
             })?;
             Ok(NamedTensor {
                 name: name.clone(),
-                tensor,
+                tensor: fitted(&tensor, plan.output_fits.get(name)),
             })
         })
         .collect()

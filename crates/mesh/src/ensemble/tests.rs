@@ -19,6 +19,9 @@ fn model(name: &str) -> Result<StepModel, String> {
         "ints" => {
             "input [ { name: \"x\" data_type: TYPE_INT32 dims: [ 4 ] } ] output [ { name: \"y\" data_type: TYPE_INT32 dims: [ 4 ] } ]"
         }
+        "batched" => {
+            "max_batch_size: 8 input [ { name: \"x\" data_type: TYPE_FP32 dims: [ -1 ] } ] output [ { name: \"y\" data_type: TYPE_FP32 dims: [ -1 ] } ]"
+        }
         "wide" => {
             "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 8 ] } ] output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 8 ] } ]"
         }
@@ -146,7 +149,11 @@ impl Dispatch for Arith {
     async fn infer(&self, r: InferRequest) -> crate::Result<InferResponse> {
         let get = |n: &str| r.input(n).map(|t| floats(&t.tensor));
         let y: Vec<f32> = match r.model_name.as_str() {
-            "double" => get("x").unwrap().iter().map(|v| v * 2.0).collect(),
+            "double" => {
+                let shape = &r.input("x").unwrap().tensor.shape;
+                assert_eq!(shape, &[4], "a non-batching model of dims [4] got {shape:?}");
+                get("x").unwrap().iter().map(|v| v * 2.0).collect()
+            }
             "negate" => get("x").unwrap().iter().map(|v| -v).collect(),
             "sum" => get("a")
                 .unwrap()
@@ -159,6 +166,18 @@ impl Dispatch for Arith {
                 get("x").unwrap()
             }
             "skip" => return Ok(InferResponse::default()), // leaves its (optional) output out
+            "batched" => {
+                // Echoes x with its shape, which must carry a batch dimension.
+                let x = &r.input("x").unwrap().tensor;
+                assert_eq!(x.shape.len(), 2, "a batching model got {:?}", x.shape);
+                return Ok(InferResponse {
+                    outputs: vec![NamedTensor {
+                        name: "y".into(),
+                        tensor: x.clone(),
+                    }],
+                    ..Default::default()
+                });
+            }
             _ => return Err(crate::Error::unavailable("the backend broke")),
         };
         Ok(InferResponse {
@@ -239,6 +258,22 @@ async fn the_diamond_computes_2x_plus_minus_x() {
     let out = run(&plan, &arith(), request([1.0, 2.0, 3.0, 4.0])).await.unwrap();
     assert_eq!(out.outputs[0].name, "OUT");
     assert_eq!(floats(&out.outputs[0].tensor), vec![1.0, 2.0, 3.0, 4.0]);
+}
+
+/// Triton's rule for a non-batching ensemble over a batching model (L0_infer's `fan_*_nobatch`):
+/// dims [4] fit dims [-1]; the batching step gets [1, 4], the non-batching step after it and the
+/// ensemble's output get [4] back.
+#[tokio::test]
+async fn a_non_batching_ensemble_passes_through_a_batching_step() {
+    let steps = [
+        step("batched", &[("x", "IN")], &[("y", "b")]),
+        step("double", &[("x", "b")], &[("y", "d")]),
+        step("batched", &[("x", "d")], &[("y", "OUT")]),
+    ];
+    let plan = Plan::build(&ensemble(&steps.join(", "), OUT), &lookup).unwrap();
+    let out = run(&plan, &arith(), request([1.0, 2.0, 3.0, 4.0])).await.unwrap();
+    assert_eq!(out.outputs[0].tensor.shape, vec![4]);
+    assert_eq!(floats(&out.outputs[0].tensor), vec![2.0, 4.0, 6.0, 8.0]);
 }
 
 #[tokio::test]
