@@ -106,6 +106,34 @@ def test_dynamic_batching_merges_concurrent_requests_and_splits_outputs(fresh_se
     assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in st["batch_stats"]) == 12
 
 
+def test_tritons_delay_scheduler_hook_holds_batches_until_its_count(fresh_server, models_dir, tmp_path):
+    """TRITONSERVER_DELAY_SCHEDULER=6 (the test hook Triton's L0_batcher sets): no batch forms until
+    six requests are queued, so six concurrent requests run as one batch of the preferred 6, never
+    as the preferred 2 that the first two would make without it."""
+    repo = make_repo(tmp_path, models_dir, "add_sub", "held",
+                     "max_batch_size: 8\n" + ADD_SUB_IO +
+                     f"dynamic_batching {{ preferred_batch_size: [ 2, 6 ] max_queue_delay_microseconds: {HOLD_US} }}")
+    fresh_server.env = dict(fresh_server.env, TRITONSERVER_DELAY_SCHEDULER="6")
+    srv = fresh_server([repo])
+
+    def one(i):
+        c = httpclient.InferenceServerClient(srv.http_url)
+        try:
+            return c.infer("held", add_sub_inputs(float(i))).as_numpy("OUTPUT0")
+        finally:
+            c.close()
+
+    results = run_threads([lambda i=i: one(i) for i in range(6)])
+    for i, (kind, value) in enumerate(results):
+        assert kind == "ok", value
+        np.testing.assert_array_equal(value, np.full((1, 16), i + 1.0, np.float32))
+    c = httpclient.InferenceServerClient(srv.http_url)
+    st = c.get_inference_statistics("held")["model_stats"][0]
+    c.close()
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in st["batch_stats"]] == [(6, 1)], st["batch_stats"]
+    assert "TRITONSERVER_DELAY_SCHEDULER is set" in srv.log_path.read_text()
+
+
 def assert_refused_over_http_and_grpc(srv, model, reason):
     """One add_sub request over each protocol is refused at once: 503 naming `reason`, and UNAVAILABLE."""
     r = srv.post(f"/v2/models/{model}/infer", add_sub_json_body())

@@ -204,6 +204,25 @@ fn enrol(source: &VersionSource, config: &ModelConfig, p: &InstancePlacement) ->
     source.limiter.join(device, limits)
 }
 
+/// Triton's test hook `TRITONSERVER_DELAY_SCHEDULER` (a count of queued requests before the first
+/// batch; see `batching`), read once; its qa suites set it to check how batches form.
+fn scheduler_delay_hook() -> usize {
+    static HOLD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *HOLD.get_or_init(|| {
+        let hold = std::env::var("TRITONSERVER_DELAY_SCHEDULER")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if hold > 0 {
+            tracing::warn!(
+                hold,
+                "TRITONSERVER_DELAY_SCHEDULER is set (a test hook): each dynamic batcher forms no batch until that many requests are queued on it"
+            );
+        }
+        hold
+    })
+}
+
 /// Starts one instance linked to the ModelActor.
 async fn spawn_instance(
     me: &ActorRef<ModelMsg>,
@@ -220,7 +239,7 @@ async fn spawn_instance(
         label,
         model: source.model.clone(),
         version: source.version,
-        batch: BatchConfig::from_model_config(config),
+        batch: BatchConfig::from_model_config(config).with_hold(config, scheduler_delay_hook()),
         factory,
         #[cfg(feature = "fault-injection")]
         panic_actor_on_rows: config

@@ -14,6 +14,9 @@
 //! - A request delayed by a DELAY timeout still counts towards its level's `max_queue_size`.
 //! - Without `dynamic_batching` no request timeouts are applied (Triton's default scheduler has none).
 //! - `wake_at` covers time-driven events only; the caller polls again itself when the instance goes idle.
+//! - `hold` is Triton's test hook `TRITONSERVER_DELAY_SCHEDULER=N` (its qa suites rely on it): no
+//!   batch forms until N requests are queued, once; then the batcher runs as usual. Triton counts its
+//!   model's one queue, the mesh each instance's queue (the same for a model with one instance).
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -83,6 +86,8 @@ pub struct BatchConfig {
     pub default_policy: QueuePolicy,
     /// Per-level overrides of `default_policy`.
     pub level_policies: HashMap<u32, QueuePolicy>,
+    /// Triton's test hook: no batch until this many requests are queued (0: none).
+    pub hold: usize,
 }
 
 impl BatchConfig {
@@ -98,6 +103,7 @@ impl BatchConfig {
             default_priority_level: 0,
             default_policy: QueuePolicy::default(),
             level_policies: HashMap::new(),
+            hold: 0,
         }
     }
 
@@ -143,7 +149,18 @@ impl BatchConfig {
                 .iter()
                 .map(|(&l, p)| (clamp(l), QueuePolicy::from_proto(p)))
                 .collect(),
+            hold: 0,
         }
+    }
+
+    /// Applies Triton's test hook `TRITONSERVER_DELAY_SCHEDULER` (`hold`, read by the caller) to a
+    /// model with dynamic batching; sequence batching does not take it (it admits one request of
+    /// a sequence at a time, so the count might never be reached).
+    pub fn with_hold(mut self, cfg: &mesh::config::ModelConfig, hold: usize) -> Self {
+        if matches!(cfg.scheduling_choice, Some(SchedulingChoice::DynamicBatching(_))) && !self.alone() {
+            self.hold = hold;
+        }
+        self
     }
 
     /// True when requests are never combined, so the batcher skips batch formation.
@@ -347,11 +364,19 @@ impl<T> Batcher<T> {
         false
     }
 
+    /// Whether the test hook still holds every batch back.
+    pub fn holding(&self) -> bool {
+        self.cfg.hold > 0
+    }
+
     /// Applies timeouts, forms a batch if the instance is idle, and says when to poll next.
     pub fn poll(&mut self, now: Instant, instance_idle: bool) -> Decision<T> {
         let rejected = self.expire(now);
+        if self.cfg.hold > 0 && self.len() >= self.cfg.hold {
+            self.cfg.hold = 0;
+        }
         let mut batch = None;
-        if instance_idle {
+        if instance_idle && self.cfg.hold == 0 {
             if let Plan::Ready(n) = self.plan(now) {
                 batch = Some(self.pop(n));
             }

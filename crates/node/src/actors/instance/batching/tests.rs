@@ -334,3 +334,31 @@ fn from_model_config_reads_dynamic_batching() {
     assert_eq!(c.level_policies[&1], policy(Delay, 250, true, 0));
     assert_eq!((b.policies[0].timeout_action, b.policies[2].max_queue_size), (Delay, 5));
 }
+
+#[test]
+fn the_delay_hook_holds_every_batch_until_its_count_is_queued_once() {
+    let t0 = Instant::now();
+    let mut b = mk(8, &[2, 6], 10_000_000, |c| c.hold = 6);
+    assert!(b.holding());
+    push(&mut b, t0, 1..=5);
+    assert_eq!(take(&mut b, at(t0, 20_000_000)), None, "held even past the queue delay");
+    push(&mut b, t0, [6]);
+    assert_eq!(
+        take(&mut b, at(t0, 1)),
+        Some(vec![1, 2, 3, 4, 5, 6]),
+        "the preferred 6 at once"
+    );
+    assert!(!b.holding());
+    push(&mut b, t0, [7, 8]);
+    assert_eq!(take(&mut b, at(t0, 2)), Some(vec![7, 8]), "then it batches as usual");
+    // Only dynamic batching takes the hook.
+    let sequence: mesh::config::ModelConfig =
+        mesh::config::parse_pbtxt("name: \"s\" max_batch_size: 4 sequence_batching { }").unwrap();
+    assert_eq!(
+        BatchConfig::from_model_config(&sequence).with_hold(&sequence, 3).hold,
+        0
+    );
+    let dynamic: mesh::config::ModelConfig =
+        mesh::config::parse_pbtxt("name: \"d\" max_batch_size: 4 dynamic_batching { }").unwrap();
+    assert_eq!(BatchConfig::from_model_config(&dynamic).with_hold(&dynamic, 3).hold, 3);
+}
