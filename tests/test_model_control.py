@@ -185,6 +185,59 @@ def test_concurrent_loads_and_unloads_stay_consistent(explicit_server):
         http.close()
 
 
+SLOW_INIT_PY = b"""
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(4)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_a_flood_of_loads_is_refused_beyond_the_waiting_bound(explicit_server):
+    """Load and unload requests wait in the repository manager's mailbox, one change at a time: at
+    most 16 may wait (the one running counts); more are refused at once as overload (503), and the
+    ones admitted all complete."""
+    srv = explicit_server
+    cfg = {"name": "slow_init", "backend": "python", "max_batch_size": 0,
+           "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
+           "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}]}
+    body = json.dumps({"parameters": {"config": json.dumps(cfg),
+                                      "file:1/model.py": __import__("base64").b64encode(SLOW_INIT_PY).decode()}})
+    slow = []
+    loader = threading.Thread(target=lambda: slow.append(srv.post("/v2/repository/models/slow_init/load", body.encode())))
+    loader.start()
+
+    time.sleep(1.0)  # the slow load reaches the manager; its initialize takes 4 s
+    answers = [None] * 30
+
+    def load_add_sub(i):
+        answers[i] = srv.post("/v2/repository/models/add_sub/load", b"{}")
+
+    flood = [threading.Thread(target=load_add_sub, args=(i,)) for i in range(30)]
+    for t in flood:
+        t.start()
+    for t in flood:
+        t.join(timeout=120)
+    loader.join(timeout=60)
+    assert slow and slow[0].status == 200, slow
+    statuses = sorted(a.status for a in answers)
+    refused = [a for a in answers if a.status == 503]
+    # The slow load holds one place: 15 of the 30 may wait behind it, the others are refused.
+    assert len(refused) == 15 and statuses.count(200) == 15, statuses
+    assert all(b"already waiting for the repository manager" in a.body for a in refused), refused[0].body
+    http = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        add_sub_infer(http)
+        assert http.is_model_ready("slow_init")
+    finally:
+        http.close()
+
+
 def test_load_is_refused_outside_explicit_mode(fresh_server, add_sub_repo):
     srv = fresh_server([add_sub_repo])
     r = srv.post("/v2/repository/models/add_sub/load", b"{}")

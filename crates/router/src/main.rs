@@ -16,7 +16,7 @@ use mesh_router::dispatch::RouterDispatch;
 use mesh_router::ensembles::Ensembles;
 use mesh_router::lead::{self, Lead};
 use mesh_router::membership::MembershipSettings;
-use mesh_router::messages::{mailbox, SupervisorMsg};
+use mesh_router::messages::{bounded_mailbox, mailbox, SupervisorMsg};
 use mesh_router::repository::ClusterRepo;
 use mesh_router::route::{BalanceSettings, Balancer};
 use mesh_router::shared::{Placement, RouteSettings, RoutingView};
@@ -115,7 +115,8 @@ async fn run(args: Args) -> Result<(), String> {
     let http_rules = Arc::new(args.listen.http_rules()?);
     // The mailboxes are made first, so each part is built with those it talks to.
     let (membership, membership_inbox) = mailbox("membership");
-    let (placement_mailbox, placement_inbox) = mailbox("placement");
+    // Operators' load, unload, scale and drain reach the placement actor: at most 16 wait at once.
+    let (placement_mailbox, placement_inbox) = bounded_mailbox("placement", 16);
     let placement = Arc::new(Placement::new(
         repo,
         lead,

@@ -21,6 +21,8 @@ use crate::membership::{LinkId, ModelEvent, ModelLoad, NodeHello};
 pub struct Mailbox<M> {
     actor: &'static str,
     tx: mpsc::UnboundedSender<M>,
+    /// For a mailbox that clients' requests reach: how many asks may wait at once.
+    asks: Option<(Arc<tokio::sync::Semaphore>, usize)>,
 }
 
 impl<M> Clone for Mailbox<M> {
@@ -28,6 +30,7 @@ impl<M> Clone for Mailbox<M> {
         Mailbox {
             actor: self.actor,
             tx: self.tx.clone(),
+            asks: self.asks.clone(),
         }
     }
 }
@@ -48,7 +51,16 @@ pub fn mailbox<M>(actor: &'static str) -> (Mailbox<M>, Inbox<M>) {
         held: Arc::new(Mutex::new(None)),
         pump: Mutex::new(None),
     };
-    (Mailbox { actor, tx }, inbox)
+    (Mailbox { actor, tx, asks: None }, inbox)
+}
+
+/// A mailbox that clients' requests reach through [`Mailbox::ask`]: at most `asks` of them wait
+/// for an answer at once, and more are refused at once as overload, so a flood of them cannot
+/// grow it without bound (what the actor tells itself, `tell`, is not counted).
+pub fn bounded_mailbox<M>(actor: &'static str, asks: usize) -> (Mailbox<M>, Inbox<M>) {
+    let (mut mailbox, inbox) = mailbox(actor);
+    mailbox.asks = Some((Arc::new(tokio::sync::Semaphore::new(asks)), asks));
+    (mailbox, inbox)
 }
 
 impl<M: ractor::Message> Mailbox<M> {
@@ -67,6 +79,15 @@ impl<M: ractor::Message> Mailbox<M> {
         wait: Duration,
         message: impl FnOnce(RpcReplyPort<Result<T>>) -> M,
     ) -> Result<T> {
+        let _turn = match &self.asks {
+            Some((asks, limit)) => Some(asks.clone().try_acquire_owned().map_err(|_| {
+                Error::overloaded(format!(
+                    "the router's {} has {limit} requests waiting already; try again when they are done",
+                    self.actor
+                ))
+            })?),
+            None => None,
+        };
         let (tx, rx) = ractor::concurrency::oneshot();
         if !self.tell(message(tx.into())) {
             return Err(Error::unavailable(format!("the router's {} stopped", self.actor)));
@@ -225,6 +246,34 @@ mod tests {
         assert_eq!(pending.await.unwrap().unwrap(), 202);
         assert_eq!(mailbox.ask(wait, |r| (3, r)).await.unwrap(), 203);
         second.stop(None);
+    }
+
+    #[tokio::test]
+    async fn a_bounded_mailbox_refuses_asks_beyond_its_limit_and_takes_them_again_once_answered() {
+        let (mailbox, inbox) = bounded_mailbox::<(u32, RpcReplyPort<Result<u32>>)>("placement", 3);
+        let wait = Duration::from_secs(30);
+        // Nobody reads yet: three asks wait, the fourth is refused at once.
+        let waiting: Vec<_> = (0..3)
+            .map(|n| {
+                let mailbox = mailbox.clone();
+                tokio::spawn(async move { mailbox.ask(wait, |r| (n, r)).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let e = mailbox.ask(wait, |r| (9, r)).await.unwrap_err();
+        assert_eq!(e.code, mesh::error::Code::Overloaded);
+        assert!(e.message.contains("placement has 3 requests waiting already"), "{e}");
+        let actor = Actor::spawn(None, Echo, 10).await.unwrap().0;
+        inbox.deliver_to(actor.clone());
+        for (n, w) in waiting.into_iter().enumerate() {
+            assert_eq!(w.await.unwrap().unwrap(), n as u32 + 10);
+        }
+        assert_eq!(
+            mailbox.ask(wait, |r| (5, r)).await.unwrap(),
+            15,
+            "answered asks free their places"
+        );
+        actor.stop(None);
     }
 
     #[tokio::test]

@@ -78,7 +78,14 @@ pub struct NodeDispatch {
     budget: InflightBudget,
     /// The response cache (`--cache-config`), for models whose config enables it.
     cache: Option<Arc<ResponseCache>>,
+    /// Clients' load and unload requests waiting for (or in) the repository manager, whose mailbox
+    /// they would otherwise fill without bound: one change runs at a time and may take seconds.
+    changes: Arc<tokio::sync::Semaphore>,
 }
+
+/// How many clients' repository changes may wait for the manager at once; more are refused as
+/// overload. The router's placements are not counted: they come from the cluster, which bounds them.
+pub const MAX_PENDING_CHANGES: usize = 16;
 
 /// How the node serves, beyond where its models are.
 #[derive(Debug, Clone)]
@@ -99,7 +106,23 @@ impl NodeDispatch {
             manager,
             budget: InflightBudget::new(options.max_inflight_bytes),
             cache: options.cache.map(|c| Arc::new(ResponseCache::new(c))),
+            changes: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_CHANGES)),
         }
+    }
+
+    /// A client's repository change, if fewer than [`MAX_PENDING_CHANGES`] wait already.
+    async fn ask_change(
+        &self,
+        what: &str,
+        msg: impl FnOnce(ractor::RpcReplyPort<Result<()>>) -> ManagerMsg,
+    ) -> Result<()> {
+        let Ok(_turn) = self.changes.clone().try_acquire_owned() else {
+            return Err(Error::overloaded(format!(
+                "{what} refused: {MAX_PENDING_CHANGES} load and unload requests are already waiting for the \
+                 repository manager; try again when they are done"
+            )));
+        };
+        self.ask_manager(msg).await
     }
 
     /// Hands a request to the RepositoryManager and waits for its answer.
@@ -156,20 +179,14 @@ impl NodeDispatch {
         record_ensemble(model, rows, start, served.failed());
         if let Some(trace) = trace {
             let end = mesh::trace::ns(Instant::now());
+            let start = mesh::trace::ns(start);
             let stamps = vec![
-                ("REQUEST_START", mesh::trace::ns(start)),
-                ("QUEUE_START", mesh::trace::ns(start)),
+                ("REQUEST_START", start),
+                ("QUEUE_START", start),
                 ("REQUEST_END", end),
                 ("INFER_RESPONSE_COMPLETE", end),
             ];
-            mesh::trace::record(&mesh::trace::Trace {
-                id: trace,
-                model: name,
-                version: model.version,
-                request_id: id,
-                parent_id: mesh::trace::parent(),
-                stamps,
-            });
+            write_trace(trace, model, name, id, stamps);
         }
         match served {
             Served::Answered(answer) => answer.map(Some),
@@ -425,14 +442,17 @@ impl Dispatch for NodeDispatch {
         self.mode.check_explicit("load", name)?;
         mesh::repository::check_model_name(name)?;
         let name = name.to_string();
-        self.ask_manager(|reply| ManagerMsg::Load(name, options, reply)).await
+        let what = format!("load of model '{name}'");
+        self.ask_change(&what, |reply| ManagerMsg::Load(name, options, reply))
+            .await
     }
 
     async fn unload_model(&self, name: &str, unload_dependents: bool) -> Result<()> {
         self.mode.check_explicit("unload", name)?;
         mesh::repository::check_model_name(name)?;
         let name = name.to_string();
-        self.ask_manager(|reply| ManagerMsg::Unload(name, unload_dependents, reply))
+        let what = format!("unload of model '{name}'");
+        self.ask_change(&what, |reply| ManagerMsg::Unload(name, unload_dependents, reply))
             .await
     }
 
@@ -488,11 +508,16 @@ fn record_trace(id: u64, model: &LoadedVersion, request: &InferRequest, start: I
         ]);
     }
     stamps.extend([("REQUEST_END", ns(end)), ("INFER_RESPONSE_COMPLETE", ns(end))]);
+    write_trace(id, model, request.model_name.clone(), request.id.clone(), stamps);
+}
+
+/// Records one trace of `model` under the trace of the request it serves (if any).
+fn write_trace(id: u64, model: &LoadedVersion, name: String, request_id: String, stamps: Vec<(&'static str, u64)>) {
     mesh::trace::record(&mesh::trace::Trace {
         id,
-        model: request.model_name.clone(),
+        model: name,
         version: model.version,
-        request_id: request.id.clone(),
+        request_id,
         parent_id: mesh::trace::parent(),
         stamps,
     });
