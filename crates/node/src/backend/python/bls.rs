@@ -142,9 +142,7 @@ impl Answers {
                 let outputs = self.encode(&response.outputs, &mut blob);
                 json!({"op": "bls_response", "call_id": call_id, "outputs": outputs, "error": null})
             }
-            Err(e) => {
-                json!({"op": "bls_response", "call_id": call_id, "error": e.message, "code": triton_code(e.code)})
-            }
+            Err(e) => failure("bls_response", &call_id, &e),
         };
         reply(&self.writer, &header, &blob);
     }
@@ -159,12 +157,19 @@ impl Answers {
                 let outputs = self.encode(&response.outputs, &mut blob);
                 json!({"op": "bls_stream", "call_id": call_id, "last": last, "outputs": outputs, "error": null})
             }
-            Some(Err(e)) => json!({
-                "op": "bls_stream", "call_id": call_id, "last": last, "error": e.message, "code": triton_code(e.code),
-            }),
+            Some(Err(e)) => {
+                let mut header = failure("bls_stream", call_id, &e);
+                header["last"] = last.into();
+                header
+            }
         };
         reply(&self.writer, &header, &blob);
     }
+}
+
+/// The header of a reply that carries an error (its message and Triton's code name).
+fn failure(op: &str, call_id: &Value, e: &Error) -> Value {
+    json!({"op": op, "call_id": call_id, "error": e.message, "code": triton_code(e.code)})
 }
 
 /// A tensor in the frame's blob, never in shared memory.
@@ -187,9 +192,7 @@ fn control(ctx: &Arc<PythonContext>, to: &Answers, frame: Value, blob: &[u8]) {
     let answer = move |result: Result<Value>| {
         let header = match result {
             Ok(value) => json!({"op": "model_control_reply", "call_id": call_id, "value": value}),
-            Err(e) => json!({
-                "op": "model_control_reply", "call_id": call_id, "error": e.message, "code": triton_code(e.code),
-            }),
+            Err(e) => failure("model_control_reply", &call_id, &e),
         };
         reply(&to.writer, &header, &[]);
     };

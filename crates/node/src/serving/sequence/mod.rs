@@ -102,6 +102,8 @@ impl Sequences {
 
     /// Admits a request of a sequence. START begins (or restarts) the sequence on the instance
     /// holding the fewest sequences among `instances`; any other request needs the sequence active.
+    /// (Tests' shorthand: serving waits for a slot through [`Step::admit`].)
+    #[cfg(test)]
     pub fn begin(&mut self, model: &str, flags: &Flags, instances: &[&str], now: Instant) -> Result<Ticket> {
         self.try_begin(model, flags, instances, now)?.ok_or_else(|| {
             Error::unavailable(format!(
@@ -111,7 +113,9 @@ impl Sequences {
         })
     }
 
-    /// As `begin`, but None for a START that finds every instance's slots taken (it may wait).
+    /// Admits a request of a sequence (START: on the instance holding the fewest sequences among
+    /// `instances`; others need the sequence active), or None for a START that finds every
+    /// instance's slots taken (it may wait).
     pub fn try_begin(
         &mut self,
         model: &str,
@@ -233,7 +237,7 @@ impl Sequences {
     }
 }
 
-/// One request's passage through its sequence: admitted by [`Step::begin`], its controls and
+/// One request's passage through its sequence: admitted by [`Step::admit`], its controls and
 /// state added when its turn comes, its next state stored by [`Step::finish`]. Dropped unfinished
 /// (it failed, or its client went away), it leaves the state as it was.
 pub struct Step {
@@ -254,7 +258,9 @@ fn lock(table: &std::sync::Mutex<Sequences>) -> std::sync::MutexGuard<'_, Sequen
 }
 
 impl Step {
-    /// Admits a request of `rows` rows to its sequence among the model's ready `instances`.
+    /// Admits a request of `rows` rows to its sequence among the model's ready `instances`, or
+    /// fails where [`Step::admit`] would wait (tests' shorthand).
+    #[cfg(test)]
     pub fn begin(
         table: &Arc<std::sync::Mutex<Sequences>>,
         request: &InferRequest,
@@ -296,8 +302,9 @@ impl Step {
         Ok(flags)
     }
 
-    /// As `begin`, but a START that finds every instance's slots taken waits for one to free (a
-    /// sequence ending, or idling out), as in Triton's backlog; waiting holds no budget.
+    /// Admits a request of `rows` rows to its sequence among the model's ready `instances`; a START
+    /// that finds every instance's slots taken waits for one to free (a sequence ending, or idling
+    /// out), as in Triton's backlog; waiting holds no budget.
     pub async fn admit(
         table: &Arc<std::sync::Mutex<Sequences>>,
         request: &InferRequest,
