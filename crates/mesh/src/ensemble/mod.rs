@@ -125,6 +125,14 @@ impl TensorSpec {
     }
 }
 
+/// A step's input as the plan checks it: the tensor it reads, who reads it and what it takes.
+struct Use {
+    tensor: String,
+    consumer: (String, TensorSpec),
+    step: usize,
+    input: String,
+}
+
 /// Names sorted, each once.
 fn sorted_unique(names: impl Iterator<Item = String>) -> Vec<String> {
     let mut names: Vec<String> = names.collect();
@@ -189,8 +197,7 @@ impl Plan {
             produced.insert(i.name.clone(), ("the ensemble's input".into(), spec));
         }
         let mut steps = Vec::with_capacity(scheduling.step.len());
-        // (tensor, (who consumes it, what it takes), (step, model input))
-        let mut consumed: Vec<(String, (String, TensorSpec), (usize, String))> = Vec::new();
+        let mut consumed: Vec<Use> = Vec::new();
         for (n, s) in scheduling.step.iter().enumerate() {
             let version = if s.model_version < 0 {
                 String::new()
@@ -213,8 +220,12 @@ impl Plan {
                     format!("{who}: input_map names '{model_input}', which is not an input of the model")
                 })?;
                 let spec = TensorSpec::new(i.data_type, m.max_batch_size, &i.dims);
-                let link = (n, model_input.clone());
-                consumed.push((tensor.clone(), (format!("{who} input '{model_input}'"), spec), link));
+                consumed.push(Use {
+                    tensor: tensor.clone(),
+                    consumer: (format!("{who} input '{model_input}'"), spec),
+                    step: n,
+                    input: model_input.clone(),
+                });
             }
             if let Some(missing) = m
                 .input
@@ -242,7 +253,13 @@ impl Plan {
                 fits: HashMap::new(),
             });
         }
-        for (tensor, consumer, (n, model_input)) in consumed {
+        for Use {
+            tensor,
+            consumer,
+            step: n,
+            input: model_input,
+        } in consumed
+        {
             let producer = produced
                 .get(&tensor)
                 .ok_or_else(|| format!("tensor '{tensor}' used by {} is never produced", consumer.0))?;
