@@ -116,3 +116,25 @@ def test_generate_stream_streams_an_ensemble_with_a_decoupled_step(server):
     assert r.status == 200, (r.status, r.body)
     events = [json.loads(line[len("data: "):]) for line in r.body.decode().splitlines() if line.startswith("data: ")]
     assert sorted((e["IDX"], e["OUT"]) for e in events) == [(0, 8), (1, 18)], events
+
+
+def test_an_ensemble_with_a_decoupled_step_refuses_the_response_cache(fresh_server, tmp_path):
+    """As Triton (L0_response_cache's ensemble_cache_composing_decoupled): a decoupled step makes
+    the ensemble decoupled, so `response_cache { enable: true }` on it fails its load with Triton's
+    words; the models it calls keep serving."""
+    repo = tmp_path / "repo"
+    for name in ("repeat_py", "twice_py"):
+        shutil.copytree(PY_MODELS / name, repo / name)
+    (repo / "cached" / "1").mkdir(parents=True)
+    (repo / "cached" / "config.pbtxt").write_text(ensemble(
+        "cached", '{ name: "IN" data_type: TYPE_INT32 dims: [ -1 ] }',
+        '{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] }',
+        [("repeat_py", {"IN": "IN"}, {"OUT": "each", "IDX": "IDX"}),
+         ("twice_py", {"X": "each"}, {"Y": "OUT", "EXTRA": "extra"})]) + "response_cache { enable: true }\n")
+    srv = fresh_server([repo], ["--backend-config", f"python,interpreter={sys.executable}",
+                                "--cache-config", "local,size=1048576"], wait_models=["repeat_py", "twice_py"])
+    want = ("Response Cache does not currently support model cached with 'decoupled' transaction policy. "
+            "Please disable the response cache.")
+    wait_until(lambda: any(r["name"] == "cached" and want in r.get("reason", "") for r in srv.index()), 60,
+               "the ensemble's load to fail with Triton's words")
+    assert {r["name"]: r.get("state") for r in srv.index()}["repeat_py"] == "READY"

@@ -217,6 +217,14 @@ pub fn load_ensemble(
         })
     };
     let plan = Arc::new(Plan::build(&planned, &lookup)?);
+    // A decoupled step makes the ensemble decoupled, which the response cache refuses (Triton's rule).
+    if plan.decoupled && written.response_cache.as_ref().is_some_and(|c| c.enable) {
+        return Err(format!(
+            "Response Cache does not currently support model {} with 'decoupled' transaction policy. Please \
+             disable the response cache.",
+            written.name
+        ));
+    }
     if let Some(path) = calls_itself(table, &dir.key, &plan.models()) {
         return Err(format!(
             "the ensemble calls itself ({}); ensembles must form no cycle",
