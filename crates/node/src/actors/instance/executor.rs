@@ -1,6 +1,6 @@
 //! What runs an instance's work: requests and their results, the guarded execution (a panic or a dead
-//! backend marks the instance failed), batches merged or per request, the executor thread, and the
-//! instance actor's messages (the thread sends it some).
+//! backend marks the instance failed), batches merged or per request, and the executor thread of a
+//! model without dynamic batching (`queue` has the one of a model with it).
 use mesh::sync::Locked;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,21 +9,18 @@ use std::time::{Duration, Instant};
 
 use mesh::{Error, NamedTensor, Params, Result};
 use metrics::Counter;
-use ractor::ActorRef;
 use tokio::sync::oneshot;
 
 use crate::actors::instance::batch_io;
 use crate::actors::instance::supervision::Health;
 use crate::backend::{Backend, PerRequest, RequestView, ResponseSink, Timings};
 
-/// Messages of the instance actor.
+/// Messages of the instance actor, which owns the executor thread and is its supervision edge; the
+/// requests themselves go to the thread (`ExecMsg`).
 pub(crate) enum InstanceMsg {
-    /// A job with its id and shape key.
-    Submit(Box<(Job, u64, u64)>),
-    /// The caller went away: drop the job if it is still queued.
-    Cancel(u64),
-    Wake,
-    Done,
+    /// Test-only (`fault-injection`): the actor panics, to show instance actors are restarted.
+    #[cfg(feature = "fault-injection")]
+    Fault,
 }
 
 /// Tells the instance's supervisor that its backend failed (called once per failure).
@@ -322,6 +319,10 @@ pub(crate) struct Executor {
     pub ragged: Option<Arc<crate::actors::instance::ragged::Ragged>>,
     /// Set when the node's rate limiter decides when this instance runs.
     pub limit: Option<Arc<crate::actors::instance::rate_limit::Enrolled>>,
+    /// Test-only (`fault-injection`): a request of this many rows makes the instance's actor panic
+    /// (model parameter `mesh_fault_panic_actor_on_rows`).
+    #[cfg(feature = "fault-injection")]
+    pub fault_rows: Option<usize>,
 }
 
 impl Executor {
@@ -390,59 +391,38 @@ impl Executor {
     }
 }
 
-/// Work for the executor thread.
+/// Work for the executor thread, sent by the instance's handle.
 pub(crate) enum ExecMsg {
-    Batch(Vec<Job>),
-    /// Wake the actor at this instant: the thread's timed wait is precise to tens of µs, where
-    /// tokio's timer rounds up to whole milliseconds (a 100 µs queue delay would cost 1-2 ms).
-    WakeAt(Instant),
-    /// A request of a model without dynamic batching, sent straight here: its queue is this
-    /// channel (FIFO), so the actor hop would only add a wake-up.
+    /// A request of a model with dynamic batching, with its id and shape key: it waits in the
+    /// thread's batcher until a batch takes it (`queue`).
+    Submit(Box<(Job, u64, u64)>),
+    /// The caller of a submitted request went away: drop it if it is still queued.
+    Cancel(u64),
+    /// A request of a model without dynamic batching: its queue is this channel (FIFO).
     Direct(Job),
-    /// The actor's answer to Done when it has no batch to send (rate-limited instances only).
-    Idle,
+    /// Look at the instance's health and queue again (its backend was installed again).
+    Wake,
 }
 
-/// Batching deadlines closer than this use the executor thread's precise wait.
-pub(crate) const PRECISE_WAKE_BELOW: Duration = Duration::from_millis(5);
-
-/// The executor thread: runs batches, and wakes the actor at precise deadlines while idle.
-pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<ExecMsg>, me: &ActorRef<InstanceMsg>) {
+/// The executor thread of a model without dynamic batching: runs each request as it comes (those
+/// that queued while it was busy together, for a backend that groups them). It ends when every
+/// sender of `rx` is gone.
+pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<ExecMsg>) {
     let _may_block = crate::backend::enter_may_block();
+    precise_timers();
     // A rate-limited instance asks for a turn per request, so its requests never travel together.
     let groups = exec.limit.is_none() && exec.backend.locked().groups_executions();
-    let mut deadline: Option<Instant> = None;
     let mut next: Option<ExecMsg> = None;
     loop {
-        let msg = match (next.take(), deadline) {
-            (Some(m), _) => Some(m),
-            (None, None) => rx.recv().ok(),
-            (None, Some(at)) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
-                Ok(m) => Some(m),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    deadline = None;
-                    let _ = me.cast(InstanceMsg::Wake);
-                    continue;
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => None,
-            },
+        let msg = match next.take() {
+            Some(m) => Some(m),
+            None => rx.recv().ok(),
         };
         match msg {
             None => return,
-            Some(ExecMsg::Batch(jobs)) => {
-                // With the rate limiter on, the batch waits here until the instance's resources are free.
-                let turn = exec.limit.as_ref().map(|m| m.wait_turn());
-                run_batch(label, exec, jobs);
-                let _ = me.cast(InstanceMsg::Done);
-                if let Some(turn) = turn {
-                    // The actor answers Done with the next batch or Idle; a next batch asks for its
-                    // turn as this one ends, so priorities decide between it and other instances.
-                    next = next_after_done(rx, &mut deadline);
-                    turn.end(next.is_some());
-                }
-            }
-            Some(ExecMsg::Idle) => {}
-            Some(ExecMsg::WakeAt(at)) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
+            Some(ExecMsg::Wake | ExecMsg::Cancel(_)) => {}
+            // Models with dynamic batching run on `queue::batching_loop`; one that came here runs alone.
+            Some(ExecMsg::Submit(boxed)) => run_batch(label, exec, vec![boxed.0]),
             Some(ExecMsg::Direct(job)) => {
                 let runs = exec.health.is_ready() && !job.reply.is_closed();
                 if !runs {
@@ -469,7 +449,7 @@ pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<Ex
                     run_batch(label, exec, vec![job]);
                     if let Some(turn) = turn {
                         next = rx.try_recv().ok();
-                        turn.end(matches!(next, Some(ExecMsg::Direct(_) | ExecMsg::Batch(_))));
+                        turn.end(matches!(next, Some(ExecMsg::Direct(_))));
                     }
                 }
             }
@@ -477,15 +457,17 @@ pub(crate) fn executor_loop(label: &str, exec: &Executor, rx: &mpsc::Receiver<Ex
     }
 }
 
-/// Waits for the actor's answer to Done: the next batch (returned) or Idle (None). Deadlines that
-/// arrive meanwhile are kept.
-fn next_after_done(rx: &mpsc::Receiver<ExecMsg>, deadline: &mut Option<Instant>) -> Option<ExecMsg> {
-    loop {
-        match rx.recv() {
-            Ok(ExecMsg::WakeAt(at)) => *deadline = Some(deadline.map_or(at, |d| d.min(at))),
-            Ok(ExecMsg::Idle) | Err(_) => return None,
-            Ok(work) => return Some(work),
-        }
+/// Makes the calling thread's timed waits end when asked: Linux lets a timer fire up to the
+/// thread's timer slack late (50 µs by default), which a batch's deadline would add to every
+/// batched request's latency. The executor thread waits for deadlines, so its slack is 1 ns.
+pub(crate) fn precise_timers() {
+    // SAFETY: PR_SET_TIMERSLACK takes an integer and changes only the calling thread's slack.
+    let set = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    if set != 0 {
+        tracing::debug!(
+            "cannot set the executor thread's timer slack: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

@@ -56,6 +56,8 @@ fn scripted_executor(order: Vec<usize>, then: Option<Error>) -> Executor {
         on_failure: Arc::new(|| {}),
         ragged: None,
         limit: None,
+        #[cfg(feature = "fault-injection")]
+        fault_rows: None,
     }
 }
 
@@ -135,4 +137,16 @@ fn first_slow_measurement_keeps_it_off_the_runtime() {
     let p = InlinePolicy::new(Duration::from_micros(200));
     p.record(Duration::from_millis(80));
     assert!(!p.allows_inline());
+}
+
+#[test]
+fn the_executor_threads_timers_have_a_slack_of_one_nanosecond() {
+    let slack = std::thread::spawn(|| {
+        super::precise_timers();
+        // SAFETY: PR_GET_TIMERSLACK reads the calling thread's slack.
+        unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) }
+    })
+    .join()
+    .unwrap();
+    assert_eq!(slack, 1);
 }

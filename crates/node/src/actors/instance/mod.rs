@@ -1,16 +1,18 @@
-//! One model instance: a ractor actor that owns the instance's batcher, and an executor thread that owns
-//! its backend session. Short executions of unbatched models run inline when the instance is idle.
-//! A failed backend is reported to the model's supervisor, which rebuilds it and `install`s it.
+//! One model instance: a ractor actor, its supervision edge, that owns an executor thread, which owns
+//! the instance's backend session and, for a model with dynamic batching, its batcher (`queue`): the
+//! thread that runs a batch also decides it. Short executions of unbatched models run inline when
+//! the instance is idle. A failed backend is reported to the model's supervisor, which rebuilds it
+//! and `install`s it.
 pub mod batch_io;
 pub mod batching;
 pub mod executor;
+mod queue;
 pub mod ragged;
 pub mod rate_limit;
 pub mod supervision;
 pub mod waits;
 
 use mesh::sync::Locked;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,8 +22,8 @@ use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 
 use crate::backend::Backend;
-use batching::{BatchConfig, BatchRequest, Batcher, RejectReason, TIMED_OUT_MESSAGE};
-use executor::{executor_loop, ExecMsg, Executor, InstanceMsg, Job, PRECISE_WAKE_BELOW};
+use batching::BatchConfig;
+use executor::{executor_loop, ExecMsg, Executor, InstanceMsg, Job};
 pub use executor::{Executed, FailureNotice, InlinePolicy, Submission};
 use supervision::{BackendFactory, Health};
 
@@ -30,176 +32,39 @@ struct InstanceActor;
 struct InstanceArgs {
     label: String,
     exec: Arc<Executor>,
-    /// The executor thread's channel, made by the handle (which keeps a sender for the direct path).
-    channel: (mpsc::Sender<ExecMsg>, mpsc::Receiver<ExecMsg>),
+    /// The executor thread's end of the channel the handle sends requests on.
+    rx: mpsc::Receiver<ExecMsg>,
     config: BatchConfig,
-    #[cfg(feature = "fault-injection")]
-    panic_on_rows: Option<usize>,
-}
-
-struct InstanceState {
-    label: String,
-    health: Arc<Health>,
-    batcher: Batcher<u64>,
-    jobs: HashMap<u64, Job>,
-    busy: bool,
-    exec: Option<mpsc::Sender<ExecMsg>>,
-    wake_at: Option<Instant>,
-    /// The rate limiter decides when this instance runs: its executor waits for an answer to Done.
-    limited: bool,
-    #[cfg(feature = "fault-injection")]
-    panic_on_rows: Option<usize>,
-}
-
-impl InstanceState {
-    /// Feeds the clock to the batcher and carries out what it decides.
-    fn drive(&mut self, myself: &ActorRef<InstanceMsg>) {
-        if !self.health.is_ready() {
-            // A restarting instance answers at once instead of letting requests hang.
-            for (id, job) in self.jobs.drain() {
-                self.batcher.cancel(&id);
-                let _ = job.reply.send(Err(Error::unavailable(format!(
-                    "instance {} is restarting",
-                    self.label
-                ))));
-            }
-            return;
-        }
-        let now = Instant::now();
-        let decision = self.batcher.poll(now, !self.busy);
-        for id in decision.rejected {
-            if let Some(job) = self.jobs.remove(&id) {
-                let _ = job.reply.send(Err(Error::unavailable(TIMED_OUT_MESSAGE)));
-            }
-        }
-        if let Some(ids) = decision.batch {
-            // Requests whose client went away are dropped here instead of being executed.
-            let jobs: Vec<Job> = ids
-                .iter()
-                .filter_map(|id| self.jobs.remove(id))
-                .filter(|j| !j.reply.is_closed())
-                .collect();
-            if !jobs.is_empty() {
-                match &self.exec {
-                    Some(tx) if tx.send(ExecMsg::Batch(jobs)).is_ok() => self.busy = true,
-                    _ => tracing::error!(instance = %self.label, "executor thread is gone"),
-                }
-            } else if !self.batcher.is_empty() {
-                let _ = myself.cast(InstanceMsg::Wake);
-            }
-        }
-        if let Some(at) = decision.wake_at {
-            if self.wake_at.is_none_or(|w| at < w || w <= now) {
-                self.wake_at = Some(at);
-                let wait = at.saturating_duration_since(now);
-                let precise = wait < PRECISE_WAKE_BELOW
-                    && self
-                        .exec
-                        .as_ref()
-                        .is_some_and(|tx| tx.send(ExecMsg::WakeAt(at)).is_ok());
-                if !precise {
-                    myself.send_after(wait, || InstanceMsg::Wake);
-                }
-            }
-        }
-    }
 }
 
 impl Actor for InstanceActor {
     type Msg = InstanceMsg;
-    type State = InstanceState;
+    type State = ();
     type Arguments = InstanceArgs;
 
-    async fn pre_start(
-        &self,
-        myself: ActorRef<InstanceMsg>,
-        args: InstanceArgs,
-    ) -> Result<InstanceState, ActorProcessingErr> {
-        let (tx, rx) = args.channel;
-        let label = args.label.clone();
-        let exec = args.exec.clone();
-        let me = myself.clone();
-        std::thread::Builder::new()
-            .name(args.label.clone())
-            .spawn(move || executor_loop(&label, &exec, &rx, &me))?;
-        Ok(InstanceState {
-            label: args.label,
-            health: args.exec.health.clone(),
-            batcher: Batcher::new(args.config),
-            jobs: HashMap::new(),
-            busy: false,
-            exec: Some(tx),
-            wake_at: None,
-            limited: args.exec.limit.is_some(),
-            #[cfg(feature = "fault-injection")]
-            panic_on_rows: args.panic_on_rows,
-        })
+    /// Starts the executor thread; it ends once the instance's handle (every sender) is gone.
+    async fn pre_start(&self, _: ActorRef<InstanceMsg>, args: InstanceArgs) -> Result<(), ActorProcessingErr> {
+        let InstanceArgs {
+            label,
+            exec,
+            rx,
+            config,
+        } = args;
+        std::thread::Builder::new().name(label.clone()).spawn(move || {
+            if config.dynamic {
+                queue::batching_loop(&label, &exec, &rx, config);
+            } else {
+                executor_loop(&label, &exec, &rx);
+            }
+        })?;
+        Ok(())
     }
 
-    async fn handle(
-        &self,
-        myself: ActorRef<InstanceMsg>,
-        msg: InstanceMsg,
-        state: &mut InstanceState,
-    ) -> Result<(), ActorProcessingErr> {
-        let done = matches!(msg, InstanceMsg::Done);
+    async fn handle(&self, _: ActorRef<InstanceMsg>, msg: InstanceMsg, _: &mut ()) -> Result<(), ActorProcessingErr> {
         match msg {
-            InstanceMsg::Submit(boxed) => {
-                let (job, id, shape_key) = *boxed;
-                #[cfg(feature = "fault-injection")]
-                if state.panic_on_rows == Some(job.sub.rows) {
-                    panic!("fault injection: instance actor got a request of {} rows", job.sub.rows);
-                }
-                let req = BatchRequest {
-                    id,
-                    batch_size: job.sub.rows,
-                    shape_key,
-                    priority: job.sub.priority,
-                    timeout: job.sub.timeout,
-                };
-                match state.batcher.enqueue(req, job.enqueued) {
-                    Ok(()) => {
-                        state.jobs.insert(id, job);
-                    }
-                    Err(rejected) => {
-                        let e = match rejected.reason {
-                            RejectReason::QueueFull { .. } => {
-                                Error::overloaded(format!("request rejected: {}", rejected.reason))
-                            }
-                            other => Error::invalid(format!("request rejected: {other}")),
-                        };
-                        let _ = job.reply.send(Err(e));
-                    }
-                }
-            }
-            InstanceMsg::Cancel(id) => {
-                if state.batcher.cancel(&id) {
-                    state.jobs.remove(&id);
-                    tracing::debug!(instance = %state.label, "cancelled request removed from the queue");
-                }
-            }
-            InstanceMsg::Wake => state.wake_at = None,
-            InstanceMsg::Done => state.busy = false,
+            #[cfg(feature = "fault-injection")]
+            InstanceMsg::Fault => panic!("fault injection: instance actor got a request of the fault's rows"),
         }
-        state.drive(&myself);
-        if done && !state.busy && state.limited {
-            // A rate-limited executor waits for this answer before it ends its turn.
-            if let Some(tx) = &state.exec {
-                let _ = tx.send(ExecMsg::Idle);
-            }
-        }
-        Ok(())
-    }
-
-    async fn post_stop(&self, _: ActorRef<InstanceMsg>, state: &mut InstanceState) -> Result<(), ActorProcessingErr> {
-        state.exec = None;
-        for (_, job) in state.jobs.drain() {
-            let _ = job.reply.send(Err(Error::unavailable(format!(
-                "instance {} is shutting down",
-                state.label
-            ))));
-        }
-        Ok(())
     }
 }
 
@@ -228,8 +93,10 @@ pub struct InstanceHandle {
     wait_inline: bool,
     outstanding: AtomicUsize,
     next_id: AtomicU64,
-    /// For models without dynamic batching: the executor thread's channel, bypassing the actor.
-    direct: Option<mpsc::Sender<ExecMsg>>,
+    /// The executor thread's channel: requests of a model with dynamic batching are submitted to
+    /// its batcher, the others run in the order they come.
+    tx: mpsc::Sender<ExecMsg>,
+    batched: bool,
     pub label: String,
     /// Rebuilds this instance's backend (same file, config and device).
     pub factory: BackendFactory,
@@ -292,6 +159,8 @@ impl InstanceHandle {
             on_failure,
             ragged,
             limit,
+            #[cfg(feature = "fault-injection")]
+            fault_rows: panic_actor_on_rows,
         });
         let inline = match (config.dynamic, config.max_queue_delay.is_zero()) {
             // Triton's test hook holds every request in the batcher until its count is queued.
@@ -301,14 +170,12 @@ impl InstanceHandle {
             (true, false) => Inline::Never,
         };
         let (tx, rx) = mpsc::channel::<ExecMsg>();
-        let direct = (!config.dynamic).then(|| tx.clone());
+        let batched = config.dynamic;
         let args = InstanceArgs {
             label: label.clone(),
             exec: exec.clone(),
-            channel: (tx, rx),
+            rx,
             config,
-            #[cfg(feature = "fault-injection")]
-            panic_on_rows: panic_actor_on_rows,
         };
         let spawned = match supervisor {
             Some(sup) => Actor::spawn_linked(None, InstanceActor, args, sup).await,
@@ -324,7 +191,8 @@ impl InstanceHandle {
             wait_inline,
             outstanding,
             next_id: AtomicU64::new(0),
-            direct,
+            tx,
+            batched,
             label,
             factory,
         })
@@ -339,7 +207,7 @@ impl InstanceHandle {
     pub fn install(&self, backend: Box<dyn Backend>) {
         *self.exec.backend.locked() = backend;
         self.exec.health.mark_restarted();
-        let _ = self.actor.cast(InstanceMsg::Wake);
+        let _ = self.tx.send(ExecMsg::Wake);
     }
 
     /// Marks the instance not ready (its actor died), so routing prefers its siblings until it is replaced.
@@ -370,6 +238,15 @@ impl InstanceHandle {
 
     /// Runs a request on this instance and waits for its result.
     pub async fn execute(&self, sub: Submission) -> Result<Executed> {
+        #[cfg(feature = "fault-injection")]
+        if self.exec.fault_rows == Some(sub.rows) {
+            // Test-only: the instance's actor panics, and this request is never answered by it.
+            let _ = self.actor.cast(InstanceMsg::Fault);
+            return Err(Error::unavailable(format!(
+                "instance {} stopped before answering",
+                self.label
+            )));
+        }
         let alone = self.outstanding.fetch_add(1, Ordering::Relaxed) == 0;
         let _guard = Outstanding(&self.outstanding);
         let may_inline = match self.inline {
@@ -411,8 +288,8 @@ impl InstanceHandle {
                     drop(turn);
                     drop(wait_slot);
                     if !self.exec.health.is_ready() {
-                        // Anything queued meanwhile is answered by the actor instead of waiting.
-                        let _ = self.actor.cast(InstanceMsg::Wake);
+                        // Anything queued meanwhile is answered by the executor thread instead of waiting.
+                        let _ = self.tx.send(ExecMsg::Wake);
                     }
                     let (outputs, timings) = result?;
                     return Ok(Executed {
@@ -427,14 +304,15 @@ impl InstanceHandle {
         }
         drop(turn);
         drop(wait_slot);
-        if let Some(tx) = &self.direct {
+        if !self.batched {
             let (reply, rx) = oneshot::channel();
             let job = Job {
                 sub,
                 enqueued: Instant::now(),
                 reply,
             };
-            tx.send(ExecMsg::Direct(job))
+            self.tx
+                .send(ExecMsg::Direct(job))
                 .map_err(|_| Error::unavailable(format!("instance {} has stopped", self.label)))?;
             mesh::queued::fire();
             return rx
@@ -451,13 +329,13 @@ impl InstanceHandle {
             enqueued: Instant::now(),
             reply,
         };
-        self.actor
-            .cast(InstanceMsg::Submit(Box::new((job, id, shape_key))))
+        self.tx
+            .send(ExecMsg::Submit(Box::new((job, id, shape_key))))
             .map_err(|_| Error::unavailable(format!("instance {} has stopped", self.label)))?;
-        // Queued: the actor takes submissions in the order they were cast.
+        // Queued: the executor thread takes submissions in the order they were sent.
         mesh::queued::fire();
         let mut cancel = CancelOnDrop {
-            actor: &self.actor,
+            tx: &self.tx,
             id,
             armed: true,
         };
@@ -467,9 +345,10 @@ impl InstanceHandle {
     }
 }
 
-/// Tells the actor to drop a queued job when the caller's future is dropped (client disconnect or cancel).
+/// Tells the executor thread to drop a queued job when the caller's future is dropped (client
+/// disconnect or cancel).
 struct CancelOnDrop<'a> {
-    actor: &'a ActorRef<InstanceMsg>,
+    tx: &'a mpsc::Sender<ExecMsg>,
     id: u64,
     armed: bool,
 }
@@ -477,7 +356,7 @@ struct CancelOnDrop<'a> {
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
         if self.armed {
-            let _ = self.actor.cast(InstanceMsg::Cancel(self.id));
+            let _ = self.tx.send(ExecMsg::Cancel(self.id));
         }
     }
 }
