@@ -471,6 +471,24 @@ pub(crate) fn precise_timers() {
     }
 }
 
+/// An executor of `backend` with no metrics, limits or supervisor, for tests.
+#[cfg(test)]
+pub(crate) fn test_executor(backend: Box<dyn Backend>) -> Executor {
+    Executor {
+        backend: Arc::new(Mutex::new(backend)),
+        policy: Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT)),
+        executions: Counter::noop(),
+        grouped: Counter::noop(),
+        inline: Counter::noop(),
+        health: Arc::new(Health::new(&[])),
+        on_failure: Arc::new(|| {}),
+        ragged: None,
+        limit: None,
+        #[cfg(feature = "fault-injection")]
+        fault_rows: None,
+    }
+}
+
 #[cfg(test)]
 #[path = "executor_tests.rs"]
 mod tests;

@@ -46,19 +46,7 @@ impl Backend for Scripted {
 }
 
 fn scripted_executor(order: Vec<usize>, then: Option<Error>) -> Executor {
-    Executor {
-        backend: Arc::new(Mutex::new(Box::new(Scripted { order, then }))),
-        policy: Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT)),
-        executions: Counter::noop(),
-        grouped: Counter::noop(),
-        inline: Counter::noop(),
-        health: Arc::new(Health::new(&[])),
-        on_failure: Arc::new(|| {}),
-        ragged: None,
-        limit: None,
-        #[cfg(feature = "fault-injection")]
-        fault_rows: None,
-    }
+    test_executor(Box::new(Scripted { order, then }))
 }
 
 fn job(id: usize) -> (Job, oneshot::Receiver<Result<Executed>>) {

@@ -4,11 +4,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use mesh::{NamedTensor, Params, Result, Tensor};
-use metrics::Counter;
 use tokio::sync::oneshot;
 
 use super::*;
-use crate::actors::instance::executor::{Executed, InlinePolicy, Submission};
+use crate::actors::instance::executor::{test_executor, Executed, Submission};
 use crate::backend::{Backend, Timings};
 
 fn config(max_batch_size: usize, delay: Duration) -> BatchConfig {
@@ -147,19 +146,7 @@ fn recording_executor() -> (Executor, mpsc::Receiver<usize>, Arc<Mutex<()>>) {
         started,
         gate: Arc::clone(&gate),
     };
-    let exec = Executor {
-        backend: Arc::new(Mutex::new(Box::new(backend))),
-        policy: Arc::new(InlinePolicy::new(InlinePolicy::DEFAULT_LIMIT)),
-        executions: Counter::noop(),
-        grouped: Counter::noop(),
-        inline: Counter::noop(),
-        health: Arc::new(Health::new(&[])),
-        on_failure: Arc::new(|| {}),
-        ragged: None,
-        limit: None,
-        #[cfg(feature = "fault-injection")]
-        fault_rows: None,
-    };
+    let exec = test_executor(Box::new(backend));
     (exec, batches, gate)
 }
 
