@@ -220,6 +220,11 @@ impl Backend for TorchBackend {
                 .and_then(|()| self.module.forward_is(&args))
         }
         .map_err(|e| Error::internal(format!("the TorchScript model failed: {}", torch_message(&e))))?;
+        // Kernels run asynchronously: wait for them, so compute_infer holds the device's work (the
+        // copy of the outputs to the host would wait for it anyway, and count it as compute_output).
+        if let tch::Device::Cuda(index) = self.device {
+            tch::Cuda::synchronize(index as i64);
+        }
         let t2 = Instant::now();
         let mut leaves = Vec::new();
         let produced = values::walk(result, &mut leaves)?;
