@@ -3,6 +3,7 @@ pub mod actors;
 pub mod backend;
 pub mod cli;
 pub mod cluster;
+pub mod embed;
 pub mod node;
 pub mod placement;
 pub mod repository;

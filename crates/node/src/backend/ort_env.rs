@@ -2,6 +2,7 @@
 //! a node whose library is not found serves without it, and only ONNX models fail to load. Before a
 //! GPU session, the CUDA and cuDNN libraries that PyPI's `onnxruntime-gpu[cuda,cudnn]` installed
 //! beside it are loaded, so its CUDA execution provider finds them with no `LD_LIBRARY_PATH`.
+use mesh::sync::Locked;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -15,10 +16,21 @@ impl Ort {
     /// Loads the library. A library named by `--backend-config onnxruntime,library=` or
     /// `ORT_DYLIB_PATH` must load; when none is named and none is found, the node starts without
     /// ONNX Runtime (one warning), so a repository of other models needs none.
+    /// ONNX Runtime allows one environment per process: a second node in the same process (an
+    /// embedding program's) shares the first one's.
     pub fn load(configured: Option<String>) -> Result<Ort, String> {
+        static SHARED: std::sync::Mutex<Option<Arc<Environment>>> = std::sync::Mutex::new(None);
+        let mut shared = SHARED.locked();
+        if let Some(env) = shared.as_ref() {
+            return Ok(Ort(Ok(env.clone())));
+        }
         let named = configured.is_some() || std::env::var_os("ORT_DYLIB_PATH").is_some();
         match init(configured) {
-            Ok(env) => Ok(Ort(Ok(Arc::new(env)))),
+            Ok(env) => {
+                let env = Arc::new(env);
+                *shared = Some(env.clone());
+                Ok(Ort(Ok(env)))
+            }
             Err(why) if !named => {
                 tracing::warn!("{why}; serving without ONNX Runtime: ONNX models fail to load, the others serve");
                 Ok(Ort(Err(why.into())))

@@ -1,0 +1,234 @@
+//! The node inside a Rust program: started from `mesh-node`'s own flags on the caller's tokio
+//! runtime, its models called directly through the node's `Dispatch` (no port, no copy of a
+//! request's tensors: `Tensor` data is shared `Bytes`), its ports opened only when asked, stopped
+//! cleanly. `mesh-node` itself is this plus signal handling.
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use clap::Parser;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::watch;
+
+use mesh::stream::{stream_channel, StreamReceiver, Window};
+use mesh::{Dispatch, InferRequest, InferResponse, LoadOptions};
+
+use crate::actors::instance::rate_limit::Limiter;
+use crate::actors::manager::loader::{LoadSettings, Repositories};
+use crate::backend::ort_env;
+use crate::backend::python::{PythonContext, PythonSettings};
+use crate::cli::Args;
+use crate::cluster::{ClusterNode, Settings as ClusterSettings};
+use crate::node::Node;
+use crate::serving::cache::CacheConfig;
+use crate::serving::dispatch::{NodeDispatch, NodeOptions};
+use crate::telemetry::metrics;
+use crate::{placement, repository};
+
+/// A running node. Dropping it without [`Server::stop`] leaves its actors to the runtime's end.
+pub struct Server {
+    args: Args,
+    node: Node,
+    dispatch: Arc<NodeDispatch>,
+    prometheus: PrometheusHandle,
+    gpu_uuids: Vec<String>,
+    cluster: Option<ClusterNode>,
+    ports: Option<(watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>)>,
+}
+
+/// The process's metrics recorder: one per process, installed by the first server (its
+/// `--metrics-config` wins).
+fn recorder(config: &[String]) -> Result<PrometheusHandle, String> {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    if let Some(h) = HANDLE.get() {
+        return Ok(h.clone());
+    }
+    let handle = metrics::install(metrics::MetricsConfig::parse(config)?)?;
+    Ok(HANDLE.get_or_init(|| handle).clone())
+}
+
+impl Server {
+    /// Starts a node from `mesh-node`'s flags (without the program name), e.g.
+    /// `["--model-repository", "/models", "--model-control-mode", "explicit"]`, and loads what the
+    /// control mode loads at start. Needs a multi-threaded tokio runtime. A bad flag, a repository
+    /// that cannot be read or (with `--exit-on-error=true`) a model that fails to load is an error.
+    pub async fn start<I, S>(flags: I) -> Result<Server, String>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<std::ffi::OsString> + Clone,
+    {
+        let argv = std::iter::once(std::ffi::OsString::from("mesh-node")).chain(flags.into_iter().map(Into::into));
+        let args = Args::try_parse_from(argv).map_err(|e| e.to_string().trim_end().to_string())?;
+        Server::from_args(args).await
+    }
+
+    /// Starts a node from parsed flags (what `mesh-node` does before it opens its ports).
+    pub async fn from_args(args: Args) -> Result<Server, String> {
+        repository::check_repositories(&args.model_repository)?;
+        let prometheus = recorder(&args.triton.metrics_config)?;
+        let env = ort_env::Ort::load(args.backend_setting("onnxruntime", "library"))?;
+        let discovery = placement::discover_gpus();
+        tracing::info!("{}", discovery.note);
+        let used = placement::restrict(&discovery.gpus, args.gpus.as_deref())?;
+        let gpu_uuids: Vec<String> = used.iter().map(|g| g.uuid.clone()).collect();
+        let repos = Repositories {
+            env,
+            roots: args.model_repository.clone(),
+            gpus: used.iter().map(|g| g.index).collect(),
+            gpu_uuids: gpu_uuids.clone(),
+            mode: args.control.model_control_mode,
+            python: Arc::new(PythonContext {
+                settings: PythonSettings::from_backend_config(&args.backend_settings("python"))?,
+                dispatch: Default::default(),
+                runtime: tokio::runtime::Handle::current(),
+            }),
+            placed: Default::default(),
+            loading: LoadSettings::from_flags(&args.triton)?,
+            limiter: Limiter::from_flags(args.triton.rate_limit.as_deref(), &args.triton.rate_limit_resource)?,
+        };
+        // Triton's rule and words: the old flag and the new one are one or the other.
+        if args.triton.response_cache_byte_size.is_some() && !args.cache_config.is_empty() {
+            return Err(
+                "Error: Incompatible flags --response-cache-byte-size and --cache-config both provided. \
+                 Please provide one or the other."
+                    .into(),
+            );
+        }
+        let caches: Vec<String> = args
+            .triton
+            .cache_config()
+            .into_iter()
+            .chain(args.cache_config.iter().cloned())
+            .collect();
+        let options = NodeOptions {
+            strict_readiness: args.strict_readiness,
+            poll_secs: args.control.repository_poll_secs,
+            max_inflight_bytes: args.max_inflight_bytes,
+            cache: CacheConfig::parse(&caches)?,
+        };
+        let cluster = ClusterSettings::from_args(&args, &repos.gpus)?;
+        let node = Node::start(repos, options).await?;
+        let dispatch = node.dispatch.clone();
+        let failed = node.load_at_start(&args.control.load_model).await;
+        if failed > 0 && args.exit_on_error {
+            node.stop().await;
+            return Err(format!("{failed} model(s) failed to load and --exit-on-error is true"));
+        }
+        let cluster = match cluster {
+            Some((settings, transport)) => {
+                let joined = ClusterNode::start(settings, &node, transport)?;
+                node.bls.set_remote(joined.remote());
+                Some(joined)
+            }
+            None => None,
+        };
+        Ok(Server {
+            args,
+            node,
+            dispatch,
+            prometheus,
+            gpu_uuids,
+            cluster,
+            ports: None,
+        })
+    }
+
+    /// Opens the HTTP, gRPC and metrics ports the flags name (as `mesh-node` does), and starts the
+    /// CPU and GPU metric samplers they allow; the calls keep working beside them.
+    pub async fn serve_ports(&mut self) -> Result<(), String> {
+        if self.ports.is_some() {
+            return Err("the ports are open already".into());
+        }
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let prometheus = self.prometheus.clone();
+        let render: mesh::serve::RenderMetrics = Arc::new(move || {
+            // Triton's metrics, then the custom ones Python models define.
+            let mut text = prometheus.render();
+            text.push_str(&crate::telemetry::custom::CUSTOM.render());
+            text
+        });
+        let servers = self
+            .args
+            .listen
+            .start(self.dispatch.clone(), None, render, &stop_rx)
+            .await?;
+        let (args, listen) = (&self.args.triton, &self.args.listen);
+        let interval = metrics::sample_interval(args.metrics_interval_ms)?;
+        if listen.allow_metrics && args.allow_cpu_metrics != Some(false) {
+            metrics::spawn_cpu_sampler(interval);
+        }
+        // A node without GPUs has said so already ("running CPU-only"): nothing to sample.
+        if listen.allow_metrics && args.allow_gpu_metrics != Some(false) && !self.gpu_uuids.is_empty() {
+            crate::telemetry::gpu::spawn_sampler(interval, self.gpu_uuids.clone());
+        }
+        self.ports = Some((stop_tx, servers));
+        Ok(())
+    }
+
+    /// The node's Dispatch: every call a frontend makes (metadata, index, statistics, ...).
+    pub fn dispatch(&self) -> &Arc<NodeDispatch> {
+        &self.dispatch
+    }
+
+    /// Whether the node is ready (Triton's server readiness).
+    pub fn is_ready(&self) -> bool {
+        self.dispatch.ready()
+    }
+
+    /// Runs one request and answers it; a decoupled model needs [`Server::infer_stream`].
+    pub async fn infer(&self, request: InferRequest) -> mesh::Result<InferResponse> {
+        self.dispatch.infer(request).await
+    }
+
+    /// Runs one request of a decoupled model (or any model): its answers as they come, the last
+    /// with `last` set. Each answer holds a credit of the stream's window until the caller drops
+    /// it, so a caller that stops reading stops the model after 16 answers, as a gRPC client does.
+    pub fn infer_stream(&self, request: InferRequest) -> StreamReceiver {
+        let (tx, rx) = stream_channel(Window::for_stream());
+        let dispatch = self.dispatch.clone();
+        tokio::spawn(async move { dispatch.infer_stream(request, tx).await });
+        rx
+    }
+
+    /// Loads (or reloads) a model, as the repository extension does; explicit control mode only.
+    pub async fn load(&self, name: &str, options: LoadOptions) -> mesh::Result<()> {
+        self.dispatch.load_model(name, options).await
+    }
+
+    /// Unloads a model (with `dependents`, an ensemble's composing models too).
+    pub async fn unload(&self, name: &str, dependents: bool) -> mesh::Result<()> {
+        self.dispatch.unload_model(name, dependents).await
+    }
+
+    /// Triton's statistics of a model (`version` empty: every ready version).
+    pub async fn statistics(&self, name: &str, version: &str) -> mesh::Result<mesh::proto::ModelStatisticsResponse> {
+        self.dispatch.model_statistics(name, version).await
+    }
+
+    /// The metrics in Prometheus' text format, as the metrics port serves them.
+    pub fn metrics(&self) -> String {
+        let mut text = self.prometheus.render();
+        text.push_str(&crate::telemetry::custom::CUSTOM.render());
+        text
+    }
+
+    /// Stops: the ports stop taking requests and finish theirs (within `--exit-timeout-secs`), a
+    /// cluster's routers are drained first, then every model is unloaded and the actors stop.
+    pub async fn stop(self) {
+        let exit_timeout = Duration::from_secs(self.args.exit_timeout_secs);
+        if let Some(cluster) = &self.cluster {
+            // Routers stop sending new requests first and release the node once theirs are answered.
+            cluster.drain(exit_timeout).await;
+        }
+        if let Some((stop_tx, servers)) = self.ports {
+            let _ = stop_tx.send(true);
+            mesh::process::drain(servers, exit_timeout).await;
+        }
+        mesh::trace::flush(); // traces not written yet go to trace_file, as tritonserver writes them at exit
+        if let Some(cluster) = self.cluster {
+            cluster.leave(exit_timeout).await;
+        }
+        drop(self.dispatch);
+        self.node.stop().await;
+        tracing::info!("stopped");
+    }
+}
