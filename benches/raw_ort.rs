@@ -2,7 +2,9 @@
 //!
 //! Run: `cargo bench -p mesh-node --bench raw_ort -- [MODEL_DIR] [ITERATIONS] [BATCH]`
 //! (default model dir: target/models/simple/mlp). It prints latency percentiles for
-//! (a) plain `Session::run` with a borrowed input, and (b) the mesh's own ONNX backend path.
+//! (a) plain `Session::run` with a borrowed input, (b) the mesh's own ONNX backend path, and (c) a
+//! whole node in this process (`mesh_node::embed::Server::infer`, the model without dynamic
+//! batching, so no queue delay is waited), as an embedding program calls it.
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -40,7 +42,9 @@ fn main() {
     );
     let iters: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let batch: i64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
-    let env = mesh_node::backend::ort_env::init(None).expect("ONNX Runtime library");
+    // The process's one ONNX Runtime environment, shared with the embedded node below.
+    let ort = mesh_node::backend::ort_env::Ort::load(None).expect("ONNX Runtime library");
+    let env: &ort::environment::Environment = ort.env().expect("ONNX Runtime library");
     let text = std::fs::read_to_string(dir.join("config.pbtxt")).expect("config.pbtxt");
     let config = parse_pbtxt(&text).expect("valid config");
     let file = dir.join("1/model.onnx");
@@ -62,7 +66,7 @@ fn main() {
     );
     println!("| path | p50 µs | p99 µs | mean µs | runs/s | rows/s |\n|---|---|---|---|---|---|");
 
-    let mut session = onnx::open_session(&env, &config, &file, Device::Cpu).expect("session");
+    let mut session = onnx::open_session(env, &config, &file, Device::Cpu).expect("session");
     let out_name = config.output[0].name.clone();
     let run_raw = |s: &mut ort::session::Session| {
         let t = TensorRef::from_array_view((shape.clone(), &values[..])).expect("tensor");
@@ -82,7 +86,7 @@ fn main() {
         .collect();
     report("raw ort Session::run", batch, samples);
 
-    let session = onnx::open_session(&env, &config, &file, Device::Cpu).expect("session");
+    let session = onnx::open_session(env, &config, &file, Device::Cpu).expect("session");
     let mut backend = OnnxBackend::new(session, &config);
     let tensor = Tensor::from_values(shape.clone(), &values);
     let inputs = vec![NamedTensor {
@@ -100,4 +104,64 @@ fn main() {
         })
         .collect();
     report("mesh OnnxBackend::execute", batch, samples);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let samples = runtime.block_on(embedded(&dir, &config, inputs, iters));
+    report("mesh embed::Server::infer (a node in this process)", batch, samples);
+}
+
+/// The same requests through a node started in this process on a copy of the model without
+/// dynamic batching.
+async fn embedded(
+    dir: &std::path::Path,
+    config: &mesh::config::ModelConfig,
+    inputs: Vec<NamedTensor>,
+    iters: usize,
+) -> Vec<Duration> {
+    let repo = std::env::temp_dir().join(format!("mesh-raw-ort-{}", std::process::id()));
+    let model = repo.join(&config.name);
+    std::fs::create_dir_all(model.join("1")).expect("temp repository");
+    std::fs::copy(dir.join("1/model.onnx"), model.join("1/model.onnx")).expect("model file");
+    let mut plain = config.clone();
+    plain.scheduling_choice = None;
+    let text = mesh::config::config_to_json(&plain).to_string();
+    let repo_arg = repo.to_string_lossy().into_owned();
+    let flags = [
+        "--model-repository",
+        &repo_arg,
+        "--model-control-mode",
+        "explicit",
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+    ];
+    let server = mesh_node::embed::Server::start(flags).await.expect("embedded node");
+    let options = mesh::LoadOptions {
+        config: Some(text),
+        ..Default::default()
+    };
+    server.load(&config.name, options).await.expect("load");
+    let request = mesh::InferRequest {
+        model_name: config.name.clone(),
+        inputs,
+        ..Default::default()
+    };
+    for _ in 0..1000 {
+        server.infer(request.clone()).await.expect("infer");
+    }
+    let mut samples = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        std::hint::black_box(server.infer(request.clone()).await.expect("infer"));
+        samples.push(t.elapsed());
+    }
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&repo);
+    samples
 }
