@@ -78,6 +78,26 @@ def run_threads(fns):
     return results
 
 
+def concurrent_add_sub(srv, model, n):
+    """n concurrent one-row add_sub requests (INPUT0 = i), each answer checked; the model's statistics."""
+    def one(i):
+        c = httpclient.InferenceServerClient(srv.http_url)
+        try:
+            return c.infer(model, add_sub_inputs(float(i))).as_numpy("OUTPUT0")
+        finally:
+            c.close()
+
+    results = run_threads([lambda i=i: one(i) for i in range(n)])
+    for i, (kind, value) in enumerate(results):
+        assert kind == "ok", value
+        np.testing.assert_array_equal(value, np.full((1, 16), i + 1.0, np.float32))
+    c = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        return c.get_inference_statistics(model)["model_stats"][0]
+    finally:
+        c.close()
+
+
 def test_dynamic_batching_merges_concurrent_requests_and_splits_outputs(fresh_server, models_dir, tmp_path):
     # A batch runs as soon as four requests are queued (or after HOLD_US): 12 concurrent requests
     # are batched however the threads are scheduled.
@@ -85,21 +105,7 @@ def test_dynamic_batching_merges_concurrent_requests_and_splits_outputs(fresh_se
                      "max_batch_size: 8\n" + ADD_SUB_IO +
                      f"dynamic_batching {{ preferred_batch_size: [ 4 ] max_queue_delay_microseconds: {HOLD_US} }}")
     srv = fresh_server([repo])
-
-    def one(i):
-        c = httpclient.InferenceServerClient(srv.http_url)
-        try:
-            return c.infer("batched", add_sub_inputs(float(i))).as_numpy("OUTPUT0")
-        finally:
-            c.close()
-
-    results = run_threads([lambda i=i: one(i) for i in range(12)])
-    for i, (kind, value) in enumerate(results):
-        assert kind == "ok", value
-        np.testing.assert_array_equal(value, np.full((1, 16), i + 1.0, np.float32))
-    c = httpclient.InferenceServerClient(srv.http_url)
-    st = c.get_inference_statistics("batched")["model_stats"][0]
-    c.close()
+    st = concurrent_add_sub(srv, "batched", 12)
     assert st["inference_count"] == 12
     assert st["execution_count"] < 12, st
     assert max(b["batch_size"] for b in st["batch_stats"]) > 1, st["batch_stats"]
@@ -115,21 +121,7 @@ def test_tritons_delay_scheduler_hook_holds_batches_until_its_count(fresh_server
                      f"dynamic_batching {{ preferred_batch_size: [ 2, 6 ] max_queue_delay_microseconds: {HOLD_US} }}")
     fresh_server.env = dict(fresh_server.env, TRITONSERVER_DELAY_SCHEDULER="6")
     srv = fresh_server([repo])
-
-    def one(i):
-        c = httpclient.InferenceServerClient(srv.http_url)
-        try:
-            return c.infer("held", add_sub_inputs(float(i))).as_numpy("OUTPUT0")
-        finally:
-            c.close()
-
-    results = run_threads([lambda i=i: one(i) for i in range(6)])
-    for i, (kind, value) in enumerate(results):
-        assert kind == "ok", value
-        np.testing.assert_array_equal(value, np.full((1, 16), i + 1.0, np.float32))
-    c = httpclient.InferenceServerClient(srv.http_url)
-    st = c.get_inference_statistics("held")["model_stats"][0]
-    c.close()
+    st = concurrent_add_sub(srv, "held", 6)
     assert [(b["batch_size"], b["compute_infer"]["count"]) for b in st["batch_stats"]] == [(6, 1)], st["batch_stats"]
     assert "TRITONSERVER_DELAY_SCHEDULER is set" in srv.log_path.read_text()
 
