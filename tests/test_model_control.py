@@ -3,6 +3,7 @@ reloads under traffic, and poll mode picking up new models and versions."""
 import json
 import re
 import shutil
+import sys
 import threading
 import time
 
@@ -198,11 +199,15 @@ class TritonPythonModel:
 """
 
 
-def test_a_flood_of_loads_is_refused_beyond_the_waiting_bound(explicit_server):
+def test_a_flood_of_loads_is_refused_beyond_the_waiting_bound(fresh_server, models_dir, tmp_path):
     """Load and unload requests wait in the repository manager's mailbox, one change at a time: at
     most 16 may wait (the one running counts); more are refused at once as overload (503), and the
     ones admitted all complete."""
-    srv = explicit_server
+    repo = tmp_path / "repo"
+    shutil.copytree(models_dir / "simple" / "add_sub", repo / "add_sub")
+    srv = fresh_server([repo], ["--model-control-mode", "explicit", "--load-model", "add_sub",
+                                "--backend-config", f"python,interpreter={sys.executable}"],
+                       wait_models=["add_sub"])
     cfg = {"name": "slow_init", "backend": "python", "max_batch_size": 0,
            "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
            "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}]}
