@@ -63,6 +63,12 @@ impl Server {
 
     /// Starts a node from parsed flags (what `mesh-node` does before it opens its ports).
     pub async fn from_args(args: Args) -> Result<Server, String> {
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {}
+            _ => {
+                return Err("a node needs a multi-threaded tokio runtime (its executors block on their models)".into())
+            }
+        }
         repository::check_repositories(&args.model_repository)?;
         let prometheus = recorder(&args.triton.metrics_config)?;
         let env = ort_env::Ort::load(args.backend_setting("onnxruntime", "library"))?;

@@ -195,3 +195,12 @@ impl Rename for InferRequest {
         self
     }
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_single_threaded_runtime_is_refused_with_a_reason() {
+    let e = Server::start(["--model-repository", "/nonexistent"])
+        .await
+        .err()
+        .unwrap();
+    assert!(e.contains("needs a multi-threaded tokio runtime"), "{e}");
+}
