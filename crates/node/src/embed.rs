@@ -28,7 +28,6 @@ use crate::{placement, repository};
 pub struct Server {
     args: Args,
     node: Node,
-    dispatch: Arc<NodeDispatch>,
     prometheus: PrometheusHandle,
     gpu_uuids: Vec<String>,
     cluster: Option<ClusterNode>,
@@ -44,6 +43,13 @@ fn recorder(config: &[String]) -> Result<PrometheusHandle, String> {
     }
     let handle = metrics::install(metrics::MetricsConfig::parse(config)?)?;
     Ok(HANDLE.get_or_init(|| handle).clone())
+}
+
+/// The metrics text: Triton's metrics, then the custom ones Python models define.
+fn render_metrics(prometheus: &PrometheusHandle) -> String {
+    let mut text = prometheus.render();
+    text.push_str(&crate::telemetry::custom::CUSTOM.render());
+    text
 }
 
 impl Server {
@@ -113,7 +119,6 @@ impl Server {
         };
         let cluster = ClusterSettings::from_args(&args, &repos.gpus)?;
         let node = Node::start(repos, options).await?;
-        let dispatch = node.dispatch.clone();
         let failed = node.load_at_start(&args.control.load_model).await;
         if failed > 0 && args.exit_on_error {
             node.stop().await;
@@ -130,7 +135,6 @@ impl Server {
         Ok(Server {
             args,
             node,
-            dispatch,
             prometheus,
             gpu_uuids,
             cluster,
@@ -146,16 +150,11 @@ impl Server {
         }
         let (stop_tx, stop_rx) = watch::channel(false);
         let prometheus = self.prometheus.clone();
-        let render: mesh::serve::RenderMetrics = Arc::new(move || {
-            // Triton's metrics, then the custom ones Python models define.
-            let mut text = prometheus.render();
-            text.push_str(&crate::telemetry::custom::CUSTOM.render());
-            text
-        });
+        let render: mesh::serve::RenderMetrics = Arc::new(move || render_metrics(&prometheus));
         let servers = self
             .args
             .listen
-            .start(self.dispatch.clone(), None, render, &stop_rx)
+            .start(self.node.dispatch.clone(), None, render, &stop_rx)
             .await?;
         let (args, listen) = (&self.args.triton, &self.args.listen);
         let interval = metrics::sample_interval(args.metrics_interval_ms)?;
@@ -172,17 +171,17 @@ impl Server {
 
     /// The node's Dispatch: every call a frontend makes (metadata, index, statistics, ...).
     pub fn dispatch(&self) -> &Arc<NodeDispatch> {
-        &self.dispatch
+        &self.node.dispatch
     }
 
     /// Whether the node is ready (Triton's server readiness).
     pub fn is_ready(&self) -> bool {
-        self.dispatch.ready()
+        self.node.dispatch.ready()
     }
 
     /// Runs one request and answers it; a decoupled model needs [`Server::infer_stream`].
     pub async fn infer(&self, request: InferRequest) -> mesh::Result<InferResponse> {
-        self.dispatch.infer(request).await
+        self.node.dispatch.infer(request).await
     }
 
     /// Runs one request of a decoupled model (or any model): its answers as they come, the last
@@ -190,31 +189,29 @@ impl Server {
     /// it, so a caller that stops reading stops the model after 16 answers, as a gRPC client does.
     pub fn infer_stream(&self, request: InferRequest) -> StreamReceiver {
         let (tx, rx) = stream_channel(Window::for_stream());
-        let dispatch = self.dispatch.clone();
+        let dispatch = self.node.dispatch.clone();
         tokio::spawn(async move { dispatch.infer_stream(request, tx).await });
         rx
     }
 
     /// Loads (or reloads) a model, as the repository extension does; explicit control mode only.
     pub async fn load(&self, name: &str, options: LoadOptions) -> mesh::Result<()> {
-        self.dispatch.load_model(name, options).await
+        self.node.dispatch.load_model(name, options).await
     }
 
     /// Unloads a model (with `dependents`, an ensemble's composing models too).
     pub async fn unload(&self, name: &str, dependents: bool) -> mesh::Result<()> {
-        self.dispatch.unload_model(name, dependents).await
+        self.node.dispatch.unload_model(name, dependents).await
     }
 
     /// Triton's statistics of a model (`version` empty: every ready version).
     pub async fn statistics(&self, name: &str, version: &str) -> mesh::Result<mesh::proto::ModelStatisticsResponse> {
-        self.dispatch.model_statistics(name, version).await
+        self.node.dispatch.model_statistics(name, version).await
     }
 
     /// The metrics in Prometheus' text format, as the metrics port serves them.
     pub fn metrics(&self) -> String {
-        let mut text = self.prometheus.render();
-        text.push_str(&crate::telemetry::custom::CUSTOM.render());
-        text
+        render_metrics(&self.prometheus)
     }
 
     /// Stops: the ports stop taking requests and finish theirs (within `--exit-timeout-secs`), a
@@ -233,7 +230,6 @@ impl Server {
         if let Some(cluster) = self.cluster {
             cluster.leave(exit_timeout).await;
         }
-        drop(self.dispatch);
         self.node.stop().await;
         tracing::info!("stopped");
     }

@@ -364,11 +364,6 @@ impl<T> Batcher<T> {
         false
     }
 
-    /// Whether the test hook still holds every batch back.
-    pub fn holding(&self) -> bool {
-        self.cfg.hold > 0
-    }
-
     /// Applies timeouts, forms a batch if the instance is idle, and says when to poll next.
     pub fn poll(&mut self, now: Instant, instance_idle: bool) -> Decision<T> {
         let rejected = self.expire(now);

@@ -339,7 +339,7 @@ fn from_model_config_reads_dynamic_batching() {
 fn the_delay_hook_holds_every_batch_until_its_count_is_queued_once() {
     let t0 = Instant::now();
     let mut b = mk(8, &[2, 6], 10_000_000, |c| c.hold = 6);
-    assert!(b.holding());
+    assert_eq!(b.config().hold, 6, "the hook holds until six are queued");
     push(&mut b, t0, 1..=5);
     assert_eq!(take(&mut b, at(t0, 20_000_000)), None, "held even past the queue delay");
     push(&mut b, t0, [6]);
@@ -348,7 +348,7 @@ fn the_delay_hook_holds_every_batch_until_its_count_is_queued_once() {
         Some(vec![1, 2, 3, 4, 5, 6]),
         "the preferred 6 at once"
     );
-    assert!(!b.holding());
+    assert_eq!(b.config().hold, 0, "the hook is spent once its count was queued");
     push(&mut b, t0, [7, 8]);
     assert_eq!(take(&mut b, at(t0, 2)), Some(vec![7, 8]), "then it batches as usual");
     // Only dynamic batching takes the hook.
