@@ -60,12 +60,19 @@ class PyTritonReplica:
                                          env=env, cwd=REPO_ROOT, start_new_session=True)
 
     def kill_tree(self) -> None:
-        """SIGKILL to the script, its mesh-node and the node's Python stubs, as a host dying would."""
-        for pid in process_tree(self.proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """SIGKILL to the script, its mesh-node and the node's Python stubs, as a host dying would.
+
+        The tree is frozen (SIGSTOP) before anything is killed: PyTriton starts its server with a
+        parent-death signal of SIGTERM, so killing the script first would let the node drain
+        gracefully in the moment before its own SIGKILL, and the test would see a drain, not a death.
+        """
+        tree = process_tree(self.proc.pid)
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in tree:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
         self.proc.wait(10)
 
     def stop(self) -> None:
