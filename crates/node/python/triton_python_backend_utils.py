@@ -24,6 +24,13 @@ _DTYPES = {
     "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
 }
 
+# Triton's public table of config type names to numpy types (models iterate over it, e.g. to
+# declare one input per type in auto_complete_config).
+TRITON_STRING_TO_NUMPY = {
+    ("TYPE_STRING" if name == "BYTES" else f"TYPE_{name}"): (bool if name == "BOOL" else t)
+    for name, t in _DTYPES.items()
+}
+
 
 def triton_string_to_numpy(triton_type):
     """'TYPE_FP32' (config spelling) or 'FP32' (wire spelling) -> the numpy type."""

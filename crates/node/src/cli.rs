@@ -135,7 +135,43 @@ pub fn total_memory() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
+/// The log level `mesh-node` starts with, from tritonserver's log flags.
+pub fn log_level(verbose: u8, info: bool, warning: bool) -> &'static str {
+    match (verbose, info, warning) {
+        (v, _, _) if v >= 2 => "trace",
+        (1, _, _) => "debug",
+        (_, true, _) => "info",
+        (_, false, true) => "warn",
+        _ => "error",
+    }
+}
+
 impl Args {
+    /// Starts the process's logging from tritonserver's log flags: the level, file and format, and
+    /// the logging extension's `log_info`/`log_warning`/`log_error` switches.
+    pub fn start_logging(&self) -> Result<(), String> {
+        use mesh::logging::SettingValue::Bool;
+        let level = log_level(self.log_verbose, self.log_info, self.log_warning);
+        self.triton
+            .start_logging(&["mesh", "mesh_node", "tritonserver"], level, true)?;
+        let switches = [
+            ("log_info".to_string(), Bool(self.log_info)),
+            ("log_warning".to_string(), Bool(self.log_warning)),
+            ("log_error".to_string(), Bool(self.log_error)),
+        ];
+        mesh::logging::update(&switches).map(drop).map_err(|e| e.message)
+    }
+
+    /// Parses `mesh-node`'s flags without the program name (for a node started in process).
+    pub fn parse_flags<I, S>(flags: I) -> Result<Args, String>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<std::ffi::OsString> + Clone,
+    {
+        let argv = std::iter::once(std::ffi::OsString::from("mesh-node")).chain(flags.into_iter().map(Into::into));
+        Args::try_parse_from(argv).map_err(|e| e.to_string().trim_end().to_string())
+    }
+
     /// Every `--backend-config <backend>,<key>=<value>` for one backend, in order.
     pub fn backend_settings(&self, backend: &str) -> Vec<(String, String)> {
         self.backend_config

@@ -5,7 +5,6 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use clap::Parser;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 
@@ -62,9 +61,7 @@ impl Server {
         I: IntoIterator<Item = S>,
         S: Into<std::ffi::OsString> + Clone,
     {
-        let argv = std::iter::once(std::ffi::OsString::from("mesh-node")).chain(flags.into_iter().map(Into::into));
-        let args = Args::try_parse_from(argv).map_err(|e| e.to_string().trim_end().to_string())?;
-        Server::from_args(args).await
+        Server::from_args(Args::parse_flags(flags)?).await
     }
 
     /// Starts a node from parsed flags (what `mesh-node` does before it opens its ports).

@@ -10,14 +10,7 @@ use mesh_node::embed::Server;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let level = match (args.log_verbose, args.log_info, args.log_warning) {
-        (v, _, _) if v >= 2 => "trace",
-        (1, _, _) => "debug",
-        (_, true, _) => "info",
-        (_, false, true) => "warn",
-        _ => "error",
-    };
-    if let Err(e) = args.triton.start_logging(&["mesh", "mesh_node"], level, true) {
+    if let Err(e) = args.start_logging() {
         eprintln!("mesh-node: {e}");
         return ExitCode::FAILURE;
     }

@@ -43,6 +43,7 @@ impl Node {
         let (supervisor, _) = Actor::spawn(None, NodeSupervisor, args)
             .await
             .map_err(|e| format!("cannot start the node supervisor: {e}"))?;
+        crate::backend::python::stub::node_started();
         Ok(Node {
             dispatch,
             bls,
@@ -78,6 +79,6 @@ impl Node {
     pub async fn stop(self) {
         let _ = self.supervisor.stop_and_wait(None, Some(Duration::from_secs(5))).await;
         self.dispatch.table.clear();
-        crate::backend::python::stub::remove_runtime_dir();
+        crate::backend::python::stub::node_stopped();
     }
 }

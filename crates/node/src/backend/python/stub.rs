@@ -27,44 +27,49 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Lines of the stub's stderr kept for error messages.
 const TAIL_LINES: usize = 30;
 
-/// The directory holding this process's stub sources and sockets: made fresh (mode 0700, never an
-/// existing directory or a symlink) under the temporary directory, written once.
-fn runtime_dir() -> Result<&'static Path, String> {
-    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        // Unguessable, so nobody can plant files where the stub's sources go.
-        let write = || -> std::io::Result<PathBuf> {
-            use std::os::unix::fs::OpenOptionsExt;
-            let dir = mesh::private::fresh_dir(&format!("mesh-node-{}-", std::process::id()))?;
-            for (name, text) in [
-                ("mesh_stub.py", STUB_PY),
-                ("mesh_stub_calls.py", CALLS_PY),
-                ("mesh_stub_plain.py", PLAIN_PY),
-                ("triton_python_backend_utils.py", UTILS_PY),
-                ("mesh_pb_metrics.py", METRICS_PY),
-                ("mesh_tensorflow.py", TENSORFLOW_PY),
-            ] {
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(dir.join(name))?;
-                std::io::Write::write_all(&mut f, text.as_bytes())?;
-            }
-            Ok(dir)
-        };
-        write().map_err(|e| {
-            let tmp = std::env::temp_dir();
-            format!(
-                "cannot write the python stub to a new directory in {}: {e}",
-                tmp.display()
-            )
-        })
-    })
-    .as_ref()
-    .map(|p| p.as_path())
-    .map_err(|e| e.clone())
+/// The directory holding this process's stub sources and sockets (made fresh, mode 0700, never an
+/// existing directory or a symlink, under the temporary directory), and how many nodes of the
+/// process use it: several nodes may run in one process (the embedding APIs), and the directory
+/// goes when the last of them stops.
+static RUNTIME: Mutex<(Option<PathBuf>, usize)> = Mutex::new((None, 0));
+
+fn write_runtime_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Unguessable, so nobody can plant files where the stub's sources go.
+    let dir = mesh::private::fresh_dir(&format!("mesh-node-{}-", std::process::id()))?;
+    for (name, text) in [
+        ("mesh_stub.py", STUB_PY),
+        ("mesh_stub_calls.py", CALLS_PY),
+        ("mesh_stub_plain.py", PLAIN_PY),
+        ("triton_python_backend_utils.py", UTILS_PY),
+        ("mesh_pb_metrics.py", METRICS_PY),
+        ("mesh_tensorflow.py", TENSORFLOW_PY),
+    ] {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(dir.join(name))?;
+        std::io::Write::write_all(&mut f, text.as_bytes())?;
+    }
+    Ok(dir)
+}
+
+fn runtime_dir() -> Result<PathBuf, String> {
+    let mut runtime = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(dir) = &runtime.0 {
+        return Ok(dir.clone());
+    }
+    let dir = write_runtime_dir().map_err(|e| {
+        let tmp = std::env::temp_dir();
+        format!(
+            "cannot write the python stub to a new directory in {}: {e}",
+            tmp.display()
+        )
+    })?;
+    runtime.0 = Some(dir.clone());
+    Ok(dir)
 }
 
 /// The bundled model file that serves TensorFlow models in a stub (in place of a model.py).
@@ -72,10 +77,19 @@ pub fn tensorflow_runner() -> Result<PathBuf, String> {
     Ok(runtime_dir()?.join("mesh_tensorflow.py"))
 }
 
-/// Removes the stub sources and sockets (at node shutdown).
-pub fn remove_runtime_dir() {
-    if let Ok(dir) = runtime_dir() {
-        let _ = std::fs::remove_dir_all(dir);
+/// A node of this process started: the stub directory stays until every such node stopped.
+pub fn node_started() {
+    RUNTIME.lock().unwrap_or_else(|p| p.into_inner()).1 += 1;
+}
+
+/// A node stopped: the last one removes the stub sources and sockets.
+pub fn node_stopped() {
+    let mut runtime = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    runtime.1 = runtime.1.saturating_sub(1);
+    if runtime.1 == 0 {
+        if let Some(dir) = runtime.0.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -167,7 +181,7 @@ impl Stub {
         let listener =
             UnixListener::bind(&sock_path).map_err(|e| format!("cannot bind {}: {e}", sock_path.display()))?;
         let shm_dir = Path::new("/dev/shm");
-        let shm_dir = if shm_dir.is_dir() { shm_dir } else { dir };
+        let shm_dir = if shm_dir.is_dir() { shm_dir } else { dir.as_path() };
         // Unguessable, so no client can register a stub's memory (`register_system` opens any name).
         let shm_path = shm_dir.join(format!(
             "{OWN_SHM_PREFIX}{}-{}",
