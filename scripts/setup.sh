@@ -48,6 +48,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+# The mesh's `tritonserver` package (Triton's in-process Python API, python/tritonserver) is used from
+# the checkout: this puts python/ on the venv's path, and the package loads the
+# target/release/libtritonserver.so built below (MESH_TRITONSERVER_LIBRARY names another).
+.venv/bin/python -c 'import pathlib,sys,sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "mesh-tritonserver.pth").write_text(sys.argv[1] + "\n")' "$PWD/python"
 # ONNX Runtime: the GPU wheel (with its CUDA and cuDNN libraries) on a host whose NVIDIA driver runs
 # CUDA 13, else the CPU wheel (scripts/ort-wheel.sh says which and why). Both own the `onnxruntime`
 # module, so switching removes the other first and writes the chosen one's files again.
@@ -66,9 +70,9 @@ fi
 if [ "$TORCH" = 1 ]; then
   .venv/bin/pip install -q --disable-pip-version-check -r requirements-torch.txt
   source scripts/torch-env.sh
-  cargo build --release -p mesh-node --features mesh-node/torch -p mesh-router -p mesh-ops
+  cargo build --release -p mesh-node --features mesh-node/torch -p mesh-router -p mesh-ops -p mesh-capi
 else
-  cargo build --release -p mesh-node -p mesh-router -p mesh-ops
+  cargo build --release -p mesh-node -p mesh-router -p mesh-ops -p mesh-capi
 fi
 .venv/bin/python scripts/gen_models.py --out target/models --example configs/example-repo
-echo "setup done: target/release/{mesh-node$([ "$TORCH" = 1 ] && echo " (with TorchScript)"),mesh-router,mesh-ops}, .venv, configs/example-repo"
+echo "setup done: target/release/{mesh-node$([ "$TORCH" = 1 ] && echo " (with TorchScript)"),mesh-router,mesh-ops,libtritonserver.so}, .venv, configs/example-repo"

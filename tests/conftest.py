@@ -111,6 +111,12 @@ def cluster_bins(mesh_bin) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def capi_lib() -> Path:
+    """The mesh's libtritonserver.so (Triton's in-process C API)."""
+    return _binary("MESH_CAPI_LIB", "libtritonserver.so", "mesh-capi")
+
+
+@pytest.fixture(scope="session")
 def server_env() -> dict[str, str]:
     env = dict(os.environ)
     if not env.get("ORT_DYLIB_PATH"):

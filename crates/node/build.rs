@@ -6,6 +6,8 @@ fn main() {
         return;
     };
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    // Passed on to dependents (`links = "mesh_node"`): libtritonserver.so needs the same rpath.
+    println!("cargo:libtorch_lib={lib}");
     if std::path::Path::new(&lib).join("libtorch_cuda.so").exists() {
         // Nothing calls into libtorch_cuda directly, so the linker would drop it and torch would
         // see no CUDA device (tch-rs #980).
