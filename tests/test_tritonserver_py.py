@@ -1,0 +1,207 @@
+"""The mesh's `tritonserver` Python package (Triton's in-process Python API over libtritonserver.so):
+a server started in this test process, its models called with numpy arrays, lists and Tensors,
+decoupled answers, asyncio, response queues, load/unload, statistics and metrics, Triton's
+exception classes for bad input, and tensors shared with numpy without copies."""
+import asyncio
+import gc
+import json
+import queue
+import shutil
+import sys
+
+import numpy
+import pytest
+
+from conftest import REPO_ROOT
+
+tritonserver = pytest.importorskip("tritonserver", reason="scripts/setup.sh puts the package in .venv")
+PY_MODELS = REPO_ROOT / "tests" / "python_models"
+
+
+@pytest.fixture(scope="module")
+def repo(capi_lib, models_dir, tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("MESH_TRITONSERVER_LIBRARY", str(capi_lib))
+    out = tmp_path_factory.mktemp("inprocess")
+    shutil.copytree(models_dir / "simple" / "add_sub", out / "add_sub")
+    for name in ("echo_all_py", "repeat_py", "add_sub_py"):
+        shutil.copytree(PY_MODELS / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    s = tritonserver.Server(model_repository=str(repo), model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
+                            startup_models=["add_sub"], server_id="in-process").start(wait_until_ready=True)
+    s.load("echo_all_py")
+    yield s
+    s.stop()
+
+
+def test_a_server_refuses_what_tritons_package_refuses(repo):
+    with pytest.raises(tritonserver.InvalidArgumentError, match="not started"):
+        tritonserver.Server(model_repository=str(repo)).ready()
+    with pytest.raises(TypeError):
+        tritonserver.Server(server_id=1, model_repository=str(repo)).start()
+    with pytest.raises(TypeError):
+        tritonserver.Server(model_repository=1).start()
+    with pytest.raises(tritonserver.InvalidArgumentError):
+        tritonserver.Server(model_repository=None).start()
+    with pytest.raises(tritonserver.InternalError):
+        tritonserver.Server(model_repository=str(repo / "no-such-dir")).start()
+
+
+def test_the_server_answers_metadata_index_and_readiness(server):
+    assert server.live() and server.ready()
+    assert server.metadata()["name"] == "in-process"
+    models = server.models()
+    assert models[("add_sub", 1)].state == "READY"
+    assert server.model("add_sub").ready()
+    assert server.model("add_sub").batch_properties() == tritonserver.ModelBatchFlag.FIRST_DIM
+    assert server.model("echo_all_py").transaction_properties() == tritonserver.ModelTxnPropertyFlag.ONE_TO_ONE
+    assert server.model("add_sub").config()["max_batch_size"] == 8
+    assert [i["name"] for i in server.model("add_sub").metadata()["inputs"]] == ["INPUT0", "INPUT1"]
+    with pytest.raises(tritonserver.NotFoundError):
+        server.model("no_such_model").metadata()
+
+
+def test_an_onnx_model_answers_numpy_inputs_with_tensors_numpy_reads_in_place(server):
+    x = numpy.arange(16, dtype=numpy.float32).reshape(1, 16)
+    y = numpy.ones((1, 16), dtype=numpy.float32)
+    responses = list(server.model("add_sub").infer(inputs={"INPUT0": x, "INPUT1": y}, request_id="r1",
+                                                   raise_on_error=True))
+    assert len(responses) == 1 and responses[0].final and responses[0].request_id == "r1"
+    out = responses[0].outputs["OUTPUT0"]
+    assert out.data_type == tritonserver.DataType.FP32 and list(out.shape) == [1, 16]
+    array = numpy.from_dlpack(out)
+    assert array.ctypes.data == out.data_ptr  # numpy reads the server's buffer, no copy
+    numpy.testing.assert_array_equal(array, x + y)
+    numpy.testing.assert_array_equal(numpy.from_dlpack(responses[0].outputs["OUTPUT1"]), x - y)
+
+
+def test_every_data_type_and_the_parameters_make_the_round_trip(server):
+    inputs = {f"{n}_input": numpy.array([[1, 0, 3]], dtype=t) for n, t in [
+        ("bool", numpy.bool_), ("uint8", numpy.uint8), ("uint16", numpy.uint16), ("uint32", numpy.uint32),
+        ("uint64", numpy.uint64), ("int8", numpy.int8), ("int16", numpy.int16), ("int32", numpy.int32),
+        ("int64", numpy.int64), ("fp16", numpy.float16), ("fp32", numpy.float32), ("fp64", numpy.float64)]}
+    inputs["string_input"] = [["hello", "wörld"]]
+    parameters = {"int_parameter": 7, "float_parameter": 0.5, "bool_parameter": False, "string_parameter": "test"}
+    (response,) = server.model("echo_all_py").infer(inputs=inputs, parameters=parameters, raise_on_error=True)
+    for name, value in inputs.items():
+        out = response.outputs[name.replace("input", "output")]
+        if name == "string_input":
+            assert out.to_string_array().tolist() == [["hello", "wörld"]]
+        else:
+            numpy.testing.assert_array_equal(numpy.from_dlpack(out), value)
+    assert json.loads(response.outputs["output_parameters"].to_string_array()[0]) == parameters
+
+
+def test_bad_requests_raise_tritons_exceptions_at_once(server):
+    model = server.model("add_sub")
+    good = numpy.ones((1, 16), dtype=numpy.float32)
+    with pytest.raises(tritonserver.InvalidArgumentError, match="expects FP32"):
+        model.infer(inputs={"INPUT0": good.astype(numpy.int32), "INPUT1": good})
+    with pytest.raises(tritonserver.InvalidArgumentError, match="shape"):
+        model.infer(inputs={"INPUT0": good[:, :15], "INPUT1": good})
+    with pytest.raises(tritonserver.NotFoundError):
+        server.model("no_such_model").infer(inputs={"INPUT0": good})
+    for bad in ({"invalid": {"test": 1}}, {"invalid": None}):
+        with pytest.raises(tritonserver.InvalidArgumentError):
+            model.infer(inputs={"INPUT0": good, "INPUT1": good}, parameters=bad)
+    with pytest.raises(tritonserver.InvalidArgumentError):
+        model.infer(inputs={"INPUT0": good, "INPUT1": good}, output_memory_type="unsupported")
+    with pytest.raises(tritonserver.UnsupportedError):
+        model.infer(inputs={"INPUT0": good, "INPUT1": good}, output_memory_type="gpu")
+    # the server keeps serving
+    (ok,) = model.infer(inputs={"INPUT0": good, "INPUT1": good}, raise_on_error=True)
+    assert ok.error is None
+
+
+def test_a_decoupled_model_streams_its_answers_and_the_final_flag(server):
+    server.load("echo_all_py", {"config": json.dumps(
+        {"backend": "python", "parameters": {"decoupled": {"string_value": "True"}}})})
+    try:
+        model = server.model("echo_all_py")
+        assert model.transaction_properties() == tritonserver.ModelTxnPropertyFlag.DECOUPLED
+        responses = list(model.infer(inputs={"int32_input": numpy.array([[1, 2]], numpy.int32)}, raise_on_error=True))
+        assert [r.final for r in responses] == [False, False, True]
+        assert [sorted(r.outputs) for r in responses] == [["int32_output", "output_parameters"]] * 2 + [[]]
+    finally:
+        server.load("echo_all_py")
+
+
+def test_responses_also_go_to_a_response_queue_and_asyncio_gets_them_too(server):
+    x = numpy.ones((1, 16), dtype=numpy.float32)
+    q = queue.SimpleQueue()
+    iterators = [server.model("add_sub").infer(inputs={"INPUT0": x, "INPUT1": x}, response_queue=q) for _ in range(2)]
+    for _ in range(2):
+        numpy.testing.assert_array_equal(numpy.from_dlpack(q.get(timeout=10).outputs["OUTPUT0"]), x * 2)
+    assert [len(list(it)) for it in iterators] == [1, 1]
+    assert q.empty()
+
+    async def run():
+        aq = asyncio.Queue()
+        answers = []
+        async for r in server.model("add_sub").async_infer(inputs={"INPUT0": x, "INPUT1": x}, response_queue=aq,
+                                                          raise_on_error=True):
+            answers.append(numpy.from_dlpack(r.outputs["OUTPUT1"]))
+        return answers, aq.qsize()
+
+    answers, queued = asyncio.run(run())
+    assert len(answers) == 1 and queued == 1
+    numpy.testing.assert_array_equal(answers[0], x * 0)
+
+
+def test_load_unload_statistics_and_metrics(server):
+    model = server.load("repeat_py")
+    assert model.ready()
+    responses = list(model.infer(inputs={"IN": numpy.array([4, 5, 6], dtype=numpy.int32)}, raise_on_error=True))
+    assert [int(numpy.from_dlpack(r.outputs["OUT"])[0]) for r in responses if r.outputs] == [4, 5, 6]
+    # BLS from a model served in process: each answer goes through add_sub_py ((v + 1) - 1).
+    server.load("add_sub_py")
+    responses = list(model.infer(inputs={"IN": numpy.array([7, 8], dtype=numpy.int32)}, parameters={"bls": True},
+                                 raise_on_error=True))
+    assert [int(numpy.from_dlpack(r.outputs["OUT"])[0]) for r in responses if r.outputs] == [7, 8]
+    stats = server.model("add_sub").statistics()["model_stats"][0]
+    assert stats["name"] == "add_sub" and stats["inference_count"] >= 1
+    assert 'nv_inference_request_success{model="add_sub",version="1"}' in server.metrics()
+    server.unload("repeat_py", wait_until_unloaded=True)
+    assert server.models()[("repeat_py", -1)].state == "UNAVAILABLE"
+    with pytest.raises(tritonserver.UnavailableError):
+        list(server.model("repeat_py").infer(inputs={"IN": numpy.array([1], dtype=numpy.int32)}))
+
+
+def test_tensors_share_memory_with_numpy_and_hold_exactly_one_reference():
+    gc.collect()
+    owner = numpy.ones(1 << 20)
+    tensor = tritonserver.Tensor.from_dlpack(owner)
+    assert sys.getrefcount(owner) - 1 == 2  # the tensor's one reference
+    array = numpy.from_dlpack(tensor)
+    assert array.ctypes.data == owner.ctypes.data
+    assert sys.getrefcount(tensor) - 1 == 2  # the array's one reference
+    tensor.shape = [2, 1 << 19]
+    assert numpy.from_dlpack(tensor).shape == (2, 1 << 19) and array.shape == (1 << 20,)
+    del owner, tensor, array
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, tritonserver.Tensor)], "a Tensor leaked"
+    strings = tritonserver.Tensor.from_string_array([["a", "bc"], ["", "déf"]])
+    assert strings.data_type == tritonserver.DataType.BYTES
+    assert strings.to_bytes_array().tolist() == [[b"a", b"bc"], [b"", "déf".encode()]]
+    with pytest.raises(tritonserver.InvalidArgumentError):
+        numpy.from_dlpack(strings)
+
+
+def test_a_stopped_server_refuses_calls(repo):
+    s = tritonserver.Server(model_repository=str(repo), model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
+                            startup_models=["add_sub"]).start()
+    model = s.model("add_sub")
+    s.stop()
+    with pytest.raises(tritonserver.InvalidArgumentError, match="not started"):
+        model.infer(inputs={"INPUT0": numpy.ones((1, 16), numpy.float32)})
+    with pytest.raises(tritonserver.InvalidArgumentError, match="not started"):
+        s.ready()
