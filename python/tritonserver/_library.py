@@ -205,19 +205,28 @@ def error_from(raw) -> TritonError | None:
     return cls(message)
 
 
+_BOUND: dict = {}
+_ADDRESSES: dict = {}
+
+
 def call(name: str, *args) -> None:
     """Calls a function that returns a TRITONSERVER_Error*, raising (and freeing) the error."""
-    lb = lib()
-    raw = getattr(lb, name)(*args)
+    f = _BOUND.get(name)
+    if f is None:
+        f = _BOUND[name] = getattr(lib(), name)
+    raw = f(*args)
     if raw:
         error = error_from(raw)
-        lb.TRITONSERVER_ErrorDelete(raw)
+        lib().TRITONSERVER_ErrorDelete(raw)
         raise error
 
 
 def address(name: str) -> int:
     """The address of an exported function (callbacks the library calls itself)."""
-    return ctypes.cast(getattr(lib(), name), c_void_p).value
+    found = _ADDRESSES.get(name)
+    if found is None:
+        found = _ADDRESSES[name] = ctypes.cast(getattr(lib(), name), c_void_p).value
+    return found
 
 
 def json_of(message) -> str:

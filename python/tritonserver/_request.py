@@ -135,13 +135,17 @@ class _Pending:
         h = self.handle
         if r.request_id is not None:
             L.call("TRITONSERVER_InferenceRequestSetId", h, L.text(r.request_id))
-        L.call("TRITONSERVER_InferenceRequestSetFlags", h, int(r.flags))
+        # A new C request starts with flags, priority and timeout 0: only other values are set.
+        if r.flags:
+            L.call("TRITONSERVER_InferenceRequestSetFlags", h, int(r.flags))
         if isinstance(r.correlation_id, str):
             L.call("TRITONSERVER_InferenceRequestSetCorrelationIdString", h, r.correlation_id.encode())
         elif r.correlation_id is not None:
             L.call("TRITONSERVER_InferenceRequestSetCorrelationId", h, int(r.correlation_id))
-        L.call("TRITONSERVER_InferenceRequestSetPriorityUInt64", h, int(r.priority))
-        L.call("TRITONSERVER_InferenceRequestSetTimeoutMicroseconds", h, int(r.timeout))
+        if r.priority:
+            L.call("TRITONSERVER_InferenceRequestSetPriorityUInt64", h, int(r.priority))
+        if r.timeout:
+            L.call("TRITONSERVER_InferenceRequestSetTimeoutMicroseconds", h, int(r.timeout))
         for name, value in r.inputs.items():
             t = Tensor._from_object(value)
             self.tensors.append(t)

@@ -1,13 +1,19 @@
 //! Answers: `TRITONSERVER_ServerInferAsync` runs a request, and each answer becomes a `TRITONSERVER_InferenceResponse` whose outputs the application's allocator holds.
 use std::ffi::{c_char, c_void, CString};
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Waker};
+
 use mesh::stream::{stream_channel, Window};
-use mesh::{Dispatch, InferResponse};
+use mesh::{Dispatch, InferRequest, InferResponse};
+use mesh_node::serving::dispatch::NodeDispatch;
 
 use crate::error::{from_mesh, take, Failure, FailureExt};
 use crate::live::Live;
 use crate::message::{c_string, ParameterValue, TRITONSERVER_Parameter};
-use crate::request::{prepare, TRITONSERVER_InferenceRequest};
+use crate::request::{prepare, Release, TRITONSERVER_InferenceRequest};
 use crate::server::{TRITONSERVER_Server, SERVERS};
 use crate::types::{dtype_to_raw, memory_type_name, MEMORY_CPU, MEMORY_CPU_PINNED};
 use crate::{ffi, out, TRITONSERVER_Error};
@@ -253,6 +259,51 @@ fn complete(target: &Target, response: Option<TRITONSERVER_InferenceResponse>, f
     unsafe { (target.complete)(raw, flags, target.userp as *mut c_void) };
 }
 
+/// Runs a request's task: first on the calling thread, so an idle instance answers there with no
+/// thread hand-off (its response callback then runs before `TRITONSERVER_ServerInferAsync`
+/// returns, as Triton's can on a response-cache hit); what still waits after that first step
+/// continues on the server's runtime.
+fn run(runtime: &tokio::runtime::Handle, mut task: Pin<Box<dyn Future<Output = ()> + Send>>) {
+    let _entered = runtime.enter();
+    let mut cx = Context::from_waker(Waker::noop());
+    if task.as_mut().poll(&mut cx).is_pending() {
+        // The runtime polls it again at once, so nothing that became ready meanwhile is missed.
+        runtime.spawn(task);
+    }
+}
+
+/// A streamed request: each answer to the callback as it comes, the final flag last.
+async fn stream(dispatch: Arc<NodeDispatch>, request: InferRequest, target: Target, release: Arc<Release>) {
+    let (model, id) = (request.model_name.clone(), request.id.clone());
+    let (tx, mut rx) = stream_channel(Window::for_stream());
+    let answers = async {
+        while let Some(item) = rx.recv().await {
+            let flags = if item.last { COMPLETE_FINAL } else { 0 };
+            let response = item.response.map(|r| match r {
+                Ok(answer) => TRITONSERVER_InferenceResponse::build(answer, &target),
+                Err(e) => TRITONSERVER_InferenceResponse::failed(&model, &id, from_mesh(e)),
+            });
+            if response.is_some() || item.last {
+                complete(&target, response, flags);
+            }
+            if item.last {
+                return true;
+            }
+        }
+        false
+    };
+    let (_, finished) = tokio::join!(dispatch.infer_stream(request, tx), answers);
+    if !finished {
+        let e = Failure::internal("the request ended without a final answer (a bug)");
+        complete(
+            &target,
+            Some(TRITONSERVER_InferenceResponse::failed(&model, &id, e)),
+            COMPLETE_FINAL,
+        );
+    }
+    drop(release); // released now, unless an input is still borrowed somewhere
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn TRITONSERVER_ServerInferAsync(
     server: *mut TRITONSERVER_Server,
@@ -281,37 +332,29 @@ pub unsafe extern "C" fn TRITONSERVER_ServerInferAsync(
             .map_err(from_mesh)?;
         mesh::validate::check_request(&view.config, &request).map_err(from_mesh)?;
         release.arm();
+        // A decoupled model (or an ensemble, whose steps may be) answers through a stream; any
+        // other model answers once.
+        let streamed = view.config.platform == "ensemble"
+            || view
+                .config
+                .model_transaction_policy
+                .as_ref()
+                .is_some_and(|p| p.decoupled);
         let dispatch = core.dispatch.clone();
-        core.runtime.spawn(async move {
-            let (model, id) = (request.model_name.clone(), request.id.clone());
-            let (tx, mut rx) = stream_channel(Window::for_stream());
-            let answers = async {
-                while let Some(item) = rx.recv().await {
-                    let flags = if item.last { COMPLETE_FINAL } else { 0 };
-                    let response = item.response.map(|r| match r {
-                        Ok(answer) => TRITONSERVER_InferenceResponse::build(answer, &target),
-                        Err(e) => TRITONSERVER_InferenceResponse::failed(&model, &id, from_mesh(e)),
-                    });
-                    if response.is_some() || item.last {
-                        complete(&target, response, flags);
-                    }
-                    if item.last {
-                        return true;
-                    }
-                }
-                false
-            };
-            let (_, finished) = tokio::join!(dispatch.infer_stream(request, tx), answers);
-            if !finished {
-                let e = Failure::internal("the request ended without a final answer (a bug)");
-                complete(
-                    &target,
-                    Some(TRITONSERVER_InferenceResponse::failed(&model, &id, e)),
-                    COMPLETE_FINAL,
-                );
-            }
-            drop(release); // released now, unless an input is still borrowed somewhere
-        });
+        let task: Pin<Box<dyn Future<Output = ()> + Send>> = if streamed {
+            Box::pin(stream(dispatch, request, target, release))
+        } else {
+            Box::pin(async move {
+                let (model, id) = (request.model_name.clone(), request.id.clone());
+                let response = match dispatch.infer(request).await {
+                    Ok(answer) => TRITONSERVER_InferenceResponse::build(answer, &target),
+                    Err(e) => TRITONSERVER_InferenceResponse::failed(&model, &id, from_mesh(e)),
+                };
+                complete(&target, Some(response), COMPLETE_FINAL);
+                drop(release); // released now, unless an input is still borrowed somewhere
+            })
+        };
+        run(&core.runtime, task);
         Ok(())
     })
 }
