@@ -60,6 +60,7 @@ def test_the_readme_c_example_infers_and_gets_tritons_errors(capi_lib, models_di
     assert refused == {
         "a wrong datatype": "Invalid argument",
         "a wrong shape": "Invalid argument",
+        "too few bytes": "Invalid argument",
         "a deleted request": "Invalid argument",
         "an unknown model": "Not found",
         "an unsupported function": "Unsupported",
@@ -67,6 +68,7 @@ def test_the_readme_c_example_infers_and_gets_tritons_errors(capi_lib, models_di
         "a deleted server": "Invalid argument",
     }, res.stdout
     assert "expects FP32" in res.stdout and "TRITONSERVER_ServerPollModelRepository" in res.stdout
+    assert "input 'INPUT0' of model 'add_sub': FP32 tensor of shape [1, 16] needs 64 bytes, got 60" in res.stdout
     assert lines[-1] == "done"
     # --log-info false (TRITONSERVER_ServerOptionsSetLogInfo) silences the INFO lines.
     assert " INFO " not in res.stderr, res.stderr

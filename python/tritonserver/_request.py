@@ -270,6 +270,10 @@ def _response(model: "Model", request: InferenceRequest, handle: int, flags: int
     return result
 
 
+def _no_cancel() -> None:
+    raise UnsupportedError("cancelling a request is not supported by the mesh's in-process API")
+
+
 class ResponseIterator:
     """The responses of one request, as they come (blocking; the GIL is free while it waits)."""
 
@@ -311,7 +315,7 @@ class ResponseIterator:
         return response
 
     def cancel(self) -> None:
-        raise UnsupportedError("cancelling a request is not supported by the mesh's in-process API")
+        _no_cancel()
 
 
 class AsyncResponseIterator:
@@ -362,4 +366,4 @@ class AsyncResponseIterator:
         return response
 
     def cancel(self) -> None:
-        raise UnsupportedError("cancelling a request is not supported by the mesh's in-process API")
+        _no_cancel()

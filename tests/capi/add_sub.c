@@ -183,6 +183,10 @@ int main(int argc, char** argv) {
   CHECK(TRITONSERVER_InferenceRequestAddInput(request, "INPUT0", TRITONSERVER_TYPE_FP32, bad_shape, 2));
   CHECK(TRITONSERVER_InferenceRequestAppendInputData(request, "INPUT0", in0, 15 * sizeof(float), TRITONSERVER_MEMORY_CPU, 0));
   expect("a wrong shape", TRITONSERVER_ServerInferAsync(server, request, NULL), TRITONSERVER_ERROR_INVALID_ARG);
+  CHECK(TRITONSERVER_InferenceRequestRemoveInput(request, "INPUT0"));
+  CHECK(TRITONSERVER_InferenceRequestAddInput(request, "INPUT0", TRITONSERVER_TYPE_FP32, shape, 2));
+  CHECK(TRITONSERVER_InferenceRequestAppendInputData(request, "INPUT0", in0, 15 * sizeof(float), TRITONSERVER_MEMORY_CPU, 0));
+  expect("too few bytes", TRITONSERVER_ServerInferAsync(server, request, NULL), TRITONSERVER_ERROR_INVALID_ARG);
   CHECK(TRITONSERVER_InferenceRequestDelete(request));
   expect("a deleted request", TRITONSERVER_InferenceRequestSetId(request, "again"), TRITONSERVER_ERROR_INVALID_ARG);
 

@@ -47,6 +47,21 @@ pub fn needs_stream(model: &str) -> Error {
     ))
 }
 
+/// Checks that each input's bytes fit its datatype and shape (a fixed-size type's byte count, a
+/// BYTES tensor's framing). Frontends check this as they decode; callers in the same process (the
+/// embedding APIs) hand tensors over directly, so their entry points ask it.
+pub fn check_tensors(req: &InferRequest) -> Result<()> {
+    for input in &req.inputs {
+        input.tensor.check().map_err(|e| {
+            Error::invalid(format!(
+                "input '{}' of model '{}': {}",
+                input.name, req.model_name, e.message
+            ))
+        })?;
+    }
+    Ok(())
+}
+
 /// Checks inputs (known, unique, present, dtype, shape, batch size) and requested outputs.
 pub fn check_request(config: &ModelConfig, req: &InferRequest) -> Result<()> {
     let model = &config.name;
@@ -216,6 +231,17 @@ mod tests {
     fn f32s(shape: Vec<i64>) -> Tensor {
         let n = crate::tensor::element_count(&shape).unwrap();
         Tensor::from_values(shape, &vec![0f32; n])
+    }
+
+    #[test]
+    fn tensors_whose_bytes_do_not_fit_their_shape_are_refused_by_name() {
+        assert!(check_tensors(&req(vec![("x", f32s(vec![1, 4]))], &[])).is_ok());
+        let mut short = f32s(vec![1, 4]);
+        short.data = short.data.slice(..12);
+        let e = check_tensors(&req(vec![("x", short)], &[])).unwrap_err();
+        assert_eq!(e.code, crate::Code::InvalidArgument);
+        assert!(e.message.starts_with("input 'x' of model"), "{}", e.message);
+        assert!(e.message.ends_with("needs 16 bytes, got 12"), "{}", e.message);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The node inside a Rust program: started from `mesh-node`'s own flags on the caller's tokio
 //! runtime, its models called directly through the node's `Dispatch` (no port, no copy of a
-//! request's tensors: `Tensor` data is shared `Bytes`), its ports opened only when asked, stopped
-//! cleanly. `mesh-node` itself is this plus signal handling.
+//! request's tensors: `Tensor` data is shared `Bytes`, or the caller's own slices with
+//! `infer_borrowed`), its ports opened only when asked, stopped cleanly. `mesh-node` itself is
+//! this plus signal handling.
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 
 use mesh::stream::{stream_channel, StreamReceiver, Window};
-use mesh::{Dispatch, InferRequest, InferResponse, LoadOptions};
+use mesh::{Dispatch, InferRequest, InferResponse, LoadOptions, NamedTensor};
 
 use crate::actors::instance::rate_limit::Limiter;
 use crate::actors::manager::loader::{LoadSettings, Repositories};
@@ -26,6 +27,7 @@ use crate::{placement, repository};
 /// A running node. Dropping it without [`Server::stop`] leaves its actors to the runtime's end.
 pub struct Server {
     args: Args,
+    runtime: tokio::runtime::Handle,
     node: Node,
     prometheus: PrometheusHandle,
     gpu_uuids: Vec<String>,
@@ -131,6 +133,7 @@ impl Server {
         };
         Ok(Server {
             args,
+            runtime: tokio::runtime::Handle::current(),
             node,
             prometheus,
             gpu_uuids,
@@ -178,7 +181,63 @@ impl Server {
 
     /// Runs one request and answers it; a decoupled model needs [`Server::infer_stream`].
     pub async fn infer(&self, request: InferRequest) -> mesh::Result<InferResponse> {
+        mesh::validate::check_tensors(&request)?;
         self.node.dispatch.infer(request).await
+    }
+
+    /// Runs one request on buffers the caller lends: no input is copied into the request, and the
+    /// call returns only once nothing in the node holds them any more (an output that shares an
+    /// input's memory is copied out first), so the borrows end with the call. It blocks its thread
+    /// (on a runtime worker it steps aside with `block_in_place`); a decoupled model needs
+    /// [`Server::infer_stream`].
+    pub fn infer_borrowed(
+        &self,
+        model: &str,
+        version: &str,
+        inputs: &[Borrowed<'_>],
+        outputs: &[&str],
+    ) -> mesh::Result<InferResponse> {
+        let loans = Arc::new(Loans::default());
+        // Declared first, dropped last: even a panic below waits for the loans before unwinding on.
+        let _back = AwaitLoans(loans.clone());
+        let tensors = inputs
+            .iter()
+            .map(|b| NamedTensor {
+                name: b.name.to_string(),
+                tensor: mesh::Tensor {
+                    dtype: b.dtype,
+                    shape: b.shape.to_vec(),
+                    data: bytes::Bytes::from_owner(Loan::new(b.data, &loans)),
+                },
+            })
+            .collect();
+        let request = InferRequest {
+            model_name: model.to_string(),
+            model_version: version.to_string(),
+            inputs: tensors,
+            outputs: outputs.iter().map(|o| mesh::RequestedOutput::named(*o)).collect(),
+            ..Default::default()
+        };
+        mesh::validate::check_tensors(&request)?;
+        let dispatch = self.node.dispatch.clone();
+        let run = async move { dispatch.infer(request).await };
+        let answer = match tokio::runtime::Handle::try_current() {
+            Ok(_) => tokio::task::block_in_place(|| self.runtime.block_on(run)),
+            Err(_) => self.runtime.block_on(run),
+        };
+        answer.map(|mut answer| {
+            for o in &mut answer.outputs {
+                let d = &o.tensor.data;
+                let lent = inputs.iter().any(|b| {
+                    let (start, end) = (b.data.as_ptr() as usize, b.data.as_ptr() as usize + b.data.len());
+                    (d.as_ptr() as usize) < end && start < d.as_ptr() as usize + d.len()
+                });
+                if lent {
+                    o.tensor.data = bytes::Bytes::copy_from_slice(d);
+                }
+            }
+            answer
+        })
     }
 
     /// Runs one request of a decoupled model (or any model): its answers as they come, the last
@@ -186,6 +245,10 @@ impl Server {
     /// it, so a caller that stops reading stops the model after 16 answers, as a gRPC client does.
     pub fn infer_stream(&self, request: InferRequest) -> StreamReceiver {
         let (tx, rx) = stream_channel(Window::for_stream());
+        if let Err(e) = mesh::validate::check_tensors(&request) {
+            let _ = tx.send(mesh::StreamItem::new(Some(Err(e)), true));
+            return rx;
+        }
         let dispatch = self.node.dispatch.clone();
         tokio::spawn(async move { dispatch.infer_stream(request, tx).await });
         rx
@@ -229,5 +292,69 @@ impl Server {
         }
         self.node.stop().await;
         tracing::info!("stopped");
+    }
+}
+
+/// An input lent to [`Server::infer_borrowed`]: its bytes are read where they are.
+#[derive(Debug, Clone, Copy)]
+pub struct Borrowed<'a> {
+    pub name: &'a str,
+    pub dtype: mesh::DataType,
+    pub shape: &'a [i64],
+    pub data: &'a [u8],
+}
+
+/// How many lent buffers the node still holds, and where their owner waits for them.
+#[derive(Default)]
+struct Loans {
+    out: std::sync::Mutex<usize>,
+    back: std::sync::Condvar,
+}
+
+/// One lent buffer inside the node (the owner of a request tensor's `Bytes`).
+struct Loan {
+    base: usize,
+    len: usize,
+    loans: Arc<Loans>,
+}
+
+impl Loan {
+    fn new(data: &[u8], loans: &Arc<Loans>) -> Loan {
+        *loans.out.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        Loan {
+            base: data.as_ptr() as usize,
+            len: data.len(),
+            loans: loans.clone(),
+        }
+    }
+}
+
+impl AsRef<[u8]> for Loan {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `infer_borrowed` holds the borrow this came from until every Loan is dropped
+        // (`AwaitLoans` waits for that, even while unwinding), so the memory is alive and unchanged.
+        unsafe { std::slice::from_raw_parts(self.base as *const u8, self.len) }
+    }
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        let mut out = self.loans.out.lock().unwrap_or_else(|p| p.into_inner());
+        *out -= 1;
+        if *out == 0 {
+            self.loans.back.notify_all();
+        }
+    }
+}
+
+/// Waits, when dropped, until the node gave every lent buffer back.
+struct AwaitLoans(Arc<Loans>);
+
+impl Drop for AwaitLoans {
+    fn drop(&mut self) {
+        let mut out = self.0.out.lock().unwrap_or_else(|p| p.into_inner());
+        while *out > 0 {
+            out = self.0.back.wait(out).unwrap_or_else(|p| p.into_inner());
+        }
     }
 }

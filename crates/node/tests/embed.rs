@@ -204,3 +204,65 @@ async fn a_single_threaded_runtime_is_refused_with_a_reason() {
         .unwrap();
     assert!(e.contains("needs a multi-threaded tokio runtime"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn borrowed_inputs_are_read_in_place_and_given_back_before_the_call_returns() {
+    use mesh::DataType;
+    use mesh_node::embed::Borrowed;
+    let Some((dir, _)) = repository() else { return };
+    // Its own name: the other test counts add_sub's requests in the process's metrics.
+    let lent = dir.0.join("add_sub_lent");
+    copy_dir(&dir.0.join("add_sub"), &lent);
+    let config = std::fs::read_to_string(lent.join("config.pbtxt")).unwrap();
+    std::fs::write(
+        lent.join("config.pbtxt"),
+        config.replace("name: \"add_sub\"", "name: \"add_sub_lent\""),
+    )
+    .unwrap();
+    let repo = dir.0.to_string_lossy().into_owned();
+    let server = Server::start([
+        "--model-repository",
+        &repo,
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "add_sub_lent",
+    ])
+    .await
+    .unwrap();
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (a, mut b) = (bytes(&[5.0; 16]), bytes(&[2.0; 16]));
+    let shape = [1i64, 16];
+    let lend = |a: &[u8], b: &[u8]| {
+        let inputs = [
+            Borrowed {
+                name: "INPUT0",
+                dtype: DataType::Fp32,
+                shape: &shape,
+                data: a,
+            },
+            Borrowed {
+                name: "INPUT1",
+                dtype: DataType::Fp32,
+                shape: &shape,
+                data: b,
+            },
+        ];
+        // Called from a runtime worker: the wait steps aside with block_in_place.
+        server.infer_borrowed("add_sub_lent", "", &inputs, &["OUTPUT0"])
+    };
+    let answer = lend(&a, &b).unwrap();
+    assert_eq!(answer.outputs.len(), 1, "only the requested output");
+    assert_eq!(floats(&answer.outputs[0].tensor), vec![7.0; 16]);
+    // The borrows ended with the call: the caller may change its buffer, the answer is its own.
+    b.copy_from_slice(&bytes(&[1.0; 16]));
+    assert_eq!(floats(&answer.outputs[0].tensor), vec![7.0; 16]);
+    assert_eq!(floats(&lend(&a, &b).unwrap().outputs[0].tensor), vec![6.0; 16]);
+    // Bad input is refused with Triton's code, and the loans still come back.
+    let e = lend(&a, &b[..60]).unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument, "{e:?}");
+    // From a thread outside the runtime it blocks on the runtime directly.
+    let from_thread = std::thread::scope(|s| s.spawn(|| lend(&a, &b).map(|r| floats(&r.outputs[0].tensor))).join());
+    assert_eq!(from_thread.unwrap().unwrap(), vec![6.0; 16]);
+    server.stop().await;
+}

@@ -326,6 +326,7 @@ pub unsafe extern "C" fn TRITONSERVER_ServerInferAsync(
         // As Triton does before it takes a request: the model, the parameters, every input's
         // name, datatype and shape. A refused request stays the application's, unreleased.
         mesh::params::check(&request.parameters).map_err(from_mesh)?;
+        mesh::validate::check_tensors(&request).map_err(from_mesh)?;
         let view = core
             .dispatch
             .model(&request.model_name, &request.model_version)
@@ -418,6 +419,16 @@ pub unsafe extern "C" fn TRITONSERVER_ResponseAllocatorDelete(
     std::ptr::null_mut()
 }
 
+/// The `index`-th of a response's parameters or outputs; past the end is INVALID_ARG.
+fn nth<'a, T>(items: &'a [T], index: u32, what: &str) -> Result<&'a T, Failure> {
+    items.get(index as usize).ok_or_else(|| {
+        Failure::invalid(format!(
+            "out of bounds index {index}: response has {} {what}",
+            items.len()
+        ))
+    })
+}
+
 /// Runs a reader on a live response.
 unsafe fn with_response(
     response: *mut TRITONSERVER_InferenceResponse,
@@ -503,12 +514,7 @@ pub unsafe extern "C" fn TRITONSERVER_InferenceResponseParameter(
     // SAFETY: see `with_response`.
     unsafe {
         with_response(inference_response, |r| {
-            let p = r.parameters.get(index as usize).ok_or_else(|| {
-                Failure::invalid(format!(
-                    "out of bounds index {index}: response has {} parameters",
-                    r.parameters.len()
-                ))
-            })?;
+            let p = nth(&r.parameters, index, "parameters")?;
             let (t, v) = p.value.raw();
             *out(name, "name")? = p.name.as_ptr();
             *out(kind, "type")? = t;
@@ -549,12 +555,7 @@ pub unsafe extern "C" fn TRITONSERVER_InferenceResponseOutput(
     // SAFETY: see `with_response`.
     unsafe {
         with_response(inference_response, |r| {
-            let o = r.outputs.get(index as usize).ok_or_else(|| {
-                Failure::invalid(format!(
-                    "out of bounds index {index}: response has {} outputs",
-                    r.outputs.len()
-                ))
-            })?;
+            let o = nth(&r.outputs, index, "outputs")?;
             *out(name, "name")? = o.name.as_ptr();
             *out(datatype, "datatype")? = o.dtype;
             *out(shape, "shape")? = o.shape.as_ptr();
@@ -579,12 +580,7 @@ pub unsafe extern "C" fn TRITONSERVER_InferenceResponseOutputClassificationLabel
     // SAFETY: see `with_response`.
     unsafe {
         with_response(inference_response, |r| {
-            r.outputs.get(index as usize).ok_or_else(|| {
-                Failure::invalid(format!(
-                    "out of bounds index {index}: response has {} outputs",
-                    r.outputs.len()
-                ))
-            })?;
+            nth(&r.outputs, index, "outputs")?;
             // The mesh keeps no label files per output here: no label, as Triton answers for an
             // output without labels.
             let _ = class_index;
