@@ -270,11 +270,23 @@ def _response(model: "Model", request: InferenceRequest, handle: int, flags: int
     return result
 
 
-def _no_cancel() -> None:
-    raise UnsupportedError("cancelling a request is not supported by the mesh's in-process API")
+class _Answers:
+    """What both iterators share: the final response ends them; an error raises when asked to."""
+
+    _complete = False
+    _raise = False
+
+    def _hand_out(self, response: InferenceResponse) -> InferenceResponse:
+        self._complete = response.final
+        if response.error is not None and self._raise:
+            raise response.error
+        return response
+
+    def cancel(self) -> None:
+        raise UnsupportedError("cancelling a request is not supported by the mesh's in-process API")
 
 
-class ResponseIterator:
+class ResponseIterator(_Answers):
     """The responses of one request, as they come (blocking; the GIL is free while it waits)."""
 
     def __init__(self, pending: _Pending, raise_on_error: bool = False):
@@ -308,17 +320,10 @@ class ResponseIterator:
     def __next__(self) -> InferenceResponse:
         if self._complete:
             raise StopIteration
-        response = self._mine.get() if self._mine is not None else self._next()
-        self._complete = response.final
-        if response.error is not None and self._raise:
-            raise response.error
-        return response
-
-    def cancel(self) -> None:
-        _no_cancel()
+        return self._hand_out(self._mine.get() if self._mine is not None else self._next())
 
 
-class AsyncResponseIterator:
+class AsyncResponseIterator(_Answers):
     """The responses of one request for asyncio: woken by the queue's eventfd, never blocking the loop."""
 
     def __init__(self, pending: _Pending, raise_on_error: bool = False, loop=None):
@@ -359,11 +364,4 @@ class AsyncResponseIterator:
     async def __anext__(self) -> InferenceResponse:
         if self._complete:
             raise StopAsyncIteration
-        response = await self._ready.get()
-        self._complete = response.final
-        if response.error is not None and self._raise:
-            raise response.error
-        return response
-
-    def cancel(self) -> None:
-        _no_cancel()
+        return self._hand_out(await self._ready.get())
