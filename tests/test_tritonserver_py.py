@@ -211,3 +211,18 @@ def test_a_stopped_server_refuses_calls(repo):
         model.infer(inputs={"INPUT0": numpy.ones((1, 16), numpy.float32)})
     with pytest.raises(tritonserver.InvalidArgumentError, match="not started"):
         s.ready()
+
+
+def test_the_readmes_python_example_runs_as_written(capi_lib, models_dir, server_env, tmp_path):
+    import re
+    import subprocess
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = re.search(r"```python\n(import numpy, tritonserver\n.*?)```", readme, re.S)
+    assert block, "the README's Python example"
+    script = tmp_path / "example.py"
+    script.write_text(block.group(1).replace('"target/models/simple"', repr(str(models_dir / "simple"))))
+    env = dict(server_env, MESH_TRITONSERVER_LIBRARY=str(capi_lib))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("[[ 0.  2.  4.  6."), res.stdout
+    assert "'model_stats'" in res.stdout and "nv_inference" in res.stdout
