@@ -152,14 +152,16 @@ impl Args {
     pub fn start_logging(&self) -> Result<(), String> {
         use mesh::logging::SettingValue::Bool;
         let level = log_level(self.log_verbose, self.log_info, self.log_warning);
-        self.triton
-            .start_logging(&["mesh", "mesh_node", "tritonserver"], level, true)?;
+        // The switches first: the lines logged while logging starts (flags accepted without
+        // effect) already obey them.
         let switches = [
             ("log_info".to_string(), Bool(self.log_info)),
             ("log_warning".to_string(), Bool(self.log_warning)),
             ("log_error".to_string(), Bool(self.log_error)),
         ];
-        mesh::logging::update(&switches).map(drop).map_err(|e| e.message)
+        mesh::logging::update(&switches).map_err(|e| e.message)?;
+        self.triton
+            .start_logging(&["mesh", "mesh_node", "tritonserver"], level, true)
     }
 
     /// Parses `mesh-node`'s flags without the program name (for a node started in process).
