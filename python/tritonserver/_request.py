@@ -203,16 +203,9 @@ def _collect_orphans() -> None:
         waiting = list(_ORPHANS)
         _ORPHANS.clear()
     for p in waiting:
-        while not p.released and p.queue:
-            kind, handle, flags = c_uint32(), c_void_p(), c_uint32()
-            L.call("MESH_ResponseQueuePop", p.queue, 0, byref(kind), byref(handle), byref(flags))
-            if kind.value == EVENT_RELEASED:
-                p.released = True
-            elif kind.value == EVENT_RESPONSE:
-                if handle.value:
-                    L.lib().TRITONSERVER_InferenceResponseDelete(handle.value)
-            else:
-                break
+        # What is left in its queue goes with it (responses are deleted as they are dropped).
+        while not p.released and p.queue and p.poll(0)[0]:
+            pass
         if p.released:
             p.final = True
             p._free()

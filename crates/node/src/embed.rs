@@ -207,7 +207,9 @@ impl Server {
                 tensor: mesh::Tensor {
                     dtype: b.dtype,
                     shape: b.shape.to_vec(),
-                    data: bytes::Bytes::from_owner(Loan::new(b.data, &loans)),
+                    // SAFETY: the slice is borrowed for this call, which returns only once every
+                    // Loan was dropped (`_back` waits for that, even while unwinding).
+                    data: unsafe { lent_bytes(b.data.as_ptr(), b.data.len(), Loan::new(&loans)) },
                 },
             })
             .collect();
@@ -311,40 +313,52 @@ struct Loans {
     back: std::sync::Condvar,
 }
 
-/// One lent buffer inside the node (the owner of a request tensor's `Bytes`).
-struct Loan {
-    base: usize,
-    len: usize,
-    loans: Arc<Loans>,
-}
+/// A loan the node still holds: counted while it lives, given back when dropped.
+struct Loan(Arc<Loans>);
 
 impl Loan {
-    fn new(data: &[u8], loans: &Arc<Loans>) -> Loan {
+    fn new(loans: &Arc<Loans>) -> Loan {
         *loans.out.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        Loan {
-            base: data.as_ptr() as usize,
-            len: data.len(),
-            loans: loans.clone(),
-        }
-    }
-}
-
-impl AsRef<[u8]> for Loan {
-    fn as_ref(&self) -> &[u8] {
-        // SAFETY: `infer_borrowed` holds the borrow this came from until every Loan is dropped
-        // (`AwaitLoans` waits for that, even while unwinding), so the memory is alive and unchanged.
-        unsafe { std::slice::from_raw_parts(self.base as *const u8, self.len) }
+        Loan(loans.clone())
     }
 }
 
 impl Drop for Loan {
     fn drop(&mut self) {
-        let mut out = self.loans.out.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = self.0.out.lock().unwrap_or_else(|p| p.into_inner());
         *out -= 1;
         if *out == 0 {
-            self.loans.back.notify_all();
+            self.0.back.notify_all();
         }
     }
+}
+
+/// Memory an in-process caller lends as a tensor's bytes, with no copy: `keep` lives as long as
+/// any `Bytes` over it does, so dropping it tells the lender the node is done with the memory.
+struct Lent<K> {
+    base: usize,
+    len: usize,
+    _keep: K,
+}
+
+impl<K> AsRef<[u8]> for Lent<K> {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `lent_bytes`'s caller keeps the memory valid and unchanged until `_keep` drops.
+        unsafe { std::slice::from_raw_parts(self.base as *const u8, self.len) }
+    }
+}
+
+/// `Bytes` over `len` bytes at `base` that the caller lends (the embedding APIs' inputs).
+///
+/// # Safety
+/// The memory must stay valid and unchanged until `keep` is dropped, which happens when the last
+/// `Bytes` over it goes; the caller waits for that (a drop guard, a release callback).
+pub unsafe fn lent_bytes<K: Send + Sync + 'static>(base: *const u8, len: usize, keep: K) -> bytes::Bytes {
+    bytes::Bytes::from_owner(Lent {
+        base: base as usize,
+        len,
+        _keep: keep,
+    })
 }
 
 /// Waits, when dropped, until the node gave every lent buffer back.

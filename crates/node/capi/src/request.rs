@@ -91,22 +91,6 @@ impl Drop for Release {
     }
 }
 
-/// An application's input buffer lent to the mesh until its request is released.
-struct Borrowed {
-    base: usize,
-    len: usize,
-    _release: Arc<Release>,
-}
-
-impl AsRef<[u8]> for Borrowed {
-    fn as_ref(&self) -> &[u8] {
-        // SAFETY: the application keeps the buffer valid and unchanged until the request's release
-        // callback (the header's contract), which runs only after this (holding `_release`) drops.
-        // SAFETY: the pointers are the caller's, under the header's contract; handles are checked alive first.
-        unsafe { std::slice::from_raw_parts(self.base as *const u8, self.len) }
-    }
-}
-
 /// A mesh request from the application's, its release kept until the borrowed buffers are dropped
 /// (unarmed: the caller arms it once the request is accepted).
 pub(crate) fn prepare(
@@ -138,16 +122,14 @@ pub(crate) fn prepare(
     for input in &r.inputs {
         let data = match input.buffers.as_slice() {
             [] => Bytes::new(),
-            [(base, len)] => Bytes::from_owner(Borrowed {
-                base: *base as usize,
-                len: *len,
-                _release: release.clone(),
-            }),
+            // SAFETY: the application keeps the buffer valid and unchanged until the request's
+            // release callback (the header's contract), which runs only once `release` is dropped.
+            [(base, len)] => unsafe { mesh_node::embed::lent_bytes(*base, *len, release.clone()) },
             many => {
                 // Several pieces become one tensor: copied once, here.
                 let mut all = Vec::with_capacity(many.iter().map(|(_, l)| l).sum());
                 for (base, len) in many {
-                    // SAFETY: as in `Borrowed::as_ref`.
+                    // SAFETY: the application keeps its buffers valid until the release callback (the header's contract).
                     all.extend_from_slice(unsafe { std::slice::from_raw_parts(*base, *len) });
                 }
                 Bytes::from(all)
@@ -182,11 +164,7 @@ pub(crate) fn prepare(
     }
     let request = InferRequest {
         model_name: r.model.clone(),
-        model_version: if r.version < 0 {
-            String::new()
-        } else {
-            r.version.to_string()
-        },
+        model_version: crate::server::version_text(r.version),
         id: r.id.to_string_lossy().into_owned(),
         inputs,
         outputs: r.outputs.iter().map(RequestedOutput::named).collect(),

@@ -147,6 +147,14 @@ impl TRITONSERVER_InferenceResponse {
         }
     }
 
+    /// A request's outcome as a response: its answer, or its error.
+    fn of(result: mesh::Result<InferResponse>, target: &Target, model: &str, id: &str) -> Self {
+        match result {
+            Ok(answer) => Self::build(answer, target),
+            Err(e) => Self::failed(model, id, from_mesh(e)),
+        }
+    }
+
     /// An answer with its outputs copied into buffers of the application's allocator; an allocator
     /// error (or no allocator) makes it an error response, as in Triton.
     fn build(answer: InferResponse, target: &Target) -> Self {
@@ -279,10 +287,9 @@ async fn stream(dispatch: Arc<NodeDispatch>, request: InferRequest, target: Targ
     let answers = async {
         while let Some(item) = rx.recv().await {
             let flags = if item.last { COMPLETE_FINAL } else { 0 };
-            let response = item.response.map(|r| match r {
-                Ok(answer) => TRITONSERVER_InferenceResponse::build(answer, &target),
-                Err(e) => TRITONSERVER_InferenceResponse::failed(&model, &id, from_mesh(e)),
-            });
+            let response = item
+                .response
+                .map(|r| TRITONSERVER_InferenceResponse::of(r, &target, &model, &id));
             if response.is_some() || item.last {
                 complete(&target, response, flags);
             }
@@ -347,10 +354,7 @@ pub unsafe extern "C" fn TRITONSERVER_ServerInferAsync(
         } else {
             Box::pin(async move {
                 let (model, id) = (request.model_name.clone(), request.id.clone());
-                let response = match dispatch.infer(request).await {
-                    Ok(answer) => TRITONSERVER_InferenceResponse::build(answer, &target),
-                    Err(e) => TRITONSERVER_InferenceResponse::failed(&model, &id, from_mesh(e)),
-                };
+                let response = TRITONSERVER_InferenceResponse::of(dispatch.infer(request).await, &target, &model, &id);
                 complete(&target, Some(response), COMPLETE_FINAL);
                 drop(release); // released now, unless an input is still borrowed somewhere
             })

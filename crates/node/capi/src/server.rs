@@ -115,7 +115,8 @@ fn start_logging(args: &mesh_node::cli::Args) {
     });
 }
 
-fn version_text(version: i64) -> String {
+/// A C API model version as the Dispatch names it (negative: the version the policy picks).
+pub(crate) fn version_text(version: i64) -> String {
     if version < 0 {
         String::new()
     } else {
