@@ -202,6 +202,60 @@ def test_tensors_share_memory_with_numpy_and_hold_exactly_one_reference():
         numpy.from_dlpack(strings)
 
 
+def test_arrays_of_any_layout_and_byte_order_arrive_as_their_values(server):
+    model = server.model("add_sub")
+    base = numpy.arange(32, dtype=numpy.float32).reshape(2, 16)
+    strided = base[:1, :]  # contiguous
+    transposed = numpy.arange(16, dtype=numpy.float32).reshape(16, 1).T  # not C-contiguous
+    big_endian = numpy.arange(16, dtype=">f4").reshape(1, 16)
+    for x in (strided, transposed, big_endian):
+        (r,) = model.infer(inputs={"INPUT0": x, "INPUT1": numpy.ones((1, 16), numpy.float32)}, raise_on_error=True)
+        numpy.testing.assert_array_equal(numpy.from_dlpack(r.outputs["OUTPUT0"]),
+                                         numpy.asarray(x, dtype=numpy.float32) + 1)
+
+
+def test_the_one_call_extensions_refuse_broken_records_and_reuse_their_queues(server):
+    """The library's packed-record calls (what the package sends every request with), driven directly:
+    a record cut short, one with too many dims or a name that is not UTF-8 is INVALID_ARG with its
+    reason and adds no input; a good one answers; queues are reused, not made per request."""
+    import ctypes
+    import struct
+    from tritonserver import _library as L
+    from tritonserver import _request as R
+
+    lib = L.lib()
+    x = numpy.ones((1, 16), dtype=numpy.float32)
+
+    def record(name: bytes, dims: list, data_type: int = 11, size: int = x.nbytes) -> bytes:
+        return (struct.pack("<IIIIqQQ", len(name), data_type, len(dims), 0, 0, x.ctypes.data, size)
+                + struct.pack(f"<{len(dims)}q", *dims) + name)
+
+    request = ctypes.c_void_p()
+    L.check(lib.TRITONSERVER_InferenceRequestNew(ctypes.byref(request), server._ptr(), b"add_sub", -1))
+    try:
+        good = record(b"INPUT0", [1, 16]) + record(b"INPUT1", [1, 16])
+        for bad, reason in [(good[:-1], "runs past their end"), (good[:39], "runs past their end"),
+                            (record(b"INPUT0", [1] * 65), "65 dims"), (record(b"\xff", [1, 16]), "not UTF-8"),
+                            (record(b"INPUT0", [1, 16], data_type=99), "invalid datatype 99")]:
+            with pytest.raises(tritonserver.InvalidArgumentError, match=reason):
+                L.check(lib.MESH_InferenceRequestAddInputsPacked(request, bad, len(bad)))
+        # Nothing of a refused call was added: the good records go in whole.
+        L.check(lib.MESH_InferenceRequestAddInputsPacked(request, good, len(good)))
+        with pytest.raises(tritonserver.InvalidArgumentError, match="already exists"):
+            L.check(lib.MESH_InferenceRequestAddInputsPacked(request, good, len(good)))
+    finally:
+        L.check(lib.TRITONSERVER_InferenceRequestDelete(request))
+    with pytest.raises(tritonserver.InvalidArgumentError, match="inference request is null"):
+        L.check(lib.MESH_ServerInferPacked(server._ptr(), None, None, 0, None))
+
+    while R._QUEUES:
+        L.check(lib.MESH_ResponseQueueDelete(R._QUEUES.pop()[0]))
+    for _ in range(50):
+        (r,) = server.model("add_sub").infer(inputs={"INPUT0": x, "INPUT1": x}, raise_on_error=True)
+        numpy.testing.assert_array_equal(numpy.from_dlpack(r.outputs["OUTPUT1"]), x * 0)
+    assert len(R._QUEUES) == 1, "one request at a time needs one queue"
+
+
 def test_a_stopped_server_refuses_calls(repo):
     s = tritonserver.Server(model_repository=str(repo), model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
                             startup_models=["add_sub"]).start()

@@ -173,6 +173,9 @@ _SIGNATURES = {
     "MESH_ResponseQueueDelete": (P, [P]),
     "MESH_ResponseQueuePop": (P, [P, c_int64, POINTER(c_uint32), POINTER(P), POINTER(c_uint32)]),
     "MESH_ResponseQueueFd": (P, [P, POINTER(c_int)]),
+    "MESH_ResponseQueuePopMany": (P, [P, c_int64, P, c_uint32, POINTER(c_uint32)]),
+    "MESH_InferenceRequestAddInputsPacked": (P, [P, c_char_p, c_size_t]),
+    "MESH_ServerInferPacked": (P, [P, P, c_char_p, c_size_t, P]),
 }
 
 
@@ -214,7 +217,11 @@ def call(name: str, *args) -> None:
     f = _BOUND.get(name)
     if f is None:
         f = _BOUND[name] = getattr(lib(), name)
-    raw = f(*args)
+    check(f(*args))
+
+
+def check(raw) -> None:
+    """Raises (and frees) the TRITONSERVER_Error a call returned, if any."""
     if raw:
         error = error_from(raw)
         lib().TRITONSERVER_ErrorDelete(raw)

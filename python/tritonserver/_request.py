@@ -5,24 +5,37 @@ import asyncio
 import ctypes
 import os
 import queue
+import struct
 import threading
-from ctypes import byref, c_bool, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
+from collections import deque
+from ctypes import byref, c_int, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass, field
 
 import numpy
 from typing import TYPE_CHECKING, Any, Optional
 
 from tritonserver import _library as L
-from tritonserver._library import InternalError, InvalidArgumentError, TritonError, UnsupportedError
+from tritonserver._library import ERRORS, InternalError, InvalidArgumentError, TritonError, UnknownError, UnsupportedError
 from tritonserver._tensor import MemoryBuffer, Tensor, _memory_type_of
-from tritonserver._types import DataType, MemoryType
+from tritonserver._types import DATA_TYPE_OF, DataType, MemoryType
 
 if TYPE_CHECKING:
     from tritonserver._model import Model
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 EVENT_RESPONSE, EVENT_RELEASED = 1, 2
-_PARAMETER_STRING, _PARAMETER_INT, _PARAMETER_BOOL, _PARAMETER_DOUBLE = 0, 1, 2, 3
+_PARAMETER_STRING, _PARAMETER_INT, _PARAMETER_BOOL, _PARAMETER_DOUBLE, _PARAMETER_BYTES = 0, 1, 2, 3, 4
+
+# The packed records of the library's one-call extensions (crates/node/capi/src/packed.rs).
+_TENSOR = struct.Struct("<IIIIqQQ")
+_RESPONSE = struct.Struct("<iIIII")
+_PARAMETER = struct.Struct("<III")
+_DIMS = [struct.Struct(f"<{n}q") for n in range(65)]
+_DATA_TYPES = {int(t): t for t in DataType}
+_MEMORY_TYPES = {int(t): t for t in MemoryType}
+_NATIVE = {dtype: int(t) for dtype, t in DATA_TYPE_OF.items()}  # numpy dtypes sent as they are
+_SLOTS = 8  # events one pop takes at most
+_Slots = c_uint64 * (4 * _SLOTS)  # MESH_ResponseEvent: kind | flags << 32, handle, packed, packed_size
 
 
 @dataclass
@@ -66,73 +79,107 @@ class _Response:
             self.handle = 0
 
 
-_ALLOCATOR = None
 _ORPHANS: list["_Pending"] = []  # sent requests dropped before their release: freed once released
 _ORPHANS_LOCK = threading.Lock()
+_QUEUES: list = []  # idle (queue, event slots) pairs, reused by the next request
+_QUEUES_KEPT = 64
 
 
-def _allocator() -> int:
-    """One response allocator for every request: the library's own CPU allocator (no Python callback)."""
-    global _ALLOCATOR
-    if _ALLOCATOR is None:
-        made = c_void_p()
-        L.call("TRITONSERVER_ResponseAllocatorNew", byref(made), L.address("MESH_CpuAlloc"),
-               L.address("MESH_CpuRelease"), None)
-        _ALLOCATOR = made.value
-    return _ALLOCATOR
+def _parameters_of(h: int, parameters: dict) -> None:
+    for key, value in parameters.items():
+        name = L.text(key)
+        if isinstance(value, bool):
+            L.call("TRITONSERVER_InferenceRequestSetBoolParameter", h, name, value)
+        elif isinstance(value, int):
+            L.call("TRITONSERVER_InferenceRequestSetIntParameter", h, name, value)
+        elif isinstance(value, float):
+            L.call("TRITONSERVER_InferenceRequestSetDoubleParameter", h, name, value)
+        elif isinstance(value, str):
+            L.call("TRITONSERVER_InferenceRequestSetStringParameter", h, name, value.encode())
+        else:
+            raise InvalidArgumentError(f"parameter '{key}' has type {type(value).__name__}: parameters are str, int, "
+                                       "bool or float")
 
 
-def _parameter(request: int, key: str, value: Any) -> None:
-    name = L.text(key)
-    if isinstance(value, bool):
-        L.call("TRITONSERVER_InferenceRequestSetBoolParameter", request, name, value)
-    elif isinstance(value, int):
-        L.call("TRITONSERVER_InferenceRequestSetIntParameter", request, name, value)
-    elif isinstance(value, float):
-        L.call("TRITONSERVER_InferenceRequestSetDoubleParameter", request, name, value)
-    elif isinstance(value, str):
-        L.call("TRITONSERVER_InferenceRequestSetStringParameter", request, name, value.encode())
+def _record(dims: int, name_len: int) -> struct.Struct:
+    """The packed tensor record for `dims` dims and a name of `name_len` bytes (compiled once)."""
+    found = _RECORDS.get((dims, name_len))
+    if found is None:
+        if dims >= len(_DIMS):
+            raise InvalidArgumentError(f"an input has {dims} dims, more than {len(_DIMS) - 1}")
+        found = struct.Struct(f"<IIIIqQQ{dims}q{name_len}s")
+        if len(_RECORDS) < 1024:
+            _RECORDS[(dims, name_len)] = found
+    return found
+
+
+_RECORDS: dict = {}
+
+
+def _address(array: numpy.ndarray) -> int:
+    """Where an array's data starts: through the buffer protocol when it is writable (the faster way)."""
+    if array.flags.writeable and array.nbytes:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    return array.__array_interface__["data"][0]
+
+
+def _input_record(name: Any, value: Any, keep: list) -> bytes:
+    """One input as the library's packed tensor record; what holds its memory goes to `keep`."""
+    if type(name) is not str:
+        raise TypeError(f"expected a str, got {type(name).__name__}: {name!r}")
+    data_type = _NATIVE.get(value.dtype) if type(value) is numpy.ndarray else None
+    if data_type is not None and value.flags.c_contiguous:
+        keep.append(value)
+        shape, memory, base, size = value.shape, (0, 0), _address(value), value.nbytes
     else:
-        raise InvalidArgumentError(f"parameter '{key}' has type {type(value).__name__}: parameters are str, int, "
-                                   "bool or float")
+        t = Tensor._from_object(value)
+        keep.append(t)
+        data_type, shape, memory = int(t.data_type), t.shape, (int(t.memory_type), int(t.memory_type_id))
+        base, size = t.data_ptr, t.size
+    encoded = name.encode()
+    return _record(len(shape), len(encoded)).pack(len(encoded), data_type, len(shape), *memory, base, size, *shape,
+                                                  encoded)
 
 
 class _Pending:
     """A request in flight: its C request, its queue, and the input tensors it borrows until released."""
 
+    __slots__ = ("model", "request", "handle", "queue", "slots", "tensors", "events", "final", "released",
+                 "defer_queue", "has_fd")
+
     def __init__(self, model: "Model", request: InferenceRequest):
         self.model, self.request = model, request
         self.handle = self.queue = None
-        self.tensors: list[Tensor] = []
+        self.tensors: list = []
+        self.events: deque = deque()
         self.final = self.released = False
         self.defer_queue = False  # an asyncio reader still watches the queue's eventfd
-        _collect_orphans()
+        self.has_fd = False
+        if _ORPHANS:
+            _collect_orphans()
         if request.output_memory_type is not None:
             kind = _memory_type_of(request.output_memory_type)
             if kind == MemoryType.GPU:
                 raise UnsupportedError(f"output memory {request.output_memory_type!r}: the mesh's in-process API "
                                        "answers in CPU memory")
-        made = c_void_p()
-        L.call("TRITONSERVER_InferenceRequestNew", byref(made), model._server_ptr(), L.text(model.name),
-               int(model.version))
+        server, made, f = model._server_ptr(), c_void_p(), L.lib()
+        L.check(f.TRITONSERVER_InferenceRequestNew(byref(made), server, L.text(model.name), int(model.version)))
         self.handle = made.value
         try:
-            self._fill(request)
-            q = c_void_p()
-            L.call("MESH_ResponseQueueNew", byref(q))
-            self.queue = q.value
-            L.call("TRITONSERVER_InferenceRequestSetReleaseCallback", self.handle,
-                   L.address("MESH_ResponseQueueReleased"), self.queue)
-            L.call("TRITONSERVER_InferenceRequestSetResponseCallback", self.handle, _allocator(), None,
-                   L.address("MESH_ResponseQueueComplete"), self.queue)
-            L.call("TRITONSERVER_ServerInferAsync", model._server_ptr(), self.handle, None)
+            packed = self._fill(request)
+            self.queue, self.slots = _idle_queue()
+            L.check(f.MESH_ServerInferPacked(server, self.handle, packed, len(packed), self.queue))
         except BaseException:
             self.released = True  # refused: the request is still ours, and nothing borrows the inputs
             self._free()
             raise
 
-    def _fill(self, r: InferenceRequest) -> None:
+    def _fill(self, r: InferenceRequest) -> bytes:
+        """Sets the request's options; answers its inputs as packed records (sent with the request)."""
         h = self.handle
+        if r.request_id is None and not (r.flags or r.correlation_id is not None or r.priority or r.timeout
+                                         or r.parameters):
+            return b"".join([_input_record(name, value, self.tensors) for name, value in r.inputs.items()])
         if r.request_id is not None:
             L.call("TRITONSERVER_InferenceRequestSetId", h, L.text(r.request_id))
         # A new C request starts with flags, priority and timeout 0: only other values are set.
@@ -146,25 +193,23 @@ class _Pending:
             L.call("TRITONSERVER_InferenceRequestSetPriorityUInt64", h, int(r.priority))
         if r.timeout:
             L.call("TRITONSERVER_InferenceRequestSetTimeoutMicroseconds", h, int(r.timeout))
-        for name, value in r.inputs.items():
-            t = Tensor._from_object(value)
-            self.tensors.append(t)
-            shape = numpy.asarray(t.shape, dtype=numpy.int64)  # read by the call, not kept
-            L.call("TRITONSERVER_InferenceRequestAddInput", h, L.text(name), int(t.data_type),
-                   shape.__array_interface__["data"][0] if shape.size else None, shape.size)
-            L.call("TRITONSERVER_InferenceRequestAppendInputData", h, L.text(name), t.data_ptr, t.size,
-                   int(t.memory_type), int(t.memory_type_id))
-        for key, value in r.parameters.items():
-            _parameter(h, key, value)
+        if r.parameters:
+            _parameters_of(h, r.parameters)
+        return b"".join([_input_record(name, value, self.tensors) for name, value in r.inputs.items()])
 
     def _free(self) -> None:
-        """The C request once released (inputs no longer borrowed), and the queue (unless deferred)."""
+        """The C request once released (inputs no longer borrowed), and the queue (unless deferred).
+        A request the library took deletes itself when released; only a refused one is deleted here."""
         if self.released and self.handle:
             L.lib().TRITONSERVER_InferenceRequestDelete(self.handle)
+        if self.released:
             self.handle = None
             self.tensors = []
         if self.queue and self.released and not self.defer_queue:
-            L.lib().MESH_ResponseQueueDelete(self.queue)
+            if not self.has_fd and not self.events and len(_QUEUES) < _QUEUES_KEPT:
+                _QUEUES.append((self.queue, self.slots))  # empty: every event of the request was taken
+            else:
+                L.lib().MESH_ResponseQueueDelete(self.queue)
             self.queue = None
 
     def done(self) -> bool:
@@ -173,16 +218,22 @@ class _Pending:
     def poll(self, timeout_us: int) -> tuple[bool, Optional[InferenceResponse]]:
         """Waits for the next event: (False, None) when the time ran out, (True, None) for the release,
         (True, response) for an answer."""
-        kind, handle, flags = c_uint32(), c_void_p(), c_uint32()
-        L.call("MESH_ResponseQueuePop", self.queue, timeout_us, byref(kind), byref(handle), byref(flags))
+        if not self.events:
+            count, slots = c_uint32(), self.slots
+            L.check(L.lib().MESH_ResponseQueuePopMany(self.queue, timeout_us, slots, _SLOTS, byref(count)))
+            for i in range(0, 4 * count.value, 4):
+                self.events.append((slots[i], slots[i + 1], slots[i + 2], slots[i + 3]))
+            if not self.events:
+                return False, None
+        kind_flags, handle, packed, size = self.events.popleft()
+        kind, flags = kind_flags & 0xFFFFFFFF, kind_flags >> 32
         response = None
-        if kind.value == EVENT_RELEASED:
+        if kind == EVENT_RELEASED:
             self.released = True
-        elif kind.value == EVENT_RESPONSE:
-            self.final = self.final or bool(flags.value & FINAL)
-            response = _response(self.model, self.request, handle.value, flags.value)
+            self.handle = None  # the library deleted it
         else:
-            return False, None
+            self.final = self.final or bool(flags & FINAL)
+            response = _response(self.model, self.request, handle, flags, packed, size)
         if self.done():
             self._free()
         return True, response
@@ -197,6 +248,16 @@ class _Pending:
                 _ORPHANS.append(self)
 
 
+def _idle_queue() -> tuple[int, Any]:
+    """A response queue and room for its events: an idle one, or a new one."""
+    try:
+        return _QUEUES.pop()
+    except IndexError:
+        made = c_void_p()
+        L.check(L.lib().MESH_ResponseQueueNew(byref(made)))
+        return made.value, _Slots()
+
+
 def _collect_orphans() -> None:
     """Frees dropped requests that were released since (their queues are drained of what is left)."""
     with _ORPHANS_LOCK:
@@ -208,55 +269,61 @@ def _collect_orphans() -> None:
             pass
         if p.released:
             p.final = True
+            p.events.clear()
             p._free()
         else:
             with _ORPHANS_LOCK:
                 _ORPHANS.append(p)
 
 
-def _parameters(handle: int) -> dict[str, Any]:
-    lb, out = L.lib(), {}
-    count = c_uint32()
-    L.call("TRITONSERVER_InferenceResponseParameterCount", handle, byref(count))
-    for i in range(count.value):
-        name, kind, value = c_char_p(), c_uint32(), c_void_p()
-        L.call("TRITONSERVER_InferenceResponseParameter", handle, i, byref(name), byref(kind), byref(value))
-        reader = {_PARAMETER_STRING: lambda p: ctypes.string_at(p).decode(),
-                  _PARAMETER_INT: lambda p: ctypes.cast(p, ctypes.POINTER(c_int64))[0],
-                  _PARAMETER_BOOL: lambda p: ctypes.cast(p, ctypes.POINTER(c_bool))[0],
-                  _PARAMETER_DOUBLE: lambda p: ctypes.cast(p, ctypes.POINTER(c_double))[0]}.get(kind.value)
-        if reader is not None and value.value:
-            out[name.value.decode()] = reader(value.value)
-    del lb
-    return out
+def _parameter_value(kind: int, value: bytes) -> Any:
+    if kind == _PARAMETER_STRING:
+        return value.decode("utf-8", "replace")
+    if kind == _PARAMETER_INT:
+        return struct.unpack("<q", value)[0]
+    if kind == _PARAMETER_BOOL:
+        return value != b"\0"
+    if kind == _PARAMETER_DOUBLE:
+        return struct.unpack("<d", value)[0]
+    return value
 
 
-def _response(model: "Model", request: InferenceRequest, handle: int, flags: int) -> InferenceResponse:
-    """An InferenceResponse over a C response (outputs not copied: they keep the C response alive)."""
-    result = InferenceResponse(model, request.request_id, final=bool(flags & FINAL))
+def _response(model: "Model", request: InferenceRequest, handle: Optional[int], flags: int, packed: Optional[int],
+              size: int) -> InferenceResponse:
+    """An InferenceResponse over a C response and its packed record (outputs not copied: they keep
+    the C response alive)."""
+    result = InferenceResponse(model, request.request_id, {}, {}, None, None, bool(flags & FINAL))
     if not handle:
         return result
     owner = _Response(handle)
     try:
-        error = L.error_from(L.lib().TRITONSERVER_InferenceResponseError(handle))  # owned by the response
-        if error is not None:
-            error.args += (result,)
-            result.error = error
-        rid = c_char_p()
-        L.call("TRITONSERVER_InferenceResponseId", handle, byref(rid))
-        result.request_id = (rid.value or b"").decode() or request.request_id
-        result.parameters = _parameters(handle)
-        count = c_uint32()
-        L.call("TRITONSERVER_InferenceResponseOutputCount", handle, byref(count))
-        for i in range(count.value):
-            name, dtype, shape, dims = c_char_p(), c_uint32(), ctypes.POINTER(c_int64)(), c_uint64()
-            base, size, mtype, mid, userp = c_void_p(), c_size_t(), c_uint32(), c_int64(), c_void_p()
-            L.call("TRITONSERVER_InferenceResponseOutput", handle, i, byref(name), byref(dtype), byref(shape),
-                   byref(dims), byref(base), byref(size), byref(mtype), byref(mid), byref(userp))
-            buffer = MemoryBuffer(base.value or 0, MemoryType(mtype.value), mid.value, size.value, owner)
-            result.outputs[name.value.decode()] = Tensor(DataType(dtype.value), [shape[d] for d in range(dims.value)],
-                                                         buffer)
-    except TritonError as e:
+        if not packed:
+            raise InternalError("the response has no record")
+        raw = ctypes.string_at(packed, size)
+        code, error_len, id_len, parameter_count, output_count = _RESPONSE.unpack_from(raw, 0)
+        at = _RESPONSE.size
+        if code >= 0:
+            cls = ERRORS[code] if code < len(ERRORS) else UnknownError
+            result.error = cls(raw[at:at + error_len].decode("utf-8", "replace"), result)
+        at += error_len
+        result.request_id = raw[at:at + id_len].decode("utf-8", "replace") or request.request_id
+        at += id_len
+        for _ in range(parameter_count):
+            kind, name_len, value_len = _PARAMETER.unpack_from(raw, at)
+            at += _PARAMETER.size
+            name, at = raw[at:at + name_len].decode(), at + name_len
+            result.parameters[name] = _parameter_value(kind, raw[at:at + value_len])
+            at += value_len
+        outputs = result.outputs
+        for _ in range(output_count):
+            name_len, data_type, dims, memory_type, memory_id, data, byte_size = _TENSOR.unpack_from(raw, at)
+            at += _TENSOR.size
+            shape = list(_DIMS[dims].unpack_from(raw, at))
+            at += 8 * dims
+            name, at = raw[at:at + name_len].decode(), at + name_len
+            buffer = MemoryBuffer(data, _MEMORY_TYPES[memory_type], memory_id, byte_size, owner)
+            outputs[name] = Tensor(_DATA_TYPES[data_type], shape, buffer)
+    except (TritonError, struct.error, KeyError, IndexError) as e:
         error = InternalError(f"Unexpected error in creating response object: {e}")
         error.args += (result,)
         result.error = error
@@ -328,6 +395,7 @@ class AsyncResponseIterator(_Answers):
         pending.defer_queue = True
         fd = c_int()
         L.call("MESH_ResponseQueueFd", pending.queue, byref(fd))
+        pending.has_fd = True
         self._fd = fd.value
         self._loop.add_reader(self._fd, self._drain)
         self._drain()

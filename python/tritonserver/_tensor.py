@@ -1,6 +1,7 @@
 """Tensors: memory the server reads or wrote, shared with numpy (and anything speaking DLPack) without copies."""
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -43,9 +44,14 @@ def _host_array(obj: Any) -> numpy.ndarray:
             obj = numpy.from_dlpack(obj)
         except (TypeError, BufferError, RuntimeError) as e:
             raise InvalidArgumentError(f"cannot read a {type(obj).__name__} through DLPack: {e}") from None
+    if obj.dtype.byteorder == ">":
+        obj = obj.astype(obj.dtype.newbyteorder("="))  # the server reads little-endian bytes
     if not obj.flags.c_contiguous:
         obj = numpy.ascontiguousarray(obj)
     return obj
+
+
+_NUMPY_DTYPES = {t: numpy.dtype(v) for t, v in NUMPY_OF.items()}
 
 
 def _address(array: numpy.ndarray) -> int:
@@ -60,7 +66,7 @@ class _View:
         self._tensor = tensor
         self.__array_interface__ = {
             "data": (tensor.memory_buffer.data_ptr, False),
-            "shape": tuple(int(d) for d in tensor.shape),
+            "shape": tuple(tensor.shape),
             "typestr": dtype.str,
             "version": 3,
         }
@@ -103,8 +109,8 @@ class Tensor:
             raise InvalidArgumentError("a BYTES tensor has no DLPack form: use to_bytes_array() or to_string_array()")
         if self.data_type == DataType.BF16:
             raise UnsupportedError("numpy has no bfloat16: a BF16 tensor cannot be shared with it")
-        dtype = numpy.dtype(NUMPY_OF[DataType(self.data_type)])
-        expected = int(numpy.prod(self.shape, dtype=numpy.int64)) * dtype.itemsize
+        dtype = _NUMPY_DTYPES[self.data_type]
+        expected = math.prod(self.shape) * dtype.itemsize
         if expected != self.size:
             raise InvalidArgumentError(f"shape {list(self.shape)} of {self.data_type.name} needs {expected} bytes, "
                                        f"the tensor holds {self.size}")

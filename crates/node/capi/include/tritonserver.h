@@ -377,6 +377,22 @@ TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_ResponseQueueFd(MESH_ResponseQueu
 TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_CpuAlloc(TRITONSERVER_ResponseAllocator* allocator, const char* tensor_name, size_t byte_size, TRITONSERVER_MemoryType memory_type, int64_t memory_type_id, void* userp, void** buffer, void** buffer_userp, TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id);
 TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_CpuRelease(TRITONSERVER_ResponseAllocator* allocator, void* buffer, void* buffer_userp, size_t byte_size, TRITONSERVER_MemoryType memory_type, int64_t memory_type_id);
 
+/* ---- Mesh extensions: one call where a binding would make many (crates/node/capi/src/packed.rs
+ * gives the record layouts). A tensor record: u32 name_len, u32 datatype, u32 dim_count,
+ * u32 memory_type, i64 memory_type_id, u64 base, u64 byte_size, i64 dims[dim_count],
+ * name[name_len], little-endian, unaligned.
+ * AddInputsPacked adds each record's input with its one buffer (borrowed, as AppendInputData).
+ * ServerInferPacked adds the records' inputs, sets the queue's two callbacks and MESH_CpuAlloc,
+ * runs ServerInferAsync, and deletes the request itself once released (do not delete or reuse it
+ * after its release event; refused, it stays the caller's).
+ * PopMany takes up to `capacity` events, the first waited for as by Pop (`count` 0: the time ran
+ * out); a response's event also carries the response as one record (error, id, parameters, outputs
+ * as tensor records), owned by the response. ---- */
+typedef struct MESH_ResponseEvent { uint32_t kind; uint32_t flags; void* handle; const void* packed; size_t packed_size; } MESH_ResponseEvent;
+TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_InferenceRequestAddInputsPacked(TRITONSERVER_InferenceRequest* inference_request, const void* packed, size_t byte_size);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_ServerInferPacked(TRITONSERVER_Server* server, TRITONSERVER_InferenceRequest* inference_request, const void* packed, size_t byte_size, MESH_ResponseQueue* queue);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_ResponseQueuePopMany(MESH_ResponseQueue* queue, int64_t timeout_us, MESH_ResponseEvent* events, uint32_t capacity, uint32_t* count);
+
 #ifdef __cplusplus
 }
 #endif

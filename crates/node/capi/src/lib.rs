@@ -11,6 +11,7 @@
 pub mod error;
 pub mod message;
 pub mod options;
+pub mod packed;
 pub mod queue;
 pub mod request;
 pub mod request_options;

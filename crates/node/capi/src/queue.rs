@@ -16,9 +16,9 @@ use crate::types::MEMORY_CPU;
 use crate::{ffi, out, TRITONSERVER_Error};
 
 /// What a pop answers: nothing (timed out), a response (possibly null, with its flags), a release.
-const EVENT_NONE: u32 = 0;
-const EVENT_RESPONSE: u32 = 1;
-const EVENT_RELEASED: u32 = 2;
+pub(crate) const EVENT_NONE: u32 = 0;
+pub(crate) const EVENT_RESPONSE: u32 = 1;
+pub(crate) const EVENT_RELEASED: u32 = 2;
 
 /// A queue of one or more requests' events.
 pub struct MESH_ResponseQueue {
@@ -136,6 +136,36 @@ pub unsafe extern "C" fn MESH_ResponseQueueReleased(
     }
 }
 
+impl MESH_ResponseQueue {
+    /// The queue's events once at least one waits, or after `timeout_us` (negative: without
+    /// end, 0: not at all) with none.
+    fn wait(&self, timeout_us: i64) -> MutexGuard<'_, Events> {
+        let mut e = self.lock();
+        let deadline = (timeout_us > 0).then(|| std::time::Instant::now() + Duration::from_micros(timeout_us as u64));
+        while e.queue.is_empty() {
+            match (timeout_us, deadline) {
+                (0, _) => break,
+                (_, None) => e = self.ready.wait(e).unwrap_or_else(|p| p.into_inner()),
+                (_, Some(d)) => {
+                    let left = d.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    e = self.ready.wait_timeout(e, left).unwrap_or_else(|p| p.into_inner()).0;
+                }
+            }
+        }
+        e
+    }
+
+    /// Up to `max` events, oldest first, once at least one waits or the time ran out (see `wait`).
+    pub(crate) fn take(&self, timeout_us: i64, max: usize) -> Vec<(u32, usize, u32)> {
+        let mut e = self.wait(timeout_us);
+        let n = e.queue.len().min(max);
+        e.queue.drain(..n).collect()
+    }
+}
+
 /// Takes the oldest event, waiting up to `timeout_us` (negative: without end, 0: not at all).
 /// `kind` is 0 when none came, 1 for a response (`handle` may be null with the final flag),
 /// 2 for a request's release (`handle` is the request).
@@ -151,26 +181,8 @@ pub unsafe extern "C" fn MESH_ResponseQueuePop(
         // SAFETY: a queue the caller owns.
         let q = unsafe { queue.as_ref() }.ok_or_else(|| Failure::invalid("queue is null"))?;
         let (kind, handle, flags) = (out(kind, "kind")?, out(handle, "handle")?, out(flags, "flags")?);
-        let mut e = q.lock();
-        let deadline = (timeout_us > 0).then(|| std::time::Instant::now() + Duration::from_micros(timeout_us as u64));
-        loop {
-            if let Some((k, h, f)) = e.queue.pop_front() {
-                (*kind, *handle, *flags) = (k, h as *mut c_void, f);
-                return Ok(());
-            }
-            match (timeout_us, deadline) {
-                (0, _) => break,
-                (_, None) => e = q.ready.wait(e).unwrap_or_else(|p| p.into_inner()),
-                (_, Some(d)) => {
-                    let left = d.saturating_duration_since(std::time::Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    e = q.ready.wait_timeout(e, left).unwrap_or_else(|p| p.into_inner()).0;
-                }
-            }
-        }
-        (*kind, *handle, *flags) = (EVENT_NONE, std::ptr::null_mut(), 0);
+        let (k, h, f) = q.wait(timeout_us).queue.pop_front().unwrap_or((EVENT_NONE, 0, 0));
+        (*kind, *handle, *flags) = (k, h as *mut c_void, f);
         Ok(())
     })
 }

@@ -22,6 +22,8 @@ const RELEASE_ALL: u32 = 1;
 /// `TRITONSERVER_REQUEST_FLAG_SEQUENCE_START` / `_END`.
 const FLAG_SEQUENCE_START: u32 = 1;
 const FLAG_SEQUENCE_END: u32 = 2;
+/// The most dims an input may have.
+pub(crate) const MAX_DIMS: usize = 64;
 
 /// An input: its description and the application's buffers (not copied).
 struct Input {
@@ -52,6 +54,8 @@ pub struct TRITONSERVER_InferenceRequest {
     pub(crate) params: Vec<(String, Param)>,
     release: Option<(ReleaseFn, usize)>,
     pub(crate) target: Option<Target>,
+    /// The library deletes the request itself once released (`MESH_ServerInferPacked`).
+    delete_on_release: bool,
 }
 
 /// Gives the request back to the application once nothing of the mesh holds its buffers any more
@@ -64,6 +68,8 @@ pub(crate) struct Release {
     armed: AtomicBool,
     /// The response queues the request's callbacks deliver to, kept alive until after the release.
     _queues: Vec<Arc<crate::queue::MESH_ResponseQueue>>,
+    /// Deletes the request after its release callback.
+    delete: bool,
 }
 
 impl Release {
@@ -87,6 +93,9 @@ impl Drop for Release {
                     userp as *mut c_void,
                 )
             };
+        }
+        if self.delete {
+            let _ = REQUESTS.take(self.request as *mut TRITONSERVER_InferenceRequest);
         }
     }
 }
@@ -117,6 +126,7 @@ pub(crate) fn prepare(
         .into_iter()
         .flatten()
         .collect(),
+        delete: r.delete_on_release,
     });
     let mut inputs = Vec::with_capacity(r.inputs.len());
     for input in &r.inputs {
@@ -208,6 +218,7 @@ pub unsafe extern "C" fn TRITONSERVER_InferenceRequestNew(
             params: Vec::new(),
             release: None,
             target: None,
+            delete_on_release: false,
         }));
         Ok(())
     })
@@ -224,6 +235,80 @@ impl TRITONSERVER_InferenceRequest {
     /// The server this request was made for.
     pub(crate) fn core(&self) -> &Arc<Core> {
         &self.core
+    }
+
+    /// `TRITONSERVER_InferenceRequestAddInput` once its arguments are read.
+    pub(crate) fn add_input(&mut self, name: &str, datatype: u32, shape: Vec<i64>) -> Result<(), Failure> {
+        let dtype = dtype_from_raw(datatype)
+            .ok_or_else(|| Failure::invalid(format!("input '{name}' has an invalid datatype {datatype}")))?;
+        if shape.len() > MAX_DIMS {
+            return Err(Failure::invalid(format!(
+                "input '{name}' has {} dims, more than {MAX_DIMS}",
+                shape.len()
+            )));
+        }
+        if self.inputs.iter().any(|i| i.name == name) {
+            return Err(Failure::invalid(format!(
+                "input '{name}' already exists in request for model '{}'",
+                self.model
+            )));
+        }
+        self.inputs.push(Input {
+            name: name.to_string(),
+            dtype,
+            shape,
+            buffers: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// `TRITONSERVER_InferenceRequestAppendInputData` once its arguments are read: the buffer is
+    /// borrowed, not copied (the application keeps it until the release callback).
+    pub(crate) fn append_input_data(
+        &mut self,
+        name: &str,
+        base: *const c_void,
+        byte_size: usize,
+        memory_type: u32,
+        memory_type_id: i64,
+    ) -> Result<(), Failure> {
+        if memory_type != MEMORY_CPU && memory_type != MEMORY_CPU_PINNED {
+            return Err(Failure::unsupported(format!(
+                "input '{name}': {} memory (id {memory_type_id}) is not supported by the mesh's in-process API; \
+                 pass CPU memory",
+                memory_type_name(memory_type).to_string_lossy()
+            )));
+        }
+        if base.is_null() && byte_size > 0 {
+            return Err(Failure::invalid(format!("input '{name}': base is null")));
+        }
+        let input = self.input(name)?;
+        if byte_size > 0 {
+            input.buffers.push((base.cast(), byte_size));
+        }
+        Ok(())
+    }
+
+    /// Removes an input added by a call that then failed (so a refused call leaves no half of itself).
+    pub(crate) fn drop_inputs_after(&mut self, count: usize) {
+        self.inputs.truncate(count);
+    }
+
+    pub(crate) fn input_count(&self) -> usize {
+        self.inputs.len()
+    }
+
+    /// Sets both callbacks at once, and whether the request deletes itself once released (the
+    /// one-call send of `packed.rs`).
+    pub(crate) fn set_callbacks(&mut self, release: (ReleaseFn, usize), target: Target, delete_on_release: bool) {
+        self.release = Some(release);
+        self.target = Some(target);
+        self.delete_on_release = delete_on_release;
+    }
+
+    /// The request stays the application's after a release (undoes `set_callbacks`' delete).
+    pub(crate) fn keep_after_release(&mut self) {
+        self.delete_on_release = false;
     }
 
     fn input(&mut self, name: &str) -> Result<&mut Input, Failure> {
@@ -250,30 +335,18 @@ pub unsafe extern "C" fn TRITONSERVER_InferenceRequestAddInput(
     unsafe {
         with_request(inference_request, |r| {
             let name = name?;
-            let dtype = dtype_from_raw(datatype)
-                .ok_or_else(|| Failure::invalid(format!("input '{name}' has an invalid datatype {datatype}")))?;
             let dims = usize::try_from(dim_count)
                 .ok()
-                .filter(|d| *d <= 64)
-                .ok_or_else(|| Failure::invalid(format!("input '{name}' has {dim_count} dims, more than 64")))?;
+                .filter(|d| *d <= MAX_DIMS)
+                .ok_or_else(|| {
+                    Failure::invalid(format!("input '{name}' has {dim_count} dims, more than {MAX_DIMS}"))
+                })?;
             let shape = match dims {
                 0 => Vec::new(),
                 _ if shape.is_null() => return Err(Failure::invalid(format!("the shape of input '{name}' is null"))),
                 _ => std::slice::from_raw_parts(shape, dims).to_vec(),
             };
-            if r.inputs.iter().any(|i| i.name == name) {
-                return Err(Failure::invalid(format!(
-                    "input '{name}' already exists in request for model '{}'",
-                    r.model
-                )));
-            }
-            r.inputs.push(Input {
-                name: name.to_string(),
-                dtype,
-                shape,
-                buffers: Vec::new(),
-            });
-            Ok(())
+            r.add_input(name, datatype, shape)
         })
     }
 }
@@ -323,22 +396,7 @@ pub unsafe extern "C" fn TRITONSERVER_InferenceRequestAppendInputData(
     // SAFETY: the pointers are the caller's, under the header's contract; handles are checked alive first.
     unsafe {
         with_request(inference_request, |r| {
-            let name = name?;
-            if memory_type != MEMORY_CPU && memory_type != MEMORY_CPU_PINNED {
-                return Err(Failure::unsupported(format!(
-                    "input '{name}': {} memory (id {memory_type_id}) is not supported by the mesh's in-process API; \
-                     pass CPU memory",
-                    memory_type_name(memory_type).to_string_lossy()
-                )));
-            }
-            if base.is_null() && byte_size > 0 {
-                return Err(Failure::invalid(format!("input '{name}': base is null")));
-            }
-            let input = r.input(name)?;
-            if byte_size > 0 {
-                input.buffers.push((base.cast(), byte_size));
-            }
-            Ok(())
+            r.append_input_data(name?, base, byte_size, memory_type, memory_type_id)
         })
     }
 }

@@ -72,6 +72,19 @@ pub struct TRITONSERVER_ResponseAllocator {
     attributes: Option<BufferAttributesFn>,
 }
 
+impl TRITONSERVER_ResponseAllocator {
+    /// An allocator of the library's own, with no start, query or attributes function.
+    pub(crate) const fn plain(alloc: AllocFn, release: ReleaseBufferFn) -> Self {
+        TRITONSERVER_ResponseAllocator {
+            alloc,
+            release,
+            start: None,
+            query: None,
+            attributes: None,
+        }
+    }
+}
+
 /// Where a request's answers go: the allocator (copied when the callback was set) and the callback.
 #[derive(Clone, Copy)]
 pub struct Target {
@@ -83,26 +96,28 @@ pub struct Target {
 }
 
 /// One output, in a buffer of the application's allocator.
-struct Output {
-    name: CString,
-    dtype: u32,
-    shape: Vec<i64>,
-    base: usize,
-    size: usize,
-    memory_type: u32,
-    memory_type_id: i64,
+pub(crate) struct Output {
+    pub(crate) name: CString,
+    pub(crate) dtype: u32,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) base: usize,
+    pub(crate) size: usize,
+    pub(crate) memory_type: u32,
+    pub(crate) memory_type_id: i64,
     buffer_userp: usize,
 }
 
 pub struct TRITONSERVER_InferenceResponse {
     model: CString,
     version: i64,
-    id: CString,
-    error: Option<Failure>,
-    outputs: Vec<Output>,
-    parameters: Vec<TRITONSERVER_Parameter>,
+    pub(crate) id: CString,
+    pub(crate) error: Option<Failure>,
+    pub(crate) outputs: Vec<Output>,
+    pub(crate) parameters: Vec<TRITONSERVER_Parameter>,
     /// Gives the output buffers back when the response is deleted.
     release: Option<(ReleaseBufferFn, usize)>,
+    /// The whole response as one record (`MESH_InferenceResponsePacked`), made when first asked for.
+    pub(crate) packed: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl Drop for TRITONSERVER_InferenceResponse {
@@ -144,6 +159,7 @@ impl TRITONSERVER_InferenceResponse {
             outputs: Vec::new(),
             parameters: Vec::new(),
             release: None,
+            packed: Default::default(),
         }
     }
 
@@ -173,6 +189,7 @@ impl TRITONSERVER_InferenceResponse {
                 })
                 .collect(),
             release: None,
+            packed: Default::default(),
         };
         if answer.outputs.is_empty() {
             return response;
