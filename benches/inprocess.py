@@ -1,9 +1,9 @@
 """In-process inference (issue 43) in one run, on the README's MLP (batch 1, no dynamic batching) and
 the Python add_sub: raw ONNX Runtime in this Python process, the mesh's `tritonserver` package, the
-mesh's C API from a C program (benches/capi_latency.c, with its resident memory over a million
-calls), the same model over gRPC and HTTP (tritonclient, sync) from mesh-node, and perf_analyzer's
-C API mode against the mesh's library and against Triton 2.51's own (the Python add_sub: the only
-backend Triton's PyPI build ships is Python's).
+mesh's C API from a C program (benches/capi_latency.c; with --million, it and the package each show
+their resident memory over a million calls), the same model over gRPC and HTTP (tritonclient, sync)
+from mesh-node, and perf_analyzer's C API mode against the mesh's library and against Triton
+2.51's own (the Python add_sub: the only backend Triton's PyPI build ships is Python's).
 
     .venv/bin/python benches/inprocess.py [--calls 20000] [--million]
 
@@ -70,7 +70,12 @@ def raw_ort(r, n):
     return timed(lambda: sess.run(["y"], {"x": x}), n)
 
 
-def python_api(r, n):
+def rss_kib() -> int:
+    """This process's resident memory."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def python_api(r, n, memory_calls=0):
     os.environ["MESH_TRITONSERVER_LIBRARY"] = str(LIB)
     import tritonserver
     server = tritonserver.Server(model_repository=str(r), model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
@@ -83,7 +88,17 @@ def python_api(r, n):
             numpy.from_dlpack(response.outputs["y"])
 
     try:
-        return timed(call, n)
+        result = timed(call, n)
+        if memory_calls:
+            import gc
+            gc.collect()
+            result["rss_kib_after_warmup"], objects = rss_kib(), len(gc.get_objects())
+            for _ in range(memory_calls):
+                call()
+            gc.collect()
+            result.update(rss_kib_end=rss_kib(), memory_calls=memory_calls,
+                          python_objects_grown=len(gc.get_objects()) - objects)
+        return result
     finally:
         server.stop()
 
@@ -143,12 +158,13 @@ def perf_analyzer(lib, r, backends, env):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
-    ap.add_argument("--million", action="store_true", help="the C API run makes 1 000 000 calls (memory growth)")
+    ap.add_argument("--million", action="store_true",
+                    help="the C API and the Python package also make 1 000 000 calls each (memory growth)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp()
     r = repo(tmp)
     rows = {"raw ONNX Runtime (Python, 1 thread)": raw_ort(r, a.calls),
-            "mesh tritonserver package (Python)": python_api(r, a.calls),
+            "mesh tritonserver package (Python)": python_api(r, a.calls, 1_000_000 if a.million else 0),
             "mesh C API (C program)": c_api(r, 1_000_000 if a.million else a.calls * 5, tmp)}
     rows["mesh-node gRPC (tritonclient)"], rows["mesh-node HTTP (tritonclient)"] = network(r, a.calls // 4)
     env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}")
@@ -174,6 +190,10 @@ def main():
     print(f"C API resident memory: {c['rss_kib_after_warmup']} KiB after warm-up, {c['rss_kib_end']} KiB after "
           f"{c['iterations']} calls; heap in use {c['heap_bytes_in_use_after_warmup']} then "
           f"{c['heap_bytes_in_use_end']} bytes")
+    p = rows["mesh tritonserver package (Python)"]
+    if "rss_kib_end" in p:
+        print(f"Python package resident memory: {p['rss_kib_after_warmup']} KiB after warm-up, {p['rss_kib_end']} KiB "
+              f"after {p['memory_calls']} more calls; Python objects grown by {p['python_objects_grown']}")
     print(f"results: {out}")
 
 

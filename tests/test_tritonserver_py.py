@@ -182,6 +182,38 @@ def test_load_unload_statistics_and_metrics(server):
         list(server.model("repeat_py").infer(inputs={"IN": numpy.array([1], dtype=numpy.int32)}))
 
 
+def test_an_ensemble_answers_in_process_with_its_steps_chained(server, repo):
+    """An ensemble of two add_sub steps, loaded through the package: (x + y) and (x - y) go through
+    add_sub again, so the answers are 2x and 2y."""
+    chain = repo / "add_sub_chain"
+    (chain / "1").mkdir(parents=True, exist_ok=True)
+
+    def io(prefix):
+        return ", ".join(f'{{ name: "{prefix}{i}" data_type: TYPE_FP32 dims: [ 16 ] }}' for i in (0, 1))
+
+    (chain / "config.pbtxt").write_text(
+        'name: "add_sub_chain"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        f'input [ {io("IN")} ]\noutput [ {io("OUT")} ]\n'
+        'ensemble_scheduling { step [\n'
+        '  { model_name: "add_sub" model_version: -1 input_map { key: "INPUT0" value: "IN0" }\n'
+        '    input_map { key: "INPUT1" value: "IN1" } output_map { key: "OUTPUT0" value: "SUM" }\n'
+        '    output_map { key: "OUTPUT1" value: "DIFF" } },\n'
+        '  { model_name: "add_sub" model_version: -1 input_map { key: "INPUT0" value: "SUM" }\n'
+        '    input_map { key: "INPUT1" value: "DIFF" } output_map { key: "OUTPUT0" value: "OUT0" }\n'
+        '    output_map { key: "OUTPUT1" value: "OUT1" } } ] }\n')
+    model = server.load("add_sub_chain")
+    x = numpy.arange(16, dtype=numpy.float32).reshape(1, 16)
+    y = numpy.full((1, 16), 3, dtype=numpy.float32)
+    responses = list(model.infer(inputs={"IN0": x, "IN1": y}, raise_on_error=True))
+    assert responses[-1].final
+    (answer,) = [r for r in responses if r.outputs]
+    numpy.testing.assert_array_equal(numpy.from_dlpack(answer.outputs["OUT0"]), 2 * x)
+    numpy.testing.assert_array_equal(numpy.from_dlpack(answer.outputs["OUT1"]), 2 * y)
+    with pytest.raises(tritonserver.InvalidArgumentError):
+        list(model.infer(inputs={"IN0": x}, raise_on_error=True))  # IN1 missing
+    server.unload("add_sub_chain", wait_until_unloaded=True)
+
+
 def test_tensors_share_memory_with_numpy_and_hold_exactly_one_reference():
     gc.collect()
     owner = numpy.ones(1 << 20)

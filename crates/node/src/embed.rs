@@ -3,7 +3,7 @@
 //! request's tensors: `Tensor` data is shared `Bytes`, or the caller's own slices with
 //! `infer_borrowed`), its ports opened only when asked, stopped cleanly. `mesh-node` itself is
 //! this plus signal handling.
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -36,14 +36,17 @@ pub struct Server {
 }
 
 /// The process's metrics recorder: one per process, installed by the first server (its
-/// `--metrics-config` wins).
+/// `--metrics-config` wins). Servers started at once on several threads wait for one another here,
+/// so only one of them installs it.
 fn recorder(config: &[String]) -> Result<PrometheusHandle, String> {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    if let Some(h) = HANDLE.get() {
+    static HANDLE: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
+    let mut installed = HANDLE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(h) = installed.as_ref() {
         return Ok(h.clone());
     }
     let handle = metrics::install(metrics::MetricsConfig::parse(config)?)?;
-    Ok(HANDLE.get_or_init(|| handle).clone())
+    *installed = Some(handle.clone());
+    Ok(handle)
 }
 
 /// The metrics text: Triton's metrics, then the custom ones Python models define.
