@@ -288,6 +288,41 @@ def test_the_one_call_extensions_refuse_broken_records_and_reuse_their_queues(se
     assert len(R._QUEUES) == 1, "one request at a time needs one queue"
 
 
+def test_threads_and_tasks_at_once_each_get_their_own_answers(server):
+    """Eight threads and fifty asyncio tasks sending at once: every answer is its own request's
+    (no queue shared by two requests at a time), and the idle queues kept stay bounded."""
+    import threading
+    from tritonserver import _request as R
+
+    model = server.model("add_sub")
+    failures = []
+
+    def worker(k):
+        for i in range(100):
+            x = numpy.full((1, 16), k * 1000 + i, dtype=numpy.float32)
+            (r,) = model.infer(inputs={"INPUT0": x, "INPUT1": x}, raise_on_error=True)
+            if not (numpy.from_dlpack(r.outputs["OUTPUT0"]) == 2 * x).all():
+                failures.append((k, i))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    assert 1 <= len(R._QUEUES) <= R._QUEUES_KEPT
+
+    async def one(k):
+        x = numpy.full((1, 16), k, dtype=numpy.float32)
+        async for r in model.async_infer(inputs={"INPUT0": x, "INPUT1": x}, raise_on_error=True):
+            return float(numpy.from_dlpack(r.outputs["OUTPUT0"])[0, 0])
+
+    async def many():
+        return await asyncio.gather(*(one(k) for k in range(50)))
+
+    assert asyncio.run(many()) == [2.0 * k for k in range(50)]
+
+
 def test_a_stopped_server_refuses_calls(repo):
     s = tritonserver.Server(model_repository=str(repo), model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
                             startup_models=["add_sub"]).start()
