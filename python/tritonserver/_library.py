@@ -220,6 +220,12 @@ def call(name: str, *args) -> None:
     check(f(*args))
 
 
+def ignore(raw) -> None:
+    """Frees the TRITONSERVER_Error a call returned, if any (where nothing could be done about it)."""
+    if raw:
+        lib().TRITONSERVER_ErrorDelete(raw)
+
+
 def check(raw) -> None:
     """Raises (and frees) the TRITONSERVER_Error a call returned, if any."""
     if raw:

@@ -75,12 +75,12 @@ class _Response:
 
     def __del__(self):
         if self.handle:
-            L.lib().TRITONSERVER_InferenceResponseDelete(self.handle)
+            L.ignore(L.lib().TRITONSERVER_InferenceResponseDelete(self.handle))
             self.handle = 0
 
 
 _ORPHANS: list["_Pending"] = []  # sent requests dropped before their release: freed once released
-_ORPHANS_LOCK = threading.Lock()
+_ORPHANS_LOCK = threading.RLock()  # re-entrant: a __del__ run by the collector may come while it is held
 _QUEUES: list = []  # idle (queue, event slots) pairs, reused by the next request
 _QUEUES_KEPT = 64
 
@@ -145,7 +145,7 @@ class _Pending:
     """A request in flight: its C request, its queue, and the input tensors it borrows until released."""
 
     __slots__ = ("model", "request", "handle", "queue", "slots", "tensors", "events", "final", "released",
-                 "defer_queue", "has_fd")
+                 "defer_queue", "reusable_queue")
 
     def __init__(self, model: "Model", request: InferenceRequest):
         self.model, self.request = model, request
@@ -154,7 +154,7 @@ class _Pending:
         self.events: deque = deque()
         self.final = self.released = False
         self.defer_queue = False  # an asyncio reader still watches the queue's eventfd
-        self.has_fd = False
+        self.reusable_queue = True  # false once the queue has an eventfd, or saw a refused request
         if _ORPHANS:
             _collect_orphans()
         if request.output_memory_type is not None:
@@ -168,11 +168,16 @@ class _Pending:
         try:
             packed = self._fill(request)
             self.queue, self.slots = _idle_queue()
-            L.check(f.MESH_ServerInferPacked(server, self.handle, packed, len(packed), self.queue))
         except BaseException:
-            self.released = True  # refused: the request is still ours, and nothing borrows the inputs
+            self.released = True  # never sent: the request is still ours, and nothing borrows the inputs
             self._free()
             raise
+        refused = f.MESH_ServerInferPacked(server, self.handle, packed, len(packed), self.queue)
+        if refused:
+            self.released = True  # the request is still ours, and nothing borrows the inputs
+            self.reusable_queue = False
+            self._free()
+            L.check(refused)
 
     def _fill(self, r: InferenceRequest) -> bytes:
         """Sets the request's options; answers its inputs as packed records (sent with the request)."""
@@ -201,12 +206,12 @@ class _Pending:
         """The C request once released (inputs no longer borrowed), and the queue (unless deferred).
         A request the library took deletes itself when released; only a refused one is deleted here."""
         if self.released and self.handle:
-            L.lib().TRITONSERVER_InferenceRequestDelete(self.handle)
+            L.ignore(L.lib().TRITONSERVER_InferenceRequestDelete(self.handle))
         if self.released:
             self.handle = None
             self.tensors = []
         if self.queue and self.released and not self.defer_queue:
-            if not self.has_fd and not self.events and len(_QUEUES) < _QUEUES_KEPT:
+            if self.reusable_queue and not self.events and len(_QUEUES) < _QUEUES_KEPT:
                 _QUEUES.append((self.queue, self.slots))  # empty: every event of the request was taken
             else:
                 L.lib().MESH_ResponseQueueDelete(self.queue)
@@ -395,7 +400,7 @@ class AsyncResponseIterator(_Answers):
         pending.defer_queue = True
         fd = c_int()
         L.call("MESH_ResponseQueueFd", pending.queue, byref(fd))
-        pending.has_fd = True
+        pending.reusable_queue = False
         self._fd = fd.value
         self._loop.add_reader(self._fd, self._drain)
         self._drain()

@@ -8,6 +8,7 @@
 //! they were deleted (servers, requests and responses) are caught and answered with an error.
 #![allow(non_camel_case_types, non_snake_case, clippy::missing_safety_doc)]
 
+pub mod allocator;
 pub mod error;
 pub mod message;
 pub mod options;
@@ -17,6 +18,7 @@ pub mod request;
 pub mod request_options;
 pub mod response;
 pub mod server;
+mod task;
 pub mod types;
 pub mod unsupported;
 

@@ -46,11 +46,16 @@ impl Live {
         Ok(unsafe { &mut *raw })
     }
 
-    /// Takes an object back from C, once.
+    /// Takes an object back from C, once (two threads deleting the same handle: one gets it).
     pub(crate) fn take<T>(&self, raw: *mut T) -> Result<Box<T>, crate::Failure> {
         self.get(raw)?;
-        self.with(|s| s.remove(&(raw as usize)));
-        // SAFETY: as in `get`; it is no longer in the set, so it cannot be taken twice.
+        if !self.with(|s| s.remove(&(raw as usize))) {
+            return Err(<crate::Failure as crate::error::FailureExt>::invalid(format!(
+                "{} {raw:p} is not alive (deleted already, or never made by this library)",
+                self.kind
+            )));
+        }
+        // SAFETY: as in `get`; it was removed from the set by this call alone, so it is taken once.
         Ok(unsafe { Box::from_raw(raw) })
     }
 }

@@ -23,6 +23,7 @@
 //! (DOUBLE) or its bytes (BYTES). Records from the caller are read with every length checked.
 use std::ffi::c_void;
 
+use crate::allocator::TRITONSERVER_ResponseAllocator;
 use crate::error::{take, Failure, FailureExt};
 use crate::message::ParameterValue;
 use crate::queue::{
@@ -30,7 +31,7 @@ use crate::queue::{
     EVENT_RESPONSE,
 };
 use crate::request::{with_request, TRITONSERVER_InferenceRequest, MAX_DIMS};
-use crate::response::{TRITONSERVER_InferenceResponse, TRITONSERVER_ResponseAllocator, Target, RESPONSES};
+use crate::response::{TRITONSERVER_InferenceResponse, Target, RESPONSES};
 use crate::server::TRITONSERVER_Server;
 use crate::{ffi, out, TRITONSERVER_Error};
 
@@ -232,7 +233,8 @@ pub unsafe extern "C" fn MESH_InferenceRequestAddInputsPacked(
 /// its answers and release going to `queue` (outputs in memory of `MESH_CpuAlloc`), and deletes
 /// the request itself once it is released: the caller must not delete or reuse it after that
 /// event. Refused (an error returned), the request stays the caller's, as after a refused
-/// `TRITONSERVER_ServerInferAsync`, with the inputs of `packed` added if they were well formed.
+/// `TRITONSERVER_ServerInferAsync`, with the inputs of `packed` added if they were well formed and
+/// no callbacks set.
 #[no_mangle]
 pub unsafe extern "C" fn MESH_ServerInferPacked(
     server: *mut TRITONSERVER_Server,
@@ -267,11 +269,12 @@ pub unsafe extern "C" fn MESH_ServerInferPacked(
     let sent =
         unsafe { crate::response::TRITONSERVER_ServerInferAsync(server, inference_request, std::ptr::null_mut()) };
     if !sent.is_null() {
-        // Refused: still the caller's, so it must not delete itself if sent again another way.
+        // Refused: still the caller's, with the inputs of `packed` and no callbacks (the queue's
+        // are undone, so a queue the caller deletes is never reached through it).
         // SAFETY: see `with_request`; an error it made (a dead handle) is dropped here.
         unsafe {
             drop(take(with_request(inference_request, |r| {
-                r.keep_after_release();
+                r.forget_callbacks();
                 Ok(())
             })))
         };
@@ -314,19 +317,20 @@ pub unsafe extern "C" fn MESH_ResponseQueuePopMany(
             let response = (*kind == EVENT_RESPONSE)
                 .then(|| RESPONSES.get(*handle as *mut TRITONSERVER_InferenceResponse).ok())
                 .flatten();
-            let packed: &[u8] = match response {
+            let (packed, packed_size) = match response {
                 Some(r) => {
                     let r: &TRITONSERVER_InferenceResponse = r;
-                    r.packed.get_or_init(|| pack_response(r))
+                    let bytes = r.packed.get_or_init(|| pack_response(r));
+                    (bytes.as_ptr().cast(), bytes.len())
                 }
-                None => &[],
+                None => (std::ptr::null(), 0),
             };
             *slot = MESH_ResponseEvent {
                 kind: *kind,
                 flags: *flags,
                 handle: *handle as *mut c_void,
-                packed: packed.as_ptr().cast(),
-                packed_size: packed.len(),
+                packed,
+                packed_size,
             };
         }
         *count = taken.len() as u32;

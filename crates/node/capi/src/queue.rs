@@ -9,9 +9,10 @@ use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::allocator::TRITONSERVER_ResponseAllocator;
 use crate::error::{Failure, FailureExt};
 use crate::request::{ReleaseFn, TRITONSERVER_InferenceRequest};
-use crate::response::{CompleteFn, TRITONSERVER_InferenceResponse, TRITONSERVER_ResponseAllocator, RESPONSES};
+use crate::response::{CompleteFn, TRITONSERVER_InferenceResponse, RESPONSES};
 use crate::types::MEMORY_CPU;
 use crate::{ffi, out, TRITONSERVER_Error};
 

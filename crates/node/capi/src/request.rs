@@ -6,9 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use mesh::{DataType, InferRequest, NamedTensor, Param, RequestedOutput, Tensor};
 
+use crate::allocator::TRITONSERVER_ResponseAllocator;
 use crate::error::{Failure, FailureExt};
 use crate::live::Live;
-use crate::response::{TRITONSERVER_ResponseAllocator, Target};
+use crate::response::Target;
 use crate::server::{Core, TRITONSERVER_Server, SERVERS};
 use crate::types::{dtype_from_raw, memory_type_name, MEMORY_CPU, MEMORY_CPU_PINNED};
 use crate::{ffi, out, text, TRITONSERVER_Error};
@@ -306,8 +307,10 @@ impl TRITONSERVER_InferenceRequest {
         self.delete_on_release = delete_on_release;
     }
 
-    /// The request stays the application's after a release (undoes `set_callbacks`' delete).
-    pub(crate) fn keep_after_release(&mut self) {
+    /// Undoes `set_callbacks` after a refusal: no callbacks, and the request is the application's.
+    pub(crate) fn forget_callbacks(&mut self) {
+        self.release = None;
+        self.target = None;
         self.delete_on_release = false;
     }
 

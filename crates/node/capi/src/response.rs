@@ -1,20 +1,20 @@
 //! Answers: `TRITONSERVER_ServerInferAsync` runs a request, and each answer becomes a `TRITONSERVER_InferenceResponse` whose outputs the application's allocator holds.
 use std::ffi::{c_char, c_void, CString};
 
-use std::future::Future;
-use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Waker};
 
 use mesh::stream::{stream_channel, Window};
 use mesh::{Dispatch, InferRequest, InferResponse};
 use mesh_node::serving::dispatch::NodeDispatch;
 
+use crate::allocator::{ReleaseBufferFn, TRITONSERVER_ResponseAllocator};
 use crate::error::{from_mesh, take, Failure, FailureExt};
 use crate::live::Live;
 use crate::message::{c_string, ParameterValue, TRITONSERVER_Parameter};
 use crate::request::{prepare, Release, TRITONSERVER_InferenceRequest};
 use crate::server::{TRITONSERVER_Server, SERVERS};
+use crate::task::{OnPanic, Task};
 use crate::types::{dtype_to_raw, memory_type_name, MEMORY_CPU, MEMORY_CPU_PINNED};
 use crate::{ffi, out, TRITONSERVER_Error};
 
@@ -23,67 +23,8 @@ pub(crate) static RESPONSES: Live = Live::new("inference response");
 /// `TRITONSERVER_RESPONSE_COMPLETE_FINAL`.
 const COMPLETE_FINAL: u32 = 1;
 
-pub type AllocFn = unsafe extern "C" fn(
-    *mut TRITONSERVER_ResponseAllocator,
-    *const c_char,
-    usize,
-    u32,
-    i64,
-    *mut c_void,
-    *mut *mut c_void,
-    *mut *mut c_void,
-    *mut u32,
-    *mut i64,
-) -> *mut TRITONSERVER_Error;
-pub type ReleaseBufferFn = unsafe extern "C" fn(
-    *mut TRITONSERVER_ResponseAllocator,
-    *mut c_void,
-    *mut c_void,
-    usize,
-    u32,
-    i64,
-) -> *mut TRITONSERVER_Error;
-pub type StartFn = unsafe extern "C" fn(*mut TRITONSERVER_ResponseAllocator, *mut c_void) -> *mut TRITONSERVER_Error;
-pub type QueryFn = unsafe extern "C" fn(
-    *mut TRITONSERVER_ResponseAllocator,
-    *mut c_void,
-    *const c_char,
-    *mut usize,
-    *mut u32,
-    *mut i64,
-) -> *mut TRITONSERVER_Error;
-pub type BufferAttributesFn = unsafe extern "C" fn(
-    *mut TRITONSERVER_ResponseAllocator,
-    *const c_char,
-    *mut c_void,
-    *mut c_void,
-    *mut c_void,
-) -> *mut TRITONSERVER_Error;
 /// `TRITONSERVER_InferenceResponseCompleteFn_t`.
 pub type CompleteFn = unsafe extern "C" fn(*mut TRITONSERVER_InferenceResponse, u32, *mut c_void);
-
-/// The application's allocation callbacks.
-#[derive(Clone, Copy)]
-pub struct TRITONSERVER_ResponseAllocator {
-    alloc: AllocFn,
-    release: ReleaseBufferFn,
-    start: Option<StartFn>,
-    query: Option<QueryFn>,
-    attributes: Option<BufferAttributesFn>,
-}
-
-impl TRITONSERVER_ResponseAllocator {
-    /// An allocator of the library's own, with no start, query or attributes function.
-    pub(crate) const fn plain(alloc: AllocFn, release: ReleaseBufferFn) -> Self {
-        TRITONSERVER_ResponseAllocator {
-            alloc,
-            release,
-            start: None,
-            query: None,
-            attributes: None,
-        }
-    }
-}
 
 /// Where a request's answers go: the allocator (copied when the callback was set) and the callback.
 #[derive(Clone, Copy)]
@@ -116,7 +57,7 @@ pub struct TRITONSERVER_InferenceResponse {
     pub(crate) parameters: Vec<TRITONSERVER_Parameter>,
     /// Gives the output buffers back when the response is deleted.
     release: Option<(ReleaseBufferFn, usize)>,
-    /// The whole response as one record (`MESH_InferenceResponsePacked`), made when first asked for.
+    /// The whole response as one record (`MESH_ResponseQueuePopMany` hands it out), made when first asked for.
     pub(crate) packed: std::sync::OnceLock<Vec<u8>>,
 }
 
@@ -284,21 +225,14 @@ fn complete(target: &Target, response: Option<TRITONSERVER_InferenceResponse>, f
     unsafe { (target.complete)(raw, flags, target.userp as *mut c_void) };
 }
 
-/// Runs a request's task: first on the calling thread, so an idle instance answers there with no
-/// thread hand-off (its response callback then runs before `TRITONSERVER_ServerInferAsync`
-/// returns, as Triton's can on a response-cache hit); what still waits after that first step
-/// continues on the server's runtime.
-fn run(runtime: &tokio::runtime::Handle, mut task: Pin<Box<dyn Future<Output = ()> + Send>>) {
-    let _entered = runtime.enter();
-    let mut cx = Context::from_waker(Waker::noop());
-    if task.as_mut().poll(&mut cx).is_pending() {
-        // The runtime polls it again at once, so nothing that became ready meanwhile is missed.
-        runtime.spawn(task);
-    }
-}
-
 /// A streamed request: each answer to the callback as it comes, the final flag last.
-async fn stream(dispatch: Arc<NodeDispatch>, request: InferRequest, target: Target, release: Arc<Release>) {
+async fn stream(
+    dispatch: Arc<NodeDispatch>,
+    request: InferRequest,
+    target: Target,
+    release: Arc<Release>,
+    answered: Arc<AtomicBool>,
+) {
     let (model, id) = (request.model_name.clone(), request.id.clone());
     let (tx, mut rx) = stream_channel(Window::for_stream());
     let answers = async {
@@ -307,6 +241,9 @@ async fn stream(dispatch: Arc<NodeDispatch>, request: InferRequest, target: Targ
             let response = item
                 .response
                 .map(|r| TRITONSERVER_InferenceResponse::of(r, &target, &model, &id));
+            if item.last {
+                answered.store(true, Ordering::Release);
+            }
             if response.is_some() || item.last {
                 complete(&target, response, flags);
             }
@@ -318,6 +255,7 @@ async fn stream(dispatch: Arc<NodeDispatch>, request: InferRequest, target: Targ
     };
     let (_, finished) = tokio::join!(dispatch.infer_stream(request, tx), answers);
     if !finished {
+        answered.store(true, Ordering::Release);
         let e = Failure::internal("the request ended without a final answer (a bug)");
         complete(
             &target,
@@ -366,78 +304,37 @@ pub unsafe extern "C" fn TRITONSERVER_ServerInferAsync(
                 .as_ref()
                 .is_some_and(|p| p.decoupled);
         let dispatch = core.dispatch.clone();
-        let task: Pin<Box<dyn Future<Output = ()> + Send>> = if streamed {
-            Box::pin(stream(dispatch, request, target, release))
+        let answered = Arc::new(AtomicBool::new(false));
+        let on_panic: OnPanic = {
+            let (answered, model, id) = (answered.clone(), request.model_name.clone(), request.id.clone());
+            let release = release.clone(); // released after this answer, not before
+            Box::new(move || {
+                let _release = release;
+                if !answered.swap(true, Ordering::AcqRel) {
+                    let e = Failure::internal("the request failed inside the server (a bug); see the log");
+                    complete(
+                        &target,
+                        Some(TRITONSERVER_InferenceResponse::failed(&model, &id, e)),
+                        COMPLETE_FINAL,
+                    );
+                }
+            })
+        };
+        let task: Task = if streamed {
+            Box::pin(stream(dispatch, request, target, release, answered))
         } else {
             Box::pin(async move {
                 let (model, id) = (request.model_name.clone(), request.id.clone());
                 let response = TRITONSERVER_InferenceResponse::of(dispatch.infer(request).await, &target, &model, &id);
+                answered.store(true, Ordering::Release);
                 complete(&target, Some(response), COMPLETE_FINAL);
                 drop(release); // released now, unless an input is still borrowed somewhere
             })
         };
-        run(&core.runtime, task);
+        // Accepted: from here on, whatever happens is answered through the callbacks.
+        crate::task::run(&core.runtime, task, on_panic);
         Ok(())
     })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn TRITONSERVER_ResponseAllocatorNew(
-    allocator: *mut *mut TRITONSERVER_ResponseAllocator,
-    alloc_fn: Option<AllocFn>,
-    release_fn: Option<ReleaseBufferFn>,
-    start_fn: Option<StartFn>,
-) -> *mut TRITONSERVER_Error {
-    ffi(|| {
-        let to = out(allocator, "allocator")?;
-        let alloc = alloc_fn.ok_or_else(|| Failure::invalid("alloc_fn is null"))?;
-        let release = release_fn.ok_or_else(|| Failure::invalid("release_fn is null"))?;
-        *to = Box::into_raw(Box::new(TRITONSERVER_ResponseAllocator {
-            alloc,
-            release,
-            start: start_fn,
-            query: None,
-            attributes: None,
-        }));
-        Ok(())
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn TRITONSERVER_ResponseAllocatorSetQueryFunction(
-    allocator: *mut TRITONSERVER_ResponseAllocator,
-    query_fn: Option<QueryFn>,
-) -> *mut TRITONSERVER_Error {
-    ffi(|| {
-        // SAFETY: an allocator this library made and the caller has not deleted.
-        let a = unsafe { allocator.as_mut() }.ok_or_else(|| Failure::invalid("allocator is null"))?;
-        a.query = query_fn;
-        Ok(())
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn TRITONSERVER_ResponseAllocatorSetBufferAttributesFunction(
-    allocator: *mut TRITONSERVER_ResponseAllocator,
-    buffer_attributes_fn: Option<BufferAttributesFn>,
-) -> *mut TRITONSERVER_Error {
-    ffi(|| {
-        // SAFETY: an allocator this library made and the caller has not deleted.
-        let a = unsafe { allocator.as_mut() }.ok_or_else(|| Failure::invalid("allocator is null"))?;
-        a.attributes = buffer_attributes_fn;
-        Ok(())
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn TRITONSERVER_ResponseAllocatorDelete(
-    allocator: *mut TRITONSERVER_ResponseAllocator,
-) -> *mut TRITONSERVER_Error {
-    if !allocator.is_null() {
-        // SAFETY: an allocator this library made; requests copied what they need of it.
-        drop(unsafe { Box::from_raw(allocator) });
-    }
-    std::ptr::null_mut()
 }
 
 /// The `index`-th of a response's parameters or outputs; past the end is INVALID_ARG.
