@@ -225,27 +225,48 @@ fn complete(target: &Target, response: Option<TRITONSERVER_InferenceResponse>, f
     unsafe { (target.complete)(raw, flags, target.userp as *mut c_void) };
 }
 
-/// A streamed request: each answer to the callback as it comes, the final flag last.
-async fn stream(
-    dispatch: Arc<NodeDispatch>,
-    request: InferRequest,
+/// Where one request's answers go, and whether its final one went: shared by its task and by the
+/// answer a panic inside the task still owes.
+struct Answers {
     target: Target,
-    release: Arc<Release>,
-    answered: Arc<AtomicBool>,
-) {
-    let (model, id) = (request.model_name.clone(), request.id.clone());
+    model: String,
+    id: String,
+    finished: AtomicBool,
+}
+
+impl Answers {
+    /// The request's outcome as a response.
+    fn response(&self, result: mesh::Result<InferResponse>) -> TRITONSERVER_InferenceResponse {
+        TRITONSERVER_InferenceResponse::of(result, &self.target, &self.model, &self.id)
+    }
+
+    /// Hands one answer to the application; a final one goes once at most.
+    fn send(&self, response: Option<TRITONSERVER_InferenceResponse>, flags: u32) {
+        if flags & COMPLETE_FINAL != 0 && self.finished.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        complete(&self.target, response, flags);
+    }
+
+    /// Ends the request with an INTERNAL error, unless its final answer went already.
+    fn fail(&self, message: &str) {
+        let e = Failure::internal(message);
+        self.send(
+            Some(TRITONSERVER_InferenceResponse::failed(&self.model, &self.id, e)),
+            COMPLETE_FINAL,
+        );
+    }
+}
+
+/// A streamed request: each answer to the callback as it comes, the final flag last.
+async fn stream(dispatch: Arc<NodeDispatch>, request: InferRequest, answers: Arc<Answers>, release: Arc<Release>) {
     let (tx, mut rx) = stream_channel(Window::for_stream());
-    let answers = async {
+    let forward = async {
         while let Some(item) = rx.recv().await {
             let flags = if item.last { COMPLETE_FINAL } else { 0 };
-            let response = item
-                .response
-                .map(|r| TRITONSERVER_InferenceResponse::of(r, &target, &model, &id));
-            if item.last {
-                answered.store(true, Ordering::Release);
-            }
+            let response = item.response.map(|r| answers.response(r));
             if response.is_some() || item.last {
-                complete(&target, response, flags);
+                answers.send(response, flags);
             }
             if item.last {
                 return true;
@@ -253,15 +274,9 @@ async fn stream(
         }
         false
     };
-    let (_, finished) = tokio::join!(dispatch.infer_stream(request, tx), answers);
+    let (_, finished) = tokio::join!(dispatch.infer_stream(request, tx), forward);
     if !finished {
-        answered.store(true, Ordering::Release);
-        let e = Failure::internal("the request ended without a final answer (a bug)");
-        complete(
-            &target,
-            Some(TRITONSERVER_InferenceResponse::failed(&model, &id, e)),
-            COMPLETE_FINAL,
-        );
+        answers.fail("the request ended without a final answer (a bug)");
     }
     drop(release); // released now, unless an input is still borrowed somewhere
 }
@@ -304,30 +319,25 @@ pub unsafe extern "C" fn TRITONSERVER_ServerInferAsync(
                 .as_ref()
                 .is_some_and(|p| p.decoupled);
         let dispatch = core.dispatch.clone();
-        let answered = Arc::new(AtomicBool::new(false));
+        let answers = Arc::new(Answers {
+            target,
+            model: request.model_name.clone(),
+            id: request.id.clone(),
+            finished: AtomicBool::new(false),
+        });
         let on_panic: OnPanic = {
-            let (answered, model, id) = (answered.clone(), request.model_name.clone(), request.id.clone());
-            let release = release.clone(); // released after this answer, not before
+            let (answers, release) = (answers.clone(), release.clone()); // released after this answer
             Box::new(move || {
-                let _release = release;
-                if !answered.swap(true, Ordering::AcqRel) {
-                    let e = Failure::internal("the request failed inside the server (a bug); see the log");
-                    complete(
-                        &target,
-                        Some(TRITONSERVER_InferenceResponse::failed(&model, &id, e)),
-                        COMPLETE_FINAL,
-                    );
-                }
+                answers.fail("the request failed inside the server (a bug); see the log");
+                drop(release);
             })
         };
         let task: Task = if streamed {
-            Box::pin(stream(dispatch, request, target, release, answered))
+            Box::pin(stream(dispatch, request, answers, release))
         } else {
             Box::pin(async move {
-                let (model, id) = (request.model_name.clone(), request.id.clone());
-                let response = TRITONSERVER_InferenceResponse::of(dispatch.infer(request).await, &target, &model, &id);
-                answered.store(true, Ordering::Release);
-                complete(&target, Some(response), COMPLETE_FINAL);
+                let response = answers.response(dispatch.infer(request).await);
+                answers.send(Some(response), COMPLETE_FINAL);
                 drop(release); // released now, unless an input is still borrowed somewhere
             })
         };
