@@ -171,7 +171,6 @@ _SIGNATURES = {
                                                  POINTER(c_size_t), POINTER(c_uint32), POINTER(c_int64), POINTER(P)]),
     "MESH_ResponseQueueNew": (P, [POINTER(P)]),
     "MESH_ResponseQueueDelete": (P, [P]),
-    "MESH_ResponseQueuePop": (P, [P, c_int64, POINTER(c_uint32), POINTER(P), POINTER(c_uint32)]),
     "MESH_ResponseQueueFd": (P, [P, POINTER(c_int)]),
     "MESH_ResponseQueuePopMany": (P, [P, c_int64, P, c_uint32, POINTER(c_uint32)]),
     "MESH_InferenceRequestAddInputsPacked": (P, [P, c_char_p, c_size_t]),
@@ -209,7 +208,6 @@ def error_from(raw) -> TritonError | None:
 
 
 _BOUND: dict = {}
-_ADDRESSES: dict = {}
 
 
 def call(name: str, *args) -> None:
@@ -232,14 +230,6 @@ def check(raw) -> None:
         error = error_from(raw)
         lib().TRITONSERVER_ErrorDelete(raw)
         raise error
-
-
-def address(name: str) -> int:
-    """The address of an exported function (callbacks the library calls itself)."""
-    found = _ADDRESSES.get(name)
-    if found is None:
-        found = _ADDRESSES[name] = ctypes.cast(getattr(lib(), name), c_void_p).value
-    return found
 
 
 def json_of(message) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from tritonserver import _library as L
 from tritonserver._library import ERRORS, InternalError, InvalidArgumentError, TritonError, UnknownError, UnsupportedError
-from tritonserver._tensor import MemoryBuffer, Tensor, _memory_type_of
+from tritonserver._tensor import MemoryBuffer, Tensor, _address, _memory_type_of
 from tritonserver._types import DATA_TYPE_OF, DataType, MemoryType
 
 if TYPE_CHECKING:
@@ -24,13 +24,13 @@ if TYPE_CHECKING:
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 EVENT_RESPONSE, EVENT_RELEASED = 1, 2
-_PARAMETER_STRING, _PARAMETER_INT, _PARAMETER_BOOL, _PARAMETER_DOUBLE, _PARAMETER_BYTES = 0, 1, 2, 3, 4
+_PARAMETER_STRING, _PARAMETER_INT, _PARAMETER_BOOL, _PARAMETER_DOUBLE = 0, 1, 2, 3  # BYTES (4): the bytes
 
 # The packed records of the library's one-call extensions (crates/node/capi/src/packed.rs).
 _TENSOR = struct.Struct("<IIIIqQQ")
 _RESPONSE = struct.Struct("<iIIII")
 _PARAMETER = struct.Struct("<III")
-_DIMS = [struct.Struct(f"<{n}q") for n in range(65)]
+_DIMS = [struct.Struct(f"<{n}q") for n in range(65)]  # a response's shapes (64 dims at most)
 _DATA_TYPES = {int(t): t for t in DataType}
 _MEMORY_TYPES = {int(t): t for t in MemoryType}
 _NATIVE = {dtype: int(t) for dtype, t in DATA_TYPE_OF.items()}  # numpy dtypes sent as they are
@@ -104,9 +104,7 @@ def _parameters_of(h: int, parameters: dict) -> None:
 def _record(dims: int, name_len: int) -> struct.Struct:
     """The packed tensor record for `dims` dims and a name of `name_len` bytes (compiled once)."""
     found = _RECORDS.get((dims, name_len))
-    if found is None:
-        if dims >= len(_DIMS):
-            raise InvalidArgumentError(f"an input has {dims} dims, more than {len(_DIMS) - 1}")
+    if found is None:  # (the library refuses more dims than it takes, naming the limit)
         found = struct.Struct(f"<IIIIqQQ{dims}q{name_len}s")
         if len(_RECORDS) < 1024:
             _RECORDS[(dims, name_len)] = found
@@ -114,13 +112,6 @@ def _record(dims: int, name_len: int) -> struct.Struct:
 
 
 _RECORDS: dict = {}
-
-
-def _address(array: numpy.ndarray) -> int:
-    """Where an array's data starts: through the buffer protocol when it is writable (the faster way)."""
-    if array.flags.writeable and array.nbytes:
-        return ctypes.addressof(ctypes.c_char.from_buffer(array))
-    return array.__array_interface__["data"][0]
 
 
 def _input_record(name: Any, value: Any, keep: list) -> bytes:
@@ -182,9 +173,6 @@ class _Pending:
     def _fill(self, r: InferenceRequest) -> bytes:
         """Sets the request's options; answers its inputs as packed records (sent with the request)."""
         h = self.handle
-        if r.request_id is None and not (r.flags or r.correlation_id is not None or r.priority or r.timeout
-                                         or r.parameters):
-            return b"".join([_input_record(name, value, self.tensors) for name, value in r.inputs.items()])
         if r.request_id is not None:
             L.call("TRITONSERVER_InferenceRequestSetId", h, L.text(r.request_id))
         # A new C request starts with flags, priority and timeout 0: only other values are set.

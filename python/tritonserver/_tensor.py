@@ -1,6 +1,7 @@
 """Tensors: memory the server reads or wrote, shared with numpy (and anything speaking DLPack) without copies."""
 from __future__ import annotations
 
+import ctypes
 import math
 import struct
 from dataclasses import dataclass
@@ -55,7 +56,10 @@ _NUMPY_DTYPES = {t: numpy.dtype(v) for t, v in NUMPY_OF.items()}
 
 
 def _address(array: numpy.ndarray) -> int:
-    """Where an array's data starts (without numpy's ctypes helper objects)."""
+    """Where an array's data starts: through the buffer protocol when it is writable (a third of the
+    cost of `__array_interface__`, which read-only arrays still go through)."""
+    if array.flags.writeable and array.nbytes:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
     return array.__array_interface__["data"][0]
 
 
