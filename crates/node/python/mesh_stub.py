@@ -91,6 +91,7 @@ class Host(Calls, Plain):
         fd = os.open(shm_path, os.O_RDWR)
         self.shm = mmap.mmap(fd, shm_size)
         self.shm_view = memoryview(self.shm)
+        self.shm_base = None  # a ctypes view of the mapping, made when a GPU tensor is first copied in
         os.close(fd)
         self.half = shm_size // 2
         self.size = shm_size
@@ -309,7 +310,9 @@ class Host(Calls, Plain):
     def encode(self, tensor, blobs, blob_len, inline=False):
         """Writes one pb_utils.Tensor to shared memory (or the frame blob if it does not fit, or
         when `inline`: answers sent from a decoupled model's threads, which may outlive the execute
-        whose shared memory they would use)."""
+        whose shared memory they would use). A tensor on a GPU is copied from there once."""
+        if tensor._gpu is not None:
+            return self.encode_gpu(tensor, blobs, blob_len, inline)
         array = tensor.as_numpy()
         dtype = tensor.triton_dtype()
         if dtype == "BYTES":
@@ -326,6 +329,29 @@ class Host(Calls, Plain):
             desc["inline"] = [blob_len[0], raw.nbytes]
             blobs.append(raw.tobytes())
             blob_len[0] += raw.nbytes
+        return desc
+
+    def encode_gpu(self, tensor, blobs, blob_len, inline):
+        """encode() of a tensor in device memory: copied straight into shared memory (or a blob)."""
+        import ctypes
+
+        import mesh_stub_cuda
+        data = tensor._gpu
+        desc = {"name": tensor.name(), "datatype": tensor.triton_dtype(), "shape": list(data.shape)}
+        off = None if inline else self.alloc(data.nbytes)
+        if off is not None:
+            if self.shm_base is None:  # the mapping's address, kept while the mapping lives
+                self.shm_base = ctypes.c_char.from_buffer(self.shm)
+            if data.nbytes:
+                mesh_stub_cuda.to_host(data, ctypes.addressof(self.shm_base) + off)
+            desc["shm"] = [off, data.nbytes]
+        else:
+            raw = bytearray(data.nbytes)
+            if data.nbytes:
+                mesh_stub_cuda.to_host(data, ctypes.addressof(ctypes.c_char.from_buffer(raw)))
+            desc["inline"] = [blob_len[0], data.nbytes]
+            blobs.append(raw)
+            blob_len[0] += data.nbytes
         return desc
 
     def decode(self, desc, blob, copy):

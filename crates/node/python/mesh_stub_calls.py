@@ -70,6 +70,7 @@ class ResponseIterator:
         self.host, self.call_id = host, call_id
         self.answers = queue.SimpleQueue()
         self.done = self.cancelled = False
+        self.place = None  # puts each response where the request's preferred_memory asks
 
     def put(self, result, last):
         self.answers.put((result, last))
@@ -87,7 +88,7 @@ class ResponseIterator:
                 import triton_python_backend_utils as pb_utils
                 result = pb_utils.InferenceResponse([])
             if result is not None:
-                return result
+                return result if self.place is None else self.place(result)
         raise StopIteration
 
     def cancel(self):

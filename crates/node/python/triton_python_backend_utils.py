@@ -119,9 +119,16 @@ def _list(value, what):
     return list(value)
 
 
+def _cuda():
+    """mesh_stub_cuda (DLPack capsules and the CUDA driver), imported on first use."""
+    import mesh_stub_cuda
+    return mesh_stub_cuda
+
+
 class Tensor:
-    """A named tensor. Inputs handed to execute() are read-only views of shared memory, valid while
-    execute() runs, as in Triton."""
+    """A named tensor, in CPU memory (a numpy array) or on a GPU (from `from_dlpack` of a CUDA
+    tensor, or a BLS output with a GPU preferred_memory). Inputs handed to execute() are writable
+    views of shared memory, valid while execute() runs, as Triton's copies are."""
 
     def __init__(self, name, array, _dtype=None):
         name = _text(name, "Tensor name")
@@ -135,51 +142,91 @@ class Tensor:
             array = array.astype(np.object_)
         self._name = name
         self._array = array
+        self._gpu = None
         self._triton_dtype = _dtype or numpy_to_triton_type(array.dtype)
         if self._triton_dtype is None:
             raise TritonModelException(f"tensor '{name}' has unsupported numpy dtype {array.dtype}")
+
+    @classmethod
+    def _on_gpu(cls, name, data):
+        """A tensor of device memory (a mesh_stub_cuda.GpuData)."""
+        tensor = cls.__new__(cls)
+        tensor._name, tensor._array, tensor._gpu, tensor._triton_dtype = name, None, data, data.dtype
+        return tensor
 
     def name(self):
         return self._name
 
     def as_numpy(self):
+        if self._gpu is not None:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
         return self._array
 
     def triton_dtype(self):
         return self._triton_dtype
 
     def shape(self):
-        return list(self._array.shape)
+        return list(self._gpu.shape if self._gpu is not None else self._array.shape)
 
     def is_cpu(self):
-        return True
+        return self._gpu is None
 
     def to_dlpack(self):
-        if self._array.dtype == np.object_:
+        if self._triton_dtype == "BYTES":
             raise TritonModelException("DLPack does not have support for string tensors.")
+        if self._gpu is not None:
+            return _cuda().make_capsule(self._gpu, self)  # zero-copy; the capsule keeps this alive
         array = self._array
-        if not array.flags.writeable:  # inputs are read-only views; DLPack 0.x cannot say so
+        if not array.flags.writeable:  # DLPack 0.x cannot say read-only
             array = array.view()
             try:
-                array.flags.writeable = True  # still zero-copy: the shared memory itself is writable
+                array.flags.writeable = True  # still zero-copy when the memory itself is writable
             except ValueError:
                 array = self._array.copy()
         return array.__dlpack__()
 
+    def __dlpack__(self, stream=None):
+        """The DLPack protocol, as Triton's Tensor has it (no work is pending on its memory)."""
+        return self.to_dlpack()
+
+    def __dlpack_device__(self):
+        if self._gpu is not None:
+            return (_cuda().KDL_CUDA, self._gpu.device)
+        return (1, 0)  # kDLCPU
+
     @staticmethod
     def from_dlpack(name, capsule):
-        """A tensor from a DLPack capsule or an object with `__dlpack__` and `__dlpack_device__`
-        (CPU memory; C-contiguous), sharing its memory, with Triton's errors."""
+        """A tensor from a DLPack capsule or an object with `__dlpack__` and `__dlpack_device__`,
+        in CPU memory or on a GPU, sharing its memory (C-contiguous only), with Triton's errors.
+        An object on a GPU is asked for its tensor on DLPack's stream 1 (the legacy default
+        stream), which is then synchronised, so no work on the memory is pending."""
         if _text(name, "Tensor name") == "":
             raise TritonModelException("Tensor name cannot be an empty string.")
+        cuda = _cuda()
         if type(capsule).__name__ == "PyCapsule":
+            try:
+                device_type, _ = cuda.capsule_device(capsule)
+            except ValueError as e:
+                raise TritonModelException(str(e)) from None
+            if device_type == cuda.KDL_CUDA:
+                return Tensor._taken(name, capsule)
             source = _Capsule(capsule)
         elif hasattr(capsule, "__dlpack__") and hasattr(capsule, "__dlpack_device__"):
+            device_type, device_id = capsule.__dlpack_device__()
+            if device_type == cuda.KDL_CUDA:
+                tensor = Tensor._taken(name, capsule.__dlpack__(stream=1))
+                try:
+                    cuda.synchronize(device_id)
+                except cuda.CudaError as e:
+                    raise TritonModelException(f"Failed to synchronize CUDA device with id {device_id}: {e}") from None
+                return tensor
             source = capsule
         else:
             raise TritonModelException(
                 "Provided tensor is not supported. Tensor must be a DLPack capsule or have "
                 "`__dlpack__` and `__dlpack_device__` attributes")
+        if device_type not in (cuda.KDL_CPU, cuda.KDL_CUDA_HOST):
+            raise TritonModelException(f"DLDevice type {device_type} is not support by Python backend.")
         try:
             array = np.from_dlpack(source)
         except BufferError as e:
@@ -190,8 +237,25 @@ class Tensor:
                 "C-Order are supported.")
         return Tensor(name, array)
 
+    @staticmethod
+    def _taken(name, capsule):
+        try:
+            return Tensor._on_gpu(name, _cuda().take_capsule(capsule))
+        except ValueError as e:
+            raise TritonModelException(str(e)) from None
+
+    def _to_gpu(self, device):
+        """This tensor copied to GPU `device` (itself when it is there already, or is a string
+        tensor, which stays in CPU memory as in Triton)."""
+        if self._gpu is not None or self._triton_dtype == "BYTES":
+            return self
+        array = np.ascontiguousarray(self._array)
+        data = _cuda().to_device(array.ctypes.data, array.nbytes, array.shape, self._triton_dtype, int(device))
+        return Tensor._on_gpu(self._name, data)
+
     def __repr__(self):
-        return f"Tensor({self._name!r}, {self._triton_dtype}, shape={list(self._array.shape)})"
+        where = f", gpu={self._gpu.device}" if self._gpu is not None else ""
+        return f"Tensor({self._name!r}, {self._triton_dtype}, shape={self.shape()}{where})"
 
 
 class _Capsule:
@@ -205,6 +269,29 @@ class _Capsule:
 
     def __dlpack_device__(self):
         return (1, 0)  # kDLCPU
+
+
+def _placed(response, preferred):
+    """A BLS call's response with its outputs where the request's preferred_memory asks: on a GPU
+    preference they are copied to that GPU, where the stub reaches a CUDA driver; a preference that
+    cannot be met leaves them in CPU memory, as Triton treats it (a preference, not a demand)."""
+    if (preferred is None or preferred.preferred_memory_type != TRITONSERVER_MEMORY_GPU
+            or response.has_error()):
+        return response
+    try:
+        response._outputs = [t._to_gpu(preferred.preferred_device_id) for t in response._outputs]
+    except _cuda().CudaError as e:
+        _once(f"BLS outputs stay in CPU memory: {e}")
+    return response
+
+
+_WARNED = set()
+
+
+def _once(message):
+    if message not in _WARNED:
+        _WARNED.add(message)
+        Logger.log_warn(message)
 
 
 def get_input_tensor_by_name(request, name):
@@ -222,8 +309,9 @@ def get_output_tensor_by_name(response, name):
 
 
 class PreferredMemory:
-    """Where a BLS call's outputs should be: the mesh answers BLS calls in CPU memory whatever is
-    preferred (outputs are copied to the caller, as Triton does for CPU-only models)."""
+    """Where a BLS call's outputs should be: TRITONSERVER_MEMORY_GPU and a device id copy them to
+    that GPU for the caller (where the stub reaches a CUDA driver); anything else keeps them in CPU
+    memory."""
 
     def __init__(self, preferred_memory_type=TRITONSERVER_MEMORY_CPU, preferred_device_id=0):
         self.preferred_memory_type = preferred_memory_type
@@ -414,19 +502,26 @@ class InferenceRequest:
         """Runs the request on another model. With decoupled=True, an iterator of the responses
         the model sends, as they arrive (a bare final flag is the last, with no outputs)."""
         if decoupled:
-            return _host().bls_stream(self)
-        return _host().bls(self)
+            return self._placing(_host().bls_stream(self))
+        return _placed(_host().bls(self), self.preferred_memory)
 
     def stream_exec(self):
         """The older name of exec(decoupled=True)."""
-        return _host().bls_stream(self)
+        return self._placing(_host().bls_stream(self))
 
     async def async_exec(self, decoupled=False):
         """exec() as a coroutine; with decoupled=True it resolves to the iterator of the
         responses once the first one is in."""
         if decoupled:
-            return await _host().bls_stream_async(self)
-        return await _host().bls_async(self)
+            return self._placing(await _host().bls_stream_async(self))
+        return _placed(await _host().bls_async(self), self.preferred_memory)
+
+    def _placing(self, responses):
+        """A decoupled call's response iterator, placing each response as _placed does."""
+        preferred = self.preferred_memory
+        if preferred is not None and preferred.preferred_memory_type == TRITONSERVER_MEMORY_GPU:
+            responses.place = lambda response: _placed(response, preferred)
+        return responses
 
 
 class LogLevel(enum.Enum):
