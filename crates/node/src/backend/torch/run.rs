@@ -220,12 +220,6 @@ impl Backend for TorchBackend {
                 .and_then(|()| self.module.forward_is(&args))
         }
         .map_err(|e| Error::internal(format!("the TorchScript model failed: {}", torch_message(&e))))?;
-        // Kernels run asynchronously: wait for them, so compute_infer holds the device's work (the
-        // copy of the outputs to the host would wait for it anyway, and count it as compute_output).
-        if let tch::Device::Cuda(index) = self.device {
-            tch::Cuda::synchronize(index as i64);
-        }
-        let t2 = Instant::now();
         let mut leaves = Vec::new();
         let produced = values::walk(result, &mut leaves)?;
         let all: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
@@ -235,6 +229,19 @@ impl Backend for TorchBackend {
             outputs.iter().map(String::as_str).collect()
         };
         let picked = binding::assign_outputs(&produced, &wanted, &all).map_err(Error::internal)?;
+        // On a GPU, kernels and copies run asynchronously: every wanted output's copy to pinned host
+        // memory is queued behind them, then one synchronisation waits for all of it, so
+        // compute_infer holds the device's work (and the copy out of it), compute_output the rest.
+        if let tch::Device::Cuda(index) = self.device {
+            for (name, &leaf) in wanted.iter().zip(&picked) {
+                if let Leaf::Tensor(t) = &leaves[leaf] {
+                    let staged = values::stage_to_host(name, t)?;
+                    leaves[leaf] = Leaf::Tensor(staged);
+                }
+            }
+            tch::Cuda::synchronize(index as i64);
+        }
+        let t2 = Instant::now();
         let batch = if self.batched {
             inputs.first().and_then(|i| i.tensor.shape.first().copied())
         } else {

@@ -44,13 +44,33 @@ pub fn to_torch(name: &str, t: &Tensor, device: tch::Device) -> Result<tch::Tens
             t.shape
         )));
     }
-    let cpu = tch::Tensor::f_from_data_size(&t.data, &t.shape, kind)
-        .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
     if device == tch::Device::Cpu {
-        return Ok(cpu);
+        return tch::Tensor::f_from_data_size(&t.data, &t.shape, kind)
+            .map_err(|e| Error::invalid(format!("input '{name}': {e}")));
     }
-    cpu.f_to_device(device)
-        .map_err(|e| Error::internal(format!("input '{name}' could not move to {device:?}: {e}")))
+    // To a GPU: the request's bytes are viewed in place, copied once into pinned memory (torch's
+    // caching host allocator, which also keeps the block until the copy below is done with it),
+    // and sent on the current stream without waiting; forward() runs after it on that stream.
+    let moved = |e: tch::TchError| Error::internal(format!("input '{name}' could not move to {device:?}: {e}"));
+    // SAFETY: `t.data` holds exactly the bytes of `t.shape` in `kind` (checked above) and outlives
+    // `view`, which is dropped before this returns; pin_memory copies out of it synchronously.
+    let view = unsafe { tch::Tensor::f_from_blob(t.data.as_ptr(), &t.shape, &[], kind, tch::Device::Cpu) }
+        .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
+    let pinned = view.f_pin_memory(device).map_err(moved)?;
+    pinned.f_to_device_(device, kind, true, false).map_err(moved)
+}
+
+/// Queues the copy of a device tensor to pinned host memory on the current stream (contiguous),
+/// for `from_torch` to read once the stream is synchronised. A host tensor is returned as it is.
+pub fn stage_to_host(name: &str, t: &tch::Tensor) -> Result<tch::Tensor> {
+    if t.device() == tch::Device::Cpu {
+        return Ok(t.shallow_clone());
+    }
+    let fail = |e: tch::TchError| Error::internal(format!("output '{name}': {e}"));
+    let kind = t.f_kind().map_err(fail)?;
+    t.f_contiguous()
+        .and_then(|c| c.f_to_device_(tch::Device::Cpu, kind, true, false))
+        .map_err(fail)
 }
 
 /// Reads the one element of an input bound to a scalar argument (int, float, bool or str).
