@@ -185,8 +185,9 @@ class Tensor:
                 array = self._array.copy()
         return array.__dlpack__()
 
-    def __dlpack__(self, stream=None):
-        """The DLPack protocol, as Triton's Tensor has it (no work is pending on its memory)."""
+    def __dlpack__(self, stream=None, **_):
+        """The DLPack protocol, as Triton's Tensor has it (no work is pending on its memory; a
+        consumer's max_version is answered with an unversioned capsule, which the protocol allows)."""
         return self.to_dlpack()
 
     def __dlpack_device__(self):
