@@ -36,6 +36,11 @@ export MESH_NODE_BIN="$RUN/bin/mesh-node" MESH_ROUTER_BIN="$RUN/bin/mesh-router"
 export PYTHONPATH="$RUN/py${PYTHONPATH:+:$PYTHONPATH}"
 export MESH_REQUIRE_SERVER=1 PY
 nvidia-smi -L >&2 || true
+# What the suite imports, and from where (a clash with the machine's own packages shows here first).
+"$PY" -c 'import numpy, onnx, torch, tritonclient.grpc, tritonclient.http
+print("check-gpu: numpy", numpy.__version__, "onnx", onnx.__version__, "torch", torch.__version__,
+      "cuda", torch.cuda.is_available(), "tritonclient from", tritonclient.grpc.__file__)' >&2 \
+  || say "the Python packages do not import together (see above)"
 say "the GPU suite"
 "$PY" -m pytest -q -rfEs -p no:cacheprovider tests/gpu --junitxml="$RESULTS/gpu-suite.xml" 2>&1 \
   | tee "$RESULTS/gpu-suite.txt"

@@ -48,13 +48,14 @@ with zipfile.ZipFile(wheel) as z:
                     out.write(chunk)
 PY
 
-step "tritonclient and its wheels, unpacked onto a PYTHONPATH (numpy is the image's)"
+step "tritonclient and its wheels, unpacked onto a PYTHONPATH"
 "$PY" - "$WORK/wheels" "$STAGE/py" <<'PY'
 import glob, os, sys, zipfile
 wheels, dest = sys.argv[1:]
 for wheel in sorted(glob.glob(os.path.join(wheels, "*.whl"))):
     name = os.path.basename(wheel).lower()
-    if name.startswith(("onnxruntime", "numpy-", "torch-")):
+    # numpy and ml_dtypes (onnx's) are the image's own: a second copy on PYTHONPATH would shadow them
+    if name.startswith(("onnxruntime", "numpy-", "torch-", "ml_dtypes-")):
         continue
     with zipfile.ZipFile(wheel) as z:
         # perf_analyzer's binaries are not needed there (mesh-ops bench drives both servers)
