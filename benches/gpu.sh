@@ -24,7 +24,8 @@ mkdir -p "$(dirname "$OUT_FILE")"
 
 wait_ready() {  # port log
   for _ in $(seq 240); do
-    curl -sf "localhost:$1/v2/health/ready" >/dev/null && return 0
+    "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(f"http://localhost:{sys.argv[1]}/v2/health/ready", timeout=2)' \
+      "$1" 2>/dev/null && return 0
     sleep 0.5
   done
   echo "gpu.sh: the server on $1 did not become ready; its log:" >&2
@@ -33,24 +34,30 @@ wait_ready() {  # port log
 }
 
 # One point: a 1 s warm-up, then $SECS s; appends a JSON line {server, model, c, ...} to $WORK/points.
+# A point whose model did not load (or whose requests failed) is said on stderr, and the rest go on.
 point() {  # server grpc-port model concurrency
+  local out
   "$OPS" bench "$3" --protocol grpc --grpc-url "localhost:$2" -c "$4" --duration 1s --no-progress >/dev/null 2>&1 || true
-  "$OPS" bench "$3" --protocol grpc --grpc-url "localhost:$2" -c "$4" --duration "${SECS}s" --json --no-progress \
-    | "$PY" -c 'import json, sys; d = json.load(sys.stdin); d["server"] = sys.argv[1]; print(json.dumps(d))' "$1" \
-    >> "$WORK/points"
+  out=$("$OPS" bench "$3" --protocol grpc --grpc-url "localhost:$2" -c "$4" --duration "${SECS}s" --json \
+    --no-progress 2>>"$WORK/bench.err") || echo "gpu.sh: $1 $3 c=$4: mesh-ops bench exited $?" >&2
+  [ -n "$out" ] || return 0
+  "$PY" -c 'import json, sys; d = json.loads(sys.argv[2]); d["server"] = sys.argv[1]; print(json.dumps(d))' \
+    "$1" "$out" >> "$WORK/points"
 }
 
+touch "$WORK/points"
 "$PY" benches/gpu_models.py "$WORK"
 "$PY" benches/gpu_inproc.py "$WORK/mlp.pt" 256 "$SECS" > "$WORK/inproc.json"
 
 "$NODE" --model-repository "$WORK/repo" --gpus 0 --http-port 18100 --grpc-port 18101 --metrics-port 18102 \
-  --backend-config "python,interpreter=$PY" > "$WORK/mesh.log" 2>&1 &
+  --backend-config "python,interpreter=$PY" --strict-readiness false > "$WORK/mesh.log" 2>&1 &
 MESH_PID=$!
 wait_ready 18100 "$WORK/mesh.log"
 point mesh 18101 add_sub_py 1
 for m in mlp_gpu mlp_onnx mlp_py; do point mesh 18101 "$m" 1; done
 for m in mlp_gpu_batched mlp_onnx_batched; do point mesh 18101 "$m" 64; done
 point mesh 18101 mlp_py 16
+grep -iE "error|failed to load" "$WORK/mesh.log" | head -5 >&2 || true
 kill "$MESH_PID" && wait "$MESH_PID" 2>/dev/null || true
 
 if [ -n "${TRITON_DIR:-}" ] && [ -x "$TRITON_DIR/bin/tritonserver" ]; then
@@ -58,7 +65,9 @@ if [ -n "${TRITON_DIR:-}" ] && [ -x "$TRITON_DIR/bin/tritonserver" ]; then
   cp "$TRITON_DIR/python_backend_stubs/3.12/triton_python_backend_stub" "$TRITON_DIR/backends/python/"
   mkdir -p "$WORK/triton-repo"
   cp -r "$WORK/repo/mlp_py" "$WORK/repo/add_sub_py" "$WORK/triton-repo/"
-  PATH="$(dirname "$PY"):$PATH" "$TRITON_DIR/bin/tritonserver" --model-repository "$WORK/triton-repo" \
+  # Its stub links the Python's libpython3.12 (PyTriton's bundled one is not packed).
+  PYLIB=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
+  PATH="$(dirname "$PY"):$PATH" LD_LIBRARY_PATH="$PYLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$TRITON_DIR/bin/tritonserver" --model-repository "$WORK/triton-repo" \
     --backend-directory "$TRITON_DIR/backends" --cache-directory "$TRITON_DIR/caches" \
     --http-port 18200 --grpc-port 18201 --metrics-port 18202 > "$WORK/triton.log" 2>&1 &
   TRITON_PID=$!

@@ -34,7 +34,7 @@ export LD_LIBRARY_PATH="$SITE/torch/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export ORT_DYLIB_PATH="$RUN/site/onnxruntime/capi/libonnxruntime.so.1.31.1"
 export MESH_NODE_BIN="$RUN/bin/mesh-node" MESH_ROUTER_BIN="$RUN/bin/mesh-router" MESH_OPS_BIN="$RUN/bin/mesh-ops"
 export PYTHONPATH="$RUN/py${PYTHONPATH:+:$PYTHONPATH}"
-export MESH_REQUIRE_SERVER=1 PY
+export MESH_REQUIRE_SERVER=1 MESH_REQUIRE_GPU=1 PY  # a suite that finds no GPU here fails
 nvidia-smi -L >&2 || true
 # What the suite imports, and from where (a clash with the machine's own packages shows here first).
 "$PY" -c 'import numpy, onnx, torch, tritonclient.grpc, tritonclient.http

@@ -55,6 +55,38 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "http: talks HTTP to the server")
     config.addinivalue_line("markers", "offline: needs no server (model generation checks)")
     config.addinivalue_line("markers", "cluster: starts mesh-router and joined mesh-nodes")
+    config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU (tests/gpu; skipped with one reason without one)")
+
+
+# --------------------------------------------------------------------------
+# The GPU suite (tests/gpu): every test skips with one reason on a machine without a GPU, and the
+# run's summary names them; MESH_REQUIRE_GPU=1 (scripts/check-gpu.sh) makes that a failure instead.
+# --------------------------------------------------------------------------
+
+GPU_DIR = TESTS_DIR / "gpu"
+_GPU_SKIPPED: list[str] = []
+_GPU_REASON: list[str] = []
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if GPU_DIR in Path(str(item.fspath)).parents]
+    if not gpu_items:
+        return
+    from gpu.gpu_util import NO_GPU
+    for item in gpu_items:
+        item.add_marker(pytest.mark.gpu)
+        if NO_GPU:
+            if os.environ.get("MESH_REQUIRE_GPU") == "1":
+                pytest.exit(f"MESH_REQUIRE_GPU=1, but {NO_GPU}", returncode=3)
+            item.add_marker(pytest.mark.skip(reason=NO_GPU))
+            _GPU_SKIPPED.append(item.name)
+    _GPU_REASON[:] = [NO_GPU or ""]
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _GPU_SKIPPED:
+        terminalreporter.write_line(
+            f"GPU suite: {len(_GPU_SKIPPED)} tests skipped ({_GPU_REASON[0]}): {', '.join(_GPU_SKIPPED)}")
 
 
 # --------------------------------------------------------------------------

@@ -5,13 +5,40 @@ placing KIND_GPU models only on nodes with a GPU. Every test skips with one reas
 without a GPU (conftest.py); scripts/check-gpu.sh runs them on one."""
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 from cluster_util import wait_until
-from gpu_util import infer_json, metric_values, python_args
+from gpu.gpu_util import (NO_GPU, Nvml, infer_json, metric_values, onnx_add_sub, python_args, python_gpu_model,
+                          torchscript_mlp)
 
 pytestmark = [pytest.mark.server]
 GIB = 1 << 30
+HOLD = 4 * GIB  # what gpu_hold keeps on the GPU from initialize()
+PY_MODELS = Path(__file__).resolve().parent.parent / "python_models"
+
+
+@pytest.fixture(scope="module")
+def nvml():
+    return Nvml()
+
+
+@pytest.fixture(scope="module")
+def gpu_repo(tmp_path_factory) -> Path:
+    """add_sub (ONNX, KIND_GPU), gpu_tensors_py (KIND_GPU), torch_mlp (TorchScript, KIND_GPU) and
+    gpu_hold (Python, holds HOLD bytes of GPU memory; loaded by the tests that need it)."""
+    if NO_GPU:
+        pytest.skip(NO_GPU)
+    repo = tmp_path_factory.mktemp("gpu-repo")
+    onnx_add_sub(repo / "add_sub", "KIND_GPU")
+    shutil.copytree(PY_MODELS / "gpu_tensors_py", repo / "gpu_tensors_py")
+    cfg = repo / "gpu_tensors_py" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("KIND_CPU", "KIND_GPU"))
+    torchscript_mlp(repo / "torch_mlp")
+    python_gpu_model(repo / "gpu_hold", HOLD)
+    return repo
 
 
 def server_args(*models: str) -> list[str]:
@@ -110,15 +137,14 @@ def test_cuda_shared_memory_in_and_out(gpu_server, protocol):
         outputs[0].set_shared_memory(f"{protocol}_out", size, 0)
         outputs[1].set_shared_memory(f"{protocol}_out", size, size)
         client.infer("add_sub", inputs, outputs=outputs)
-        got0 = cudashm.get_contents_as_numpy(regions["out"], np.float32, [1, 16])
-        got1 = cudashm.get_contents_as_numpy(regions["out"], np.float32, [1, 16], offset=size)
-        np.testing.assert_array_equal(got0, a + b)
-        np.testing.assert_array_equal(got1, a - b)
+        got = cudashm.get_contents_as_numpy(regions["out"], np.float32, [2, 16])
+        np.testing.assert_array_equal(got[0:1], a + b)
+        np.testing.assert_array_equal(got[1:2], a - b)
         if protocol == "http":
             names = [r["name"] for r in client.get_cuda_shared_memory_status()]
         else:
             names = list(client.get_cuda_shared_memory_status(as_json=True).get("regions", {}))
-        assert f"{protocol}_in" in names and f"{protocol}_out" in names, status
+        assert f"{protocol}_in" in names and f"{protocol}_out" in names, names
     finally:
         client.unregister_cuda_shared_memory()
         for handle in regions.values():
@@ -145,15 +171,17 @@ def test_torchscript_on_the_gpu(gpu_server):
     assert stats["compute_infer"]["ns"] > 0 and stats["compute_infer"]["count"] >= 1
 
 
-def test_the_load_limit_refuses_a_model_over_it_and_allows_one_under(fresh_server, gpu_repo, nvml):
-    total = nvml.total()
-    fraction = (nvml.used() + GIB) / total  # gpu_hold's 2 GiB go over it; add_sub stays under
+def test_the_load_limit_allows_a_model_under_it_and_refuses_one_over_it(fresh_server, gpu_repo, nvml):
+    # The limit leaves 2 GiB above what is in use now: room for add_sub (the node's CUDA context and
+    # ONNX Runtime's), not for gpu_hold's 4 GiB. add_sub goes first, so nothing is being unloaded.
+    fraction = (nvml.used() + 2 * GIB) / nvml.total()
     srv = fresh_server([gpu_repo], server_args() + ["--model-load-gpu-limit", f"0:{fraction:.6f}"], name="gpu-limit",
                        wait_models=[])
+    allowed = srv.post("/v2/repository/models/add_sub/load", b"{}")
+    assert allowed.status == 200, allowed.body[:500]
     r = srv.post("/v2/repository/models/gpu_hold/load", b"{}")
     assert r.status != 200, r.body[:500]
     assert "memory limit set for GPU 0 has exceeded, model loading is rejected" in r.error_message()
-    assert srv.post("/v2/repository/models/add_sub/load", b"{}").status == 200
 
 
 def test_gpu_memory_is_given_back_when_an_instance_stops(fresh_server, gpu_repo, nvml):
@@ -161,12 +189,24 @@ def test_gpu_memory_is_given_back_when_an_instance_stops(fresh_server, gpu_repo,
     before = nvml.used()
     assert srv.post("/v2/repository/models/gpu_hold/load", b"{}").status == 200
     loaded = nvml.used()
-    assert loaded >= before + 2 * GIB - 64 * (1 << 20), (before, loaded)
+    assert loaded >= before + HOLD - 64 * (1 << 20), (before, loaded)
     r = infer_json(srv, "gpu_hold", {"X": np.array([1.0, 2.0], np.float32)})
     assert r.status == 200 and r.json()["outputs"][0]["data"] == [2.0, 3.0], r.body[:300]
     assert srv.post("/v2/repository/models/gpu_hold/unload", b"{}").status == 200
     wait_until(lambda: nvml.used() <= before + 256 * (1 << 20), 30,
                lambda: f"GPU memory back near {before} bytes after the unload (now {nvml.used()})")
+
+
+def test_a_gpu_output_that_cannot_be_copied_fails_only_its_request(fresh_server, gpu_repo):
+    # A capsule on GPU 0 whose pointer holds no memory: the stub's copy out fails with the
+    # driver's reason, and the instance (and the GPU) keep serving.
+    srv = fresh_server([gpu_repo], server_args("gpu_tensors_py", "add_sub"), name="gpu-fake",
+                       wait_models=["gpu_tensors_py", "add_sub"])
+    r = infer_json(srv, "gpu_tensors_py", {"X": np.array([1.0], np.float32)}, parameters={"mode": "fake"})
+    assert r.status != 200 and "cannot send the outputs" in r.error_message(), r.body[:500]
+    out = infer_json(srv, "gpu_tensors_py", {"X": np.array([2.0], np.float32)}, parameters={"mode": "torch"})
+    assert out.status == 200, out.body[:500]
+    assert out.json()["outputs"][0]["data"] == [4.0]
 
 
 @pytest.mark.cluster

@@ -60,6 +60,9 @@ _raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_
 def capsule_device(capsule):
     """(device type, device id) of a DLPack capsule not yet consumed, without consuming it."""
     if not _is_valid(capsule, _NAME):
+        if _is_valid(capsule, b"dltensor_versioned"):
+            raise ValueError("a versioned DLPack capsule (DLPack 1.x) is not supported: pass the tensor itself, "
+                             "or a capsule from torch.utils.dlpack.to_dlpack")
         raise ValueError("the DLPack capsule was already consumed (a capsule can be read once)")
     managed = DLManagedTensor.from_address(_get_pointer(capsule, _NAME))
     return managed.dl_tensor.device.device_type, managed.dl_tensor.device.device_id
@@ -124,7 +127,7 @@ def take_capsule(capsule):
 
 # ---- capsules made here ----
 _EXPORTS = {}  # address of each DLManagedTensor made here -> (it, its shape, what it keeps alive)
-_EXPORTS_LOCK = threading.Lock()
+_EXPORTS_LOCK = threading.RLock()  # re-entrant: a finalizer run by the GC while it is held may drop a capsule
 
 
 def _drop(address):
@@ -174,7 +177,7 @@ class _Driver:
     retained once for the process."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entrant: a DeviceMemory freed by the GC while it is held
         self.lib = None
         self.contexts = {}
 
@@ -259,4 +262,7 @@ def to_device(address, nbytes, shape, dtype, device):
     with DRIVER.on(device) as lib:
         DRIVER.check(lib.cuMemcpyHtoD_v2(memory.pointer, ctypes.c_void_p(address), ctypes.c_size_t(nbytes)),
                      f"copying {nbytes} bytes to GPU {device}")
+        # From pageable memory the call may return before the data is on the device: wait for it,
+        # so no work is pending on the tensor (a consumer may read it on any stream).
+        DRIVER.check(lib.cuStreamSynchronize(_LEGACY_STREAM), "cuStreamSynchronize")
     return GpuData(memory.pointer.value, device, nbytes, shape, dtype, memory)

@@ -282,16 +282,17 @@ def _placed(response, preferred):
     try:
         response._outputs = [t._to_gpu(preferred.preferred_device_id) for t in response._outputs]
     except _cuda().CudaError as e:
-        _once(f"BLS outputs stay in CPU memory: {e}")
+        _once("bls-cpu", f"BLS outputs stay in CPU memory: {e}")
     return response
 
 
 _WARNED = set()
 
 
-def _once(message):
-    if message not in _WARNED:
-        _WARNED.add(message)
+def _once(key, message):
+    """Logs `message` the first time `key` comes up in this process."""
+    if key not in _WARNED:
+        _WARNED.add(key)
         Logger.log_warn(message)
 
 

@@ -233,13 +233,22 @@ impl Backend for TorchBackend {
         // memory is queued behind them, then one synchronisation waits for all of it, so
         // compute_infer holds the device's work (and the copy out of it), compute_output the rest.
         if let tch::Device::Cuda(index) = self.device {
+            // Every device an output came from (a model may answer from another GPU than its own).
+            let mut devices = vec![index];
             for (name, &leaf) in wanted.iter().zip(&picked) {
                 if let Leaf::Tensor(t) = &leaves[leaf] {
+                    if let tch::Device::Cuda(other) = t.device() {
+                        if !devices.contains(&other) {
+                            devices.push(other);
+                        }
+                    }
                     let staged = values::stage_to_host(name, t)?;
                     leaves[leaf] = Leaf::Tensor(staged);
                 }
             }
-            tch::Cuda::synchronize(index as i64);
+            for device in devices {
+                tch::Cuda::synchronize(device as i64);
+            }
         }
         let t2 = Instant::now();
         let batch = if self.batched {

@@ -44,20 +44,29 @@ pub fn to_torch(name: &str, t: &Tensor, device: tch::Device) -> Result<tch::Tens
             t.shape
         )));
     }
-    if device == tch::Device::Cpu {
-        return tch::Tensor::f_from_data_size(&t.data, &t.shape, kind)
-            .map_err(|e| Error::invalid(format!("input '{name}': {e}")));
-    }
-    // To a GPU: the request's bytes are viewed in place, copied once into pinned memory (torch's
-    // caching host allocator, which also keeps the block until the copy below is done with it),
-    // and sent on the current stream without waiting; forward() runs after it on that stream.
+    // The request's bytes are copied once: into a new host tensor, or for a GPU into pinned memory
+    // (torch's caching host allocator, which also keeps the block until the copy to the device is
+    // done with it); typed there, aligned whatever the offset of the request's bytes. To a GPU they
+    // then go on the current stream without waiting; forward() runs after them on that stream.
     let moved = |e: tch::TchError| Error::internal(format!("input '{name}' could not move to {device:?}: {e}"));
-    // SAFETY: `t.data` holds exactly the bytes of `t.shape` in `kind` (checked above) and outlives
-    // `view`, which is dropped before this returns; pin_memory copies out of it synchronously.
-    let view = unsafe { tch::Tensor::f_from_blob(t.data.as_ptr(), &t.shape, &[], kind, tch::Device::Cpu) }
+    let len = i64::try_from(t.data.len()).map_err(|_| Error::invalid(format!("input '{name}' is too large")))?;
+    // SAFETY: `view` covers exactly the `len` bytes of `t.data`, read as bytes (no alignment), and
+    // is dropped before this returns; the clone and _pin_memory copy out of it synchronously.
+    let view = unsafe { tch::Tensor::f_from_blob(t.data.as_ptr(), &[len], &[], tch::Kind::Uint8, tch::Device::Cpu) }
         .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
-    let pinned = view.f_pin_memory(device).map_err(moved)?;
-    pinned.f_to_device_(device, kind, true, false).map_err(moved)
+    let copied = if device == tch::Device::Cpu {
+        tch::Tensor::f_empty([len], (tch::Kind::Uint8, tch::Device::Cpu)).and_then(|mut c| c.f_copy_(&view).map(|()| c))
+    } else {
+        view.f_internal_pin_memory(device)
+    };
+    let host = copied
+        .and_then(|c| c.f_view_dtype(kind))
+        .and_then(|c| c.f_reshape(t.shape.as_slice()))
+        .map_err(moved)?;
+    if device == tch::Device::Cpu {
+        return Ok(host);
+    }
+    host.f_to_device_(device, kind, true, false).map_err(moved)
 }
 
 /// Queues the copy of a device tensor to pinned host memory on the current stream (contiguous),
@@ -263,6 +272,28 @@ fn strings_shape(batch: Option<i64>, dims: &[i64], n: i64) -> Option<Vec<i64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inputs_are_typed_on_an_aligned_copy_whatever_the_offset_of_their_bytes() {
+        // The request's bytes start one byte into their buffer, as a binary HTTP tensor may.
+        let values = [1.5f32, -2.0, 3.25, 8.0, 0.5, -0.25];
+        let mut raw = vec![0u8];
+        raw.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        let data = Bytes::from(raw).slice(1..);
+        let t = Tensor {
+            dtype: DataType::Fp32,
+            shape: vec![2, 3],
+            data,
+        };
+        let out = to_torch("x", &t, tch::Device::Cpu).unwrap();
+        assert_eq!(out.size(), vec![2, 3]);
+        assert_eq!(Vec::<f32>::try_from(out.flatten(0, -1)).unwrap(), values);
+        // A copy: the tensor does not point into the request's bytes.
+        assert_ne!(out.data_ptr() as usize, t.data.as_ptr() as usize);
+        let short = Tensor { shape: vec![2, 4], ..t };
+        let err = to_torch("x", &short, tch::Device::Cpu).unwrap_err().to_string();
+        assert!(err.contains("does not match its shape"), "{err}");
+    }
 
     #[test]
     fn returned_values_split_into_leaves_and_shape() {
