@@ -5,6 +5,7 @@ dynamic batching; the same MLP in a Python model on KIND_GPU (torch, answering t
 Triton's usual way), and Triton's add_sub Python example on the CPU (the server's own round trip).
 
     gpu_models.py <out dir>     writes <out>/mlp.pt and the repository <out>/repo"""
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+ADD_SUB = Path(__file__).resolve().parent.parent / "tests" / "python_models" / "add_sub_py"
 WIDTH, HIDDEN = 256, 1024
 IO = (f'input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
       f'output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n')
@@ -39,20 +41,6 @@ class TritonPythonModel:
                     [pb_utils.Tensor.from_dlpack("OUTPUT__0", torch.utils.dlpack.to_dlpack(y))]))
         return out
 '''
-
-ADD_SUB_PY = '''import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]))
-        return out
-'''
-
 
 def config(name, backend, extra=""):
     return f'name: "{name}"\nbackend: "{backend}"\nmax_batch_size: 64\n{IO}{extra}'
@@ -93,14 +81,8 @@ def main():
         else:
             (repo / name / "mlp.pt").write_bytes((out / "mlp.pt").read_bytes())
             (repo / name / "1" / "model.py").write_text(MLP_PY)
-    (repo / "add_sub_py" / "1").mkdir(parents=True, exist_ok=True)
-    (repo / "add_sub_py" / "config.pbtxt").write_text(
-        'name: "add_sub_py"\nbackend: "python"\n'
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        'instance_group [ { kind: KIND_CPU } ]\n')
-    (repo / "add_sub_py" / "1" / "model.py").write_text(ADD_SUB_PY)
-
+    # Triton's add_sub example, as the Python tests serve it.
+    shutil.copytree(ADD_SUB, repo / "add_sub_py", dirs_exist_ok=True)
 
 if __name__ == "__main__":
     main()

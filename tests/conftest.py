@@ -324,6 +324,21 @@ def grpc_client(main_server):
 
 
 @pytest.fixture
+def pb_utils_here(monkeypatch):
+    """The mesh's triton_python_backend_utils imported into this process (freshly), with a stand-in
+    stub host that keeps its log lines: (module, lines of (level, message))."""
+    import importlib
+    import types
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "crates" / "node" / "python"))
+    lines = []
+    host = types.ModuleType("mesh_stub_host")
+    host.log = lambda level, message: lines.append((level, message))
+    monkeypatch.setitem(sys.modules, "mesh_stub_host", host)
+    monkeypatch.delitem(sys.modules, "triton_python_backend_utils", raising=False)
+    return importlib.import_module("triton_python_backend_utils"), lines
+
+
+@pytest.fixture
 def add_sub_repo(models_dir, tmp_path) -> Path:
     """A private repository holding only add_sub."""
     repo = tmp_path / "repo"

@@ -7,7 +7,6 @@ import ctypes
 import importlib
 import shutil
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,6 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-ROOT = Path(__file__).resolve().parent.parent
 PY_MODELS = Path(__file__).parent / "python_models"
 KDL_CUDA = 2
 
@@ -29,15 +27,9 @@ def has_cuda_driver():
 
 
 @pytest.fixture
-def pb(monkeypatch):
-    """triton_python_backend_utils and mesh_stub_cuda imported here, with a host that keeps logs."""
-    monkeypatch.syspath_prepend(str(ROOT / "crates" / "node" / "python"))
-    lines = []
-    host = types.ModuleType("mesh_stub_host")
-    host.log = lambda level, message: lines.append((level, message))
-    monkeypatch.setitem(sys.modules, "mesh_stub_host", host)
-    monkeypatch.delitem(sys.modules, "triton_python_backend_utils", raising=False)
-    module = importlib.import_module("triton_python_backend_utils")
+def pb(pb_utils_here):
+    """triton_python_backend_utils imported here; `logged` holds its log lines."""
+    module, lines = pb_utils_here
     module.logged = lines
     return module
 

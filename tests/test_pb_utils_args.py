@@ -6,26 +6,19 @@ behind a real node, through tritonclient, as Triton's qa runs them."""
 import importlib.util
 import shutil
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-ROOT = Path(__file__).resolve().parent.parent
 PY_MODELS = Path(__file__).parent / "python_models"
 
 
 @pytest.fixture
-def checks(monkeypatch):
-    """The arg_checks_py model imported here, with a host that keeps the log lines."""
-    monkeypatch.syspath_prepend(str(ROOT / "crates" / "node" / "python"))
-    lines = []
-    host = types.ModuleType("mesh_stub_host")
-    host.log = lambda level, message: lines.append((level, message))
-    monkeypatch.setitem(sys.modules, "mesh_stub_host", host)
-    monkeypatch.delitem(sys.modules, "triton_python_backend_utils", raising=False)
+def checks(pb_utils_here):
+    """The arg_checks_py model imported here (against pb_utils_here), and the log lines kept."""
+    _, lines = pb_utils_here
     spec = importlib.util.spec_from_file_location("arg_checks", PY_MODELS / "arg_checks_py" / "1" / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
