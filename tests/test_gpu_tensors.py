@@ -2,10 +2,14 @@
 taken zero-copy with Triton's checks and errors, exported again as CUDA capsules, the producer's
 deleter run exactly once; objects on a GPU asked for stream 1; a GPU tensor that cannot be copied
 out failing only its request; BLS with a GPU preferred memory answered in CPU memory where there
-is no driver. tests/gpu/ runs the same model on a real GPU."""
+is no driver. Then the stub's driver calls end to end, against a stand-in CUDA driver
+(tests/fixtures/stand_in_libcuda.c) whose device memory is host memory: a GPU output copied once
+into the answer, BLS outputs put on the GPU and read back, a copy the driver refuses. tests/gpu/
+runs the same model on a real GPU."""
 import ctypes
 import importlib
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -169,3 +173,74 @@ def test_a_gpu_output_that_cannot_be_copied_fails_only_its_request(gpu_server):
     r = call(gpu_server, "bls", x)  # the same instance keeps serving
     np.testing.assert_array_equal(r.as_numpy("Y"), np.full((1, 16), 2.0, np.float32))  # add_sub: 1 + 1
     assert r.as_numpy("ON_GPU").tolist() == [False], "no driver: the BLS outputs stayed in CPU memory"
+
+
+@pytest.fixture(scope="module")
+def stand_in_server(mesh_bin, server_env, tmp_path_factory, models_dir):
+    """A node whose Python stubs find tests/fixtures/stand_in_libcuda.c, built here as libcuda.so.1,
+    in place of the CUDA driver (its "device" memory is host memory; it reports no devices, so the
+    node itself stays CPU-only). Its calls are logged to the file `server.calls`."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the stand-in CUDA driver")
+    from conftest import LOG_DIR
+    from mesh_util import MeshServer
+    work = tmp_path_factory.mktemp("stand-in-cuda")
+    lib = work / "lib"
+    lib.mkdir()
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib / "libcuda.so.1"),
+                    str(Path(__file__).parent / "fixtures" / "stand_in_libcuda.c")], check=True, timeout=60)
+    repo = work / "repo"
+    shutil.copytree(PY_MODELS / "gpu_tensors_py", repo / "gpu_tensors_py")
+    shutil.copytree(models_dir / "simple" / "add_sub", repo / "add_sub")
+    env = dict(server_env, LD_LIBRARY_PATH=f"{lib}:{server_env.get('LD_LIBRARY_PATH', '')}",
+               STAND_IN_CUDA_LOG=str(work / "calls.log"))
+    server = MeshServer(mesh_bin, [repo], ["--backend-config", f"python,interpreter={sys.executable}"],
+                        LOG_DIR / "gpu-stand-in.log", env)
+    server.start(["gpu_tensors_py", "add_sub"])
+    server.calls = work / "calls.log"
+    yield server
+    server.stop()
+
+
+def calls_since(server, before):
+    """The driver calls made since `before` lines, less the one-time set-up of a process."""
+    lines = server.calls.read_text().splitlines() if server.calls.exists() else []
+    return [c for c in lines[before:] if c not in ("cuInit", "cuDeviceGet")]
+
+
+def count_calls(server):
+    return len(server.calls.read_text().splitlines()) if server.calls.exists() else 0
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("mode", ["as_gpu", "object"])
+def test_a_gpu_output_is_copied_once_into_the_answer_through_the_driver(stand_in_server, mode):
+    x = np.array([1.0, -2.0, 0.5, 4.0, 8.0], np.float32)
+    before = count_calls(stand_in_server)
+    r = call(stand_in_server, mode, x)
+    np.testing.assert_array_equal(r.as_numpy("Y"), 3 * x)
+    calls = calls_since(stand_in_server, before)
+    assert calls.count("cuMemcpyDtoH") == 1, calls
+    if mode == "object":  # an object on a GPU: stream 1 asked for, then waited for
+        assert "cuStreamSynchronize(legacy)" in calls, calls
+
+
+@pytest.mark.server
+def test_bls_outputs_go_to_the_preferred_gpu_and_come_back(stand_in_server):
+    before = count_calls(stand_in_server)
+    r = call(stand_in_server, "bls", np.array([4.0], np.float32))
+    assert r.as_numpy("ON_GPU").tolist() == [True], "PreferredMemory(GPU, 0): the output was put on the GPU"
+    np.testing.assert_array_equal(r.as_numpy("Y"), np.full((1, 16), 5.0, np.float32))  # add_sub: 4 + 1
+    calls = calls_since(stand_in_server, before)
+    # To the GPU and waited for (HtoD from pageable memory may return early), then out once.
+    assert calls[:3] == ["cuMemAlloc", "cuMemcpyHtoD", "cuStreamSynchronize(legacy)"], calls
+    assert calls.count("cuMemcpyDtoH") == 1, calls
+
+
+@pytest.mark.server
+def test_a_copy_the_driver_refuses_fails_only_its_request(stand_in_server):
+    with pytest.raises(InferenceServerException,
+                       match=r"cannot send the outputs: copying 16 bytes from GPU 0 failed: CUDA_ERROR_INVALID_VALUE"):
+        call(stand_in_server, "fake", np.array([1.0], np.float32))
+    x = np.array([2.0], np.float32)
+    np.testing.assert_array_equal(call(stand_in_server, "as_gpu", x).as_numpy("Y"), 3 * x)

@@ -7,7 +7,10 @@
   pb_utils.Tensor.from_dlpack of torch.utils.dlpack.to_dlpack(y); ON_GPU is [is_cpu() is False,
   as_numpy() raised Triton's message, the object form (from_dlpack(y)) agreed, to_dlpack went back
   to torch without a copy];
-- "cupy": Y = X + 1 computed with cupy and returned through its __dlpack__."""
+- "cupy": Y = X + 1 computed with cupy and returned through its __dlpack__;
+- "as_gpu" and "object" (for tests/test_gpu_tensors.py's stand-in CUDA driver, whose "device"
+  memory is host memory): Y = 3 * X answered as a capsule that says GPU 0 over the array's own
+  memory, given as a capsule or by an object with __dlpack__."""
 import json
 
 import numpy as np
@@ -57,6 +60,19 @@ class TritonPythonModel:
             same = back.data_ptr() == y.data_ptr() and again._gpu.pointer == y.data_ptr()
             checks = [not out.is_cpu(), refused, not again.is_cpu(), same]
             return pb_utils.InferenceResponse([out, pb_utils.Tensor("ON_GPU", np.array(checks))])
+        if mode in ("as_gpu", "object"):
+            import mesh_stub_cuda as cuda
+            y = np.ascontiguousarray(x.as_numpy() * 3)
+            data = cuda.GpuData(y.ctypes.data, 0, y.nbytes, y.shape, "FP32", y)
+
+            class OnGpu:
+                def __dlpack_device__(self):
+                    return (cuda.KDL_CUDA, 0)
+
+                def __dlpack__(self, stream=None):
+                    return cuda.make_capsule(data, y)
+            source = cuda.make_capsule(data, y) if mode == "as_gpu" else OnGpu()
+            return pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("Y", source)])
         if mode == "cupy":
             import cupy
             y = cupy.asarray(x.as_numpy()) + 1
