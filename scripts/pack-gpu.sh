@@ -81,8 +81,15 @@ PY
   SYS_SRC=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/torch-sys-0.26.0 | head -n1)
   rm -rf "$WORK/torch-sys" && cp -r "$SYS_SRC" "$WORK/torch-sys"
   "$PY" scripts/torch_sys_patch.py "$WORK/torch-sys/libtch/torch_api_generated.cpp" "$LIBTORCH_211/include"
-  # The patch changes Cargo.lock's entry for torch-sys; the repository's lock is put back after.
-  cp Cargo.lock "$WORK/Cargo.lock.kept"
+  # The patch changes Cargo.lock's entry for torch-sys; the repository's lock is put back after
+  # (commit nothing meanwhile). One left patched by an interrupted run is not kept as the original.
+  if "$PY" -c 'import re, sys; t = open("Cargo.lock").read()
+sys.exit(0 if re.search(r"name = \"torch-sys\"\nversion = \"[^\"]+\"\nsource = ", t) else 1)'; then
+    cp Cargo.lock "$WORK/Cargo.lock.kept"
+  else
+    echo "pack-gpu: Cargo.lock holds a patched torch-sys (an interrupted run?): git checkout Cargo.lock" >&2
+    exit 1
+  fi
   trap 'cp "$WORK/Cargo.lock.kept" Cargo.lock' EXIT
   LIBTORCH=$(realpath "$LIBTORCH_211") LIBTORCH_BYPASS_VERSION_CHECK=1 CARGO_TARGET_DIR=target/gpu \
     cargo build --release -p mesh-node --features mesh-node/torch \

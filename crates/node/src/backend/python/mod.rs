@@ -163,6 +163,13 @@ impl PythonBackend {
         info: &InstanceInfo<'_>,
     ) -> std::result::Result<Self, String> {
         let python = interpreter(&ctx, config, info.model_dir)?;
+        if !settings::force_cpu_only_inputs(config)? && info.gpu.is_some() {
+            tracing::info!(
+                model = %config.name,
+                "FORCE_CPU_ONLY_INPUT_TENSORS is off; inputs still reach execute() in CPU memory (mesh-node keeps \
+                 tensors in host memory), as Triton gives those that arrive in CPU memory"
+            );
+        }
         let settings = &ctx.settings;
         let mut stub = Stub::start(&python, settings.shm_bytes, settings.spin, info.name)?;
         let spin = SpinPolicy::new(settings.spin);

@@ -63,3 +63,41 @@ impl PythonSettings {
         Ok(s)
     }
 }
+
+/// A model's `FORCE_CPU_ONLY_INPUT_TENSORS` parameter, checked as Triton's Python backend checks it
+/// (`yes`, the default, or `no`; anything else fails the load with Triton's words). Either way the
+/// mesh hands inputs to `execute()` in CPU memory: mesh-node keeps tensors in host memory, and
+/// Triton too gives CPU tensors for inputs that arrive in CPU memory.
+pub fn force_cpu_only_inputs(config: &mesh::config::ModelConfig) -> std::result::Result<bool, String> {
+    match config
+        .parameters
+        .get("FORCE_CPU_ONLY_INPUT_TENSORS")
+        .map(|p| p.string_value.as_str())
+    {
+        None | Some("yes") => Ok(true),
+        Some("no") => Ok(false),
+        Some(other) => Err(format!("Incorrect value for FORCE_CPU_ONLY_INPUT_TENSORS: {other}'")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn force_cpu_only_inputs_takes_yes_or_no_as_triton_does() {
+        let config = |value: Option<&str>| {
+            let text = value.map_or(String::new(), |v| {
+                format!("parameters {{ key: \"FORCE_CPU_ONLY_INPUT_TENSORS\" value {{ string_value: \"{v}\" }} }}")
+            });
+            mesh::config::parse_pbtxt(&format!("name: \"m\"\nbackend: \"python\"\n{text}")).unwrap()
+        };
+        assert_eq!(force_cpu_only_inputs(&config(None)), Ok(true));
+        assert_eq!(force_cpu_only_inputs(&config(Some("yes"))), Ok(true));
+        assert_eq!(force_cpu_only_inputs(&config(Some("no"))), Ok(false));
+        assert_eq!(
+            force_cpu_only_inputs(&config(Some("maybe"))),
+            Err("Incorrect value for FORCE_CPU_ONLY_INPUT_TENSORS: maybe'".to_string())
+        );
+    }
+}
