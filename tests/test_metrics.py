@@ -112,3 +112,13 @@ def test_metrics_content_type(metrics_server):
     r = http_request(metrics_server.metrics_port, "GET", "/metrics")
     assert r.status == 200
     assert r.header("content-type", "").startswith("text/plain")
+
+
+def test_every_family_has_its_help_line(metrics_server, traffic):
+    # As tritonserver's: a `# HELP` line before each family's `# TYPE` (a family without one came
+    # first on /metrics now and then, and a reader that shows help texts shows nothing for it).
+    lines = metrics_server.metrics().splitlines()
+    typed = [line.split()[2] for line in lines if line.startswith("# TYPE ")]
+    helped = {line.split()[2] for line in lines if line.startswith("# HELP ")}
+    assert typed and "mesh_instance_restarts_total" in typed and "mesh_instance_ready" in typed
+    assert [name for name in typed if name not in helped] == []

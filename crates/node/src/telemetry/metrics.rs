@@ -124,6 +124,36 @@ fn describe() {
         "mesh_instance_grouped_requests_total",
         "Requests of a model without dynamic batching that travelled to their instance's backend with others (each still its own execution)"
     );
+    c!(
+        "mesh_instance_restarts_total",
+        "Rebuilds of each model instance by its supervisor after its backend failed"
+    );
+    metrics::describe_gauge!(
+        "mesh_instance_ready",
+        "Whether each model instance is serving (1) or being rebuilt (0)"
+    );
+    c!(
+        "mesh_node_fenced_commands_total",
+        "Commands of a router that no longer leads placement, refused by this node, by command"
+    );
+    c!(
+        "mesh_link_shared_memory_bytes_total",
+        "Tensor bytes that crossed the cluster link through shared memory, by direction"
+    );
+    // The GPU families, with tritonserver's help texts (telemetry/gpu.rs samples them).
+    for (name, help) in [
+        ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)"),
+        ("nv_gpu_memory_total_bytes", "GPU total memory, in bytes"),
+        ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes"),
+        ("nv_gpu_power_usage", "GPU power usage in watts"),
+        ("nv_gpu_power_limit", "GPU power management limit in watts"),
+        (
+            "nv_energy_consumption",
+            "GPU energy consumption in joules since the Triton Server started",
+        ),
+    ] {
+        metrics::describe_gauge!(name, help);
+    }
     c!("nv_cache_num_hits_per_model", "Number of cache hits per model");
     c!(
         "nv_cache_hit_duration_per_model",
