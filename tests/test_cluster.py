@@ -393,6 +393,10 @@ def test_router_metrics_count_requests_nodes_and_links(cluster, http):
     assert metric_sum(after, "mesh_router_requests_total") - sent0 >= n + 1
     assert metric_sum(after, "mesh_router_nodes", state="lost") == 0
     assert all(v >= 0 for _, v in metric(after, "mesh_router_inflight"))
+    # Every family has its help text, as the node's do (tests/test_metrics.py).
+    lines = cluster.router.metrics().splitlines()
+    helped = {line.split()[2] for line in lines if line.startswith("# HELP ")}
+    assert [line.split()[2] for line in lines if line.startswith("# TYPE ") and line.split()[2] not in helped] == []
 
 
 # --------------------------------------------------------------------------

@@ -35,6 +35,10 @@ fn describe() {
         "QUIC round-trip time of each node link, in microseconds"
     );
     g!("mesh_router_inflight", "Requests of this router in flight on each node");
+    c!(
+        "mesh_link_shared_memory_bytes_total",
+        "Tensor bytes that crossed the cluster link through shared memory, by direction"
+    );
     g!(
         "mesh_router_model_replicas",
         "Replicas of each placed model: wanted (within its bounds, after autoscaling) and ready"
