@@ -65,7 +65,6 @@ def pytest_configure(config):
 
 GPU_DIR = TESTS_DIR / "gpu"
 _GPU_SKIPPED: list[str] = []
-_GPU_REASON: list[str] = []
 
 
 def pytest_collection_modifyitems(config, items):
@@ -80,13 +79,13 @@ def pytest_collection_modifyitems(config, items):
                 pytest.exit(f"MESH_REQUIRE_GPU=1, but {NO_GPU}", returncode=3)
             item.add_marker(pytest.mark.skip(reason=NO_GPU))
             _GPU_SKIPPED.append(item.name)
-    _GPU_REASON[:] = [NO_GPU or ""]
 
 
 def pytest_terminal_summary(terminalreporter):
     if _GPU_SKIPPED:
+        from gpu.gpu_util import NO_GPU
         terminalreporter.write_line(
-            f"GPU suite: {len(_GPU_SKIPPED)} tests skipped ({_GPU_REASON[0]}): {', '.join(_GPU_SKIPPED)}")
+            f"GPU suite: {len(_GPU_SKIPPED)} tests skipped ({NO_GPU}): {', '.join(_GPU_SKIPPED)}")
 
 
 # --------------------------------------------------------------------------

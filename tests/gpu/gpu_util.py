@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from mesh_util import infer_path, json_input
 
 
 def _gpu_reason() -> str | None:
@@ -57,19 +58,15 @@ def python_args() -> list[str]:
 
 
 def onnx_add_sub(directory: Path, kind: str) -> None:
-    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 on FP32 [1, 16], on instances of `kind`."""
-    import onnx
-    from onnx import TensorProto, helper
-    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 16]) for n in ("INPUT0", "INPUT1")]
-    out = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 16]) for n in ("OUTPUT0", "OUTPUT1")]
-    graph = helper.make_graph([helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
-                               helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])], "add_sub", io, out)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    """scripts/gen_models.py's add_sub (OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1, FP32
+    [16], max_batch_size 8) on instances of `kind`."""
+    from gen_models import _add_sub_config
+    from model_parts import add_sub_onnx
     (directory / "1").mkdir(parents=True)
-    onnx.save(model, str(directory / "1" / "model.onnx"))
-    (directory / "config.pbtxt").write_text(
-        f'name: "{directory.name}"\nbackend: "onnxruntime"\ninstance_group [{{ kind: {kind} count: 1 }}]\n')
+    (directory / "1" / "model.onnx").write_bytes(add_sub_onnx())
+    (directory / "config.pbtxt").write_text(_add_sub_config(
+        directory.name, f"add_sub on {kind} instances (tests/gpu)",
+        extra_top=f"instance_group [ {{ kind: {kind} count: 1 }} ]\n"))
 
 
 def python_gpu_model(directory: Path, hold_bytes: int) -> None:
@@ -116,16 +113,9 @@ def torchscript_mlp(directory: Path) -> None:
         'dynamic_batching { max_queue_delay_microseconds: 200 }\n')
 
 
-def metric_values(text: str, family: str) -> list[float]:
-    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(family + "{")]
-
-
 def infer_json(server, model: str, inputs: dict[str, np.ndarray], parameters=None):
     """One request over plain HTTP/JSON (no client library needed)."""
-    body = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": "FP32", "data": v.reshape(-1).tolist()}
-                       for k, v in inputs.items()]}
+    body = {"inputs": [json_input(k, v, "FP32") for k, v in inputs.items()]}
     if parameters:
         body["parameters"] = parameters
-    r = server.post(f"/v2/models/{model}/infer", json.dumps(body).encode(),
-                    headers={"Content-Type": "application/json"})
-    return r
+    return server.post(infer_path(model), json.dumps(body).encode(), headers={"Content-Type": "application/json"})

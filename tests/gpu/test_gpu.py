@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cluster_util import wait_until
-from gpu.gpu_util import (NO_GPU, Nvml, infer_json, metric_values, onnx_add_sub, python_args, python_gpu_model,
-                          torchscript_mlp)
+from gpu.gpu_util import NO_GPU, Nvml, infer_json, onnx_add_sub, python_args, python_gpu_model, torchscript_mlp
+from mesh_util import metric, parse_metrics
 
 pytestmark = [pytest.mark.server]
 GIB = 1 << 30
@@ -63,13 +63,13 @@ def add_sub_inputs():
 def test_discovery_and_nv_gpu_metrics(gpu_server):
     log = gpu_server.log_path.read_text()
     assert "running CPU-only" not in log, log[-2000:]
-    text = wait_until(lambda: t if metric_values(t := gpu_server.metrics(), "nv_gpu_memory_used_bytes") else None,
-                      30, "nv_gpu_memory_used_bytes on /metrics")
-    totals = metric_values(text, "nv_gpu_memory_total_bytes")
-    assert len(totals) == 1 and totals[0] > 8 * GIB, "--gpus 0: one GPU, labelled by its UUID"
-    assert 'gpu_uuid="GPU-' in text
+    samples = wait_until(lambda: s if metric(s := parse_metrics(gpu_server.metrics()), "nv_gpu_memory_used_bytes")
+                         else None, 30, "nv_gpu_memory_used_bytes on /metrics")
+    totals = metric(samples, "nv_gpu_memory_total_bytes")
+    assert len(totals) == 1 and totals[0][1] > 8 * GIB, "--gpus 0: one GPU, labelled by its UUID"
+    assert totals[0][0]["gpu_uuid"].startswith("GPU-")
     for family in ("nv_gpu_utilization", "nv_gpu_power_usage", "nv_gpu_power_limit", "nv_energy_consumption"):
-        assert len(metric_values(text, family)) == 1, family
+        assert len(metric(samples, family)) == 1, family
 
 
 def test_kind_gpu_onnx_runs_on_the_cuda_provider(gpu_server):

@@ -91,7 +91,6 @@ class Host(Calls, Plain):
         fd = os.open(shm_path, os.O_RDWR)
         self.shm = mmap.mmap(fd, shm_size)
         self.shm_view = memoryview(self.shm)
-        self.shm_base = None  # a ctypes view of the mapping, made when a GPU tensor is first copied in
         os.close(fd)
         self.half = shm_size // 2
         self.size = shm_size
@@ -310,48 +309,35 @@ class Host(Calls, Plain):
     def encode(self, tensor, blobs, blob_len, inline=False):
         """Writes one pb_utils.Tensor to shared memory (or the frame blob if it does not fit, or
         when `inline`: answers sent from a decoupled model's threads, which may outlive the execute
-        whose shared memory they would use). A tensor on a GPU is copied from there once."""
-        if tensor._gpu is not None:
-            return self.encode_gpu(tensor, blobs, blob_len, inline)
-        array = tensor.as_numpy()
-        dtype = tensor.triton_dtype()
-        if dtype == "BYTES":
-            data = serialize_bytes(np.asarray(array, dtype=np.object_))
-            raw = np.frombuffer(data, dtype=np.uint8)
+        whose shared memory they would use). A tensor on a GPU is copied from there once, straight
+        into its place (mesh_stub_cuda.to_host)."""
+        gpu = tensor._gpu
+        if gpu is not None:
+            raw, shape, n = None, gpu.shape, gpu.nbytes
         else:
-            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        desc = {"name": tensor.name(), "datatype": dtype, "shape": list(array.shape)}
-        off = None if inline else self.alloc(raw.nbytes)
+            array = tensor.as_numpy()
+            if tensor.triton_dtype() == "BYTES":
+                raw = np.frombuffer(serialize_bytes(np.asarray(array, dtype=np.object_)), dtype=np.uint8)
+            else:
+                raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            shape, n = array.shape, raw.nbytes
+        desc = {"name": tensor.name(), "datatype": tensor.triton_dtype(), "shape": list(shape)}
+        off = None if inline else self.alloc(n)
         if off is not None:
-            self.shm_view[off:off + raw.nbytes] = raw
-            desc["shm"] = [off, raw.nbytes]
+            dest = self.shm_view[off:off + n]
+            desc["shm"] = [off, n]
         else:
-            desc["inline"] = [blob_len[0], raw.nbytes]
-            blobs.append(raw.tobytes())
-            blob_len[0] += raw.nbytes
-        return desc
+            dest = bytearray(n)
+            desc["inline"] = [blob_len[0], n]
+            blobs.append(dest)
+            blob_len[0] += n
+        if raw is not None:
+            memoryview(dest)[:] = raw
+        elif n:
+            import ctypes
 
-    def encode_gpu(self, tensor, blobs, blob_len, inline):
-        """encode() of a tensor in device memory: copied straight into shared memory (or a blob)."""
-        import ctypes
-
-        import mesh_stub_cuda
-        data = tensor._gpu
-        desc = {"name": tensor.name(), "datatype": tensor.triton_dtype(), "shape": list(data.shape)}
-        off = None if inline else self.alloc(data.nbytes)
-        if off is not None:
-            if self.shm_base is None:  # the mapping's address, kept while the mapping lives
-                self.shm_base = ctypes.c_char.from_buffer(self.shm)
-            if data.nbytes:
-                mesh_stub_cuda.to_host(data, ctypes.addressof(self.shm_base) + off)
-            desc["shm"] = [off, data.nbytes]
-        else:
-            raw = bytearray(data.nbytes)
-            if data.nbytes:
-                mesh_stub_cuda.to_host(data, ctypes.addressof(ctypes.c_char.from_buffer(raw)))
-            desc["inline"] = [blob_len[0], data.nbytes]
-            blobs.append(raw)
-            blob_len[0] += data.nbytes
+            import mesh_stub_cuda
+            mesh_stub_cuda.to_host(gpu, ctypes.addressof(ctypes.c_char.from_buffer(dest)))
         return desc
 
     def decode(self, desc, blob, copy):

@@ -192,16 +192,13 @@ class _Driver:
                 self.lib = lib
             return self.lib
 
-    def check(self, result, call):
-        _check(self.lib, result, call)
-
     def context(self, device):
         lib = self.load()
         with self.lock:
             if device not in self.contexts:
                 handle, context = ctypes.c_int(), ctypes.c_void_p()
-                self.check(lib.cuDeviceGet(ctypes.byref(handle), int(device)), f"cuDeviceGet({device})")
-                self.check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), handle), "cuDevicePrimaryCtxRetain")
+                _check(lib, lib.cuDeviceGet(ctypes.byref(handle), int(device)), f"cuDeviceGet({device})")
+                _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), handle), "cuDevicePrimaryCtxRetain")
                 self.contexts[device] = context
             return self.contexts[device]
 
@@ -210,7 +207,7 @@ class _Driver:
         """Runs driver calls with `device`'s primary context current on this thread, restoring the
         thread's own afterwards."""
         context = self.context(device)
-        self.check(self.lib.cuCtxPushCurrent_v2(context), "cuCtxPushCurrent")
+        _check(self.lib, self.lib.cuCtxPushCurrent_v2(context), "cuCtxPushCurrent")
         try:
             yield self.lib
         finally:
@@ -228,7 +225,7 @@ class DeviceMemory:
         self.device = device
         self.pointer = ctypes.c_uint64()
         with DRIVER.on(device) as lib:
-            DRIVER.check(lib.cuMemAlloc_v2(ctypes.byref(self.pointer), ctypes.c_size_t(max(nbytes, 1))),
+            _check(lib, lib.cuMemAlloc_v2(ctypes.byref(self.pointer), ctypes.c_size_t(max(nbytes, 1))),
                          f"cuMemAlloc of {nbytes} bytes on GPU {device}")
 
     def __del__(self):
@@ -245,13 +242,13 @@ def synchronize(device):
     """Waits for the work queued on `device`'s legacy default stream (DLPack's stream 1, which a
     producer's `__dlpack__(stream=1)` makes wait for the tensor's own work)."""
     with DRIVER.on(device) as lib:
-        DRIVER.check(lib.cuStreamSynchronize(_LEGACY_STREAM), "cuStreamSynchronize")
+        _check(lib, lib.cuStreamSynchronize(_LEGACY_STREAM), "cuStreamSynchronize")
 
 
 def to_host(data, address):
     """Copies the tensor `data` describes into host memory at `address` (returns when it is there)."""
     with DRIVER.on(data.device) as lib:
-        DRIVER.check(lib.cuMemcpyDtoH_v2(ctypes.c_void_p(address), ctypes.c_uint64(data.pointer),
+        _check(lib, lib.cuMemcpyDtoH_v2(ctypes.c_void_p(address), ctypes.c_uint64(data.pointer),
                                          ctypes.c_size_t(data.nbytes)),
                      f"copying {data.nbytes} bytes from GPU {data.device}")
 
@@ -260,9 +257,9 @@ def to_device(address, nbytes, shape, dtype, device):
     """A GpuData holding a copy of `nbytes` of host memory at `address`, on `device`."""
     memory = DeviceMemory(nbytes, device)
     with DRIVER.on(device) as lib:
-        DRIVER.check(lib.cuMemcpyHtoD_v2(memory.pointer, ctypes.c_void_p(address), ctypes.c_size_t(nbytes)),
+        _check(lib, lib.cuMemcpyHtoD_v2(memory.pointer, ctypes.c_void_p(address), ctypes.c_size_t(nbytes)),
                      f"copying {nbytes} bytes to GPU {device}")
-        # From pageable memory the call may return before the data is on the device: wait for it,
-        # so no work is pending on the tensor (a consumer may read it on any stream).
-        DRIVER.check(lib.cuStreamSynchronize(_LEGACY_STREAM), "cuStreamSynchronize")
+    # From pageable memory the call may return before the data is on the device: wait for it, so
+    # no work is pending on the tensor (a consumer may read it on any stream).
+    synchronize(device)
     return GpuData(memory.pointer.value, device, nbytes, shape, dtype, memory)

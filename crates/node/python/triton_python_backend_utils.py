@@ -520,8 +520,8 @@ class InferenceRequest:
 
     def _placing(self, responses):
         """A decoupled call's response iterator, placing each response as _placed does."""
-        preferred = self.preferred_memory
-        if preferred is not None and preferred.preferred_memory_type == TRITONSERVER_MEMORY_GPU:
+        if self.preferred_memory is not None:
+            preferred = self.preferred_memory
             responses.place = lambda response: _placed(response, preferred)
         return responses
 

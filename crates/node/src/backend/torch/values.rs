@@ -51,22 +51,18 @@ pub fn to_torch(name: &str, t: &Tensor, device: tch::Device) -> Result<tch::Tens
     let moved = |e: tch::TchError| Error::internal(format!("input '{name}' could not move to {device:?}: {e}"));
     let len = i64::try_from(t.data.len()).map_err(|_| Error::invalid(format!("input '{name}' is too large")))?;
     // SAFETY: `view` covers exactly the `len` bytes of `t.data`, read as bytes (no alignment), and
-    // is dropped before this returns; the clone and _pin_memory copy out of it synchronously.
+    // is dropped before this returns; the copy and _pin_memory read it synchronously.
     let view = unsafe { tch::Tensor::f_from_blob(t.data.as_ptr(), &[len], &[], tch::Kind::Uint8, tch::Device::Cpu) }
         .map_err(|e| Error::invalid(format!("input '{name}': {e}")))?;
-    let copied = if device == tch::Device::Cpu {
-        tch::Tensor::f_empty([len], (tch::Kind::Uint8, tch::Device::Cpu)).and_then(|mut c| c.f_copy_(&view).map(|()| c))
-    } else {
-        view.f_internal_pin_memory(device)
-    };
-    let host = copied
-        .and_then(|c| c.f_view_dtype(kind))
-        .and_then(|c| c.f_reshape(t.shape.as_slice()))
-        .map_err(moved)?;
+    let typed = |c: tch::Tensor| c.f_view_dtype(kind)?.f_reshape(t.shape.as_slice());
     if device == tch::Device::Cpu {
-        return Ok(host);
+        let mut copy = tch::Tensor::f_empty([len], (tch::Kind::Uint8, device)).map_err(moved)?;
+        return copy.f_copy_(&view).and_then(|()| typed(copy)).map_err(moved);
     }
-    host.f_to_device_(device, kind, true, false).map_err(moved)
+    view.f_internal_pin_memory(device)
+        .and_then(typed)
+        .and_then(|pinned| pinned.f_to_device_(device, kind, true, false))
+        .map_err(moved)
 }
 
 /// Queues the copy of a device tensor to pinned host memory on the current stream (contiguous),
