@@ -331,10 +331,11 @@ def test_inflight_byte_budget_refuses_at_once_and_frees_on_answer(fresh_server, 
     UNAVAILABLE at once, while the admitted ones are served and then free their bytes."""
     repo = make_repo(tmp_path, models_dir, "add_sub", "held",
                      "max_batch_size: 64\n" + ADD_SUB_IO + f"dynamic_batching {{ max_queue_delay_microseconds: {HOLD_US} }}")
-    srv = fresh_server([repo], ["--max-inflight-bytes", "30000"])
+    # First come, first served (no reserve for fair shares: tests/test_fair_shares.py has those).
+    srv = fresh_server([repo], ["--max-inflight-bytes", "150000", "--inflight-reserve-bytes", "0"])
     outs, errors = [], []
 
-    def hold():  # 2 inputs x 16 FP32 = 128 bytes each, and 4096 for the request: seven fit in 30000
+    def hold():  # 2 inputs x 16 FP32 = 128 bytes each, and 20480 for the request: seven fit in 150000
         c = httpclient.InferenceServerClient(srv.http_url)
         try:
             outs.append(c.infer("held", add_sub_inputs(1.0)).as_numpy("OUTPUT0"))
@@ -347,7 +348,7 @@ def test_inflight_byte_budget_refuses_at_once_and_frees_on_answer(fresh_server, 
     for t in holders:
         t.start()
     wait_pending(srv, "held", 7)  # the seven now wait in the queue for their delay
-    assert_refused_over_http_and_grpc(srv, "held", "--max-inflight-bytes 30000")
+    assert_refused_over_http_and_grpc(srv, "held", "--max-inflight-bytes 150000")
     for t in holders:
         t.join(timeout=60)
     assert not errors and len(outs) == 7, errors[:3]
@@ -364,7 +365,7 @@ def test_inflight_byte_budget_refuses_at_once_and_frees_on_answer(fresh_server, 
     c = httpclient.InferenceServerClient(small.http_url)
     try:
         with pytest.raises(InferenceServerException) as e:
-            c.infer("held", add_sub_inputs(1.0, rows=8))  # 1024 + 4096 bytes: never fits
+            c.infer("held", add_sub_inputs(1.0, rows=8))  # 1024 + 20480 bytes: never fits
         assert "larger than the in-flight budget" in str(e.value)
     finally:
         c.close()
@@ -387,7 +388,7 @@ class TritonPythonModel:
 
 def test_requests_without_tensors_are_bounded_by_the_budget_too(fresh_server, tmp_path):
     """A flood of requests that carry no tensors (a model with no inputs) costs bounded memory: each
-    is charged 4096 bytes of the in-flight budget, so with 30000 seven wait for the model (blocked
+    is charged 20480 bytes of the in-flight budget, so with 150000 seven wait for the model (blocked
     until a marker appears) and the rest are refused at once as overload (503 / UNAVAILABLE),
     never queued in the instance's mailbox without end; the seven are then served."""
     marker = tmp_path / "go"
@@ -396,7 +397,7 @@ def test_requests_without_tensors_are_bounded_by_the_budget_too(fresh_server, tm
     (repo / "blocked" / "1" / "model.py").write_text(BLOCKS_UNTIL_MARKER.format(marker=str(marker)))
     (repo / "blocked" / "config.pbtxt").write_text(
         'backend: "python"\nmax_batch_size: 0\noutput [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
-    srv = fresh_server([repo], ["--max-inflight-bytes", "30000", "--backend-config",
+    srv = fresh_server([repo], ["--max-inflight-bytes", "150000", "--inflight-reserve-bytes", "0", "--backend-config",
                                 f"python,interpreter={sys.executable}"], wait_models=["blocked"])
     c = httpclient.InferenceServerClient(srv.http_url, concurrency=12)
     try:

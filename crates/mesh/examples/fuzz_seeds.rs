@@ -48,6 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ("flag".into(), Param::Bool(true)),
             ("user".into(), Param::String("u".into())),
         ],
+        ..Default::default()
     };
     let response = InferResponse {
         model_name: "multi".into(),

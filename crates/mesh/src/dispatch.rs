@@ -87,6 +87,12 @@ pub trait Dispatch: Send + Sync + 'static {
         )))
     }
 
+    /// The server's in-flight budget, for frontends to charge what they hold besides requests (a
+    /// stream's answers waiting for their client); None where the server keeps none.
+    fn budget(&self) -> Option<&Arc<crate::budget::FairBudget>> {
+        None
+    }
+
     /// KServe v2 extensions this dispatcher really implements, for server metadata (a node and a
     /// router start from [`SERVING_EXTENSIONS`]).
     fn extensions(&self) -> Vec<&'static str> {

@@ -1,5 +1,6 @@
 //! Shared core of the mesh: tensors, model config, KServe v2 codecs and frontends, errors, the Dispatch seam.
 
+pub mod budget;
 pub mod busy;
 pub mod classify;
 pub mod cluster;
@@ -46,7 +47,7 @@ pub mod proto {
 pub use dispatch::{Dispatch, IndexEntry, LoadOptions, ModelView};
 pub use dtype::DataType;
 pub use error::{Code, Error, Result};
-pub use request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
+pub use request::{Client, InferRequest, InferResponse, Param, Params, RequestedOutput};
 pub use stream::{StreamItem, StreamSender};
 pub use tensor::{NamedTensor, Tensor};
 

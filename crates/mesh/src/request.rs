@@ -64,6 +64,29 @@ impl RequestedOutput {
     }
 }
 
+/// Who sent a request, so that a server shares itself fairly between its clients
+/// (the in-flight budget). Never on the wire: each server sets it from where the request came in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Client {
+    /// In-process: the embedding APIs, and requests a model makes itself (BLS).
+    #[default]
+    Local,
+    /// A connection to the HTTP or gRPC port, by its peer's address.
+    Connection(std::net::SocketAddr),
+    /// A router's cluster link, by its number on this node.
+    Link(u64),
+}
+
+impl std::fmt::Display for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Client::Local => write!(f, "an in-process caller"),
+            Client::Connection(peer) => write!(f, "client {peer}"),
+            Client::Link(n) => write!(f, "cluster link {n}"),
+        }
+    }
+}
+
 /// One inference request, decoded from HTTP, gRPC or the cluster link.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct InferRequest {
@@ -75,6 +98,8 @@ pub struct InferRequest {
     /// Empty means "every output of the model".
     pub outputs: Vec<RequestedOutput>,
     pub parameters: Params,
+    /// Who sent it (set by the server that received it; never sent on).
+    pub client: Client,
 }
 
 impl InferRequest {

@@ -34,6 +34,11 @@ pub struct Args {
     /// refused at once with UNAVAILABLE, so memory stays bounded under overload. A mesh extension.
     #[arg(long, default_value_t = 2 << 30)]
     pub max_inflight_bytes: usize,
+    /// Of --max-inflight-bytes, the bytes kept for models and client connections under their fair
+    /// share: past the rest, a model or client that holds more than its share is refused while the
+    /// others are still admitted (default: an eighth; 0: first come, first served). A mesh extension.
+    #[arg(long)]
+    pub inflight_reserve_bytes: Option<usize>,
 
     /// The response cache, as tritonserver's flag: `local,size=<bytes>` (the last one given wins).
     /// Models with `response_cache { enable: true }` answer repeated requests from it.

@@ -117,6 +117,7 @@ impl Server {
             strict_readiness: args.strict_readiness,
             poll_secs: args.control.repository_poll_secs,
             max_inflight_bytes: args.max_inflight_bytes,
+            inflight_reserve_bytes: args.inflight_reserve_bytes,
             cache: CacheConfig::parse(&caches)?,
         };
         let cluster = ClusterSettings::from_args(&args, &repos.gpus)?;

@@ -47,6 +47,7 @@ fn add_sub_request(model: &str, a: &[f32], b: &[f32]) -> InferRequest {
         inputs: vec![input("INPUT0", a), input("INPUT1", b)],
         outputs: Vec::new(),
         parameters: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -97,9 +97,15 @@ pub struct Args {
     #[command(flatten)]
     pub link: mesh::cluster::flags::LinkArgs,
     /// Tensor bytes the router holds from the cluster link at once (answers and BLS requests being
-    /// received or forwarded); past it a frame is refused as overloaded, so memory stays bounded.
+    /// received or forwarded), and as many of clients' requests it holds to forward (each charged
+    /// 20 KiB more, as on a node); past it a frame is refused, or a request answered UNAVAILABLE,
+    /// so memory stays bounded. Clients' requests share it fairly between models and clients.
     #[arg(long, default_value_t = 2 << 30)]
     pub max_inflight_bytes: u64,
+    /// Of --max-inflight-bytes for clients' requests, the bytes kept for models and clients under
+    /// their fair share (default: an eighth; 0: first come, first served), as on a node.
+    #[arg(long)]
+    pub inflight_reserve_bytes: Option<u64>,
 
     /// Deadline of a request that carries no `timeout` parameter, in milliseconds; retries and
     /// waits for a replica stay within it.

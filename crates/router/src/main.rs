@@ -111,6 +111,17 @@ async fn run(args: Args) -> Result<(), String> {
         limits.clone(),
         route,
     ));
+    // Renewed certificates and revocation lists take effect without a restart; revoked or expired nodes are cut.
+    let _tls_watch = args.link.watch_server(&endpoint, {
+        let view = view.clone();
+        move || {
+            view.links
+                .all()
+                .iter()
+                .map(|l| (l.name.clone(), l.conn.clone()))
+                .collect()
+        }
+    })?;
     let repo = Arc::new(ClusterRepo::new(args.model_repository.clone()));
     let http_rules = Arc::new(args.listen.http_rules()?);
     // The mailboxes are made first, so each part is built with those it talks to.
@@ -124,7 +135,12 @@ async fn run(args: Args) -> Result<(), String> {
         http_rules.clone(),
         placement_mailbox.clone(),
     ));
-    let dispatch = Arc::new(RouterDispatch::new(view.clone(), ensembles, placement.clone()));
+    let budget = mesh::budget::with_reserve(
+        args.max_inflight_bytes,
+        args.inflight_reserve_bytes,
+        "--max-inflight-bytes",
+    );
+    let dispatch = Arc::new(RouterDispatch::new(view.clone(), ensembles, placement.clone(), budget));
     let (supervisor, supervisor_task) = Actor::spawn(
         None,
         RouterSupervisor,
@@ -143,12 +159,22 @@ async fn run(args: Args) -> Result<(), String> {
     .map_err(|e| format!("cannot start the router supervisor: {e}"))?;
 
     let accept = {
-        let (endpoint, supervisor, limits) = (endpoint.clone(), supervisor.clone(), limits.clone());
+        let (endpoint, supervisor) = (endpoint.clone(), supervisor.clone());
+        // Hellos are read under limits of their own; handshakes in flight are bounded.
+        let limits = handshake::hello_limits(&limits);
+        let gate = Arc::new(handshake::Gate::default());
         tokio::spawn(async move {
             while let Some(incoming) = endpoint.accept().await {
+                let peer = incoming.remote_address();
+                let Some(pass) = gate.enter(peer.ip()) else {
+                    // Logged at debug: a flood of connections must not become a flood of log lines.
+                    tracing::debug!(%peer, "refused a cluster connection: too many handshakes in flight");
+                    incoming.refuse();
+                    continue;
+                };
                 let (supervisor, limits) = (supervisor.clone(), limits.clone());
                 tokio::spawn(async move {
-                    let peer = incoming.remote_address();
+                    let _pass = pass;
                     match incoming.await {
                         Ok(conn) => {
                             if let Some(joining) = handshake::handshake(conn, &limits).await {

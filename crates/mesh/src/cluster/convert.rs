@@ -6,7 +6,7 @@ use super::frame::{self, FrameError, Limits, Payload, MAX_DIMS};
 use super::msg::{self, Answer, AnswerBody, Message, OutputWanted, RequestHead, ResponseHead, TensorHead, WireError};
 use crate::dtype::DataType;
 use crate::error::{Code, Error, Result};
-use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
+use crate::request::{Client, InferRequest, InferResponse, Param, Params, RequestedOutput};
 use crate::tensor::{NamedTensor, Tensor};
 
 /// Whether a request that failed with this error ever ran, which decides whether retrying it is safe.
@@ -203,6 +203,8 @@ pub fn request_from(head: RequestHead, payload: &Bytes) -> Result<(InferRequest,
             })
             .collect(),
         parameters: params_from_wire(head.parameters),
+        // The link it came on says who sent it.
+        client: Client::Local,
     };
     Ok((request, head.stream))
 }

@@ -48,6 +48,7 @@ fn sample_request() -> InferRequest {
             ("ratio".into(), Param::Double(0.5)),
             ("s".into(), Param::String("é".into())),
         ],
+        ..Default::default()
     }
 }
 

@@ -53,13 +53,14 @@ async fn run_steps<D: Dispatch + ?Sized>(plan: &Plan, dispatch: &D, request: Inf
         inputs,
         outputs: wanted,
         parameters,
+        client,
     } = request;
     let mut tensors: HashMap<String, Tensor> = inputs.into_iter().map(|t| (t.name, t.tensor)).collect();
     // Every ensemble input counts as there: an absent optional one is left out of the steps it feeds.
     let mut progress = Progress::new(plan, plan.inputs.iter().map(String::as_str));
     let mut running = FuturesUnordered::new();
     for n in progress.take_ready() {
-        let req = step_request(&plan.steps[n], &tensors, &id, &parameters);
+        let req = step_request(&plan.steps[n], &tensors, (&id, &parameters, client));
         running.push(call(dispatch, n, req));
     }
     while let Some((n, answer)) = running.next().await {
@@ -67,7 +68,7 @@ async fn run_steps<D: Dispatch + ?Sized>(plan: &Plan, dispatch: &D, request: Inf
         let response = answer.map_err(|e| step_error(plan, n, e))?;
         store_outputs(step, response.outputs, &mut tensors);
         for next in progress.step_done(plan, n) {
-            let req = step_request(&plan.steps[next], &tensors, &id, &parameters);
+            let req = step_request(&plan.steps[next], &tensors, (&id, &parameters, client));
             running.push(call(dispatch, next, req));
         }
     }

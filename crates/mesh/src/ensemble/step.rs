@@ -5,12 +5,16 @@ use std::time::Duration;
 
 use super::{fitted, Plan, Step};
 use crate::error::{Error, Result};
-use crate::request::{InferRequest, Params, RequestedOutput};
+use crate::request::{Client, InferRequest, Params, RequestedOutput};
 use crate::tensor::{NamedTensor, Tensor};
 
 /// One step's request: its inputs renamed from the ensemble's tensors (shared bytes, no copy), each
-/// shaped for the model where one side batches and the other does not.
-pub(super) fn step_request(step: &Step, tensors: &HashMap<String, Tensor>, id: &str, params: &Params) -> InferRequest {
+/// shaped for the model where one side batches and the other does not; sent for the ensemble's `client`.
+pub(super) fn step_request(
+    step: &Step,
+    tensors: &HashMap<String, Tensor>,
+    (id, params, client): (&str, &Params, Client),
+) -> InferRequest {
     InferRequest {
         model_name: step.model.clone(),
         model_version: step.version.clone(),
@@ -33,6 +37,7 @@ pub(super) fn step_request(step: &Step, tensors: &HashMap<String, Tensor>, id: &
             .collect(),
         // The ensemble applies the timeout as a whole.
         parameters: params.iter().filter(|(k, _)| k != "timeout").cloned().collect(),
+        client,
     }
 }
 

@@ -17,7 +17,7 @@ use super::step::{outputs_of, step_error, step_request, store_outputs, timeout_o
 use super::{Plan, Progress};
 use crate::dispatch::Dispatch;
 use crate::error::{Error, Result};
-use crate::request::{InferRequest, InferResponse, Params};
+use crate::request::{Client, InferRequest, InferResponse, Params};
 use crate::stream::{stream_channel, Credit, Window};
 use crate::stream::{StreamItem, StreamSender};
 use crate::tensor::Tensor;
@@ -85,6 +85,7 @@ struct Run<'a, D: Dispatch + ?Sized> {
     dispatch: &'a D,
     id: String,
     params: Params,
+    client: Client,
     branches: Vec<Option<Branch>>,
     /// The client's window, which decoupled steps stream into.
     window: std::sync::Arc<Window>,
@@ -99,7 +100,7 @@ impl<'a, D: Dispatch + ?Sized> Run<'a, D> {
         for n in ready {
             let step = &self.plan.steps[n];
             let branch = self.branches[b].as_mut().expect("a live branch");
-            let req = step_request(step, &branch.tensors, &self.id, &self.params);
+            let req = step_request(step, &branch.tensors, (&self.id, &self.params, self.client));
             if !step.decoupled {
                 branch.calls += 1;
                 let answer = self.dispatch.infer(req);
@@ -189,6 +190,7 @@ async fn branches<D: Dispatch + ?Sized>(
         inputs,
         outputs,
         parameters,
+        client,
     } = request;
     let wanted: Vec<String> = outputs.into_iter().map(|o| o.name).collect();
     let template = InferResponse {
@@ -206,6 +208,7 @@ async fn branches<D: Dispatch + ?Sized>(
         dispatch,
         id,
         params: parameters,
+        client,
         branches: vec![Some(Branch::new(tensors, progress))],
         window: sink.window().clone(),
         calls: FuturesUnordered::new(),

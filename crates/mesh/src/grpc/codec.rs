@@ -6,7 +6,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::proto::{self, infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor};
-use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
+use crate::request::{Client, InferRequest, InferResponse, Param, Params, RequestedOutput};
 use crate::shm::{SharedMemory, ShmInUse};
 use crate::tensor::{NamedTensor, Tensor};
 
@@ -126,6 +126,8 @@ pub fn decode_request(msg: proto::ModelInferRequest, shm: &SharedMemory) -> Resu
         inputs,
         outputs,
         parameters: params_in(msg.parameters),
+        // The frontend that read it says who sent it.
+        client: Client::Local,
     };
     Ok((request, in_use))
 }

@@ -121,6 +121,9 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
     ) -> Result<Response<proto::ModelInferResponse>, Status> {
         use crate::trace::front::{self, Frontend, Point};
         let received = std::time::Instant::now();
+        let client = r
+            .remote_addr()
+            .map_or(crate::request::Client::Local, crate::request::Client::Connection);
         let (metadata, _, msg) = r.into_parts();
         // The name is copied (for the trace) only while anything traces.
         let model = front::active().then(|| msg.model_name.clone());
@@ -129,6 +132,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
             if let Some(pattern) = &self.forward {
                 codec::forward_metadata(pattern, &metadata, &mut request.parameters);
             }
+            request.client = client;
             front::stamp(Point::RecvEnd);
             let response = self.dispatch.infer(request).await?;
             front::stamp(Point::SendStart);

@@ -8,7 +8,7 @@ use super::json_bounded::ScalarParams;
 use super::json_data;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::request::{InferRequest, InferResponse, Param, Params, RequestedOutput};
+use crate::request::{Client, InferRequest, InferResponse, Param, Params, RequestedOutput};
 use crate::shm::{SharedMemory, ShmInUse, ShmRef};
 use crate::tensor::{NamedTensor, Tensor};
 
@@ -206,6 +206,8 @@ pub fn decode_request(
         inputs,
         outputs,
         parameters,
+        // The frontend that read it says who sent it.
+        client: Client::Local,
     };
     Ok((request, format))
 }

@@ -27,6 +27,7 @@ use crate::config::{config_to_json, message_to_json};
 use crate::dispatch::Dispatch;
 use crate::error::{Code, Error};
 use crate::metadata::ModelMetadata;
+use crate::request::Client;
 use crate::shm::SharedMemory;
 use crate::trace::front::{self, Frontend, Point};
 
@@ -346,27 +347,49 @@ async fn unload<D: Dispatch>(State(s): St<D>, Path(m): Path<String>, body: Bytes
     }
 }
 
-async fn infer<D: Dispatch>(State(s): St<D>, Path(m): Path<String>, headers: HeaderMap, body: Body) -> Response {
-    run_infer(&s, m, String::new(), headers, body).await
+/// Who sent a request: the peer of its connection, as the listener recorded it (`ConnectInfo`),
+/// or an in-process caller where none did.
+pub struct Peer(pub Client);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let peer = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
+        Ok(Peer(peer.map_or(Client::Local, |c| Client::Connection(c.0))))
+    }
+}
+
+async fn infer<D: Dispatch>(
+    State(s): St<D>,
+    Path(m): Path<String>,
+    Peer(client): Peer,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    run_infer(&s, (m, String::new()), client, headers, body).await
 }
 async fn infer_v<D: Dispatch>(
     State(s): St<D>,
     Path((m, v)): Path<(String, String)>,
+    Peer(client): Peer,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run_infer(&s, m, v, headers, body).await
+    run_infer(&s, (m, v), client, headers, body).await
 }
 
 async fn run_infer<D: Dispatch>(
     s: &AppState<D>,
-    model: String,
-    version: String,
+    (model, version): (String, String),
+    client: Client,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let served = async {
-        match try_infer(s, &model, &version, &headers, body).await {
+        match try_infer(s, (&model, &version), client, &headers, body).await {
             Ok(r) => r,
             Err(e) => error_response(&e),
         }
@@ -382,8 +405,8 @@ async fn run_infer<D: Dispatch>(
 
 async fn try_infer<D: Dispatch>(
     s: &AppState<D>,
-    model: &str,
-    version: &str,
+    (model, version): (&str, &str),
+    client: Client,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, Error> {
@@ -414,6 +437,7 @@ async fn try_infer<D: Dispatch>(
         let pairs = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
         forward_headers(pattern, pairs, &mut request.parameters);
     }
+    request.client = client;
     front::stamp(Point::RecvEnd);
     let response = s.dispatch.infer(request).await?;
     front::stamp(Point::SendStart);
@@ -441,41 +465,45 @@ async fn try_infer<D: Dispatch>(
 async fn generate_once<D: Dispatch>(
     State(s): St<D>,
     Path(m): Path<String>,
+    Peer(client): Peer,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run_generate(&s, m, String::new(), headers, body, false).await
+    run_generate(&s, (m, String::new()), client, headers, body, false).await
 }
 async fn generate_once_v<D: Dispatch>(
     State(s): St<D>,
     Path((m, v)): Path<(String, String)>,
+    Peer(client): Peer,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run_generate(&s, m, v, headers, body, false).await
+    run_generate(&s, (m, v), client, headers, body, false).await
 }
 async fn generate_stream<D: Dispatch>(
     State(s): St<D>,
     Path(m): Path<String>,
+    Peer(client): Peer,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run_generate(&s, m, String::new(), headers, body, true).await
+    run_generate(&s, (m, String::new()), client, headers, body, true).await
 }
 async fn generate_stream_v<D: Dispatch>(
     State(s): St<D>,
     Path((m, v)): Path<(String, String)>,
+    Peer(client): Peer,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run_generate(&s, m, v, headers, body, true).await
+    run_generate(&s, (m, v), client, headers, body, true).await
 }
 
 /// The generate extension: `stream` picks server-sent events over one JSON answer.
 async fn run_generate<D: Dispatch>(
     s: &AppState<D>,
-    model: String,
-    version: String,
+    (model, version): (String, String),
+    client: Client,
     headers: HeaderMap,
     body: Body,
     stream: bool,
@@ -485,6 +513,7 @@ async fn run_generate<D: Dispatch>(
         let body = read_body(body, limit).await?;
         let body = compress::decode(headers.get(header::CONTENT_ENCODING), body, limit)?;
         let mut request = generate::request_for(s.dispatch.as_ref(), &model, &version, &body)?;
+        request.client = client;
         if let Some(pattern) = &s.options.forward_headers {
             let pairs = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
             forward_headers(pattern, pairs, &mut request.parameters);

@@ -180,6 +180,7 @@ pub(crate) fn prepare(
         inputs,
         outputs: r.outputs.iter().map(RequestedOutput::named).collect(),
         parameters,
+        client: mesh::Client::Local,
     };
     Ok((request, release, target))
 }

@@ -50,9 +50,10 @@ impl Drop for Active<'_> {
 }
 
 impl Serving {
-    /// Serves one stream the router opened; large answers go through `out`, the router's
-    /// shared-memory arena, when it runs on this host.
-    pub async fn stream(&self, mut send: SendStream, mut recv: RecvStream, out: Option<&Outbound>) {
+    /// Serves one stream the router opened on `link` (its connection's number: the router is one
+    /// client of the node's budget); large answers go through `out`, the router's shared-memory
+    /// arena, when it runs on this host.
+    pub async fn stream(&self, mut send: SendStream, mut recv: RecvStream, (link, out): (u64, Option<&Outbound>)) {
         self.active.fetch_add(1, Ordering::AcqRel);
         let _active = Active(&self.active);
         let first = match read_frame(&mut recv, &self.limits).await {
@@ -77,7 +78,7 @@ impl Serving {
             let e = FrameError::Invalid(format!("a {what} cannot open a request stream"));
             return reject(send, recv, e, &self.limits).await;
         }
-        let (request, stream) = match request_of(first) {
+        let (mut request, stream) = match request_of(first) {
             Ok(r) => r,
             Err(e) => return reject(send, recv, e, &self.limits).await,
         };
@@ -96,6 +97,7 @@ impl Serving {
             }
             Err(e) => return refuse(&mut send, e, ErrorKind::NotStarted, &self.limits).await,
         };
+        request.client = mesh::Client::Link(link);
         serve(
             &*self.dispatch,
             request,

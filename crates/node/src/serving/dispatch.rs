@@ -19,7 +19,6 @@ use crate::actors::model::LoadedVersion;
 use crate::actors::table::ModelTable;
 use crate::backend::{ResponseSink, Timings};
 use crate::cli::ControlMode;
-use crate::serving::budget::InflightBudget;
 use crate::serving::cache::{self, ResponseCache};
 use crate::serving::sequence;
 
@@ -75,7 +74,7 @@ pub struct NodeDispatch {
     mode: ControlMode,
     roots: Vec<PathBuf>,
     pub(crate) manager: Arc<ManagerLink>,
-    budget: InflightBudget,
+    budget: Arc<mesh::budget::FairBudget>,
     /// The response cache (`--cache-config`), for models whose config enables it.
     cache: Option<Arc<ResponseCache>>,
     /// Clients' load and unload requests waiting for (or in) the repository manager, whose mailbox
@@ -93,6 +92,8 @@ pub struct NodeOptions {
     pub strict_readiness: bool,
     pub poll_secs: u64,
     pub max_inflight_bytes: usize,
+    /// Of those, kept for models and clients under their fair share (None: an eighth).
+    pub inflight_reserve_bytes: Option<usize>,
     pub cache: Option<cache::CacheConfig>,
 }
 
@@ -104,7 +105,11 @@ impl NodeDispatch {
             mode: repos.mode,
             roots: repos.roots.clone(),
             manager,
-            budget: InflightBudget::new(options.max_inflight_bytes),
+            budget: mesh::budget::with_reserve(
+                options.max_inflight_bytes as u64,
+                options.inflight_reserve_bytes.map(|r| r as u64),
+                "--max-inflight-bytes",
+            ),
             cache: options.cache.map(|c| Arc::new(ResponseCache::new(c))),
             changes: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_CHANGES)),
         }
@@ -281,8 +286,10 @@ impl NodeDispatch {
             model.stats.failure(e.metric_reason(), start.elapsed());
             e
         };
-        // A sequence request runs on its sequence's instance, in its turn (waiting for it holds no
-        // budget), with its controls and state.
+        // Admitted before it waits for anything (a sequence's slot or turn, the instance's queue),
+        // so whatever waits is bounded by the budget.
+        let _admitted = self.budget.admit_request(&request).map_err(failed)?;
+        // A sequence request runs on its sequence's instance, in its turn, with its controls and state.
         let step = match &model.sequences {
             Some(table) => {
                 let ready: Vec<&str> = model
@@ -310,9 +317,6 @@ impl NodeDispatch {
             }
             None => None,
         };
-        let tensors: usize = request.inputs.iter().map(|i| i.tensor.data.len()).sum();
-        let bytes = tensors.saturating_add(super::budget::REQUEST_BYTES);
-        let _admitted = self.budget.admit(bytes).map_err(failed)?;
         let trace = mesh::trace::sample(&request.model_name);
         let submission = Submission {
             inputs: std::mem::take(&mut request.inputs),
@@ -454,6 +458,10 @@ impl Dispatch for NodeDispatch {
         let what = format!("unload of model '{name}'");
         self.ask_change(&what, |reply| ManagerMsg::Unload(name, unload_dependents, reply))
             .await
+    }
+
+    fn budget(&self) -> Option<&Arc<mesh::budget::FairBudget>> {
+        Some(&self.budget)
     }
 
     fn extensions(&self) -> Vec<&'static str> {

@@ -140,6 +140,8 @@ impl RouterDispatch {
     }
 
     pub(super) async fn route_unary(&self, mut request: InferRequest) -> Result<InferResponse> {
+        // Held until answered, for retries: charged to the router's budget all that time.
+        let _held = self.budget.admit_request(&request)?;
         let started = Instant::now();
         let mut r = self.begin(&request);
         let result = self.unary_attempts(&mut r, &mut request).await;
@@ -152,7 +154,7 @@ impl RouterDispatch {
             let mut a = self.attempt(r, request, false).await?;
             let (link, chunks) = (a.link.clone(), std::mem::take(&mut a.chunks));
             let deadline = r.deadline();
-            match tokio::time::timeout_at(deadline.into(), call::unary(a.peer(), chunks, &self.view.limits)).await {
+            match tokio::time::timeout_at(deadline.into(), call::unary(a.peer(), chunks, &link.limits)).await {
                 Ok(Ok(response)) => {
                     r.succeeded(link.id, &mut self.view.balancer());
                     return Ok(response);
@@ -169,6 +171,7 @@ impl RouterDispatch {
     }
 
     pub(super) async fn route_stream(&self, mut request: InferRequest, sink: &StreamSender) -> Result<()> {
+        let _held = self.budget.admit_request(&request)?;
         let started = Instant::now();
         let mut r = self.begin(&request);
         let result = async {
@@ -176,7 +179,7 @@ impl RouterDispatch {
                 let mut a = self.attempt(&mut r, &mut request, true).await?;
                 let (link, chunks) = (a.link.clone(), std::mem::take(&mut a.chunks));
                 let first_by = r.deadline();
-                match call::stream(a.peer(), chunks, &self.view.limits, sink, first_by).await {
+                match call::stream(a.peer(), chunks, &link.limits, sink, first_by).await {
                     Ok(()) => {
                         r.succeeded(link.id, &mut self.view.balancer());
                         return Ok(());

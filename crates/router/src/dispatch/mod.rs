@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use mesh::budget::FairBudget;
 use mesh::proto::ModelStatisticsResponse;
 use mesh::{Dispatch, IndexEntry, InferRequest, InferResponse, ModelView, Result, StreamItem, StreamSender};
 
@@ -21,10 +22,18 @@ pub struct RouterDispatch {
     pub ensembles: Ensembles,
     pub placement: Arc<Placement>,
     retry: RetryPolicy,
+    /// Clients' requests the router holds (to forward and retry them), shared fairly between
+    /// models and clients ([`mesh::budget`]).
+    budget: Arc<FairBudget>,
 }
 
 impl RouterDispatch {
-    pub fn new(view: Arc<RoutingView>, ensembles: Ensembles, placement: Arc<Placement>) -> Self {
+    pub fn new(
+        view: Arc<RoutingView>,
+        ensembles: Ensembles,
+        placement: Arc<Placement>,
+        budget: Arc<FairBudget>,
+    ) -> Self {
         let retry = RetryPolicy::new(RetrySettings {
             max_attempts: view.route.max_attempts,
         });
@@ -33,6 +42,7 @@ impl RouterDispatch {
             ensembles,
             placement,
             retry,
+            budget,
         }
     }
 
@@ -98,6 +108,10 @@ impl Dispatch for RouterDispatch {
 
     async fn unload_model(&self, name: &str, _: bool) -> Result<()> {
         self.unload(name).await
+    }
+
+    fn budget(&self) -> Option<&Arc<FairBudget>> {
+        Some(&self.budget)
     }
 
     fn extensions(&self) -> Vec<&'static str> {

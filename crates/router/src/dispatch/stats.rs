@@ -39,7 +39,7 @@ impl RouterDispatch {
                 name: &peer_name,
                 out: None,
             };
-            let answer = tokio::time::timeout(STATS_WAIT, call::stats(peer, name, version, &self.view.limits)).await;
+            let answer = tokio::time::timeout(STATS_WAIT, call::stats(peer, name, version, &link.limits)).await;
             match answer {
                 Ok(Ok(s)) => Some(s),
                 Ok(Err(e)) => {

@@ -80,6 +80,7 @@ fn request_from(frame: &Value, blob: &[u8], shm: &Shm) -> Result<InferRequest> {
         inputs,
         outputs,
         parameters,
+        client: mesh::Client::Local,
     })
 }
 
