@@ -1,42 +1,68 @@
-//! One ModelStreamInfer call: its requests read under the stream's budgets, each run as soon as the
-//! one before is queued, and their answers written in the order Triton writes them.
+//! One ModelStreamInfer call: its requests read under the stream's and its connection's budgets,
+//! each run as soon as the one before is queued, and their answers written in the order Triton
+//! writes them.
+//!
+//! What a connection's streams hold is bounded whatever their number: a request is read only with
+//! room in the connection's request window ([`CONNECTION_REQUEST_BYTES`]), and it keeps its bytes
+//! there, with those of its answers that wait for their turn, until its last answer is taken by the
+//! connection; a decoupled model's answers are bounded by the connection's answer window
+//! ([`crate::stream`]). Every answer waiting for its client is also charged to the server's budget
+//! ([`Dispatch::budget`]), so unread answers hold back what the server admits.
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tonic::{Request, Status};
 
 use super::codec::{self, forward_metadata};
+use crate::budget::Permit;
 use crate::dispatch::Dispatch;
 use crate::error::Error;
 use crate::proto;
+use crate::request::Client;
 use crate::shm::SharedMemory;
-use crate::stream::{stream_channel, Credit, Window};
+use crate::stream::{response_bytes, stream_channel, Credit, Window};
 use crate::sync::Locked;
 
 /// The windows of the client connections with streams open, by (server, client) address: each
-/// connection's streams share one (`Window::on_connection`). An entry lives while a stream of its
-/// connection does; dead ones are swept as others are added, so the table holds at most one entry
-/// per connection with streams plus those that ended since the last sweep.
+/// connection's streams share them. An entry lives while a stream of its connection does; dead ones
+/// are swept as others are added, so the table holds at most one entry per connection with streams
+/// plus those that ended since the last sweep.
 static CONNECTIONS: std::sync::LazyLock<std::sync::Mutex<ConnectionWindows>> =
     std::sync::LazyLock::new(Default::default);
 
-/// Each connection's window, by (server, client) address.
-type ConnectionWindows = std::collections::HashMap<(SocketAddr, SocketAddr), std::sync::Weak<Window>>;
+/// Each connection's windows, by (server, client) address.
+type ConnectionWindows = std::collections::HashMap<(SocketAddr, SocketAddr), std::sync::Weak<Connection>>;
 
-/// The window of a stream on the connection between `local` and `remote` (a stream's own when tonic
-/// does not know its connection).
-fn stream_window(local: Option<SocketAddr>, remote: Option<SocketAddr>) -> Arc<Window> {
+/// What the streams of one client connection share: the window of answers made and not taken
+/// (`Window::on_connection`), and the window of requests read and not done.
+struct Connection {
+    answers: Arc<Window>,
+    requests: Arc<Window>,
+}
+
+impl Connection {
+    fn new() -> Arc<Connection> {
+        Arc::new(Connection {
+            answers: Window::for_connection(),
+            requests: Window::new(CONNECTION_REQUESTS, CONNECTION_REQUEST_BYTES),
+        })
+    }
+}
+
+/// The windows of the connection between `local` and `remote` (a stream's own when tonic does not
+/// know its connection), which each of its streams holds while it runs.
+fn connection_of(local: Option<SocketAddr>, remote: Option<SocketAddr>) -> Arc<Connection> {
     let (Some(local), Some(remote)) = (local, remote) else {
-        return Window::for_stream();
+        return Connection::new();
     };
     let mut table = CONNECTIONS.locked();
-    if let Some(window) = table.get(&(local, remote)).and_then(std::sync::Weak::upgrade) {
-        return Window::on_connection(window);
+    if let Some(c) = table.get(&(local, remote)).and_then(std::sync::Weak::upgrade) {
+        return c;
     }
-    table.retain(|_, w| w.strong_count() > 0);
-    let window = Window::for_connection();
-    table.insert((local, remote), Arc::downgrade(&window));
-    Window::on_connection(window)
+    table.retain(|_, c| c.strong_count() > 0);
+    let c = Connection::new();
+    table.insert((local, remote), Arc::downgrade(&c));
+    c
 }
 
 /// Answers of one stream as tonic writes them.
@@ -52,9 +78,11 @@ pub(super) fn serve<D: Dispatch>(
     forward: Option<Arc<regex::Regex>>,
     r: Request<tonic::Streaming<proto::ModelInferRequest>>,
 ) -> Answers {
-    // One window for every request of the stream: its unread answers are bounded together, and
-    // with those of the connection's other streams.
-    let window = stream_window(r.local_addr(), r.remote_addr());
+    // The stream's answers are bounded together, and with those of the connection's other streams;
+    // its requests with the connection's.
+    let connection = connection_of(r.local_addr(), r.remote_addr());
+    let window = Window::on_connection(connection.answers.clone());
+    let client = r.remote_addr().map_or(Client::Local, Client::Connection);
     let (metadata, _, mut inbound) = r.into_parts();
     let grpc_errors = wants_grpc_errors(&metadata);
     let metadata = Arc::new(metadata);
@@ -67,32 +95,33 @@ pub(super) fn serve<D: Dispatch>(
         // The "queued" signal of the latest request (`crate::queued`): requests join their
         // model's queue in stream order, as Triton's do.
         let mut last_queued = None;
-        // Bytes of the messages in flight (per task); with their count, bounded by the stream's budget.
-        let mut held = 0usize;
-        let mut sizes = std::collections::HashMap::new();
+        // The place in the connection's request window the next request read takes.
+        let mut place: Option<Credit> = None;
         loop {
-            // Past the budget the stream is not read: HTTP/2 flow control holds the client back.
-            let room = running.len() < STREAM_MAX_INFLIGHT && held < STREAM_MAX_INFLIGHT_BYTES;
+            // Past its bounds the stream is not read: HTTP/2 flow control holds the client back.
+            let room = running.len() < STREAM_MAX_INFLIGHT;
             tokio::select! {
-                next = inbound.message(), if room => match next {
+                credit = connection.requests.acquire(), if room && place.is_none() => place = Some(credit),
+                next = inbound.message(), if place.is_some() => match next {
                     Ok(Some(msg)) => {
                         let (d, shm, tx) = (dispatch.clone(), shm.clone(), tx.clone());
                         let window = window.clone();
                         let (forward, metadata) = (forward.clone(), metadata.clone());
-                        let bytes = prost::Message::encoded_len(&msg);
-                        held += bytes;
+                        let mut hold = place.take().expect("read only with a place");
+                        hold.charge(prost::Message::encoded_len(&msg) as u64);
                         // Requests of one sequence run one after the other, in stream order.
                         let (after, done) = sequences.enter(&msg);
                         let turn = (!decoupled(&*dispatch, &msg)).then(|| Turn::next(&mut last_turn));
                         // Each request goes on once the one before is queued (or ended).
                         let (queued, next) = tokio::sync::oneshot::channel();
                         let before = last_queued.replace(next);
-                        let task = running.spawn(crate::busy::around(async move {
+                        running.spawn(crate::busy::around(async move {
                             if let Some(before) = before {
                                 let _ = before.await;
                             }
                             let forward = forward.as_deref().map(|p| (p, &*metadata));
-                            let answer = stream_answers(&*d, &shm, forward, msg, (&tx, window), grpc_errors, turn);
+                            let to = Out { tx: &tx, window, hold, client };
+                            let answer = stream_answers(&*d, &shm, forward, msg, to, grpc_errors, turn);
                             if done.in_sequence() {
                                 // Its sequence orders it; other requests do not wait behind it.
                                 let _ = queued.send(());
@@ -105,7 +134,6 @@ pub(super) fn serve<D: Dispatch>(
                             }
                             done.finish();
                         }));
-                        sizes.insert(task.id(), bytes);
                     }
                     Ok(None) => break,
                     Err(_) => {
@@ -113,13 +141,7 @@ pub(super) fn serve<D: Dispatch>(
                         break;
                     }
                 },
-                Some(finished) = running.join_next_with_id(), if !running.is_empty() => {
-                    let id = match finished {
-                        Ok((id, ())) => id,
-                        Err(e) => e.id(),
-                    };
-                    held -= sizes.remove(&id).unwrap_or(0);
-                }
+                Some(_) = running.join_next(), if !running.is_empty() => {}
                 // The client went away, or an error status ended the stream (`triton_grpc_error`).
                 _ = tx.closed() => {
                     running.abort_all();
@@ -127,19 +149,25 @@ pub(super) fn serve<D: Dispatch>(
                 }
             }
         }
+        drop(place);
         while running.join_next().await.is_some() {}
+        drop(connection);
     });
     let messages = tokio_stream::wrappers::ReceiverStream::new(rx);
-    Box::pin(futures::StreamExt::map(messages, |(m, _credit)| m))
+    Box::pin(futures::StreamExt::map(messages, |(m, _held)| m))
 }
 
 /// Answers of one ModelStreamInfer call waiting to be written, before its requests wait for the client.
 const STREAM_WINDOW: usize = 64;
 /// Requests of one stream running or waiting at once (a sequence's later requests wait for its
-/// turn): past either bound the stream is not read until one finishes.
+/// turn): past it the stream is not read until one finishes.
 const STREAM_MAX_INFLIGHT: usize = 64;
-/// Bytes of those requests' messages at most (the first one in is always taken).
-const STREAM_MAX_INFLIGHT_BYTES: usize = 64 << 20;
+/// Bytes of requests all the streams of one connection hold, read and not done, with the answers
+/// of theirs that wait for their turn or for the client (the first request in is always taken).
+/// Past it no stream of the connection is read until the client takes answers.
+pub const CONNECTION_REQUEST_BYTES: u64 = 64 << 20;
+/// Requests they hold at once, at most: every stream's in-flight bound, so bytes are the bound.
+const CONNECTION_REQUESTS: usize = STREAM_MAX_INFLIGHT * crate::serve::GRPC_MAX_STREAMS as usize;
 
 /// Whether the client asked for `triton_final_response` on every answer, and an empty answer
 /// for a bare final flag (tritonclient's `enable_empty_final_response`).
@@ -156,10 +184,29 @@ fn final_flag(last: bool) -> proto::InferParameter {
     }
 }
 
-/// Messages of one ModelStreamInfer call on their way to tonic, each with the window credit of its answer,
+/// Messages of one ModelStreamInfer call on their way to tonic, each with what it keeps charged,
 /// returned only when tonic takes the message to write it (so a client that stops reading holds the
-/// producers back by the window, not by this channel).
-type StreamTx = tokio::sync::mpsc::Sender<(Result<proto::ModelStreamInferResponse, Status>, Option<Credit>)>;
+/// producers back by the windows, not by this channel).
+type StreamTx = tokio::sync::mpsc::Sender<(Result<proto::ModelStreamInferResponse, Status>, Held)>;
+
+/// What an answer on its way to tonic keeps charged until tonic takes it: its credit in the
+/// stream's answer window, the request's place in the connection's request window (with the
+/// request's last answer), and its bytes in the server's budget.
+#[derive(Default)]
+struct Held {
+    _credit: Option<Credit>,
+    _place: Option<Credit>,
+    _budget: Option<Permit>,
+}
+
+/// Where one request's answers go: the stream's sender and answer window, the request's place in
+/// its connection's request window, and who sent it.
+struct Out<'a> {
+    tx: &'a StreamTx,
+    window: Arc<Window>,
+    hold: Credit,
+    client: Client,
+}
 
 /// One stream message; like Triton, every answer says in `triton_final_response` whether it is
 /// the request's last, errors included.
@@ -235,17 +282,25 @@ impl Turn {
 
 /// Runs one request of a stream and sends its answers (several for a decoupled model) or its error
 /// in `error_message` (or as the stream's status with `grpc_errors`), each carrying the request's
-/// id. With a `turn`, answers wait for the earlier requests' answers to be written; an answer
-/// waiting for its turn gives back its window credit (the stream's in-flight bound holds those).
+/// id. With a `turn`, answers wait for the earlier requests' answers to be written; such an answer
+/// is charged to the request's place in the connection's request window and gives back its answer
+/// window credit (which the earlier answers may need), and the place goes with its last answer.
 async fn stream_answers<D: Dispatch>(
     dispatch: &D,
     shm: &SharedMemory,
     forward: Option<(&regex::Regex, &tonic::metadata::MetadataMap)>,
     msg: proto::ModelInferRequest,
-    (tx, window): (&StreamTx, Arc<Window>),
+    out: Out<'_>,
     grpc_errors: bool,
     mut turn: Option<Turn>,
 ) {
+    let Out {
+        tx,
+        window,
+        hold,
+        client,
+    } = out;
+    let mut place = Some(hold);
     let flagged = wants_final_flag(&msg);
     let echo = proto::ModelInferResponse {
         model_name: msg.model_name.clone(),
@@ -259,13 +314,19 @@ async fn stream_answers<D: Dispatch>(
             if let Some(turn) = turn.as_mut() {
                 turn.wait().await;
             }
-            let _ = tx.send((stream_error(e, &echo, true, grpc_errors), None)).await;
+            let held = Held {
+                _place: place,
+                ..Default::default()
+            };
+            let _ = tx.send((stream_error(e, &echo, true, grpc_errors), held)).await;
             return;
         }
     };
     if let Some((pattern, metadata)) = forward {
         forward_metadata(pattern, metadata, &mut request.parameters);
     }
+    request.client = client;
+    let (model, budget) = (request.model_name.clone(), dispatch.budget().cloned());
     let (sink, mut answers) = stream_channel(window);
     // Owns the receiver, so a client that went away reads as cancelled to the model.
     let forward = async move {
@@ -279,7 +340,19 @@ async fn stream_answers<D: Dispatch>(
                 _ = tx.closed() => return,
             };
             let mut credit = item.credit.take();
+            // Until the client takes it, the answer counts against the server's budget.
+            let bytes = match &item.response {
+                Some(Ok(response)) => response_bytes(response),
+                _ => 0,
+            };
+            let charged = budget
+                .as_ref()
+                .filter(|_| bytes > 0)
+                .map(|b| b.force(&model, client, bytes));
             if let Some(turn) = turn.as_mut() {
+                if let Some(place) = place.as_mut() {
+                    place.charge(bytes);
+                }
                 if turn.after.is_some() {
                     credit = None;
                     turn.wait().await;
@@ -296,7 +369,12 @@ async fn stream_answers<D: Dispatch>(
                 None => continue,
             };
             let ends = message.is_err();
-            let sent = tx.send((message, credit)).await.is_ok();
+            let held = Held {
+                _credit: credit,
+                _place: if item.last { place.take() } else { None },
+                _budget: charged,
+            };
+            let sent = tx.send((message, held)).await.is_ok();
             if item.last {
                 if let Some(turn) = turn.as_mut() {
                     turn.pass();
