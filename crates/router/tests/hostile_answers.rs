@@ -6,35 +6,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use mesh::cluster::certs::Role;
 use mesh::cluster::convert::{answer_frame, request_from};
 use mesh::cluster::frame;
 use mesh::cluster::io::read_frame;
-use mesh::cluster::msg::{Answer, AnswerBody, LoadReport, Message, ModelStatus, ResponseHead, StatsReply, TensorHead};
+use mesh::cluster::msg::{Answer, AnswerBody, Message, ResponseHead, StatsReply, TensorHead};
 use mesh::cluster::transport::stream_code;
 use mesh::cluster::Limits;
 use mesh::{InferResponse, NamedTensor, Tensor};
 use quinn::{Connection, RecvStream, SendStream, VarInt};
-
-const CONFIG: &str = r#"
-name: "fake_add"
-platform: "onnxruntime_onnx"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
-"#;
-
-fn fake_add() -> ModelStatus {
-    let config = mesh::config::parse_pbtxt(CONFIG).unwrap();
-    ModelStatus {
-        name: "fake_add".into(),
-        version: 1,
-        ready: true,
-        reason: String::new(),
-        config: prost::Message::encode_to_vec(&config),
-        placed: false,
-    }
-}
 
 async fn write(tx: &mut SendStream, chunks: Vec<bytes::Bytes>) {
     let _ = tx.write_all(&chunks.concat()).await;
@@ -104,78 +83,28 @@ async fn answer(mut tx: SendStream, mut rx: RecvStream, seen: Arc<Mutex<HashMap<
             write(&mut tx, frame::encode(&lie, Default::default(), &limits).unwrap()).await
         }
         _ => {
-            let x = &request.inputs[0].tensor.data;
-            let y: Vec<f32> = x
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()) + 1.0)
-                .collect();
-            let response = InferResponse {
-                model_name: "fake_add".into(),
-                model_version: "1".into(),
-                id: request.id.clone(),
-                outputs: vec![NamedTensor {
-                    name: "Y".into(),
-                    tensor: Tensor::from_values(vec![2], &y),
-                }],
-                parameters: Vec::new(),
-            };
-            write(&mut tx, answer_frame(Some(&Ok(response)), true, &limits).unwrap()).await
+            write(
+                &mut tx,
+                answer_frame(Some(&Ok(add_one(&request))), true, &limits).unwrap(),
+            )
+            .await
         }
     }
 }
 
-/// Serves every stream the router opens on `conn`, counting requests by id.
-fn serve(conn: Connection) -> Arc<Mutex<HashMap<String, u32>>> {
+/// Joins as `name` serving fake_add with [`answer`]; the count of each request id the node saw.
+async fn join_lying(certs: &Certs, router: &Router, name: &str) -> (Connection, Arc<Mutex<HashMap<String, u32>>>) {
     let seen = Arc::new(Mutex::new(HashMap::new()));
     let counter = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((tx, rx)) = conn.accept_bi().await {
-            tokio::spawn(answer(tx, rx, counter.clone()));
-        }
-    });
-    seen
-}
-
-/// Joins as `name` serving fake_add, keeps the node heard from (a silent node is not routed to),
-/// answers its requests with `serve`, and waits until the router routes fake_add.
-async fn join_serving_fake_add(
-    certs: &Certs,
-    router: &Router,
-    name: &str,
-) -> (Connection, Arc<Mutex<HashMap<String, u32>>>) {
-    let conn = connect_as(&certs.member(name, Role::Node), router.cluster_addr())
-        .await
-        .unwrap();
-    let (mut control, _control_rx, first) = say_hello(&conn, &hello(name, vec![fake_add()])).await.unwrap();
-    assert!(matches!(first, Message::Welcome(_)), "{first:?}");
-    tokio::spawn(async move {
-        loop {
-            send(&mut control, &Message::LoadReport(LoadReport { models: Vec::new() })).await;
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    });
-    let seen = serve(conn.clone());
-    eventually(
-        "fake_add to be ready on the router",
-        Duration::from_secs(30),
-        || async {
-            let r = http_get(router.http, "/v2/models/fake_add/ready").await?;
-            (r.0 == 200).then_some(())
-        },
-    )
-    .await;
+    let conn = join_serving_fake_add(certs, router, name, move |tx, rx| answer(tx, rx, counter.clone())).await;
     (conn, seen)
-}
-
-fn infer_body(id: &str) -> String {
-    format!(r#"{{"id":"{id}","inputs":[{{"name":"X","shape":[2],"datatype":"FP32","data":[1.5,-2.0]}}]}}"#)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbled_answers_of_a_node_become_client_errors_and_good_ones_still_flow() {
     let certs = Certs::new();
     let mut router = start_router(&certs, Some(&certs.router), &["--quarantine-ms", "20"]).await;
-    let (conn, seen) = join_serving_fake_add(&certs, &router, "node-liar").await;
+    let (conn, seen) = join_lying(&certs, &router, "node-liar").await;
 
     for id in ["garbage", "reset", "nothing", "stats", "outside"] {
         let started = std::time::Instant::now();
@@ -228,11 +157,12 @@ async fn garbled_answers_of_a_node_become_client_errors_and_good_ones_still_flow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_over_the_routers_budget_is_a_503_and_the_node_stays_routable() {
     let certs = Certs::new();
-    // 16 KiB of receive budget: hellos and small answers fit, a 64 KiB answer does not. A quarantine
-    // of a minute would show if the node were wrongly blamed.
-    let args = ["--max-inflight-bytes", "16384", "--quarantine-ms", "60000"];
+    // 32 KiB: a client's request fits (charged 20 KiB and its tensors), and the link's half, 16 KiB,
+    // takes small answers but not a 64 KiB one. A quarantine of a minute would show if the node
+    // were wrongly blamed.
+    let args = ["--max-inflight-bytes", "32768", "--quarantine-ms", "60000"];
     let mut router = start_router(&certs, Some(&certs.router), &args).await;
-    let (_conn, seen) = join_serving_fake_add(&certs, &router, "node-big").await;
+    let (_conn, seen) = join_lying(&certs, &router, "node-big").await;
     let (status, body) = http_post(router.http, "/v2/models/fake_add/infer", &infer_body("big"))
         .await
         .expect("an HTTP answer");

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use mesh::cluster::certs::Role;
-use mesh::cluster::frame::{Prelude, PRELUDE_LEN, SHARED};
+use mesh::cluster::frame::SHARED;
 use mesh::cluster::msg::{AnswerBody, Fetch, FetchEnd, Message, ModelStatus, RequestHead, TensorHead};
 use mesh::cluster::shm::Descriptor;
 use mesh::cluster::transport::{close, stream_code};
@@ -39,16 +39,6 @@ fn assert_tls_refusal(e: &quinn::ConnectionError, why: &str) {
         quinn::ConnectionError::TransportError(t) => assert!(t.to_string().contains(why), "{t}"),
         other => panic!("the link ended with {other:?}, not a TLS refusal"),
     }
-}
-
-/// A prelude of this build's version with the given lengths.
-fn prelude(header_len: u32, payload_len: u64) -> [u8; PRELUDE_LEN] {
-    Prelude {
-        version: PROTOCOL_VERSION,
-        header_len,
-        payload_len,
-    }
-    .encode()
 }
 
 /// Opens a stream on `conn`, writes `bytes`, finishes it, and reads how the router ended it.
@@ -221,9 +211,16 @@ async fn garbage_or_oversized_first_frames_close_the_connection_with_protocol() 
             "bad hello: frame header of 2147483647 bytes is larger than the link's limit",
         ),
         (
-            "a payload in a shared-memory arena that does not exist",
+            // A hello carries no tensors: any payload, here one said to lie in an arena, is refused.
+            "a payload in a shared-memory arena",
             in_no_arena,
-            "bad hello: invalid frame: no shared-memory arena 00000000000000000000000000000007 on this link",
+            "bad hello: frame payload of 1048576 bytes is larger than the link's limit of 0 bytes",
+        ),
+        (
+            // A hello is small: one that announces 16 MiB is refused before anything is reserved.
+            "a hello of 16 MiB",
+            prelude(16 << 20, 0).to_vec(),
+            "bad hello: frame header of 16777216 bytes is larger than the link's limit of 4194304 bytes",
         ),
         (
             "a load report instead of a hello",
@@ -322,6 +319,7 @@ async fn garbage_on_a_request_stream_fails_only_that_stream() {
         }],
         outputs: Vec::new(),
         parameters: Vec::new(),
+        client: mesh::Client::Local,
     };
     let chunks = mesh::cluster::convert::request_frame(&request, false, &Limits::default()).unwrap();
     let (code, message) = error_answer(&exchange(&conn, &chunks.concat()).await);

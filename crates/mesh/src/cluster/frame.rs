@@ -55,7 +55,19 @@ impl Limits {
     pub fn deadline(&self, bytes: u64) -> Duration {
         self.frame_deadline + Duration::from_secs_f64(bytes as f64 / MIN_FRAME_RATE as f64)
     }
+
+    /// The limits of one link: a receive budget of its own, [`LINK_SHARE`] of the process's, whose
+    /// reservations count against the process's too, so one peer cannot take the others' room.
+    pub fn for_link(&self) -> Limits {
+        Limits {
+            budget: self.budget.for_link(self.budget.limit() / LINK_SHARE),
+            ..self.clone()
+        }
+    }
 }
+
+/// A link may hold at most this fraction (one over it) of the process's receive budget.
+pub const LINK_SHARE: u64 = 2;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -72,12 +84,19 @@ impl Default for Limits {
 /// The receive budget of a process by default (`Limits::budget`).
 pub const DEFAULT_BUDGET: u64 = 2 << 30;
 
+/// How often a reservation that waits for room looks again.
+const BUSY_RECHECK: Duration = Duration::from_millis(10);
+
 /// Payload bytes held by received frames, against a limit: a peer can make this process reserve
-/// at most the budget, however many streams declare large payloads and then send nothing.
+/// at most the budget, however many streams declare large payloads and then send nothing. A link
+/// has a budget of its own ([`Budget::for_link`]) whose reservations count against the process's
+/// too, so one peer's streams can only exhaust its own.
 #[derive(Debug)]
 pub struct Budget {
     used: AtomicU64,
     limit: u64,
+    /// The process's budget, for a link's.
+    parent: Option<Arc<Budget>>,
 }
 
 /// Bytes admitted by the budget; released when dropped (with the last slice of the payload).
@@ -89,7 +108,10 @@ pub struct Reserved {
 
 impl Drop for Reserved {
     fn drop(&mut self) {
-        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.budget.give(self.bytes);
+        if let Some(parent) = &self.budget.parent {
+            parent.give(self.bytes);
+        }
     }
 }
 
@@ -98,11 +120,36 @@ impl Budget {
         Budget {
             used: AtomicU64::new(0),
             limit,
+            parent: None,
         }
     }
 
-    /// Admits `bytes` or says the process is busy.
+    /// A budget of `limit` bytes for one link, whose reservations also count against this one.
+    pub fn for_link(self: &Arc<Self>, limit: u64) -> Arc<Budget> {
+        Arc::new(Budget {
+            used: AtomicU64::new(0),
+            limit: limit.min(self.limit),
+            parent: Some(self.clone()),
+        })
+    }
+
+    /// Admits `bytes` (here and in the process's budget, for a link's) or says which one is busy.
     pub fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Reserved, FrameError> {
+        self.take(bytes)?;
+        if let Some(parent) = &self.parent {
+            if let Err(e) = parent.take(bytes) {
+                self.give(bytes);
+                return Err(e);
+            }
+        }
+        Ok(Reserved {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+
+    /// Takes `bytes` from this budget alone.
+    fn take(&self, bytes: u64) -> Result<(), FrameError> {
         // Compare-and-swap, so a large reservation that fails never makes a small one fail with it.
         let mut held = self.used.load(Ordering::Acquire);
         loop {
@@ -118,13 +165,26 @@ impl Budget {
                 .used
                 .compare_exchange_weak(held, after, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => {
-                    return Ok(Reserved {
-                        budget: self.clone(),
-                        bytes,
-                    })
-                }
+                Ok(_) => return Ok(()),
                 Err(now) => held = now,
+            }
+        }
+    }
+
+    fn give(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Admits `bytes`, waiting while the budget is full (back-pressure: the peer waits behind the
+    /// transport's flow control), for a stream that must not fail for being busy (a link's control
+    /// stream). A frame larger than the budget could never fit and is refused at once.
+    pub async fn reserve_waiting(self: &Arc<Self>, bytes: u64) -> Result<Reserved, FrameError> {
+        loop {
+            match self.reserve(bytes) {
+                Err(FrameError::Busy { limit, .. }) if bytes <= limit => {
+                    tokio::time::sleep(BUSY_RECHECK).await;
+                }
+                other => return other,
             }
         }
     }
@@ -132,6 +192,11 @@ impl Budget {
     /// Payload bytes held now.
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Acquire)
+    }
+
+    /// Bytes it admits at most.
+    pub fn limit(&self) -> u64 {
+        self.limit
     }
 }
 

@@ -44,28 +44,70 @@ async fn in_time(
         .map_err(|_| FrameError::Slow { bytes, after })?
 }
 
-/// Reads one frame; `Ok(None)` when the stream ended cleanly before a new frame began.
-pub async fn read_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option<Frame>, FrameError> {
+/// Reads the prelude of the next frame: `Ok(None)` when the stream ended cleanly before one began.
+/// Once its first byte arrived, the rest must follow within the frame deadline.
+async fn read_prelude(recv: &mut RecvStream, limits: &Limits) -> Result<Option<[u8; PRELUDE_LEN]>, FrameError> {
     let mut prelude = [0u8; PRELUDE_LEN];
-    let mut got = 0;
-    while got < PRELUDE_LEN {
-        match recv.read(&mut prelude[got..]).await.map_err(read_error)? {
-            Some(n) => got += n,
-            None if got == 0 => return Ok(None),
-            None => {
-                return Err(FrameError::Truncated {
-                    expected: PRELUDE_LEN as u64,
-                    got: got as u64,
-                })
+    let got = match recv.read(&mut prelude).await.map_err(read_error)? {
+        Some(n) => n,
+        None => return Ok(None),
+    };
+    let rest = async {
+        let mut got = got;
+        while got < PRELUDE_LEN {
+            match recv.read(&mut prelude[got..]).await.map_err(read_error)? {
+                Some(n) => got += n,
+                None => {
+                    return Err(FrameError::Truncated {
+                        expected: PRELUDE_LEN as u64,
+                        got: got as u64,
+                    })
+                }
             }
         }
+        Ok(())
+    };
+    in_time(limits, PRELUDE_LEN as u64, rest).await?;
+    Ok(Some(prelude))
+}
+
+/// How a read takes its room in the receive budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Room {
+    /// Refused as busy when there is none: the stream fails (the request was never read).
+    Now,
+    /// Waits for room (back-pressure), for a link's control stream, whose failure would end the link.
+    Waiting,
+}
+
+async fn reserve(limits: &Limits, bytes: u64, room: Room) -> Result<super::frame::Reserved, FrameError> {
+    match room {
+        Room::Now => limits.budget.reserve(bytes),
+        Room::Waiting => limits.budget.reserve_waiting(bytes).await,
     }
+}
+
+/// Reads one frame; `Ok(None)` when the stream ended cleanly before a new frame began.
+pub async fn read_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option<Frame>, FrameError> {
+    read(recv, limits, Room::Now).await
+}
+
+/// Reads one frame of a link's control stream: a full receive budget holds it back (the peer waits
+/// behind flow control) instead of failing it, since a failed control frame ends the link.
+pub async fn read_control_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option<Frame>, FrameError> {
+    read(recv, limits, Room::Waiting).await
+}
+
+async fn read(recv: &mut RecvStream, limits: &Limits, room: Room) -> Result<Option<Frame>, FrameError> {
+    let Some(prelude) = read_prelude(recv, limits).await? else {
+        return Ok(None);
+    };
     let p = Prelude::decode(&prelude, limits)?;
     // Both sizes passed the limits above, and each is admitted by the receive budget before its
     // buffer is reserved: nothing is allocated from an unchecked number, and streams that declare
     // much and send nothing cannot pile up reservations.
     let header_len = p.header_bytes();
-    let header_reserved = limits.budget.reserve(header_len.into())?;
+    let header_reserved = reserve(limits, header_len.into(), room).await?;
     let mut header = rkyv::util::AlignedVec::<16>::with_capacity(header_len as usize);
     in_time(limits, header_len.into(), fill(recv, &mut header, header_len as usize)).await?;
     let message = decode_header(&header)?;
@@ -84,7 +126,7 @@ pub async fn read_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option
     let payload = if p.payload_len == 0 {
         Bytes::new()
     } else {
-        let reserved = match limits.budget.reserve(p.payload_len) {
+        let reserved = match reserve(limits, p.payload_len, room).await {
             Ok(r) => r,
             Err(e) => {
                 if let Some((arena, d)) = &shared {

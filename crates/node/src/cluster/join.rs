@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh::cluster::frame;
-use mesh::cluster::io::{read_frame, write_frame};
+use mesh::cluster::io::{read_control_frame, write_frame};
 use mesh::cluster::msg::{Hello, Message};
 use mesh::cluster::session::node::{Effect, NodeSession};
 use mesh::cluster::session::End;
@@ -109,7 +109,7 @@ async fn dial(addr: &str, ctx: &Context) -> Result<Connection, Ended> {
         .ok_or_else(|| Ended::Lost(format!("{addr} resolves to no address")))?;
     let connecting = ctx
         .endpoint
-        .connect_with(ctx.settings.client.clone(), target, server_name(addr))
+        .connect_with(ctx.settings.client.current(), target, server_name(addr))
         .map_err(|e| Ended::Lost(format!("cannot dial {addr}: {e}")))?;
     connecting.await.map_err(|e| match e {
         ConnectionError::TransportError(t) => Ended::Lost(format!("TLS or transport refused: {t}")),
@@ -152,7 +152,8 @@ enum Read {
 /// cancel-safe inside a select.
 async fn read_control(mut rx: RecvStream, limits: mesh::cluster::Limits, out: mpsc::Sender<Read>) {
     loop {
-        let next = match read_frame(&mut rx, &limits).await {
+        // A full budget holds the control stream back; only a bad frame ends the link.
+        let next = match read_control_frame(&mut rx, &limits).await {
             Ok(Some(f)) => Read::Frame(f.message),
             Ok(None) => Read::Ended("the router ended the control stream".into()),
             Err(FrameError::Io(why)) => Read::Ended(why),
@@ -249,7 +250,8 @@ async fn joined(addr: &str, ctx: &Arc<Context>, conn: &Connection) -> Ended {
         tokio::spawn(async move {
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let (serving, out) = (serving.clone(), out.clone());
-                tokio::spawn(async move { serving.stream(send, recv, out.as_deref()).await });
+                let link = conn.stable_id() as u64;
+                tokio::spawn(async move { serving.stream(send, recv, (link, out.as_deref())).await });
             }
         })
     };

@@ -99,7 +99,14 @@ impl Actor for RouterSupervisor {
         let view = &state.args.view;
         let id = view.links.next_id();
         let (control, inbox) = mailbox("node link");
-        let link = Arc::new(Link::new(id, joining.hello.name.clone(), joining.conn.clone(), control));
+        let limits = view.limits.for_link();
+        let link = Arc::new(Link::new(
+            id,
+            joining.hello.name.clone(),
+            joining.conn.clone(),
+            control,
+            limits,
+        ));
         let args = LinkArgs {
             link: link.clone(),
             joining,

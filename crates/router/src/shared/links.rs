@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use mesh::cluster::shm::Outbound;
+use mesh::cluster::Limits;
 use mesh::sync::ReadWrite;
 use quinn::{Connection, VarInt};
 
@@ -24,10 +25,13 @@ pub struct Link {
     /// The node's shared-memory arena, when it runs on this host (set once, before the node is
     /// welcomed and routed to).
     pub out: OnceLock<Arc<Outbound>>,
+    /// What frames from this node are read under: a receive budget of the link's own, within the
+    /// router's ([`Limits::for_link`]), so one node's streams cannot take the others' room.
+    pub limits: Limits,
 }
 
 impl Link {
-    pub fn new(id: LinkId, name: String, conn: Connection, control: Mailbox<LinkMsg>) -> Self {
+    pub fn new(id: LinkId, name: String, conn: Connection, control: Mailbox<LinkMsg>, limits: Limits) -> Self {
         Link {
             id,
             name,
@@ -36,6 +40,7 @@ impl Link {
             inflight: AtomicU32::new(0),
             control,
             out: OnceLock::new(),
+            limits,
         }
     }
 

@@ -50,6 +50,11 @@ impl Proc {
         }
     }
 
+    /// The process id (to send it signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything the process printed so far.
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -315,6 +320,16 @@ pub async fn connect_as(files: &TlsFiles, to: SocketAddr) -> Result<Connection, 
     connect(client_config(tls::client_crypto(files).unwrap()), to).await
 }
 
+/// A prelude of this build's version with the given lengths.
+pub fn prelude(header_len: u32, payload_len: u64) -> [u8; mesh::cluster::frame::PRELUDE_LEN] {
+    mesh::cluster::frame::Prelude {
+        version: mesh::cluster::PROTOCOL_VERSION,
+        header_len,
+        payload_len,
+    }
+    .encode()
+}
+
 pub fn hello(name: &str, models: Vec<ModelStatus>) -> Message {
     Message::Hello(Hello {
         name: name.into(),
@@ -353,7 +368,12 @@ pub struct Joined {
 
 /// Connects with the cluster CA's node certificate and joins as `name`; panics if the router does not welcome it.
 pub async fn join(certs: &Certs, router: &Router, name: &str) -> Joined {
-    let conn = connect_as(&certs.member(name, Role::Node), router.cluster_addr())
+    join_as(&certs.member(name, Role::Node), router, name).await
+}
+
+/// Connects with `files` and joins as `name`; panics if the router does not welcome it.
+pub async fn join_as(files: &TlsFiles, router: &Router, name: &str) -> Joined {
+    let conn = connect_as(files, router.cluster_addr())
         .await
         .expect("a node with a certificate of the cluster CA connects");
     let (control, control_rx, first) = say_hello(&conn, &hello(name, Vec::new())).await.unwrap();
@@ -384,4 +404,103 @@ pub async fn closed_by_app(conn: &Connection) -> (u64, String) {
         ),
         other => panic!("expected an application close, got {other:?}"),
     }
+}
+
+const FAKE_ADD: &str = r#"
+name: "fake_add"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"#;
+
+/// The status of `fake_add` (Y = X + 1 when answered right) as a fake node reports it.
+pub fn fake_add() -> ModelStatus {
+    let config = mesh::config::parse_pbtxt(FAKE_ADD).unwrap();
+    ModelStatus {
+        name: "fake_add".into(),
+        version: 1,
+        ready: true,
+        reason: String::new(),
+        config: prost::Message::encode_to_vec(&config),
+        placed: false,
+    }
+}
+
+/// fake_add's right answer to `request`: Y = X + 1.
+pub fn add_one(request: &mesh::InferRequest) -> mesh::InferResponse {
+    let y: Vec<f32> = request.inputs[0]
+        .tensor
+        .data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()) + 1.0)
+        .collect();
+    mesh::InferResponse {
+        model_name: "fake_add".into(),
+        model_version: "1".into(),
+        id: request.id.clone(),
+        outputs: vec![mesh::NamedTensor {
+            name: "Y".into(),
+            tensor: mesh::Tensor::from_values(vec![2], &y),
+        }],
+        parameters: Vec::new(),
+    }
+}
+
+/// Answers the request on one stream the router opened, right ([`add_one`]).
+pub async fn answer_right(mut tx: SendStream, mut rx: RecvStream) {
+    let limits = Limits::default();
+    let Ok(Some(f)) = mesh::cluster::io::read_frame(&mut rx, &limits).await else {
+        return;
+    };
+    let Message::Request(head) = f.message else {
+        return;
+    };
+    let (request, _) = mesh::cluster::convert::request_from(head, &f.payload).expect("a well-formed request");
+    let chunks = mesh::cluster::convert::answer_frame(Some(&Ok(add_one(&request))), true, &limits).unwrap();
+    let _ = tx.write_all(&chunks.concat()).await;
+    let _ = tx.finish();
+}
+
+/// An HTTP infer request body for fake_add, with X = [1.5, -2.0].
+pub fn infer_body(id: &str) -> String {
+    format!(r#"{{"id":"{id}","inputs":[{{"name":"X","shape":[2],"datatype":"FP32","data":[1.5,-2.0]}}]}}"#)
+}
+
+/// Joins as `name` serving fake_add, keeps the node heard from (a silent node is not routed to),
+/// answers each stream the router opens with `answer`, and waits until the router routes fake_add.
+pub async fn join_serving_fake_add<F, Fut>(certs: &Certs, router: &Router, name: &str, answer: F) -> Connection
+where
+    F: Fn(SendStream, RecvStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let conn = connect_as(&certs.member(name, Role::Node), router.cluster_addr())
+        .await
+        .unwrap();
+    let (mut control, _control_rx, first) = say_hello(&conn, &hello(name, vec![fake_add()])).await.unwrap();
+    assert!(matches!(first, Message::Welcome(_)), "{first:?}");
+    tokio::spawn(async move {
+        // The control stream's reader is kept alive with the task.
+        let _control_rx = _control_rx;
+        loop {
+            send(&mut control, &Message::LoadReport(LoadReport { models: Vec::new() })).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let accepting = conn.clone();
+    tokio::spawn(async move {
+        while let Ok((tx, rx)) = accepting.accept_bi().await {
+            tokio::spawn(answer(tx, rx));
+        }
+    });
+    eventually(
+        "fake_add to be ready on the router",
+        Duration::from_secs(30),
+        || async {
+            let r = http_get(router.http, "/v2/models/fake_add/ready").await?;
+            (r.0 == 200).then_some(())
+        },
+    )
+    .await;
+    conn
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use mesh::cluster::answer::{reject, request_of, serve};
 use mesh::cluster::convert::ErrorKind;
 use mesh::cluster::frame::{self, FrameError};
-use mesh::cluster::io::{read_frame, write_frame};
+use mesh::cluster::io::{read_control_frame, read_frame, write_frame};
 use mesh::cluster::msg::{self, Message, Welcome};
 use mesh::cluster::session::router::{model_status, Effect, RouterSession};
 use mesh::cluster::session::End;
@@ -87,7 +87,8 @@ fn node_hello(hello: msg::Hello, link: &Link, view: &RoutingView) -> Result<Node
 /// Reads the node's control frames into the actor until the stream or connection ends.
 async fn read_control(mut recv: RecvStream, actor: ActorRef<LinkMsg>, limits: mesh::cluster::Limits) {
     loop {
-        match read_frame(&mut recv, &limits).await {
+        // A full budget holds the control stream back; only a bad frame ends the link.
+        match read_control_frame(&mut recv, &limits).await {
             Ok(Some(f)) => {
                 if actor.cast(LinkMsg::Control(f.message)).is_err() {
                     return;
@@ -150,7 +151,9 @@ async fn accept_requests(
                 return send_files(send, fetch, &repo, &limits).await;
             }
             match request_of(first) {
-                Ok((request, stream)) => {
+                Ok((mut request, stream)) => {
+                    // The node is the client of its BLS calls, for the router's fair budget.
+                    request.client = mesh::Client::Link(link.conn.stable_id() as u64);
                     let out = link.out();
                     serve(&*dispatch, request, stream, (send, recv), (&limits, out), |_| {
                         ErrorKind::Answered
@@ -236,7 +239,7 @@ impl Actor for NodeLink {
             "node joined"
         );
         state.membership.tell(MembershipMsg::Join(state.link.id, hello));
-        let limits = state.view.limits.clone();
+        let limits = state.link.limits.clone();
         state.tasks = vec![
             tokio::spawn(read_control(control_rx, myself.clone(), limits.clone())),
             tokio::spawn(accept_requests(state.link.clone(), bls, repo, limits)),
