@@ -1,17 +1,20 @@
-//! `mesh-ops certs`: create the cluster CA and issue certificates into a directory (keys written with mode 0600).
+//! `mesh-ops certs`: create the cluster CA and issue certificates into a directory (keys written with mode 0600;
+//! every certificate issued is recorded in the directory's index, so `mesh-ops certs revoke` can revoke it by name).
 
 use std::fmt;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
-use mesh::cluster::certs::{CertificateAuthority, LeafRequest, Role, San};
+use mesh::cluster::certs::{describe_lifetime, CertificateAuthority, LeafRequest, Role, San};
+use mesh::cluster::crl::Serial;
+use mesh::cluster::reload::CRL_BESIDE_CA;
+
+use crate::ca_dir::{check_name, record, write_file, INDEX};
 
 /// The CA's common name unless told otherwise.
 pub const DEFAULT_CA_NAME: &str = "mesh cluster CA";
-/// The longest certificate name accepted (it becomes a file name and a DNS label).
-const MAX_NAME: usize = 63;
 
 /// What `certs init` wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,6 +23,8 @@ pub struct InitReport {
     pub key: PathBuf,
     pub subject: String,
     pub days: u32,
+    /// The revocation list and index of a CA this one replaced, removed.
+    pub removed: Vec<PathBuf>,
 }
 
 impl fmt::Display for InitReport {
@@ -36,6 +41,9 @@ impl fmt::Display for InitReport {
             "wrote {} (CA private key, mode 0600: keep it off the cluster's machines)",
             self.key.display()
         )?;
+        for path in &self.removed {
+            writeln!(f, "removed {} (it belonged to the replaced CA)", path.display())?;
+        }
         write!(
             f,
             "next: mesh-ops certs issue {} NAME --role router|node",
@@ -54,17 +62,22 @@ pub struct IssueReport {
     pub role: Role,
     pub sans: Vec<San>,
     pub days: u32,
+    /// How long it is valid (`days`, or `--hours`).
+    pub lifetime: Duration,
+    /// Its serial number (recorded in the CA directory's index).
+    pub serial: Serial,
 }
 
 impl fmt::Display for IssueReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "wrote {} ({} certificate for '{}', valid {} days)",
+            "wrote {} ({} certificate for '{}', serial {}, valid {})",
             self.cert.display(),
             self.role,
             self.name,
-            self.days
+            self.serial,
+            describe_lifetime(self.lifetime)
         )?;
         writeln!(f, "wrote {} (private key, mode 0600)", self.key.display())?;
         let sans: Vec<String> = self.sans.iter().map(San::to_string).collect();
@@ -98,11 +111,20 @@ pub fn init(dir: &Path, common_name: &str, days: u32, force: bool) -> anyhow::Re
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     write_file(&key, ca.key_pem(), true)?;
     write_file(&cert, ca.cert_pem(), false)?;
+    // The old CA's revocation list and index mean nothing for the new one.
+    let mut removed = Vec::new();
+    for old in [dir.join(CRL_BESIDE_CA), dir.join(INDEX)] {
+        if fs::symlink_metadata(&old).is_ok() {
+            fs::remove_file(&old).with_context(|| format!("cannot remove {}", old.display()))?;
+            removed.push(old);
+        }
+    }
     Ok(InitReport {
         cert,
         key,
         subject: ca.subject().to_string(),
         days,
+        removed,
     })
 }
 
@@ -135,6 +157,9 @@ pub fn issue(dir: &Path, req: &LeafRequest, force: bool) -> anyhow::Result<Issue
     let issued = ca
         .issue(req)
         .map_err(|e| anyhow::anyhow!("cannot issue '{}': {e}", req.name))?;
+    // Recorded first: a serial in the index that never reached a file is harmless; a file whose serial is missing
+    // from the index could not be revoked by name once replaced.
+    let serial = record(dir, &req.name, req.role, &issued.cert_pem, req.validity())?;
     write_file(&key, &issued.key_pem, true)?;
     write_file(&cert, &issued.cert_pem, false)?;
     Ok(IssueReport {
@@ -145,64 +170,9 @@ pub fn issue(dir: &Path, req: &LeafRequest, force: bool) -> anyhow::Result<Issue
         role: req.role,
         sans: issued.sans,
         days: req.days,
+        lifetime: req.validity(),
+        serial,
     })
-}
-
-/// A certificate name must make a safe file name: letters, digits, `-`, `_` and `.`, not starting with `.` or
-/// `-`, at most 63 characters, and not `ca` (the CA's own files).
-pub fn check_name(name: &str) -> anyhow::Result<()> {
-    if name.is_empty() {
-        bail!("the certificate name is empty");
-    }
-    if name.chars().count() > MAX_NAME {
-        bail!("certificate name '{name}' is longer than {MAX_NAME} characters");
-    }
-    if let Some(bad) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-    {
-        bail!(
-            "certificate name {name:?} contains {bad:?}: use letters, digits, '-', '_' and '.' only (it names the \
-             files NAME.pem and NAME.key)"
-        );
-    }
-    if name.starts_with('.') || name.starts_with('-') {
-        bail!("certificate name '{name}' must not start with '.' or '-'");
-    }
-    if name.eq_ignore_ascii_case("ca") {
-        bail!("certificate name '{name}' is reserved for the CA's own files (ca.pem, ca.key)");
-    }
-    Ok(())
-}
-
-/// Writes `contents` to `path` through a temporary file in the same directory and a rename, so a reader never
-/// sees half a file; `secret` files are created with mode 0600.
-fn write_file(path: &Path, contents: &str, secret: bool) -> anyhow::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    let mut options = fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(if secret { 0o600 } else { 0o644 });
-    }
-    #[cfg(not(unix))]
-    let _ = secret;
-    let written = options
-        .open(&tmp)
-        .and_then(|mut file| file.write_all(contents.as_bytes()).and_then(|()| file.sync_all()))
-        .and_then(|()| fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("cannot write {}", path.display()));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

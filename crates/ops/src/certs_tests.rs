@@ -7,7 +7,8 @@ use mesh::cluster::certs::{LeafRequest, Role, San, DEFAULT_LEAF_DAYS};
 use mesh::cluster::tls::{self, TlsFiles};
 use tempfile::TempDir;
 
-use super::{check_name, init, issue, DEFAULT_CA_NAME};
+use super::{init, issue, DEFAULT_CA_NAME};
+use crate::ca_dir::check_name;
 
 #[cfg(unix)]
 fn mode(path: &Path) -> u32 {

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use mesh::cluster::certs::{LeafRequest, Role, DEFAULT_CA_DAYS, DEFAULT_LEAF_DAYS};
+use mesh::cluster::crl::Reason;
 
-use crate::{certs, control, status};
+use crate::revoke::DEFAULT_CRL_DAYS;
+use crate::{certs, control, revoke, status};
 
 /// The operator's tool for a mesh cluster.
 #[derive(Debug, Parser)]
@@ -30,7 +32,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create the cluster CA and issue certificates for mutual TLS between routers and nodes.
+    /// Create the cluster CA, issue certificates for mutual TLS between routers and nodes, and revoke them.
     #[command(subcommand)]
     Certs(CertsCommand),
     /// Show the router's view of the cluster: nodes, models, placement and recent events.
@@ -145,9 +147,42 @@ pub enum CertsCommand {
         /// Days the certificate stays valid.
         #[arg(long, default_value_t = DEFAULT_LEAF_DAYS)]
         days: u32,
+        /// Hours the certificate stays valid, instead of --days: a short-lived certificate, renewed (with --force)
+        /// by a timer or CronJob before it expires; routers and nodes pick the renewed files up without a restart.
+        #[arg(long, conflicts_with = "days", value_parser = clap::value_parser!(u32).range(1..=876_000))]
+        hours: Option<u32>,
         /// Replace an existing certificate of that name.
         #[arg(long)]
         force: bool,
+    },
+    /// Revoke a certificate: adds it to DIR/crl.pem, the CA's revocation list (signed, numbered, written
+    /// atomically). Routers and nodes that use the list refuse it at the handshake and cut its live links.
+    Revoke {
+        /// Directory holding ca.pem and ca.key.
+        dir: PathBuf,
+        /// A NAME (every certificate issued for it is revoked) or a SERIAL in hex, as `openssl x509 -noout
+        /// -serial` prints it.
+        #[arg(value_name = "NAME|SERIAL")]
+        target: String,
+        /// Why: key-compromise, superseded, cessation-of-operation, affiliation-changed, privilege-withdrawn,
+        /// ca-compromise, certificate-hold or unspecified.
+        #[arg(long)]
+        reason: Option<Reason>,
+        /// Days until the list is due for renewal (its next update); refresh it with `mesh-ops certs crl DIR`.
+        #[arg(long, default_value_t = DEFAULT_CRL_DAYS)]
+        crl_days: u32,
+    },
+    /// Write DIR/crl.pem again with the next number and a new next-update time (an empty list if there was none),
+    /// and print it.
+    Crl {
+        /// Directory holding ca.pem and ca.key.
+        dir: PathBuf,
+        /// Only print the list; write nothing.
+        #[arg(long)]
+        show: bool,
+        /// Days until the list is due for renewal (its next update).
+        #[arg(long, default_value_t = DEFAULT_CRL_DAYS)]
+        crl_days: u32,
     },
 }
 
@@ -166,32 +201,14 @@ pub struct StatusArgs {
 
 /// Runs a parsed command line; returns what to print.
 pub fn run(cli: Cli) -> anyhow::Result<String> {
+    // Certificates need no router (nor its headers).
+    let command = match cli.command {
+        Command::Certs(command) => return certs(command),
+        other => other,
+    };
     crate::http::set_headers(&cli.headers).map_err(anyhow::Error::msg)?;
-    match cli.command {
-        Command::Certs(CertsCommand::Init {
-            dir,
-            force,
-            days,
-            common_name,
-        }) => Ok(certs::init(&dir, &common_name, days, force)?.to_string()),
-        Command::Certs(CertsCommand::Issue {
-            dir,
-            name,
-            role,
-            dns,
-            ip,
-            days,
-            force,
-        }) => {
-            let req = LeafRequest {
-                name,
-                role,
-                dns_names: dns,
-                ip_addrs: ip,
-                days,
-            };
-            Ok(certs::issue(&dir, &req, force)?.to_string())
-        }
+    match command {
+        Command::Certs(command) => certs(command),
         Command::Status(args) => status::run(&args.router, args.json, wait_of(args.timeout_secs)?),
         Command::Models(args) => control::models(&args.router, args.json, wait_of(args.timeout_secs)?),
         Command::Load(a) => {
@@ -215,6 +232,45 @@ pub fn run(cli: Cli) -> anyhow::Result<String> {
         Command::Drain(a) => control::drain(&a.router.router, &a.node, wait_of(a.router.timeout_secs)?),
         Command::Bench(args) => crate::bench::main(args),
         Command::Chaos(command) => crate::chaos::main(command),
+    }
+}
+
+/// Runs a `mesh-ops certs` command; returns what to print.
+pub fn certs(command: CertsCommand) -> anyhow::Result<String> {
+    match command {
+        CertsCommand::Init {
+            dir,
+            force,
+            days,
+            common_name,
+        } => Ok(certs::init(&dir, &common_name, days, force)?.to_string()),
+        CertsCommand::Issue {
+            dir,
+            name,
+            role,
+            dns,
+            ip,
+            days,
+            hours,
+            force,
+        } => {
+            let req = LeafRequest {
+                name,
+                role,
+                dns_names: dns,
+                ip_addrs: ip,
+                days,
+                lifetime: hours.map(|h| Duration::from_secs(u64::from(h) * 3600)),
+            };
+            Ok(certs::issue(&dir, &req, force)?.to_string())
+        }
+        CertsCommand::Revoke {
+            dir,
+            target,
+            reason,
+            crl_days,
+        } => Ok(revoke::revoke(&dir, &target, reason, crl_days)?.to_string()),
+        CertsCommand::Crl { dir, show, crl_days } => Ok(revoke::crl(&dir, crl_days, show)?.to_string()),
     }
 }
 
@@ -274,6 +330,41 @@ mod tests {
             })
         ));
         assert!(Cli::try_parse_from(["mesh-ops", "scale", "m", "--min", "-1"]).is_err());
+        let cli = Cli::try_parse_from(["mesh-ops", "certs", "issue", "d", "n", "--role", "node", "--hours", "8"]);
+        assert!(matches!(
+            cli.expect("hours").command,
+            Command::Certs(CertsCommand::Issue { hours: Some(8), .. })
+        ));
+        let both = [
+            "mesh-ops", "certs", "issue", "d", "n", "--role", "node", "--hours", "8", "--days", "2",
+        ];
+        assert!(Cli::try_parse_from(both).is_err(), "--hours and --days together");
+        assert!(
+            Cli::try_parse_from(["mesh-ops", "certs", "issue", "d", "n", "--role", "node", "--hours", "0"]).is_err()
+        );
+        let cli = Cli::try_parse_from([
+            "mesh-ops",
+            "certs",
+            "revoke",
+            "d",
+            "node-a",
+            "--reason",
+            "key-compromise",
+        ]);
+        assert!(matches!(
+            cli.expect("revoke").command,
+            Command::Certs(CertsCommand::Revoke { ref target, reason: Some(Reason::KeyCompromise), crl_days: DEFAULT_CRL_DAYS, .. })
+                if target == "node-a"
+        ));
+        let bad =
+            Cli::try_parse_from(["mesh-ops", "certs", "revoke", "d", "n", "--reason", "stolen"]).expect_err("reason");
+        assert!(bad.to_string().contains("one of: key-compromise"), "{bad}");
+        assert!(matches!(
+            Cli::try_parse_from(["mesh-ops", "certs", "crl", "d", "--show"])
+                .expect("crl")
+                .command,
+            Command::Certs(CertsCommand::Crl { show: true, .. })
+        ));
         assert!(matches!(
             Cli::try_parse_from(["mesh-ops", "drain", "node-a"]).expect("drain").command,
             Command::Drain(DrainArgs { ref node, .. }) if node == "node-a"

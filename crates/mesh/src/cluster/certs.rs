@@ -11,8 +11,9 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, PublicKeyData, SanType,
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, PublicKeyData, RevokedCertParams,
+    SanType, SerialNumber,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, DnsName, PrivateKeyDer};
@@ -20,6 +21,7 @@ use x509_parser::certificate::X509Certificate;
 use x509_parser::error::X509Error;
 use x509_parser::extensions::GeneralName;
 
+use super::crl;
 pub use super::identity::Role;
 
 /// Days a CA made by [`CertificateAuthority::generate`] stays valid unless told otherwise (about ten years).
@@ -66,6 +68,8 @@ pub struct LeafRequest {
     pub ip_addrs: Vec<IpAddr>,
     /// Validity in days, from now.
     pub days: u32,
+    /// Exact validity from now instead of `days`, for short-lived certificates (`mesh-ops certs issue --hours N`).
+    pub lifetime: Option<Duration>,
 }
 
 impl LeafRequest {
@@ -77,7 +81,14 @@ impl LeafRequest {
             dns_names: Vec::new(),
             ip_addrs: Vec::new(),
             days: DEFAULT_LEAF_DAYS,
+            lifetime: None,
         }
+    }
+
+    /// How long the certificate will be valid: `lifetime` when given, else `days`.
+    pub fn validity(&self) -> Duration {
+        self.lifetime
+            .unwrap_or(Duration::from_secs(u64::from(self.days) * 86_400))
     }
 
     /// The SANs the certificate will carry, in order and without duplicates: `name` (when it is a valid DNS name
@@ -211,6 +222,43 @@ impl CertificateAuthority {
         })
     }
 
+    /// A certificate revocation list signed by this CA, PEM (`X509 CRL`): number `number` (it must grow with every
+    /// list the CA signs), issued now, due for renewal after `valid_for`, listing `entries`.
+    pub fn sign_crl(&self, number: u64, entries: &[crl::Entry], valid_for: Duration) -> Result<String, String> {
+        let now = SystemTime::now();
+        let next = now
+            .checked_add(valid_for)
+            .filter(|_| !valid_for.is_zero() && valid_for <= Duration::from_secs(u64::from(MAX_DAYS) * 86_400))
+            .ok_or_else(|| format!("a revocation list valid for {valid_for:?} is out of range"))?;
+        let params = CertificateRevocationListParams {
+            this_update: now.into(),
+            next_update: next.into(),
+            crl_number: SerialNumber::from(number),
+            issuing_distribution_point: None,
+            revoked_certs: entries
+                .iter()
+                .map(|e| RevokedCertParams {
+                    serial_number: SerialNumber::from_slice(e.serial.as_bytes()),
+                    revocation_time: e.revoked_at.into(),
+                    reason_code: e.reason.map(crl::Reason::to_rcgen),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        };
+        params
+            .signed_by(&self.issuer)
+            .and_then(|crl| crl.pem())
+            .map_err(|e| format!("cannot sign the revocation list: {e}"))
+    }
+
+    /// The revocation lists of the PEM file at `path`, checked to be signed by this CA; errors name the file.
+    pub fn read_crl(&self, path: &Path) -> Result<Vec<crl::Crl>, String> {
+        let der = CertificateDer::from_pem_slice(self.cert_pem.as_bytes())
+            .map_err(|e| format!("the CA certificate is not a PEM CERTIFICATE: {e}"))?;
+        crl::read(path, &[der])
+    }
+
     /// An existing CA from its PEM files; errors name the file at fault.
     pub fn load(cert_path: &Path, key_path: &Path) -> Result<Self, String> {
         let cert_pem = read_text(cert_path, "CA certificate")?;
@@ -249,7 +297,7 @@ impl CertificateAuthority {
         if req.name.trim().is_empty() {
             return Err("a certificate needs a non-empty name".into());
         }
-        let (not_before, not_after) = validity(req.days)?;
+        let (not_before, not_after) = validity_for(req.validity())?;
         let sans = req.subject_alt_names()?;
         let mut params = CertificateParams::default();
         params.distinguished_name = subject(&req.name);
@@ -312,12 +360,41 @@ fn validity(days: u32) -> Result<(SystemTime, SystemTime), String> {
     if days == 0 || days > MAX_DAYS {
         return Err(format!("validity of {days} days is out of range (1 to {MAX_DAYS})"));
     }
+    validity_for(Duration::from_secs(u64::from(days) * 86_400))
+}
+
+/// (not before, not after) for a certificate valid `lifetime` from now (at most [`MAX_DAYS`]).
+fn validity_for(lifetime: Duration) -> Result<(SystemTime, SystemTime), String> {
+    if lifetime.is_zero() || lifetime > Duration::from_secs(u64::from(MAX_DAYS) * 86_400) {
+        return Err(format!(
+            "validity of {} is out of range (1 second to {MAX_DAYS} days)",
+            describe_lifetime(lifetime)
+        ));
+    }
     let now = SystemTime::now();
     let not_before = now.checked_sub(BACKDATE).unwrap_or(now);
     let not_after = now
-        .checked_add(Duration::from_secs(u64::from(days) * 86_400))
-        .ok_or_else(|| format!("validity of {days} days overflows the clock"))?;
+        .checked_add(lifetime)
+        .ok_or_else(|| format!("validity of {lifetime:?} overflows the clock"))?;
     Ok((not_before, not_after))
+}
+
+/// A lifetime as people say it: `825 days`, `8 hours`, `90 seconds`.
+pub fn describe_lifetime(lifetime: Duration) -> String {
+    let secs = lifetime.as_secs();
+    match secs {
+        s if s >= 86_400 && s % 86_400 == 0 => plural(s / 86_400, "day"),
+        s if s >= 3600 && s % 3600 == 0 => plural(s / 3600, "hour"),
+        s if s >= 60 && s % 60 == 0 => plural(s / 60, "minute"),
+        s => plural(s, "second"),
+    }
+}
+
+fn plural(n: u64, unit: &str) -> String {
+    match n {
+        1 => format!("1 {unit}"),
+        n => format!("{n} {unit}s"),
+    }
 }
 
 fn parse<'a>(der: &'a CertificateDer<'_>) -> Result<X509Certificate<'a>, String> {

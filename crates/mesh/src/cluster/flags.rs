@@ -1,14 +1,15 @@
 //! The cluster link's flags, shared by mesh-router and mesh-node (flattened into each one's flags):
-//! certificates, the development mode, failure-detection timing and frame limits.
+//! certificates and their revocation list (reloaded while running), the development mode, failure-detection timing
+//! and frame limits.
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::crypto::rustls::QuicServerConfig;
 
 use super::frame::{Budget, Limits};
 use super::shm::Arenas;
-use super::{tls, transport};
+use super::{reload, tls, transport};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct LinkArgs {
@@ -21,6 +22,12 @@ pub struct LinkArgs {
     /// This process's private key (PEM).
     #[arg(long)]
     pub cluster_key: Option<PathBuf>,
+    /// The cluster CA's certificate revocation list (PEM, written by `mesh-ops certs revoke DIR NAME`): peers
+    /// whose certificate it lists are refused at the handshake, and their live links are cut. Default: `crl.pem`
+    /// beside --cluster-ca when it is there (one written there later is picked up too). This file and the three
+    /// above are re-read when their content changes (every second) and on SIGHUP: new connections use them.
+    #[arg(long)]
+    pub cluster_crl: Option<PathBuf>,
     /// DEVELOPMENT ONLY: the cluster link without certificates (nothing is authenticated).
     #[arg(long, default_value_t = false)]
     pub cluster_insecure_dev: bool,
@@ -43,14 +50,25 @@ const NEED_CERTS: &str = "give --cluster-ca, --cluster-cert and --cluster-key (m
                           init DIR` and `mesh-ops certs issue DIR NAME --role router|node`), or --cluster-insecure-dev for development";
 
 impl LinkArgs {
-    /// The certificate files, or None in the development mode; an error when neither is given.
-    fn files(&self, what: &str) -> Result<Option<tls::TlsFiles>, String> {
+    /// The certificate files and revocation list, or None without certificate flags.
+    fn sources(&self) -> Result<Option<reload::Sources>, String> {
         let files = tls::TlsFiles::from_flags(
             self.cluster_ca.clone(),
             self.cluster_cert.clone(),
             self.cluster_key.clone(),
         )?;
         match files {
+            Some(f) => Ok(Some(reload::Sources::new(f, self.cluster_crl.clone()))),
+            None if self.cluster_crl.is_some() => {
+                Err("--cluster-crl needs --cluster-ca, --cluster-cert and --cluster-key".into())
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The certificate files, or None in the development mode; an error when neither is given.
+    fn files(&self, what: &str) -> Result<Option<reload::Sources>, String> {
+        match self.sources()? {
             Some(f) => Ok(Some(f)),
             None if self.cluster_insecure_dev => {
                 tracing::warn!(
@@ -66,17 +84,32 @@ impl LinkArgs {
     /// A router's side: mutual TLS against the cluster CA, or the development mode.
     pub fn server_crypto(&self) -> Result<Arc<QuicServerConfig>, String> {
         match self.files("open the cluster port")? {
-            Some(f) => tls::server_crypto(&f),
+            Some(s) => reload::server_crypto(&s),
             None => tls::insecure_server_crypto(),
         }
     }
 
-    /// A node's side: mutual TLS against the cluster CA and the name in the node's certificate (its name
-    /// in the cluster), or the development mode (no name).
-    pub fn node_crypto(&self) -> Result<(Arc<QuicClientConfig>, Option<String>), String> {
+    /// A router's side, while it runs: watches the files (nothing in the development mode), swaps `endpoint`'s
+    /// server config when they change, and cuts the links `links` lists (a label for logs, the connection) whose
+    /// node's certificate is revoked or expires. Watching stops when the result is dropped.
+    pub fn watch_server(
+        &self,
+        endpoint: &quinn::Endpoint,
+        links: impl Fn() -> Vec<(String, quinn::Connection)> + Send + 'static,
+    ) -> Result<Option<reload::Watch>, String> {
+        match self.sources()? {
+            Some(s) => reload::watch_server(s, endpoint, self.transport()?, links).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// A node's side: mutual TLS against the cluster CA and its revocation list, and the name in the node's
+    /// certificate (its name in the cluster), or the development mode (no name). [`reload::LiveClient::watch`]
+    /// keeps the client config current while the node runs.
+    pub fn node_client(&self) -> Result<(reload::LiveClient, Option<String>), String> {
         match self.files("join the cluster")? {
-            Some(f) => tls::node_crypto(&f).map(|(config, name)| (config, Some(name))),
-            None => Ok((tls::insecure_client_crypto()?, None)),
+            Some(s) => reload::node_client(&s).map(|(client, name)| (client, Some(name))),
+            None => Ok((reload::LiveClient::fixed(tls::insecure_client_crypto()?), None)),
         }
     }
 

@@ -14,7 +14,7 @@ use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, DigitallySignedStruct, InconsistentKeys, RootCertStore, ServerConfig, SignatureScheme};
 
@@ -87,9 +87,20 @@ pub fn provider() -> Arc<CryptoProvider> {
 /// The router's side: serves `files.cert` (a router certificate) and REQUIRES a node certificate signed by the
 /// CA in `files.ca`.
 pub fn server_crypto(files: &TlsFiles) -> Result<Arc<QuicServerConfig>, String> {
-    let loaded = Loaded::read(files, Role::Router)?;
+    server_crypto_of(&Loaded::read(files, Role::Router)?, &[], files)
+}
+
+/// [`server_crypto`] from files already read, refusing node certificates that `crls` revoke (CRLs of other
+/// issuers, say of a second CA in the bundle, leave that CA's certificates unchecked).
+pub(crate) fn server_crypto_of(
+    loaded: &Loaded,
+    crls: &[CertificateRevocationListDer<'static>],
+    files: &TlsFiles,
+) -> Result<Arc<QuicServerConfig>, String> {
     let provider = provider();
-    let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(loaded.roots), provider.clone())
+    let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(loaded.roots.clone()), provider.clone())
+        .with_crls(crls.iter().cloned())
+        .allow_unknown_revocation_status()
         .build()
         .map_err(|e| {
             format!(
@@ -105,9 +116,13 @@ pub fn server_crypto(files: &TlsFiles) -> Result<Arc<QuicServerConfig>, String> 
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| format!("TLS 1.3 with the ring provider: {e}"))?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(loaded.chain, loaded.key)
+        .with_single_cert(loaded.chain.clone(), loaded.key.clone_key())
         .map_err(|e| key_error(e, files))?;
     config.alpn_protocols = vec![ALPN.to_vec()];
+    // No session resumption: a resumed session skips the certificate checks, so a node could come back with a
+    // certificate that has since expired or been revoked. Links are long-lived; a full handshake costs nothing.
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
     quic_server(config)
 }
 
@@ -120,8 +135,20 @@ pub fn client_crypto(files: &TlsFiles) -> Result<Arc<QuicClientConfig>, String> 
 /// [`client_crypto`], and the name in the node's certificate: its name in the cluster.
 pub fn node_crypto(files: &TlsFiles) -> Result<(Arc<QuicClientConfig>, String), String> {
     let loaded = Loaded::read(files, Role::Node)?;
+    let config = client_crypto_of(&loaded, &[], files)?;
+    Ok((config, loaded.name))
+}
+
+/// [`client_crypto`] from files already read, refusing router certificates that `crls` revoke.
+pub(crate) fn client_crypto_of(
+    loaded: &Loaded,
+    crls: &[CertificateRevocationListDer<'static>],
+    files: &TlsFiles,
+) -> Result<Arc<QuicClientConfig>, String> {
     let provider = provider();
-    let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(loaded.roots), provider.clone())
+    let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(loaded.roots.clone()), provider.clone())
+        .with_crls(crls.iter().cloned())
+        .allow_unknown_revocation_status()
         .build()
         .map_err(|e| {
             format!(
@@ -138,10 +165,12 @@ pub fn node_crypto(files: &TlsFiles) -> Result<(Arc<QuicClientConfig>, String), 
         .map_err(|e| format!("TLS 1.3 with the ring provider: {e}"))?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
-        .with_client_auth_cert(loaded.chain, loaded.key)
+        .with_client_auth_cert(loaded.chain.clone(), loaded.key.clone_key())
         .map_err(|e| key_error(e, files))?;
     config.alpn_protocols = vec![ALPN.to_vec()];
-    Ok((quic_client(config)?, loaded.name))
+    // Every dial checks the router's certificate in full (see `server_crypto_of`).
+    config.resumption = rustls::client::Resumption::disabled();
+    quic_client(config)
 }
 
 /// DEVELOPMENT ONLY — never use in production. Serves an ephemeral self-signed certificate made at start-up
@@ -183,17 +212,20 @@ pub fn peer_name(conn: &quinn::Connection) -> Option<String> {
 }
 
 /// A member's files, read and checked against each other.
-struct Loaded {
+pub(crate) struct Loaded {
     roots: RootCertStore,
-    chain: Vec<CertificateDer<'static>>,
+    /// The CA certificates, as read (a revocation list must be signed by one of them).
+    pub(crate) cas: Vec<CertificateDer<'static>>,
+    /// The member's chain, leaf first.
+    pub(crate) chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     /// The certificate's common name.
-    name: String,
+    pub(crate) name: String,
 }
 
 impl Loaded {
     /// The files, with the certificate checked to carry `role`.
-    fn read(files: &TlsFiles, role: Role) -> Result<Self, String> {
+    pub(crate) fn read(files: &TlsFiles, role: Role) -> Result<Self, String> {
         let cas = certs::load_certs(&files.ca, "CA certificate")?;
         certs::check_ca(&cas, &files.ca)?;
         let chain = certs::load_certs(&files.cert, "certificate")?;
@@ -203,7 +235,7 @@ impl Loaded {
         own.require(role)
             .map_err(|e| format!("certificate {}: {e}", files.cert.display()))?;
         let mut roots = RootCertStore::empty();
-        for (i, ca) in cas.into_iter().enumerate() {
+        for (i, ca) in cas.iter().cloned().enumerate() {
             roots.add(ca).map_err(|e| {
                 format!(
                     "CA certificate {}: certificate {} is not a usable CA: {e}",
@@ -214,6 +246,7 @@ impl Loaded {
         }
         Ok(Self {
             roots,
+            cas,
             chain,
             key,
             name: own.name,

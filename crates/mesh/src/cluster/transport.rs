@@ -17,6 +17,10 @@ pub mod close {
     pub const REFUSED: u32 = 2;
     /// A newer incarnation of the same node joined; this link is obsolete.
     pub const REPLACED: u32 = 3;
+    /// The peer's certificate is on the revocation list now (`mesh-ops certs revoke`); the reason names it.
+    pub const REVOKED: u32 = 4;
+    /// The peer's certificate expired while the link was up; it may dial again with a renewed one.
+    pub const EXPIRED: u32 = 5;
 }
 
 /// QUIC stream error codes (reset / stop-sending) on request streams.

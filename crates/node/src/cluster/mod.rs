@@ -39,7 +39,8 @@ pub struct Settings {
     /// The node's own endpoints, for operators.
     pub http: String,
     pub grpc: String,
-    pub client: quinn::ClientConfig,
+    /// The config of the next dial: kept current with the certificate files while the node runs.
+    pub client: mesh::cluster::reload::LiveClient,
     pub bind: SocketAddr,
     pub limits: Limits,
     /// How often model changes and load are reported.
@@ -62,7 +63,7 @@ impl Settings {
         if args.cluster_join.is_empty() {
             return Ok(None);
         }
-        let (crypto, certificate) = args.link.node_crypto()?;
+        let (client, certificate) = args.link.node_client()?;
         let name = node_name(args.node_name.as_deref(), certificate)?
             .unwrap_or_else(|| format!("{}:{}", hostname(), args.listen.http_port));
         let transport = args.link.transport()?;
@@ -76,7 +77,7 @@ impl Settings {
             devices,
             http: endpoint(args.listen.http_addr()),
             grpc: endpoint(args.listen.grpc_addr()),
-            client: quinn::ClientConfig::new(crypto),
+            client,
             bind: args.cluster_bind,
             // Tensor bytes received from routers are bounded like the node's own requests.
             limits: args.link.limits(args.max_inflight_bytes as u64),
@@ -210,6 +211,8 @@ impl Remote for Routers {
 pub struct ClusterNode {
     ctx: Arc<Context>,
     sessions: Vec<JoinHandle<()>>,
+    /// Reloads the certificate files and cuts links to routers whose certificate is revoked or expired.
+    _tls: Option<mesh::cluster::reload::Watch>,
 }
 
 impl ClusterNode {
@@ -260,6 +263,11 @@ impl ClusterNode {
             .iter()
             .map(|addr| tokio::spawn(join::run(addr.clone(), ctx.clone())))
             .collect();
+        let routers = ctx.routers.clone();
+        let tls = ctx.settings.client.watch(move || {
+            let live = routers.all().into_iter();
+            live.map(|r| (format!("router {}", r.addr), r.conn.clone())).collect()
+        })?;
         tracing::info!(
             node = %ctx.settings.name,
             routers = ?ctx.settings.routers,
@@ -268,7 +276,11 @@ impl ClusterNode {
             cache = %ctx.settings.cache.display(),
             "joining the cluster"
         );
-        Ok(ClusterNode { ctx, sessions })
+        Ok(ClusterNode {
+            ctx,
+            sessions,
+            _tls: tls,
+        })
     }
 
     /// Where BLS calls for models this node does not serve go.
