@@ -5,9 +5,9 @@ pub mod inputs;
 pub mod setup;
 
 use mesh::sync::Locked;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mesh::{Error, InferRequest, Result, Tensor};
 
@@ -51,6 +51,83 @@ struct Active {
     /// Its END has run; requests admitted behind it fail as not active, and the entry goes once
     /// they are done.
     ended: bool,
+    /// Its key in [`IdleIndex`] while it is idle (`running == 0`).
+    idle: Option<IdleKey>,
+}
+
+/// When a sequence went idle (its `last`), and a stamp that tells apart those idle since the same
+/// instant.
+type IdleKey = (Instant, u64);
+
+/// The idle sequences (`running == 0`), the longest idle first, so that expiry looks only at those
+/// it removes.
+#[derive(Default)]
+struct IdleIndex {
+    by_last: BTreeMap<IdleKey, SequenceId>,
+    stamps: u64,
+}
+
+impl IdleIndex {
+    /// Files a sequence as its `running` and `last` now say: out while busy, at `last` while idle.
+    fn file(&mut self, id: &SequenceId, a: &mut Active) {
+        self.forget(a);
+        if a.running == 0 {
+            self.stamps += 1;
+            let key = (a.last, self.stamps);
+            self.by_last.insert(key, id.clone());
+            a.idle = Some(key);
+        }
+    }
+
+    /// Takes out a sequence that leaves the table (or becomes busy).
+    fn forget(&mut self, a: &mut Active) {
+        if let Some(key) = a.idle.take() {
+            self.by_last.remove(&key);
+        }
+    }
+
+    /// Takes out the longest idle sequence if at `now` it has been idle longer than `idle`.
+    fn pop_expired(&mut self, now: Instant, idle: Duration) -> Option<SequenceId> {
+        let oldest = self.by_last.first_entry()?;
+        (now.saturating_duration_since(oldest.key().0) > idle).then(|| oldest.remove())
+    }
+
+    /// How many sequences have been idle longer than `idle` at `now`.
+    fn expired(&self, now: Instant, idle: Duration) -> usize {
+        self.by_last
+            .keys()
+            .take_while(|(last, _)| now.saturating_duration_since(*last) > idle)
+            .count()
+    }
+}
+
+/// How many sequences each instance holds: every entry of the table, those ended but still running
+/// and those idle but not yet expired included.
+#[derive(Default)]
+struct Held(HashMap<String, usize>);
+
+impl Held {
+    fn of(&self, instance: &str) -> usize {
+        self.0.get(instance).copied().unwrap_or(0)
+    }
+
+    fn hold(&mut self, instance: &str) {
+        match self.0.get_mut(instance) {
+            Some(n) => *n += 1,
+            None => {
+                self.0.insert(instance.to_string(), 1);
+            }
+        }
+    }
+
+    fn release(&mut self, instance: &str) {
+        if let Some(n) = self.0.get_mut(instance) {
+            *n -= 1;
+            if *n == 0 {
+                self.0.remove(instance);
+            }
+        }
+    }
 }
 
 fn not_active(model: &str, id: &SequenceId) -> Error {
@@ -73,13 +150,17 @@ pub struct Ticket {
 pub struct Sequences {
     setup: Arc<SequenceSetup>,
     active: HashMap<SequenceId, Active>,
+    /// The entries of `active` that are idle, by how long.
+    idle: IdleIndex,
+    /// The entries of `active` per instance.
+    held: Held,
     generations: u64,
-    /// Told when a sequence ends, for STARTs waiting for a slot.
+    /// Told when a sequence ends or idles out, for STARTs waiting for a slot.
     freed: Arc<tokio::sync::Notify>,
 }
 
-/// How often a START waiting for a slot looks again without being told (a sequence that idles
-/// out frees its slot without a word).
+/// How often a START waiting for a slot looks again without being told (idle sequences expire
+/// only when a request comes, so with none coming nothing tells the waiter).
 const BACKLOG_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Sequences {
@@ -87,6 +168,8 @@ impl Sequences {
         Sequences {
             setup,
             active: HashMap::new(),
+            idle: IdleIndex::default(),
+            held: Held::default(),
             generations: 0,
             freed: Arc::new(tokio::sync::Notify::new()),
         }
@@ -96,8 +179,19 @@ impl Sequences {
         &self.setup
     }
 
-    fn expired(&self, a: &Active, now: Instant) -> bool {
-        a.running == 0 && now.saturating_duration_since(a.last) > self.setup.idle
+    /// Removes the sequences idle longer than the setup's idle time at `now` (a running one never
+    /// idles out), freeing their slots.
+    fn expire(&mut self, now: Instant) {
+        let mut freed = false;
+        while let Some(id) = self.idle.pop_expired(now, self.setup.idle) {
+            if let Some(a) = self.active.remove(&id) {
+                self.held.release(&a.instance);
+                freed = true;
+            }
+        }
+        if freed {
+            self.freed.notify_waiters();
+        }
     }
 
     /// Admits a request of a sequence. START begins (or restarts) the sequence on the instance
@@ -123,9 +217,7 @@ impl Sequences {
         instances: &[&str],
         now: Instant,
     ) -> Result<Option<Ticket>> {
-        let idle = self.setup.idle;
-        self.active
-            .retain(|_, a| a.running > 0 || now.saturating_duration_since(a.last) <= idle);
+        self.expire(now);
         if flags.start {
             self.generations += 1;
             let generation = self.generations;
@@ -136,6 +228,7 @@ impl Sequences {
                     a.generation = generation;
                     a.running += 1;
                     a.last = now;
+                    self.idle.forget(a);
                     return Ok(Some(Ticket {
                         instance: a.instance.clone(),
                         turn: a.turn.clone(),
@@ -159,8 +252,12 @@ impl Sequences {
                 turn: turn.clone(),
                 generation,
                 ended: false,
+                idle: None,
             };
-            if let Some(replaced) = self.active.insert(flags.id.clone(), active) {
+            self.held.hold(&instance);
+            if let Some(mut replaced) = self.active.insert(flags.id.clone(), active) {
+                self.idle.forget(&mut replaced);
+                self.held.release(&replaced.instance);
                 if replaced.instance != instance {
                     self.freed.notify_waiters();
                 }
@@ -175,6 +272,7 @@ impl Sequences {
             Some(a) => {
                 a.running += 1;
                 a.last = now;
+                self.idle.forget(a);
                 Ok(Some(Ticket {
                     instance: a.instance.clone(),
                     turn: a.turn.clone(),
@@ -215,17 +313,23 @@ impl Sequences {
             a.ended |= end;
         }
         if a.ended && a.running == 0 {
-            self.active.remove(id);
+            if let Some(mut a) = self.active.remove(id) {
+                self.idle.forget(&mut a);
+                self.held.release(&a.instance);
+            }
             self.freed.notify_waiters();
+        } else {
+            self.idle.file(id, a);
         }
     }
 
-    /// The instance among `instances` holding the fewest sequences, if one has a free slot.
+    /// The instance among `instances` holding the fewest sequences (the first of those on a tie),
+    /// if one has a free slot.
     fn least_loaded(&self, instances: &[&str]) -> Option<String> {
         let slots = self.setup.slots;
         instances
             .iter()
-            .map(|i| (self.active.values().filter(|a| a.instance == *i).count(), i))
+            .map(|i| (self.held.of(i), i))
             .filter(|&(held, _)| slots == 0 || held < slots)
             .min_by_key(|&(held, _)| held)
             .map(|(_, i)| i.to_string())
@@ -233,7 +337,7 @@ impl Sequences {
 
     /// How many sequences are active (for tests and metrics).
     pub fn len(&self, now: Instant) -> usize {
-        self.active.values().filter(|a| !self.expired(a, now)).count()
+        self.active.len() - self.idle.expired(now, self.setup.idle)
     }
 }
 

@@ -392,3 +392,159 @@ async fn a_waiting_start_is_admitted_when_a_sequence_ends() {
         "i0"
     );
 }
+
+/// The table's indexes agree with its entries: the idle index holds exactly the idle ones, at
+/// their `last`, and the counts per instance are those of a plain count.
+fn check(s: &Sequences) {
+    let mut held: HashMap<String, usize> = HashMap::new();
+    for (id, a) in &s.active {
+        *held.entry(a.instance.clone()).or_default() += 1;
+        match a.idle {
+            Some(key) => {
+                assert_eq!(a.running, 0, "{id} is filed idle while running");
+                assert_eq!(key.0, a.last, "{id} is filed at another instant");
+                assert_eq!(s.idle.by_last.get(&key), Some(id));
+            }
+            None => assert_ne!(a.running, 0, "{id} is idle but not filed"),
+        }
+    }
+    let idle = s.active.values().filter(|a| a.running == 0).count();
+    assert_eq!(s.idle.by_last.len(), idle, "stale idle keys");
+    assert_eq!(s.held.0, held);
+}
+
+fn held(s: &Sequences, instance: &str) -> usize {
+    s.held.of(instance)
+}
+
+#[test]
+fn a_sequence_busy_again_idles_out_only_its_idle_time_after_its_last_request() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let mut s = Sequences::new(setup(100));
+    let a = s.begin("m", &flags(1, true, false), &["i0"], t0).unwrap();
+    s.finish(&SequenceId::Int(1), &a, None, false, t0);
+    // Busy again before its idle time is up, and running long after it.
+    let b = s.begin("m", &flags(1, false, false), &["i0"], t0 + ms(50)).unwrap();
+    let c = s.begin("m", &flags(2, true, false), &["i0"], t0 + ms(300)).unwrap();
+    s.finish(&SequenceId::Int(2), &c, None, false, t0 + ms(300));
+    assert!(s.active.contains_key(&SequenceId::Int(1)), "running: not expired");
+    check(&s);
+    s.finish(&SequenceId::Int(1), &b, None, false, t0 + ms(400));
+    // Idle exactly its idle time: still there (2, idle 200 ms, is not).
+    let d = s.begin("m", &flags(3, true, false), &["i0"], t0 + ms(500)).unwrap();
+    s.finish(&SequenceId::Int(3), &d, None, false, t0 + ms(500));
+    assert!(s.active.contains_key(&SequenceId::Int(1)));
+    assert!(!s.active.contains_key(&SequenceId::Int(2)));
+    assert_eq!((held(&s, "i0"), s.len(t0 + ms(500))), (2, 2));
+    check(&s);
+    // A nanosecond longer: gone.
+    let later = t0 + ms(500) + Duration::from_nanos(1);
+    assert_eq!(s.len(later), 1);
+    let e = s.begin("m", &flags(1, false, false), &["i0"], later).unwrap_err();
+    assert!(e.message.contains("must specify the START flag"), "{e}");
+    assert_eq!(held(&s, "i0"), 1);
+    check(&s);
+}
+
+#[test]
+fn a_hundred_thousand_sequences_idling_out_at_once_free_every_slot() {
+    // Two slots an instance, 50 000 instances, all full; sequence 7 (on i3) keeps running.
+    let t0 = Instant::now();
+    let two_slots = Arc::new(SequenceSetup {
+        slots: 2,
+        ..(*setup(1000)).clone()
+    });
+    let mut s = Sequences::new(two_slots);
+    let names: Vec<String> = (0..50_000).map(|i| format!("i{i}")).collect();
+    for id in 0..100_000u64 {
+        let on = [names[id as usize / 2].as_str()];
+        let t = s.begin("m", &flags(id, true, false), &on, t0).unwrap();
+        if id != 7 {
+            s.finish(&SequenceId::Int(id), &t, None, false, t0);
+        }
+    }
+    assert_eq!((held(&s, "i0"), held(&s, "i49999"), s.len(t0)), (2, 2, 100_000));
+    assert!(s
+        .try_begin("m", &flags(100_000, true, false), &["i3", "i7"], t0)
+        .unwrap()
+        .is_none());
+    let later = t0 + Duration::from_millis(1001);
+    let a = s
+        .begin("m", &flags(100_001, true, false), &["i3", "i7"], later)
+        .unwrap();
+    assert_eq!(a.instance, "i7", "i3 still holds the running sequence");
+    assert_eq!(s.held.0.len(), 2, "every other count is gone");
+    assert_eq!((held(&s, "i3"), held(&s, "i7"), s.len(later)), (1, 1, 2));
+    let b = s
+        .begin("m", &flags(100_002, true, false), &["i3", "i7"], later)
+        .unwrap();
+    assert_eq!(b.instance, "i3", "a tie goes to the first");
+    assert!(s
+        .try_begin("m", &flags(100_003, true, false), &["i3"], later)
+        .unwrap()
+        .is_none());
+    check(&s);
+}
+
+#[test]
+fn the_counts_follow_restarts_replacements_ends_and_expiry() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let both = ["i0", "i1"];
+    let mut s = Sequences::new(setup(100));
+    let counts = |s: &Sequences| (held(s, "i0"), held(s, "i1"));
+    let a = s.begin("m", &flags(1, true, false), &both, t0).unwrap();
+    let b = s.begin("m", &flags(2, true, false), &both, t0).unwrap();
+    assert_eq!(
+        (a.instance.as_str(), b.instance.as_str(), counts(&s)),
+        ("i0", "i1", (1, 1))
+    );
+    // A restart stays where it is and counts once.
+    let again = s.begin("m", &flags(1, true, false), &both, t0).unwrap();
+    assert_eq!((again.instance.as_str(), counts(&s)), ("i0", (1, 1)));
+    s.finish(&SequenceId::Int(1), &a, None, false, t0);
+    s.finish(&SequenceId::Int(1), &again, None, false, t0);
+    check(&s);
+    // Replaced on the other instance (i0 is gone), which tells waiting STARTs.
+    let freed = s.freed.clone();
+    let mut told = std::pin::pin!(freed.notified());
+    told.as_mut().enable();
+    let moved = s.begin("m", &flags(1, true, false), &["i1"], t0 + ms(10)).unwrap();
+    assert_eq!((moved.instance.as_str(), counts(&s)), ("i1", (0, 2)));
+    assert!(told.as_mut().enable(), "told");
+    check(&s);
+    // END.
+    s.finish(&SequenceId::Int(2), &b, None, false, t0 + ms(10));
+    let end = s.begin("m", &flags(2, false, true), &both, t0 + ms(20)).unwrap();
+    assert_eq!(counts(&s), (0, 2), "held until its END is done");
+    s.finish(&SequenceId::Int(2), &end, None, true, t0 + ms(30));
+    assert_eq!(counts(&s), (0, 1));
+    check(&s);
+    // Expiry, which tells waiting STARTs too.
+    s.finish(&SequenceId::Int(1), &moved, None, false, t0 + ms(30));
+    let mut told = std::pin::pin!(freed.notified());
+    told.as_mut().enable();
+    let c = s
+        .begin("m", &flags(3, true, false), &["i1", "i0"], t0 + ms(130))
+        .unwrap();
+    assert_eq!(
+        (c.instance.as_str(), counts(&s)),
+        ("i0", (1, 1)),
+        "1, idle exactly 100 ms, still counts"
+    );
+    assert!(!told.as_mut().enable(), "nothing freed");
+    let d = s
+        .begin("m", &flags(4, true, false), &["i0", "i1"], t0 + ms(131))
+        .unwrap();
+    assert!(told.as_mut().enable(), "told");
+    assert_eq!((d.instance.as_str(), counts(&s)), ("i1", (1, 1)), "1 no longer counts");
+    check(&s);
+}
+
+#[test]
+fn the_table_decides_as_a_plain_scan_of_every_sequence_would() {
+    reference::compare(0x5eed_0052, 20_000);
+}
+
+mod reference;
