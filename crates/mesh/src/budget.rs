@@ -14,8 +14,9 @@
 //! - Past the limit nobody is admitted.
 //!
 //! A flood at one model (from one client or a thousand) fills the pool and is refused there; a
-//! request for another model finds the whole reserve, one from another client of the flooded model
-//! its first half. The reserve is the only part not given away first-come, which is what keeps the
+//! request for another model finds at least the reserve's second half (and the first, unless the
+//! flood's many clients, each under its own share, took it), one from another client of the flooded
+//! model the first half, as one more client of that model. The reserve is the only part not given away first-come, which is what keeps the
 //! budget work-conserving: nothing is set aside per model or per client.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -102,6 +102,12 @@ impl Window {
         Window::with(STREAM_WINDOW_ANSWERS, STREAM_WINDOW_BYTES, Some(connection))
     }
 
+    /// A window of `answers` and `bytes` of its own within `connection`'s: past its first credit
+    /// out, a credit needs room in both.
+    pub fn within(answers: usize, bytes: u64, connection: Arc<Window>) -> Arc<Window> {
+        Window::with(answers, bytes, Some(connection))
+    }
+
     /// The default window of one client connection, shared by its streams.
     pub fn for_connection() -> Arc<Window> {
         Window::new(CONNECTION_WINDOW_ANSWERS, CONNECTION_WINDOW_BYTES)

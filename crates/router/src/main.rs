@@ -162,26 +162,16 @@ async fn run(args: Args) -> Result<(), String> {
         let (endpoint, supervisor) = (endpoint.clone(), supervisor.clone());
         // Hellos are read under limits of their own; handshakes in flight are bounded.
         let limits = handshake::hello_limits(&limits);
-        let gate = Arc::new(handshake::Gate::default());
+        let gates = Arc::new(handshake::Gates::default());
         tokio::spawn(async move {
             while let Some(incoming) = endpoint.accept().await {
-                let peer = incoming.remote_address();
-                let Some(pass) = gate.enter(peer.ip()) else {
-                    // Logged at debug: a flood of connections must not become a flood of log lines.
-                    tracing::debug!(%peer, "refused a cluster connection: too many handshakes in flight");
-                    incoming.refuse();
+                let Some(screened) = handshake::screen(incoming, &gates) else {
                     continue;
                 };
-                let (supervisor, limits) = (supervisor.clone(), limits.clone());
+                let (supervisor, limits, gates) = (supervisor.clone(), limits.clone(), gates.clone());
                 tokio::spawn(async move {
-                    let _pass = pass;
-                    match incoming.await {
-                        Ok(conn) => {
-                            if let Some(joining) = handshake::handshake(conn, &limits).await {
-                                let _ = supervisor.cast(SupervisorMsg::Joined(joining));
-                            }
-                        }
-                        Err(e) => tracing::warn!(%peer, "refused a cluster connection: {e}"),
+                    if let Some(joining) = handshake::join(screened, &gates, &limits).await {
+                        let _ = supervisor.cast(SupervisorMsg::Joined(joining));
                     }
                 });
             }

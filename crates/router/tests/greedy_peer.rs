@@ -1,8 +1,8 @@
 //! A real mesh-router beside a peer that holds a valid node certificate and uses it to take the
-//! router's room (issue 52, item 3): hellos that announce 16 MiB and dribble, from 200 connections;
-//! then, joined, 200 streams that announce 16 MiB frames and dribble, and a control stream that
-//! announces a large frame. A healthy node under client load beside it loses no request and keeps
-//! its link.
+//! router's room (issue 52, item 3): hellos of the largest size that dribble, from 200 connections
+//! on four addresses that dial again when refused; then, joined, 200 streams that announce 16 MiB
+//! requests and dribble them, and a control stream that announces a large frame. A healthy node
+//! under client load beside it loses no request and keeps its link, and another joins meanwhile.
 mod common;
 
 use std::net::{IpAddr, SocketAddr};
@@ -18,9 +18,12 @@ use mesh::cluster::{tls, Limits};
 use mesh::{InferRequest, NamedTensor, Tensor};
 use quinn::{Connection, Endpoint, SendStream};
 
-/// Where the greedy peer connects from: another loopback address than the healthy node's, as a
-/// peer on another host would (the router bounds handshakes per address).
+/// Where the greedy peer connects from once joined: another loopback address than the healthy
+/// node's, as a peer on another host would (the router bounds handshakes per address).
 const GREEDY_FROM: [u8; 4] = [127, 0, 0, 2];
+
+/// The largest hello the router reads.
+const MAX_HELLO: u32 = mesh_router::actors::link::handshake::MAX_HELLO;
 
 /// Client requests through the router, one after the other, until stopped: (answered, failed).
 fn load(router_http: u16, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(u64, Vec<String>)> {
@@ -96,27 +99,53 @@ async fn a_greedy_peer_with_a_valid_certificate_fails_no_request_of_a_healthy_no
         }
     };
 
-    // 1. Two hundred connections, each announcing a 16 MiB hello and sending it a byte at a time.
+    // 1. Two hundred connections from four addresses at once, each announcing the largest hello
+    // and sending it a byte at a time, dialing again whenever refused. Meanwhile another healthy
+    // node joins.
     let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let attempts = Arc::new(AtomicU64::new(0));
+    let endpoints: Vec<Endpoint> = (2..=5u8)
+        .map(|last| Endpoint::client(SocketAddr::new(IpAddr::from([127, 0, 0, last]), 0)).unwrap())
+        .collect();
     let mut dribblers = Vec::new();
-    let mut opened = 0;
-    for _ in 0..200 {
-        if let Some(conn) = connect(&endpoint).await {
-            opened += 1;
-            dribblers.push(tokio::spawn(dribble(
-                conn,
-                prelude(16 << 20, 0).to_vec(),
-                stop.clone(),
-                sent.clone(),
-            )));
-        }
+    for i in 0..200 {
+        let (endpoint, config, to) = (endpoints[i % 4].clone(), config.clone(), router.cluster_addr());
+        let (stop, sent, attempts) = (stop.clone(), sent.clone(), attempts.clone());
+        dribblers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                attempts.fetch_add(1, Ordering::Relaxed);
+                let connecting = endpoint.connect_with(config.clone(), to, "localhost").unwrap();
+                match tokio::time::timeout(Duration::from_secs(10), connecting).await {
+                    Ok(Ok(conn)) => dribble(conn, prelude(MAX_HELLO, 0).to_vec(), stop.clone(), sent.clone()).await,
+                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        }));
     }
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let late = eventually(
+        "a healthy node to join during the hello flood",
+        Duration::from_secs(30),
+        || async {
+            let conn = connect_as(&certs.member("node-late", Role::Node), router.cluster_addr())
+                .await
+                .ok()?;
+            let (_tx, _rx, first) = say_hello(&conn, &hello("node-late", Vec::new())).await.ok()?;
+            matches!(first, Message::Welcome(_)).then_some(conn)
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     stop.store(true, Ordering::Relaxed);
     for d in dribblers {
         let _ = d.await;
     }
-    println!("hello flood: {opened} of 200 connections opened");
+    println!(
+        "hello flood: {} connections tried, {} bytes dribbled; node-late joined",
+        attempts.load(Ordering::Relaxed),
+        sent.load(Ordering::Relaxed)
+    );
+    late.close(0u32.into(), b"done");
 
     // 2. Joined under its own name, 200 streams that send the head of a request of 16 MiB and
     // dribble its tensor, and a control stream that announces a 16 MiB control frame.

@@ -98,19 +98,26 @@ fn late_connections_of_a_flooded_model_leave_the_second_half_to_other_models() {
 }
 
 #[test]
-fn a_thousand_connections_at_one_model_leave_the_reserve_to_others() {
-    let mut s = Shares::new(16_000, 2_000, FLAG);
-    // Each connection sends one request at a time, round after round, as long as it is admitted.
-    let mut admitted = true;
-    while admitted {
-        admitted = false;
-        for port in 1..=1000 {
-            admitted |= s.admit("flood", conn(port), 16).is_ok();
-        }
+fn a_thousand_connections_at_one_model_leave_the_second_half_to_others() {
+    // The first connections take the pool; each later one, under its share (about 1 MB / 2 / n,
+    // many requests of 16 bytes), takes what its share allows of the reserve's first half.
+    let mut s = Shares::new(1_000_000, 125_000, FLAG);
+    for port in 1..=1000 {
+        while s.admit("flood", conn(port), 16).is_ok() {}
     }
-    assert!(s.used() <= 14_000, "the flood took the reserve: {} bytes", s.used());
-    s.admit("other", conn(5000), 16)
-        .expect("another model's client is served");
+    assert!(
+        s.used() > 875_000,
+        "the flood's clients, under their shares, used the first half"
+    );
+    assert!(
+        s.used() <= 937_500,
+        "the flood took the second half: {} bytes",
+        s.used()
+    );
+    for _ in 0..100 {
+        s.admit("other", conn(5000), 16)
+            .expect("another model's client is served");
+    }
 }
 
 #[test]

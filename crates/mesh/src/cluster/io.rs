@@ -76,14 +76,16 @@ async fn read_prelude(recv: &mut RecvStream, limits: &Limits) -> Result<Option<[
 enum Room {
     /// Refused as busy when there is none: the stream fails (the request was never read).
     Now,
-    /// Waits for room (back-pressure), for a link's control stream, whose failure would end the link.
-    Waiting,
+    /// For a link's control stream, whose failure would end the link: the header is not charged (the
+    /// stream reads one frame at a time, so it holds at most one header limit), and a payload waits
+    /// for room (back-pressure) instead of failing.
+    Control,
 }
 
 async fn reserve(limits: &Limits, bytes: u64, room: Room) -> Result<super::frame::Reserved, FrameError> {
     match room {
         Room::Now => limits.budget.reserve(bytes),
-        Room::Waiting => limits.budget.reserve_waiting(bytes).await,
+        Room::Control => limits.budget.reserve_waiting(bytes).await,
     }
 }
 
@@ -92,10 +94,11 @@ pub async fn read_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option
     read(recv, limits, Room::Now).await
 }
 
-/// Reads one frame of a link's control stream: a full receive budget holds it back (the peer waits
-/// behind flow control) instead of failing it, since a failed control frame ends the link.
+/// Reads one frame of a link's control stream, which a full receive budget never fails (that would
+/// end the link): its header is read outside the budget, and a payload waits for room (the peer
+/// waits behind flow control).
 pub async fn read_control_frame(recv: &mut RecvStream, limits: &Limits) -> Result<Option<Frame>, FrameError> {
-    read(recv, limits, Room::Waiting).await
+    read(recv, limits, Room::Control).await
 }
 
 async fn read(recv: &mut RecvStream, limits: &Limits, room: Room) -> Result<Option<Frame>, FrameError> {
@@ -107,7 +110,10 @@ async fn read(recv: &mut RecvStream, limits: &Limits, room: Room) -> Result<Opti
     // buffer is reserved: nothing is allocated from an unchecked number, and streams that declare
     // much and send nothing cannot pile up reservations.
     let header_len = p.header_bytes();
-    let header_reserved = reserve(limits, header_len.into(), room).await?;
+    let header_reserved = match room {
+        Room::Now => Some(limits.budget.reserve(header_len.into())?),
+        Room::Control => None,
+    };
     let mut header = rkyv::util::AlignedVec::<16>::with_capacity(header_len as usize);
     in_time(limits, header_len.into(), fill(recv, &mut header, header_len as usize)).await?;
     let message = decode_header(&header)?;

@@ -416,8 +416,12 @@ impl Watcher {
         let loaded = files.as_ref().unwrap_or(&self.loaded);
         let lists = crls.as_deref().unwrap_or(&self.crls);
         if let Err(e) = self.side.apply(loaded, lists, &self.sources.files) {
-            // Most likely a certificate and a key that do not match yet (one written, the other not).
-            self.fail(Part::Files, now[0], &e, forced);
+            // Most likely a certificate and a key that do not match yet (one written, the other not),
+            // or, when only the list changed, a list the configuration refuses: blamed on what changed.
+            match files {
+                Some(_) => self.fail(Part::Files, now[0], &e, forced),
+                None => self.fail(Part::Crl, now[1], &e, forced),
+            }
             return;
         }
         if let Some(l) = files {

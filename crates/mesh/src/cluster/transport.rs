@@ -21,6 +21,8 @@ pub mod close {
     pub const REVOKED: u32 = 4;
     /// The peer's certificate expired while the link was up; it may dial again with a renewed one.
     pub const EXPIRED: u32 = 5;
+    /// Too many handshakes in flight for the peer's name; it may dial again soon.
+    pub const BUSY: u32 = 6;
 }
 
 /// QUIC stream error codes (reset / stop-sending) on request streams.

@@ -2,11 +2,12 @@
 //! each run as soon as the one before is queued, and their answers written in the order Triton
 //! writes them.
 //!
-//! What a connection's streams hold is bounded whatever their number: a request is read only with
-//! room in the connection's request window ([`CONNECTION_REQUEST_BYTES`]), and it keeps its bytes
-//! there, with those of its answers that wait for their turn, until its last answer is taken by the
-//! connection; a decoupled model's answers are bounded by the connection's answer window
-//! ([`crate::stream`]). Every answer waiting for its client is also charged to the server's budget
+//! What a connection's streams hold is bounded whatever their number: past its first request in
+//! flight, a stream reads a request only with room in its connection's request window
+//! ([`CONNECTION_REQUEST_BYTES`]), and the request keeps its bytes there, with those of its answers
+//! that wait for their turn or for the client, until its last answer is taken by the connection; a
+//! decoupled model's answers are bounded by the connection's answer window ([`crate::stream`]).
+//! Every stream can always have one request in flight, so none waits on another of its connection. Every answer waiting for its client is also charged to the server's budget
 //! ([`Dispatch::budget`]), so unread answers hold back what the server admits.
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -82,6 +83,11 @@ pub(super) fn serve<D: Dispatch>(
     // its requests with the connection's.
     let connection = connection_of(r.local_addr(), r.remote_addr());
     let window = Window::on_connection(connection.answers.clone());
+    let requests = Window::within(
+        STREAM_MAX_INFLIGHT,
+        CONNECTION_REQUEST_BYTES,
+        connection.requests.clone(),
+    );
     let client = r.remote_addr().map_or(Client::Local, Client::Connection);
     let (metadata, _, mut inbound) = r.into_parts();
     let grpc_errors = wants_grpc_errors(&metadata);
@@ -101,7 +107,7 @@ pub(super) fn serve<D: Dispatch>(
             // Past its bounds the stream is not read: HTTP/2 flow control holds the client back.
             let room = running.len() < STREAM_MAX_INFLIGHT;
             tokio::select! {
-                credit = connection.requests.acquire(), if room && place.is_none() => place = Some(credit),
+                credit = requests.acquire(), if room && place.is_none() => place = Some(credit),
                 next = inbound.message(), if place.is_some() => match next {
                     Ok(Some(msg)) => {
                         let (d, shm, tx) = (dispatch.clone(), shm.clone(), tx.clone());
@@ -163,8 +169,8 @@ const STREAM_WINDOW: usize = 64;
 /// turn): past it the stream is not read until one finishes.
 const STREAM_MAX_INFLIGHT: usize = 64;
 /// Bytes of requests all the streams of one connection hold, read and not done, with the answers
-/// of theirs that wait for their turn or for the client (the first request in is always taken).
-/// Past it no stream of the connection is read until the client takes answers.
+/// of theirs that wait for their turn or for the client. Past it a stream of the connection is read
+/// only when it has no request in flight, until the client takes answers.
 pub const CONNECTION_REQUEST_BYTES: u64 = 64 << 20;
 /// Requests they hold at once, at most: every stream's in-flight bound, so bytes are the bound.
 const CONNECTION_REQUESTS: usize = STREAM_MAX_INFLIGHT * crate::serve::GRPC_MAX_STREAMS as usize;

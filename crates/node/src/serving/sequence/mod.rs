@@ -408,7 +408,7 @@ impl Step {
 
     /// Admits a request of `rows` rows to its sequence among the model's ready `instances`; a START
     /// that finds every instance's slots taken waits for one to free (a sequence ending, or idling
-    /// out), as in Triton's backlog; waiting holds no budget.
+    /// out), as in Triton's backlog; the request was admitted to the budget before, so waiting holds it.
     pub async fn admit(
         table: &Arc<std::sync::Mutex<Sequences>>,
         request: &InferRequest,
