@@ -16,8 +16,9 @@
 //! A flood at one model (from one client or a thousand) fills the pool and is refused there; a
 //! request for another model finds at least the reserve's second half (and the first, unless the
 //! flood's many clients, each under its own share, took it), one from another client of the flooded
-//! model the first half, as one more client of that model. The reserve is the only part not given away first-come, which is what keeps the
-//! budget work-conserving: nothing is set aside per model or per client.
+//! model the first half, as one more client of that model. The reserve is the only part not given
+//! away first-come, which is what keeps the budget work-conserving: nothing is set aside per model
+//! or per client.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -193,13 +194,6 @@ impl Drop for Permit {
     }
 }
 
-impl Permit {
-    /// Bytes this permit holds.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-}
-
 impl FairBudget {
     /// A budget of `limit` bytes with `reserve` kept for parties under their share; `flag` names the limit in refusals.
     pub fn new(limit: u64, reserve: u64, flag: &'static str) -> Arc<Self> {
@@ -212,23 +206,31 @@ impl FairBudget {
     pub fn admit(self: &Arc<Self>, model: &str, client: Client, bytes: u64) -> Result<Permit> {
         let mut shares = self.shares.locked();
         shares.admit(model, client, bytes)?;
-        let model = shares.key(model).unwrap_or_else(|| Arc::from(model));
-        Ok(Permit {
-            budget: self.clone(),
-            model,
-            client,
-            bytes,
-        })
+        Ok(self.permit(&shares, model, client, bytes))
+    }
+
+    /// Admits `request`: its tensors' bytes and [`REQUEST_BYTES`], for its client and model.
+    pub fn admit_request(self: &Arc<Self>, request: &InferRequest) -> Result<Permit> {
+        let tensors: u64 = request.inputs.iter().map(|i| i.tensor.data.len() as u64).sum();
+        self.admit(
+            &request.model_name,
+            request.client,
+            tensors.saturating_add(REQUEST_BYTES),
+        )
     }
 
     /// Charges `bytes` for `client`'s `model` whatever the rule says ([`Shares::charge`]).
     pub fn force(self: &Arc<Self>, model: &str, client: Client, bytes: u64) -> Permit {
         let mut shares = self.shares.locked();
         shares.charge(model, client, bytes);
-        let model = shares.key(model).unwrap_or_else(|| Arc::from(model));
+        self.permit(&shares, model, client, bytes)
+    }
+
+    /// The permit for `bytes` just charged, under the key the shares hold `model` by.
+    fn permit(self: &Arc<Self>, shares: &Shares, model: &str, client: Client, bytes: u64) -> Permit {
         Permit {
             budget: self.clone(),
-            model,
+            model: shares.key(model).unwrap_or_else(|| Arc::from(model)),
             client,
             bytes,
         }
@@ -246,18 +248,6 @@ impl FairBudget {
 /// queued without end. Measured on a node: a queued tensor-less gRPC request holds 19 to 20 KiB of
 /// resident memory (its HTTP/2 stream and buffers included; benches/README.md, issue 52).
 pub const REQUEST_BYTES: u64 = 20 << 10;
-
-impl FairBudget {
-    /// Admits `request`: its tensors' bytes and [`REQUEST_BYTES`], for its client and model.
-    pub fn admit_request(self: &Arc<Self>, request: &InferRequest) -> Result<Permit> {
-        let tensors: u64 = request.inputs.iter().map(|i| i.tensor.data.len() as u64).sum();
-        self.admit(
-            &request.model_name,
-            request.client,
-            tensors.saturating_add(REQUEST_BYTES),
-        )
-    }
-}
 
 /// A budget of `limit` bytes keeping `reserve` for parties under their share (None: an eighth of the limit).
 pub fn with_reserve(limit: u64, reserve: Option<u64>, flag: &'static str) -> Arc<FairBudget> {

@@ -7,7 +7,8 @@
 //! ([`CONNECTION_REQUEST_BYTES`]), and the request keeps its bytes there, with those of its answers
 //! that wait for their turn or for the client, until its last answer is taken by the connection; a
 //! decoupled model's answers are bounded by the connection's answer window ([`crate::stream`]).
-//! Every stream can always have one request in flight, so none waits on another of its connection. Every answer waiting for its client is also charged to the server's budget
+//! Every stream can always have one request in flight, so none waits on another of its connection.
+//! Every answer waiting for its client is also charged to the server's budget
 //! ([`Dispatch::budget`]), so unread answers hold back what the server admits.
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -157,6 +158,8 @@ pub(super) fn serve<D: Dispatch>(
         }
         drop(place);
         while running.join_next().await.is_some() {}
+        // Held until here: the table's entry for the connection lives while one of its streams
+        // does, so the connection's next stream shares these windows.
         drop(connection);
     });
     let messages = tokio_stream::wrappers::ReceiverStream::new(rx);

@@ -147,7 +147,7 @@ impl Default for Gates {
 /// A new connection that passed [`screen`]: on its way to its TLS handshake.
 pub struct Screened {
     incoming: quinn::Incoming,
-    _pass: Pass<IpAddr>,
+    pass: Pass<IpAddr>,
 }
 
 /// What the accept loop does with a new connection at once: an address not yet validated gets a
@@ -165,7 +165,7 @@ pub fn screen(incoming: quinn::Incoming, gates: &Gates) -> Option<Screened> {
         incoming.refuse();
         return None;
     };
-    Some(Screened { incoming, _pass: pass })
+    Some(Screened { incoming, pass })
 }
 
 /// The rest of a join: the TLS handshake within [`TLS_TIMEOUT`], a place among the hellos of the
@@ -183,7 +183,7 @@ pub async fn join(screened: Screened, gates: &Gates, limits: &Limits) -> Option<
             return None;
         }
     };
-    drop(screened._pass);
+    drop(screened.pass);
     let name = identity::of_peer(&conn).map_or_else(|| peer.ip().to_string(), |shown| shown.name);
     let Some(_pass) = gates.hellos.enter(name.clone()) else {
         let why = format!("too many handshakes in flight for '{name}'; dial again");
