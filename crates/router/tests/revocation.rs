@@ -164,11 +164,7 @@ async fn a_renewed_router_certificate_is_served_without_a_restart() {
     until_up(&router, "node-b").await;
 
     // SIGHUP reads the files again (`systemctl reload`), and does not end the router.
-    let sent = std::process::Command::new("kill")
-        .args(["-HUP", &router.proc.pid().to_string()])
-        .status()
-        .expect("kill -HUP");
-    assert!(sent.success());
+    router.proc.signal(libc::SIGHUP);
     eventually("the router to take SIGHUP", Duration::from_secs(30), || {
         let out = router.proc.output();
         async move {

@@ -50,9 +50,18 @@ impl Proc {
         }
     }
 
-    /// The process id (to send it signals).
+    /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends the process `signal` (`libc::SIGHUP`, ...) with kill(2): no `kill` program is needed,
+    /// which a fresh root may not have.
+    pub fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid fits pid_t");
+        // SAFETY: kill(2) takes plain integers; the child is ours and not yet reaped (Drop reaps it).
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal}): {}", std::io::Error::last_os_error());
     }
 
     /// Everything the process printed so far.
