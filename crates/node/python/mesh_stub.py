@@ -569,6 +569,19 @@ class Host(Calls, Plain):
             return self.execute_decoupled(header, blob)
         return self.execute_plain(header, blob)
 
+    def finalize(self):
+        """The model's finalize(), then the stub's last answer: ok, or the error it raised. Either
+        way the stub then exits, its output flushed."""
+        self.bls_open = False
+        reply = {"op": "ok"}
+        try:
+            if self.model is not None and hasattr(self.model, "finalize"):
+                self.model.finalize()
+        except Exception:  # noqa: BLE001 - reported to mesh-node with the traceback
+            reply = {"op": "error", "message": traceback.format_exc()}
+        flush_output()
+        self.send(reply)
+
     def serve(self):
         while True:
             header, blob = self.next_frame()
@@ -587,16 +600,22 @@ class Host(Calls, Plain):
                 elif op == "initialize":
                     reply = self.initialize(header)
                 elif op == "finalize":
-                    self.bls_open = False
-                    if self.model is not None and hasattr(self.model, "finalize"):
-                        self.model.finalize()
-                    self.send({"op": "ok"})
+                    self.finalize()
                     return
                 else:
                     reply = {"op": "error", "message": f"unknown op {op!r}"}
             except Exception:  # noqa: BLE001 - reported to mesh-node with the traceback
                 reply = {"op": "error", "message": traceback.format_exc()}
             self.send(reply, blobs)
+
+
+def flush_output():
+    """What the model printed reaches the node before the stub exits (stdout is a pipe, so buffered)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def main():

@@ -4,7 +4,7 @@
 //! `infer_borrowed`), its ports opened only when asked, stopped cleanly. `mesh-node` itself is
 //! this plus signal handling.
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
@@ -15,6 +15,7 @@ use mesh::{Dispatch, InferRequest, InferResponse, LoadOptions, NamedTensor};
 use crate::actors::instance::rate_limit::Limiter;
 use crate::actors::manager::loader::{LoadSettings, Repositories};
 use crate::backend::ort_env;
+use crate::backend::python::live::LiveStubs;
 use crate::backend::python::{PythonContext, PythonSettings};
 use crate::cli::Args;
 use crate::cluster::{ClusterNode, Settings as ClusterSettings};
@@ -94,6 +95,7 @@ impl Server {
                 settings: PythonSettings::from_backend_config(&args.backend_settings("python"))?,
                 dispatch: Default::default(),
                 runtime: tokio::runtime::Handle::current(),
+                live: Arc::new(LiveStubs::new(Duration::from_secs(args.exit_timeout_secs))),
             }),
             placed: Default::default(),
             loading: LoadSettings::from_flags(&args.triton)?,
@@ -124,7 +126,8 @@ impl Server {
         let node = Node::start(repos, options).await?;
         let failed = node.load_at_start(&args.control.load_model).await;
         if failed > 0 && args.exit_on_error {
-            node.stop().await;
+            node.stop(Instant::now() + Duration::from_secs(args.exit_timeout_secs))
+                .await;
             return Err(format!("{failed} model(s) failed to load and --exit-on-error is true"));
         }
         let cluster = match cluster {
@@ -280,23 +283,26 @@ impl Server {
         render_metrics(&self.prometheus)
     }
 
-    /// Stops: the ports stop taking requests and finish theirs (within `--exit-timeout-secs`), a
-    /// cluster's routers are drained first, then every model is unloaded and the actors stop.
+    /// Stops, all within `--exit-timeout-secs` (as tritonserver): a cluster's routers are
+    /// drained first, the ports stop taking requests and finish theirs, then every model is
+    /// unloaded and its instances' `finalize()` waited for; what still runs when the time is up
+    /// is killed, and the log names its model.
     pub async fn stop(self) {
-        let exit_timeout = Duration::from_secs(self.args.exit_timeout_secs);
+        let deadline = Instant::now() + Duration::from_secs(self.args.exit_timeout_secs);
+        let left = || deadline.saturating_duration_since(Instant::now());
         if let Some(cluster) = &self.cluster {
             // Routers stop sending new requests first and release the node once theirs are answered.
-            cluster.drain(exit_timeout).await;
+            cluster.drain(left()).await;
         }
         if let Some((stop_tx, servers)) = self.ports {
             let _ = stop_tx.send(true);
-            mesh::process::drain(servers, exit_timeout).await;
+            mesh::process::drain(servers, left()).await;
         }
         mesh::trace::flush(); // traces not written yet go to trace_file, as tritonserver writes them at exit
         if let Some(cluster) = self.cluster {
-            cluster.leave(exit_timeout).await;
+            cluster.leave(left()).await;
         }
-        self.node.stop().await;
+        self.node.stop(deadline).await;
         tracing::info!("stopped");
     }
 }

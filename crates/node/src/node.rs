@@ -1,7 +1,7 @@
 //! The running node: its Dispatch and the root of its actor tree, started and stopped together.
 use mesh::sync::ReadWrite;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorRef};
 
@@ -9,6 +9,7 @@ use crate::actors::manager::loader::Repositories;
 use crate::actors::manager::{ManagerLink, ManagerMsg};
 use crate::actors::node::{NodeSupervisor, SupervisorArgs};
 use crate::actors::table::ModelTable;
+use crate::backend::python::live::LiveStubs;
 use crate::cli::ControlMode;
 use crate::repository::placed::PlacedModels;
 use crate::serving::bls::BlsDispatch;
@@ -22,6 +23,8 @@ pub struct Node {
     supervisor: ActorRef<()>,
     manager: Arc<ManagerLink>,
     placed: Arc<PlacedModels>,
+    /// The Python instances' stubs still running: a stop waits for their finalize().
+    stubs: Arc<LiveStubs>,
 }
 
 impl Node {
@@ -32,6 +35,7 @@ impl Node {
         let dispatch = Arc::new(NodeDispatch::new(&options, &repos, table.clone(), manager.clone()));
         let bls = Arc::new(BlsDispatch::new(dispatch.clone()));
         let placed = repos.placed.clone();
+        let stubs = repos.python.live.clone();
         let seam: Arc<dyn mesh::Dispatch> = bls.clone();
         let _ = repos.python.dispatch.set(Arc::downgrade(&seam));
         let args = SupervisorArgs {
@@ -50,6 +54,7 @@ impl Node {
             supervisor,
             manager,
             placed,
+            stubs,
         })
     }
 
@@ -75,10 +80,32 @@ impl Node {
         self.dispatch.table.clone()
     }
 
-    /// Stops the actor tree and drops every model (after the servers drained).
-    pub async fn stop(self) {
-        let _ = self.supervisor.stop_and_wait(None, Some(Duration::from_secs(5))).await;
+    /// Stops the actor tree and unloads every model (after the servers drained): an instance
+    /// goes once the last request holding it is answered, and its `finalize()` runs. Waits for
+    /// them until `deadline` (and for their last log lines); a stub still running then is killed,
+    /// and the log names its model.
+    pub async fn stop(self, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let actors = left.clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let _ = self.supervisor.stop_and_wait(None, Some(actors)).await;
         self.dispatch.table.clear();
+        let running = self.stubs.count();
+        if running > 0 {
+            tracing::info!(instances = running, "waiting for the Python models' finalize()");
+        }
+        if !self.stubs.wait_gone(deadline).await {
+            for stub in self.stubs.kill_all() {
+                tracing::error!(
+                    model = %stub.model,
+                    instance = %stub.label,
+                    "model '{}' did not finish within --exit-timeout-secs (finalize() or requests still \
+                     running); its stub was killed",
+                    stub.model
+                );
+            }
+            // Their instances' threads reap them and log what they wrote last.
+            let _ = self.stubs.wait_gone(Instant::now() + Duration::from_secs(2)).await;
+        }
         crate::backend::python::stub::node_stopped();
     }
 }

@@ -5,6 +5,7 @@ mod decoupled;
 mod each;
 pub mod env;
 pub mod ipc;
+pub mod live;
 mod settings;
 mod spin;
 pub mod stub;
@@ -30,6 +31,8 @@ pub struct PythonContext {
     /// Set once the node's Dispatch exists (it is built after the loader).
     pub dispatch: OnceLock<Weak<dyn Dispatch>>,
     pub runtime: tokio::runtime::Handle,
+    /// The instances' stubs still running, which a stop waits for.
+    pub live: Arc<live::LiveStubs>,
 }
 
 /// Where one instance runs, for `initialize(args)`.
@@ -172,6 +175,7 @@ impl PythonBackend {
         }
         let settings = &ctx.settings;
         let mut stub = Stub::start(&python, settings.shm_bytes, settings.spin, info.name)?;
+        stub.enroll(&ctx.live, &config.name);
         let spin = SpinPolicy::new(settings.spin);
         let mut args = json!({
             "model_config": config_to_json(config).to_string(),
@@ -562,7 +566,9 @@ impl PythonBackend {
 
 impl Drop for PythonBackend {
     fn drop(&mut self) {
+        // An unloaded instance's finalize() has `--exit-timeout-secs`, as in a stop (where the
+        // stop's own deadline may end it sooner).
         let finalize = self.dead.is_none();
-        self.stub.stop(finalize, Duration::from_secs(5));
+        self.stub.stop(finalize, self.ctx.live.grace);
     }
 }

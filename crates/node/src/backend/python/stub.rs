@@ -152,11 +152,22 @@ pub struct Stub {
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     /// The stub's decoupled BLS calls still streaming, which it may cancel.
     streaming: Arc<super::bls::Streaming>,
+    /// The threads logging its stdout and stderr, joined once it exits (its last lines included).
+    logs: Vec<std::thread::JoinHandle<()>>,
+    /// Its place among the node's live stubs (an instance's stub; not a passing auto-complete's).
+    enrolled: Option<super::live::Enrolled>,
 }
 
+/// How long a reaped stub's last output may take to reach the log.
+const LAST_LINES: Duration = Duration::from_secs(1);
+
 /// Forwards a stub's output lines to the log; stderr lines are also kept for error messages.
-fn forward(stream: impl std::io::Read + Send + 'static, label: String, tail: Option<Arc<Mutex<VecDeque<String>>>>) {
-    let _ = std::thread::Builder::new().name(format!("{label}-log")).spawn(move || {
+fn forward(
+    stream: impl std::io::Read + Send + 'static,
+    label: String,
+    tail: Option<Arc<Mutex<VecDeque<String>>>>,
+) -> Option<std::thread::JoinHandle<()>> {
+    let spawned = std::thread::Builder::new().name(format!("{label}-log")).spawn(move || {
         for line in BufReader::new(stream).lines().map_while(Result::ok) {
             match &tail {
                 Some(t) => {
@@ -171,6 +182,7 @@ fn forward(stream: impl std::io::Read + Send + 'static, label: String, tail: Opt
             }
         }
     });
+    spawned.ok()
 }
 
 impl Stub {
@@ -205,11 +217,12 @@ impl Stub {
         let mut child = launch(command)
             .map_err(|e| format!("cannot start the python interpreter '{}': {e}", interpreter.display()))?;
         let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let mut logs = Vec::new();
         if let Some(out) = child.stdout.take() {
-            forward(out, label.to_string(), None);
+            logs.extend(forward(out, label.to_string(), None));
         }
         if let Some(err) = child.stderr.take() {
-            forward(err, label.to_string(), Some(tail.clone()));
+            logs.extend(forward(err, label.to_string(), Some(tail.clone())));
         }
         let stream = accept(&listener, &mut child, &tail);
         let _ = std::fs::remove_file(&sock_path);
@@ -232,7 +245,15 @@ impl Stub {
             shm: Arc::new(shm),
             label: label.to_string(),
             stderr_tail: tail,
+            logs,
+            enrolled: None,
         })
+    }
+
+    /// Counts the stub among the node's live ones (of `model`) until it is reaped and its last
+    /// lines are logged.
+    pub fn enroll(&mut self, live: &Arc<super::live::LiveStubs>, model: &str) {
+        self.enrolled = Some(live.enroll(model, &self.label, self.child.id()));
     }
 
     /// The last lines the stub wrote to stderr (a traceback, usually).
@@ -371,10 +392,11 @@ impl Stub {
         }
     }
 
-    /// Asks the stub to finalize (within `grace`), then kills and reaps it.
+    /// Asks the stub to finalize and exit (within `grace`), then kills and reaps it. A node's
+    /// stop may kill it sooner (`LiveStubs::kill_all`): the wait then ends at once.
     pub fn stop(&mut self, finalize: bool, grace: Duration) {
+        let deadline = Instant::now() + grace;
         if finalize && self.exited().is_none() && self.send(&json!({"op": "finalize"}), &[]).is_ok() {
-            let deadline = Instant::now() + grace;
             // finalize() may log, or raise: its traceback goes to the log.
             while let Ok((frame, _)) = self.recv(Some(deadline)) {
                 match frame["op"].as_str() {
@@ -390,17 +412,29 @@ impl Stub {
                 }
             }
         }
-        let end = Instant::now() + grace;
-        while self.exited().is_none() && Instant::now() < end {
+        while self.exited().is_none() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
+        }
+        self.kill();
+    }
+
+    /// Kills and reaps the process, then waits (briefly) for its last lines to be logged.
+    pub fn kill(&mut self) {
+        if let Some(enrolled) = &self.enrolled {
+            enrolled.reaping();
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let end = Instant::now() + LAST_LINES;
+        for log in std::mem::take(&mut self.logs) {
+            while !log.is_finished() && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if log.is_finished() {
+                let _ = log.join();
+            }
+        }
+        self.enrolled = None;
     }
 }
 
