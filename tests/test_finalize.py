@@ -1,6 +1,6 @@
 """A graceful stop waits for the models' finalize(): a Python model that saves its state slowly in
 finalize() (tests/python_models/finalize_saves) saves it on SIGTERM and SIGINT, on an unload through
-the repository API, and on the C API's stop; one that outlives --exit-timeout-secs is killed and
+the repository API or by a router's placement, and on the C API's stop; one that outlives --exit-timeout-secs is killed and
 named in the log, and its stub does not outlive the node."""
 import json
 import re
@@ -157,3 +157,24 @@ def test_the_c_apis_stop_waits_for_finalize(capi_lib, server_env, tmp_path, how)
     assert took >= 1.5, f"the server stopped {took} s after the call, before finalize() could end"
     assert json.loads(saved.read_text()) == {"served": 2}
     assert "finalize_saves: saved 2" in res.stdout + res.stderr
+
+
+@pytest.mark.cluster
+def test_an_unload_by_the_routers_placement_waits_for_finalize(cluster_factory, tmp_path):
+    from test_cluster_placement import FAST, empty_node, ready_nodes, wait_placed, with_params
+
+    repo, saved = saving_repo(tmp_path, 1.5)
+    with_params(repo / "finalize_saves" / "config.pbtxt", min_replicas=1, max_replicas=1)
+    c = cluster_factory()
+    c.start_router([repo], FAST + ["--model-control-mode", "explicit", "--load-model", "finalize_saves"])
+    node = empty_node(c, "e1")
+    wait_placed(c, "finalize_saves", 1)
+    serve_twice(c.router.http_url)
+    client = httpclient.InferenceServerClient(c.router.http_url)
+    client.unload_model("finalize_saves")  # the router's placement unloads it from the node
+    assert ready_nodes(c, "finalize_saves") == set()
+    deadline = time.monotonic() + 30
+    while not saved.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert json.loads(saved.read_text()) == {"served": 2}
+    assert "finalize_saves: saved 2" in node.log_path.read_text()
