@@ -1,6 +1,7 @@
 """A graceful stop waits for the models' finalize(): a Python model that saves its state slowly in
 finalize() (tests/python_models/finalize_saves) saves it on SIGTERM and SIGINT, on an unload through
-the repository API or by a router's placement, and on the C API's stop; one that outlives --exit-timeout-secs is killed and
+the repository API or by a router's placement, at the end of a cluster node's drain, and on the C
+API's stop; one that outlives --exit-timeout-secs is killed and
 named in the log, and its stub does not outlive the node."""
 import json
 import re
@@ -160,7 +161,7 @@ def test_the_c_apis_stop_waits_for_finalize(capi_lib, server_env, tmp_path, how)
 
 
 @pytest.mark.cluster
-def test_an_unload_by_the_routers_placement_waits_for_finalize(cluster_factory, tmp_path):
+def test_a_placed_model_finalizes_when_unloaded_and_when_its_node_drains_and_stops(cluster_factory, tmp_path):
     from test_cluster_placement import FAST, empty_node, ready_nodes, wait_placed, with_params
 
     repo, saved = saving_repo(tmp_path, 1.5)
@@ -174,7 +175,18 @@ def test_an_unload_by_the_routers_placement_waits_for_finalize(cluster_factory, 
     client.unload_model("finalize_saves")  # the router's placement unloads it from the node
     assert ready_nodes(c, "finalize_saves") == set()
     deadline = time.monotonic() + 30
-    while not saved.exists() and time.monotonic() < deadline:
+    while "finalize_saves: saved 2" not in node.log_path.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert json.loads(saved.read_text()) == {"served": 2}
-    assert "finalize_saves: saved 2" in node.log_path.read_text()
+    # Placed again, then the node is stopped: it drains (the router releases it), then finalizes.
+    saved.unlink()
+    client.load_model("finalize_saves")
+    wait_placed(c, "finalize_saves", 1)
+    serve_twice(c.router.http_url)
+    client.close()
+    node.signal(signal.SIGTERM)
+    assert node.proc.wait(timeout=30) == 0
+    assert json.loads(saved.read_text()) == {"served": 2}
+    text = node.log_path.read_text()
+    text = text[text.index("SIGTERM received"):]
+    assert line_of(text, "drained: every router released") < line_of(text, "finalize_saves: saving in") < line_of(text, "INFO stopped")
