@@ -4,6 +4,7 @@ flags that mean something for the mesh (`--id`, `--log-file`, `--log-format`, th
 and `--response-cache-byte-size`, gRPC compression, the rate limiter) do what tritonserver's do."""
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +157,27 @@ def test_legacy_trace_flags_set_the_trace_settings(mesh_bin, server_env, tmp_pat
         assert s["trace_count"] == "3" and s["log_frequency"] == "2" and s["trace_file"] == str(trace_file)
     finally:
         stop_process(proc)
+
+
+def test_dash_leading_values_in_the_two_argument_form_start_the_node(mesh_bin, server_env, tmp_path):
+    """Issue 55: tritonserver reads its flags with getopt_long, which takes the argument after a flag
+    that needs a value as that value whatever it begins with, so start scripts say `--trace-count -1`;
+    mesh-node starts with it unchanged. A value really missing still stops it, naming the flag."""
+    proc, ports, log = start(mesh_bin, server_env, tmp_path,
+                             ["--trace-count", "-1", "--trace-rate", "5", "--id", "-mesh"])
+    try:
+        wait_live(proc, ports[0], log, path="/v2/health/ready")
+        http = httpclient.InferenceServerClient(f"{HOST}:{ports[0]}")
+        settings = http.get_trace_settings()
+        assert settings["trace_count"] == "-1" and settings["trace_rate"] == "5", settings
+        assert http.get_server_metadata()["name"] == "-mesh"
+    finally:
+        stop_process(proc)
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    proc, _, log = start(mesh_bin, server_env, missing, ["--trace-count"])
+    assert proc.wait(20) != 0
+    assert "a value is required for '--trace-count <TRACE_COUNT>'" in log.read_text()
 
 
 def test_gzip_requests_are_taken_and_answers_compressed_on_request(mesh_bin, server_env, tmp_path, models_dir):

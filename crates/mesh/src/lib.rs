@@ -11,6 +11,7 @@ pub mod dispatch;
 pub mod dtype;
 pub mod ensemble;
 pub mod error;
+pub mod getopt;
 pub mod grpc;
 pub mod http;
 pub mod listen;

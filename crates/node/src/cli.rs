@@ -10,6 +10,8 @@ pub use mesh::control::ControlMode;
     name = "mesh-node",
     // A flag given twice takes its last value, as tritonserver's command line does.
     args_override_self = true,
+    // A flag that needs a value takes the next argument, even `-1`, as tritonserver's getopt does.
+    mut_args = mesh::getopt::value_may_begin_with_dash,
     version,
     about = "Serves Triton model repositories over KServe v2 HTTP and gRPC"
 )]
@@ -230,6 +232,74 @@ mod tests {
         assert_eq!(a.listen.http_port, 2);
         assert_eq!(a.backend_settings("python").len(), 2);
         assert_eq!(a.triton.id.as_deref(), Some("triton"));
+    }
+
+    #[test]
+    fn every_flag_with_a_value_takes_the_next_argument_even_with_a_leading_dash() {
+        let report = mesh::getopt::check_dash_values::<Args>(&["--model-repository", "/m"]);
+        assert!(report.failures.is_empty(), "{:#?}", report.failures);
+        // Every flag of tritonserver 2.51's --help that takes a value is among those walked, and
+        // none that takes no value needs one.
+        let fixture = include_str!("../../../tests/fixtures/tritonserver-2.51-flags.txt");
+        let triton: Vec<(&str, bool)> = fixture
+            .lines()
+            .filter(|l| l.starts_with("--"))
+            .map(|l| (l.split_whitespace().next().unwrap(), l.contains(' ')))
+            .collect();
+        assert_eq!(triton.len(), 86);
+        for (flag, takes_value) in triton {
+            let required = report.required.iter().any(|f| f == flag);
+            let optional = report.optional.iter().any(|f| f == flag);
+            assert!(if takes_value { required || optional } else { !required }, "{flag}");
+        }
+        // Only these take their value optionally (tritonserver: none, and a required boolean for
+        // the two gRPC ones), so a dash-leading argument after them is the next flag.
+        let mut optional = report.optional.clone();
+        optional.sort();
+        assert_eq!(
+            optional,
+            [
+                "--disable-auto-complete-config",
+                "--grpc-use-ssl",
+                "--grpc-use-ssl-mutual"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_start_scripts_dash_leading_values_are_taken() {
+        let a = Args::parse_flags([
+            "--model-repository",
+            "-models",
+            "--trace-count",
+            "-1",
+            "--id",
+            "-x",
+            "--metrics-interval-ms",
+            "-1",
+            "--gpus",
+            "-1",
+            "--grpc-use-ssl",
+            "--strict-readiness",
+            "false",
+        ])
+        .unwrap();
+        assert_eq!(a.model_repository, [PathBuf::from("-models")]);
+        assert_eq!(a.listen.trace_count, Some(-1));
+        assert_eq!(a.listen.trace_flags(), ["count=-1"]);
+        assert_eq!(a.triton.id.as_deref(), Some("-x"));
+        assert_eq!(a.triton.metrics_interval_ms, Some(-1.0));
+        assert_eq!(a.gpus, Some(vec![-1]));
+        assert!(a.listen.tls.grpc_use_ssl && !a.strict_readiness);
+        // A value the flag's type refuses is refused as that flag's value.
+        let e = Args::parse_flags(["--model-repository", "/m", "--exit-timeout-secs", "-1"]).unwrap_err();
+        assert!(e.contains("invalid value '-1' for '--exit-timeout-secs"), "{e}");
+        // A value really missing is still refused, naming the flag.
+        let e = Args::parse_flags(["--model-repository", "/m", "--trace-count"]).unwrap_err();
+        assert!(
+            e.contains("a value is required for '--trace-count <TRACE_COUNT>'"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -12,6 +12,8 @@ use crate::place::PlacementSettings;
     name = "mesh-router",
     // A flag given twice takes its last value, as tritonserver's command line does.
     args_override_self = true,
+    // A flag that needs a value takes the next argument, even `-1`, as tritonserver's getopt does.
+    mut_args = mesh::getopt::value_may_begin_with_dash,
     version,
     about = "The mesh's cluster entrypoint: serves KServe v2 HTTP and gRPC and routes to mesh-nodes over QUIC"
 )]
@@ -159,5 +161,35 @@ impl Args {
 
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_with_a_value_takes_the_next_argument_even_with_a_leading_dash() {
+        let report = mesh::getopt::check_dash_values::<Args>(&["--http-port", "8000"]);
+        assert!(report.failures.is_empty(), "{:#?}", report.failures);
+        for flag in [
+            "--trace-count",
+            "--id",
+            "--model-repository",
+            "--model-store",
+            "--etcd-endpoints",
+        ] {
+            assert!(report.required.iter().any(|f| f == flag), "{flag}");
+        }
+        let a = Args::try_parse_from(["mesh-router", "--trace-count", "-1", "--router-name", "-r"]).unwrap();
+        assert_eq!(a.listen.trace_count, Some(-1));
+        assert_eq!(a.router_name.as_deref(), Some("-r"));
+        let e = Args::try_parse_from(["mesh-router", "--trace-count"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("a value is required for '--trace-count <TRACE_COUNT>'"),
+            "{e}"
+        );
     }
 }
