@@ -4,7 +4,7 @@ them. Written for the mesh from the public API."""
 import math
 import weakref
 
-import triton_python_backend_utils as pb
+import mesh_pb_host as pb
 
 
 class MetricFamily:
@@ -20,7 +20,7 @@ class MetricFamily:
             raise pb.TritonModelException("kind must be MetricFamily.COUNTER, GAUGE or HISTOGRAM")
         self._name = str(name)
         self._kind = kind
-        pb._host().metric({"action": "family", "family": self._name, "description": str(description), "kind": kind})
+        pb.host().metric({"action": "family", "family": self._name, "description": str(description), "kind": kind})
         self._live = True
 
     def Metric(self, labels=None, buckets=None):  # noqa: N802 - Triton's name
@@ -28,7 +28,7 @@ class MetricFamily:
 
     def __del__(self):
         if getattr(self, "_live", False):
-            pb._host().metric_later({"action": "family_drop", "family": self._name})
+            pb.host().metric_later({"action": "family_drop", "family": self._name})
 
 
 class Metric:
@@ -50,7 +50,7 @@ class Metric:
             frame["buckets"] = [float(b) for b in buckets]
             if not all(math.isfinite(b) for b in frame["buckets"]):
                 raise pb.TritonModelException("histogram buckets must be finite numbers (+Inf is implied)")
-        pb._host().metric(frame)
+        pb.host().metric(frame)
         self._live = True
 
     def _op(self, action, value=None, wait=False):
@@ -63,8 +63,8 @@ class Metric:
             # NaN and infinities are not JSON: they travel as text ('nan', 'inf', '-inf').
             frame["value"] = value if math.isfinite(value) else repr(value)
         if wait:
-            return pb._host().metric(frame)
-        pb._host().metric_later(frame, flush=True)
+            return pb.host().metric(frame)
+        pb.host().metric_later(frame, flush=True)
         return None
 
     def increment(self, value):
@@ -91,4 +91,4 @@ class Metric:
 
     def __del__(self):
         if getattr(self, "_live", False):
-            pb._host().metric_later({"action": "metric_drop", "family": self._name, "labels": self._labels})
+            pb.host().metric_later({"action": "metric_drop", "family": self._name, "labels": self._labels})

@@ -3,11 +3,15 @@ backed by the mesh stub (mesh_stub.py) instead of Triton's. Written for the mesh
 import enum
 import json
 import numbers
-import sys
 import threading
 import traceback
 
 import numpy as np
+
+# pb_utils' names defined in modules of their own (below this one, which re-exports them).
+from mesh_pb_host import TritonModelException
+from mesh_pb_host import host as _host
+from mesh_pb_metrics import Metric, MetricFamily  # noqa: F401 - pb_utils' names
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -91,10 +95,6 @@ class TritonError:
 
     def __repr__(self):
         return f"TritonError({self._message!r})"
-
-
-class TritonModelException(Exception):
-    pass
 
 
 # Argument checks, as Triton's stub (pybind11) makes them: an argument of the wrong type (None
@@ -638,16 +638,6 @@ def is_model_ready(model_name, model_version=""):
                                       version=_text(model_version, "model_version")))
 
 
-def _host():
-    host = sys.modules.get("mesh_stub_host")
-    if host is None:
-        raise TritonModelException("triton_python_backend_utils needs the mesh stub to run")
-    return host
-
-
 def format_exception():
     return "".join(traceback.format_exc())
 
-
-# Custom metrics live in their own module (it reaches this one's _host and TritonModelException).
-from mesh_pb_metrics import Metric, MetricFamily  # noqa: E402,F401 - pb_utils' names

@@ -21,6 +21,7 @@ const CALLS_PY: &str = include_str!("../../../python/mesh_stub_calls.py");
 const PLAIN_PY: &str = include_str!("../../../python/mesh_stub_plain.py");
 const UTILS_PY: &str = include_str!("../../../python/triton_python_backend_utils.py");
 const METRICS_PY: &str = include_str!("../../../python/mesh_pb_metrics.py");
+const HOST_PY: &str = include_str!("../../../python/mesh_pb_host.py");
 const TENSORFLOW_PY: &str = include_str!("../../../python/mesh_tensorflow.py");
 const CUDA_PY: &str = include_str!("../../../python/mesh_stub_cuda.py");
 /// How long a new stub may take to import numpy and connect.
@@ -44,6 +45,7 @@ fn write_runtime_dir() -> std::io::Result<PathBuf> {
         ("mesh_stub_plain.py", PLAIN_PY),
         ("triton_python_backend_utils.py", UTILS_PY),
         ("mesh_pb_metrics.py", METRICS_PY),
+        ("mesh_pb_host.py", HOST_PY),
         ("mesh_tensorflow.py", TENSORFLOW_PY),
         ("mesh_stub_cuda.py", CUDA_PY),
     ] {
