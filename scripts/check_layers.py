@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
-"""Checks that modules import only downward: no circle among the files of any crate, and in the
-router, each layer imports only those below it and no file outside the supervisor and main.rs
-names an actor. Run by scripts/test-all.sh; exits 1 naming what breaks the rule."""
+"""Checks that modules import only downward: no circle among the files of any crate of the workspace
+(its members in Cargo.toml) nor among the modules of the Python code (the stub's modules in
+crates/node/python, the packages in python/), and in the router, each layer imports only those below
+it and no file outside the supervisor and main.rs names an actor. Run by scripts/test-all.sh; exits 1
+naming what breaks the rule."""
+import ast
 import pathlib
 import re
 import sys
+import tomllib
 
-CRATES = pathlib.Path(__file__).resolve().parent.parent / "crates"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Python code that ships: a directory of flat modules, or a directory of packages.
+PYTHON_FLAT = [ROOT / "crates" / "node" / "python"]
+PYTHON_PACKAGES = ROOT / "python"
 # The router's top-level modules, lowest layer first; a module imports its own layer or those below.
 LAYERS = [
     {"membership", "route", "place", "lead", "repository", "ensembles", "stats", "metrics"},
@@ -52,7 +59,29 @@ def imports(path: pathlib.Path, me: str) -> set:
     return found
 
 
-def check_crate(src: pathlib.Path, router: bool, problems: list) -> int:
+def find_circles(edges: dict, where: str, problems: list, related=lambda a, b: False) -> None:
+    """Adds each circle of `edges` (module -> modules it imports) to `problems`."""
+    state = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges.get(m, ())):
+            if related(m, t):
+                continue
+            if state.get(t) == 1:
+                problems.append(f"{where}: import circle: " + " -> ".join(stack[stack.index(t):] + [t]))
+            elif not state.get(t):
+                visit(t, stack)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if not state.get(m):
+            visit(m, [])
+
+
+def check_crate(src: pathlib.Path, router: bool, problems: list, where: str = "") -> int:
     files = sorted(p for p in src.rglob("*.rs") if not is_test(p.relative_to(src)))
     modules = {module_of(p.relative_to(src)) for p in files}
     edges = {}
@@ -71,26 +100,73 @@ def check_crate(src: pathlib.Path, router: bool, problems: list) -> int:
         edges[me] = targets
         if router:
             check_router_file(str(rel), me, targets, problems)
-    state = {}
-
-    def visit(m, stack):
-        state[m] = 1
-        stack.append(m)
-        for t in sorted(edges.get(m, ())):
-            # A module and its own submodules may use each other.
-            if t.startswith(m + "::") or m.startswith(t + "::"):
-                continue
-            if state.get(t) == 1:
-                problems.append(f"{src.parent.name}: import circle: " + " -> ".join(stack[stack.index(t):] + [t]))
-            elif not state.get(t):
-                visit(t, stack)
-        stack.pop()
-        state[m] = 2
-
-    for m in sorted(edges):
-        if not state.get(m):
-            visit(m, [])
+    # A module and its own submodules may use each other.
+    find_circles(edges, where or src.parent.name, problems,
+                 lambda m, t: t.startswith(m + "::") or m.startswith(t + "::"))
     return len(files)
+
+
+def python_imports(path: pathlib.Path, package: str | None) -> set:
+    """The modules a Python file imports, as dotted names: every import statement, those inside
+    functions and under `if TYPE_CHECKING:` too (a circle of types is a circle all the same).
+    Relative imports are resolved within `package`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level and package:
+                parts = package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            found.add(base)
+            # `from package import module` names a module too.
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def check_python(files: dict, where: str, problems: list) -> int:
+    """`files`: module name -> (path, its package or None). Adds the circles among them."""
+    edges = {}
+    for me, (path, package) in files.items():
+        targets = set()
+        for name in python_imports(path, package):
+            # The longest of our modules the name starts with; a package's __init__ is its name.
+            parts = name.split(".")
+            for n in range(len(parts), 0, -1):
+                cand = ".".join(parts[:n])
+                if cand in files:
+                    targets.add(cand)
+                    break
+        targets.discard(me)
+        edges[me] = targets
+    # A package's __init__ gathers its modules' names: it may import them, and they are below it.
+    find_circles(edges, where, problems, lambda m, t: m.startswith(t + ".") and files[t][0].name == "__init__.py")
+    return len(files)
+
+
+def python_modules(flat_dirs=PYTHON_FLAT, packages=PYTHON_PACKAGES) -> list:
+    """(where, {module: (path, package)}) for each place Python code ships from."""
+    found = []
+    for flat in flat_dirs:
+        found.append((flat.name, {p.stem: (p, None) for p in sorted(flat.glob("*.py"))}))
+    for init in sorted(packages.glob("*/__init__.py")):
+        top = init.parent
+        modules = {}
+        for p in sorted(top.rglob("*.py")):
+            rel = p.relative_to(packages).with_suffix("")
+            package = ".".join(rel.parts[:-1])
+            name = package if rel.name == "__init__" else ".".join(rel.parts)
+            modules[name] = (p, name if rel.name == "__init__" else package)
+        found.append((f"{packages.name}/{top.name}", modules))
+    return found
+
+
+def workspace_crates() -> list:
+    """The workspace's member crates, as Cargo.toml lists them."""
+    members = tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"]["members"]
+    return [ROOT / m for m in members]
 
 
 def layer(top: str) -> int:
@@ -120,10 +196,15 @@ def check_router_file(rel: str, me: str, targets: set, problems: list) -> None:
 def main() -> int:
     problems = []
     counted = []
-    for krate in sorted(CRATES.iterdir()):
+    for krate in workspace_crates():
         src = krate / "src"
-        if src.is_dir():
-            counted.append(f"{krate.name} {check_crate(src, krate.name == 'router', problems)}")
+        if not src.is_dir():
+            problems.append(f"{krate.relative_to(ROOT)}: a workspace member without src/")
+            continue
+        where = krate.relative_to(ROOT).as_posix()
+        counted.append(f"{where} {check_crate(src, where == 'crates/router', problems, where)}")
+    for where, modules in python_modules():
+        counted.append(f"{where} {check_python(modules, where, problems)}")
     for p in problems:
         print(p)
     if not problems:
