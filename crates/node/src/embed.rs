@@ -3,6 +3,7 @@
 //! request's tensors: `Tensor` data is shared `Bytes`, or the caller's own slices with
 //! `infer_borrowed`), its ports opened only when asked, stopped cleanly. `mesh-node` itself is
 //! this plus signal handling.
+#![warn(missing_docs)]
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -310,9 +311,13 @@ impl Server {
 /// An input lent to [`Server::infer_borrowed`]: its bytes are read where they are.
 #[derive(Debug, Clone, Copy)]
 pub struct Borrowed<'a> {
+    /// The model's name of the input.
     pub name: &'a str,
+    /// Its element type.
     pub dtype: mesh::DataType,
+    /// Its shape (the batch dimension included, for a batching model).
     pub shape: &'a [i64],
+    /// Its bytes, row-major, as many as the type and shape need.
     pub data: &'a [u8],
 }
 

@@ -1,7 +1,7 @@
 //! Raw binary infer requests: a body sent with `Inference-Header-Content-Length: 0` has no JSON
 //! header at all and is the whole data of a one-input model's input, whose shape is deduced from
 //! the model's config as Triton's binary data extension describes (at most one variable dimension,
-//! sized from the byte count; a batch dimension of 1 for batching models; BYTES inputs of shape [1]
+//! sized from the byte count; a batch dimension of 1 for batching models; BYTES inputs of shape `[1]`
 //! take the body as their one element).
 use bytes::{BufMut, Bytes, BytesMut};
 

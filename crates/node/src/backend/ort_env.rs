@@ -128,7 +128,7 @@ const CUDA_LIBRARIES: &[&str] = &[
 ];
 
 /// The CUDA libraries under a site-packages' `nvidia/` tree (PyPI's `nvidia-*` wheels: `nvidia/<part>/lib`
-/// or `nvidia/cu13/lib`), in [`CUDA_LIBRARIES`]' order; versioned names only (`libX.so.N...`).
+/// or `nvidia/cu13/lib`), in `CUDA_LIBRARIES`' order; versioned names only (`libX.so.N...`).
 pub fn cuda_libraries(site_packages: &Path) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     for part in std::fs::read_dir(site_packages.join("nvidia"))

@@ -138,7 +138,7 @@ fn not_active(model: &str, id: &SequenceId) -> Error {
     ))
 }
 
-/// A request's place in its sequence, from [`Sequences::begin`].
+/// A request's place in its sequence, from [`Sequences::try_begin`].
 #[derive(Debug, Clone)]
 pub struct Ticket {
     pub instance: String,
