@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up (PyTorch, TensorFlow in .venv-tf and PyTriton in .venv-pytriton, too), then runs
-# every test suite and reports every failure: the router's layering (scripts/check_layers.py: modules
-# import only downward), the Rust unit tests with the `torch` feature and the Rust tests that drive
+# every test suite and reports every failure: the layering (scripts/check_layers.py: modules import
+# only downward, in every crate and in the Python code), the book (scripts/docs.sh), the Rust unit tests with the `torch` feature and the Rust tests that drive
 # the real router and node binaries with a fake peer (every crate, even after one fails), the debug
 # build of mesh-node with the test-only fault-injection feature (for the supervision tests), then the
 # tritonclient integration suite against the real mesh-node (built with TorchScript support),
@@ -42,6 +42,8 @@ for step in "scripts/setup.sh --torch" scripts/setup-tensorflow.sh scripts/setup
 done
 
 suite layers python3 scripts/check_layers.py
+# The book: mdBook (installed from crates.io the first time), its links and mdBook's warnings.
+suite docs scripts/docs.sh
 suite cargo-test bash -c 'source scripts/torch-env.sh && MESH_REQUIRE_SERVER=1 exec cargo test --workspace --features mesh-node/torch --no-fail-fast'
 suite fault-build cargo build -p mesh-node --features fault-injection
 # pytest's own summary of failures is kept for the end (its output can be long).
