@@ -121,8 +121,8 @@ def test_bad_requests_raise_tritons_exceptions_at_once(server):
             model.infer(inputs={"INPUT0": good, "INPUT1": good}, parameters=bad)
     with pytest.raises(tritonserver.InvalidArgumentError):
         model.infer(inputs={"INPUT0": good, "INPUT1": good}, output_memory_type="unsupported")
-    with pytest.raises(tritonserver.UnsupportedError):
-        model.infer(inputs={"INPUT0": good, "INPUT1": good}, output_memory_type="gpu")
+    with pytest.raises(tritonserver.InvalidArgumentError, match="not supported by default_memory_allocators"):
+        model.infer(inputs={"INPUT0": good, "INPUT1": good}, output_memory_type="gpu")  # no GPU allocator
     # the server keeps serving
     (ok,) = model.infer(inputs={"INPUT0": good, "INPUT1": good}, raise_on_error=True)
     assert ok.error is None

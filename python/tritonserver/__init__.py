@@ -2,10 +2,15 @@
 
 A program written for Triton's `tritonserver` package runs unchanged: `Server(model_repository=...)`,
 `start()`, `model(name).infer(inputs=...)`, `load`/`unload`, `metrics()`, one exception class per
-error code. The package is pure Python over the C API (ctypes); the library finds Python models'
-interpreter (this one, by default), and no callback runs in Python while requests are served.
+error code, and outputs written straight into the application's memory by its own
+`MemoryAllocator`. The package is pure Python over the C API (ctypes); the library finds Python
+models' interpreter (this one, by default), and no callback runs in Python on the server's threads
+(an allocator runs on the thread that reads the answer).
 Differences from Triton's package are listed in the README ("Inside a Python program").
 """
+from tritonserver._allocators import CPUAllocator as CPUAllocator
+from tritonserver._allocators import MemoryAllocator as MemoryAllocator
+from tritonserver._allocators import default_memory_allocators as default_memory_allocators
 from tritonserver._library import AlreadyExistsError as AlreadyExistsError
 from tritonserver._library import CancelledError as CancelledError
 from tritonserver._library import InternalError as InternalError

@@ -175,6 +175,9 @@ _SIGNATURES = {
     "MESH_ResponseQueuePopMany": (P, [P, c_int64, P, c_uint32, POINTER(c_uint32)]),
     "MESH_InferenceRequestAddInputsPacked": (P, [P, c_char_p, c_size_t]),
     "MESH_ServerInferPacked": (P, [P, P, c_char_p, c_size_t, P]),
+    "MESH_ServerInferPackedHeld": (P, [P, P, c_char_p, c_size_t, P]),
+    "MESH_InferenceResponsePlaceOutputs": (P, [P, c_char_p, c_uint32]),
+    "TRITONSERVER_LogMessage": (P, [c_uint32, c_char_p, c_int, c_char_p]),
 }
 
 
@@ -230,6 +233,14 @@ def check(raw) -> None:
         error = error_from(raw)
         lib().TRITONSERVER_ErrorDelete(raw)
         raise error
+
+
+LOG_WARN, LOG_ERROR = 1, 2  # TRITONSERVER_LogLevel
+
+
+def log(level: int, message: str) -> None:
+    """A line in the server's log (as Triton's package logs through the library), never raising."""
+    ignore(lib().TRITONSERVER_LogMessage(level, b"tritonserver", 0, message.encode("utf-8", "replace")))
 
 
 def json_of(message) -> str:

@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import json
 from ctypes import byref, c_bool, c_uint32, c_void_p
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from tritonserver import _library as L
 from tritonserver._library import InvalidArgumentError
 from tritonserver._request import AsyncResponseIterator, InferenceRequest, ResponseIterator, _Pending
 from tritonserver._types import ModelBatchFlag, ModelTxnPropertyFlag
 
-if TYPE_CHECKING:
-    from tritonserver._server import Server
+# "Server" in annotations is tritonserver._server.Server, not imported here: _server imports this module.
 
 
 class Model:
@@ -40,13 +39,13 @@ class Model:
             raise InvalidArgumentError("give either an InferenceRequest or its fields, not both")
         return inference_request
 
-    def infer(self, inference_request: Optional[InferenceRequest] = None, raise_on_error: bool = False,
+    def infer(self, inference_request: Optional[InferenceRequest] = None, raise_on_error: bool = True,
               **kwargs: Any) -> ResponseIterator:
         """Sends a request; iterate over the result for its responses (a decoupled model may give several)."""
         request = self._request(inference_request, kwargs)
         return ResponseIterator(_Pending(request.model, request), raise_on_error)
 
-    def async_infer(self, inference_request: Optional[InferenceRequest] = None, raise_on_error: bool = False,
+    def async_infer(self, inference_request: Optional[InferenceRequest] = None, raise_on_error: bool = True,
                     **kwargs: Any) -> AsyncResponseIterator:
         """Sends a request from asyncio code; `async for` over the result for its responses."""
         request = self._request(inference_request, kwargs)

@@ -12,16 +12,15 @@ from ctypes import byref, c_int, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass, field
 
 import numpy
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from tritonserver import _library as L
+from tritonserver._allocators import MemoryAllocator, _Placement, placement_of
 from tritonserver._library import ERRORS, InternalError, InvalidArgumentError, TritonError, UnknownError, UnsupportedError
-from tritonserver._tensor import MemoryBuffer, Tensor, _address, _memory_type_of
+from tritonserver._tensor import MemoryBuffer, Tensor, _address
 from tritonserver._types import DATA_TYPE_OF, DataType, MemoryType
 
-if TYPE_CHECKING:
-    from tritonserver._model import Model
-
+# "Model" in annotations is tritonserver._model.Model, not imported here: _model imports this module.
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 EVENT_RESPONSE, EVENT_RELEASED = 1, 2
 _PARAMETER_STRING, _PARAMETER_INT, _PARAMETER_BOOL, _PARAMETER_DOUBLE = 0, 1, 2, 3  # BYTES (4): the bytes
@@ -40,7 +39,9 @@ _Slots = c_uint64 * (4 * _SLOTS)  # MESH_ResponseEvent: kind | flags << 32, hand
 
 @dataclass
 class InferenceRequest:
-    """One request to a model: its inputs (Tensors, arrays or lists), parameters and options."""
+    """One request to a model: its inputs (Tensors, arrays or lists), parameters and options.
+    `output_memory_allocator` (a MemoryAllocator) gives the memory of every output, asked for
+    `output_memory_type` when that is set."""
 
     model: "Model"
     request_id: Optional[str] = None
@@ -51,6 +52,7 @@ class InferenceRequest:
     inputs: dict[str, Any] = field(default_factory=dict)
     parameters: dict[str, str | int | bool | float] = field(default_factory=dict)
     output_memory_type: Optional[Any] = None
+    output_memory_allocator: Optional[MemoryAllocator] = None
     response_queue: Optional[queue.SimpleQueue | asyncio.Queue] = None
 
 
@@ -136,7 +138,7 @@ class _Pending:
     """A request in flight: its C request, its queue, and the input tensors it borrows until released."""
 
     __slots__ = ("model", "request", "handle", "queue", "slots", "tensors", "events", "final", "released",
-                 "defer_queue", "reusable_queue")
+                 "defer_queue", "reusable_queue", "placement")
 
     def __init__(self, model: "Model", request: InferenceRequest):
         self.model, self.request = model, request
@@ -148,11 +150,9 @@ class _Pending:
         self.reusable_queue = True  # false once the queue has an eventfd, or saw a refused request
         if _ORPHANS:
             _collect_orphans()
-        if request.output_memory_type is not None:
-            kind = _memory_type_of(request.output_memory_type)
-            if kind == MemoryType.GPU:
-                raise UnsupportedError(f"output memory {request.output_memory_type!r}: the mesh's in-process API "
-                                       "answers in CPU memory")
+        # Refused here, before anything is made, as r24.10 refuses a memory type without an allocator.
+        self.placement: Optional[_Placement] = placement_of(request.output_memory_allocator,
+                                                            request.output_memory_type)
         server, made, f = model._server_ptr(), c_void_p(), L.lib()
         L.check(f.TRITONSERVER_InferenceRequestNew(byref(made), server, L.text(model.name), int(model.version)))
         self.handle = made.value
@@ -163,7 +163,8 @@ class _Pending:
             self.released = True  # never sent: the request is still ours, and nothing borrows the inputs
             self._free()
             raise
-        refused = f.MESH_ServerInferPacked(server, self.handle, packed, len(packed), self.queue)
+        send = f.MESH_ServerInferPacked if self.placement is None else f.MESH_ServerInferPackedHeld
+        refused = send(server, self.handle, packed, len(packed), self.queue)
         if refused:
             self.released = True  # the request is still ours, and nothing borrows the inputs
             self.reusable_queue = False
@@ -226,7 +227,7 @@ class _Pending:
             self.handle = None  # the library deleted it
         else:
             self.final = self.final or bool(flags & FINAL)
-            response = _response(self.model, self.request, handle, flags, packed, size)
+            response = _response(self.model, self.request, handle, flags, packed, size, self.placement)
         if self.done():
             self._free()
         return True, response
@@ -257,7 +258,9 @@ def _collect_orphans() -> None:
         waiting = list(_ORPHANS)
         _ORPHANS.clear()
     for p in waiting:
-        # What is left in its queue goes with it (responses are deleted as they are dropped).
+        # What is left in its queue goes with it (responses are deleted as they are dropped, their
+        # outputs never placed: nobody reads them, so the application's allocator is not asked).
+        p.placement = None
         while not p.released and p.queue and p.poll(0)[0]:
             pass
         if p.released:
@@ -282,9 +285,10 @@ def _parameter_value(kind: int, value: bytes) -> Any:
 
 
 def _response(model: "Model", request: InferenceRequest, handle: Optional[int], flags: int, packed: Optional[int],
-              size: int) -> InferenceResponse:
-    """An InferenceResponse over a C response and its packed record (outputs not copied: they keep
-    the C response alive)."""
+              size: int, placement: Optional[_Placement] = None) -> InferenceResponse:
+    """An InferenceResponse over a C response and its packed record. Outputs are not copied: they
+    keep the C response alive, or, with a `placement`, lie in the buffers its allocator gave (the
+    library copies each there once; the C response goes as soon as that is done)."""
     result = InferenceResponse(model, request.request_id, {}, {}, None, None, bool(flags & FINAL))
     if not handle:
         return result
@@ -307,19 +311,30 @@ def _response(model: "Model", request: InferenceRequest, handle: Optional[int], 
             name, at = raw[at:at + name_len].decode(), at + name_len
             result.parameters[name] = _parameter_value(kind, raw[at:at + value_len])
             at += value_len
-        outputs = result.outputs
+        outputs, held = result.outputs, []
         for _ in range(output_count):
             name_len, data_type, dims, memory_type, memory_id, data, byte_size = _TENSOR.unpack_from(raw, at)
             at += _TENSOR.size
             shape = list(_DIMS[dims].unpack_from(raw, at))
             at += 8 * dims
             name, at = raw[at:at + name_len].decode(), at + name_len
+            if placement is not None:
+                held.append((name, _DATA_TYPES[data_type], shape, byte_size))
+                continue
             buffer = MemoryBuffer(data, _MEMORY_TYPES[memory_type], memory_id, byte_size, owner)
             outputs[name] = Tensor(_DATA_TYPES[data_type], shape, buffer)
     except (TritonError, struct.error, KeyError, IndexError) as e:
         error = InternalError(f"Unexpected error in creating response object: {e}")
         error.args += (result,)
         result.error = error
+        return result
+    if held and result.error is None:
+        try:
+            result.outputs = placement.place(handle, held)
+        except (TritonError, struct.error, OverflowError) as e:  # the allocator failed, or gave unusable memory
+            error = e if isinstance(e, TritonError) else InternalError(f"the allocator's buffers: {e}")
+            error.args += (result,)
+            result.error = error
     return result
 
 

@@ -15,7 +15,8 @@ from tritonserver._types import NUMPY_OF, DataType, DLDeviceType, MemoryType, da
 
 @dataclass
 class MemoryBuffer:
-    """A block of memory and the object that keeps it alive (`owner`)."""
+    """A block of memory and the object that keeps it alive (`owner`): the memory is valid while
+    a reference to the owner is held."""
 
     data_ptr: int
     memory_type: MemoryType
@@ -25,26 +26,40 @@ class MemoryBuffer:
 
     @staticmethod
     def from_dlpack(owner: Any) -> "MemoryBuffer":
-        """The memory of a CPU array that speaks DLPack (a numpy array, a CPU torch tensor...)."""
-        array = _host_array(owner)
-        return MemoryBuffer(_address(array), MemoryType.CPU, 0, array.nbytes, array)
+        """The memory of a contiguous CPU object that speaks DLPack (a numpy array, a CPU torch
+        tensor...), held through `owner` itself: no copy, so what is written there is the owner's."""
+        if not hasattr(owner, "__dlpack__"):
+            raise InvalidArgumentError("Object does not support DLpack protocol")
+        array = owner if isinstance(owner, numpy.ndarray) else _dlpack_array(owner)
+        if not array.flags.writeable:  # as numpy's __dlpack__ refuses it: outputs may be written there
+            raise InvalidArgumentError("Object does not support DLPack protocol: the array is read-only")
+        if not array.flags.c_contiguous:
+            raise InvalidArgumentError("Only contiguous memory is supported")
+        pinned = getattr(owner, "__dlpack_device__", lambda: (DLDeviceType.kDLCPU, 0))()[0] == DLDeviceType.kDLCUDAHost
+        return MemoryBuffer(_address(array), MemoryType.CPU_PINNED if pinned else MemoryType.CPU, 0, array.nbytes,
+                            owner)
 
     def _create_tritonserver_buffer_attributes(self):
         raise UnsupportedError("buffer attributes are not supported by the mesh's in-process API")
 
 
+def _dlpack_array(obj: Any) -> numpy.ndarray:
+    """A numpy array over the memory of a CPU object that speaks DLPack (no copy)."""
+    device = getattr(obj, "__dlpack_device__", None)
+    if device is not None and device()[0] not in (DLDeviceType.kDLCPU, DLDeviceType.kDLCUDAHost):
+        raise UnsupportedError(
+            f"{type(obj).__name__} lives on device {device()}: the mesh's in-process API takes CPU memory; "
+            "move it to the host first")
+    try:
+        return numpy.from_dlpack(obj)
+    except (TypeError, BufferError, RuntimeError) as e:
+        raise InvalidArgumentError(f"cannot read a {type(obj).__name__} through DLPack: {e}") from None
+
+
 def _host_array(obj: Any) -> numpy.ndarray:
     """A C-contiguous numpy array over `obj`'s memory (a copy only when its layout is not contiguous)."""
     if not isinstance(obj, numpy.ndarray):
-        device = getattr(obj, "__dlpack_device__", None)
-        if device is not None and device()[0] not in (DLDeviceType.kDLCPU, DLDeviceType.kDLCUDAHost):
-            raise UnsupportedError(
-                f"{type(obj).__name__} lives on device {device()}: the mesh's in-process API takes CPU memory; "
-                "move it to the host first")
-        try:
-            obj = numpy.from_dlpack(obj)
-        except (TypeError, BufferError, RuntimeError) as e:
-            raise InvalidArgumentError(f"cannot read a {type(obj).__name__} through DLPack: {e}") from None
+        obj = _dlpack_array(obj)
     if obj.dtype.byteorder == ">":
         obj = obj.astype(obj.dtype.newbyteorder("="))  # the server reads little-endian bytes
     if not obj.flags.c_contiguous:
@@ -201,20 +216,29 @@ class Tensor:
         return Tensor.from_dlpack(obj)
 
 
-def _memory_type_of(device: Any) -> MemoryType:
-    """A memory type from the ways the API names one: "cpu", "gpu:0", MemoryType, DLDeviceType, (type, id)."""
-    if isinstance(device, tuple) and device:
-        device = device[0]
+def _device_of(device: Any) -> tuple[MemoryType, int]:
+    """A memory type and id from the ways the API names one: "cpu", "gpu:0", MemoryType,
+    DLDeviceType, or a (MemoryType or DLDeviceType, id) tuple."""
+    memory_id = 0
+    if isinstance(device, tuple) and len(device) == 2:
+        device, memory_id = device
+        if not isinstance(device, (MemoryType, DLDeviceType)) or not isinstance(memory_id, int):
+            raise InvalidArgumentError(f"Invalid memory type {(device, memory_id)}")
     if isinstance(device, MemoryType):
-        return device
+        return device, memory_id
     if isinstance(device, DLDeviceType):
         return {DLDeviceType.kDLCPU: MemoryType.CPU, DLDeviceType.kDLCUDAHost: MemoryType.CPU_PINNED}.get(
-            device, MemoryType.GPU)
+            device, MemoryType.GPU), memory_id
     if isinstance(device, str):
-        name = device.split(":", 1)[0].strip().lower()
+        name, _, number = device.partition(":")
         known = {"cpu": MemoryType.CPU, "cpu_pinned": MemoryType.CPU_PINNED, "gpu": MemoryType.GPU,
                  "cuda": MemoryType.GPU}
-        if name in known:
-            return known[name]
+        kind = known.get(name.strip().lower())
+        if kind is not None and (not number or number.strip().isdigit()):
+            return kind, int(number) if number else 0
     raise InvalidArgumentError(f"unknown memory type or device {device!r} (cpu, cpu_pinned, gpu[:id])")
 
+
+def _memory_type_of(device: Any) -> MemoryType:
+    """The memory type of a device named as `_device_of` takes it."""
+    return _device_of(device)[0]

@@ -393,6 +393,18 @@ TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_InferenceRequestAddInputsPacked(T
 TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_ServerInferPacked(TRITONSERVER_Server* server, TRITONSERVER_InferenceRequest* inference_request, const void* packed, size_t byte_size, MESH_ResponseQueue* queue);
 TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_ResponseQueuePopMany(MESH_ResponseQueue* queue, int64_t timeout_us, MESH_ResponseEvent* events, uint32_t capacity, uint32_t* count);
 
+/* ---- Mesh extension: outputs placed by the binding (crates/node/capi/src/held.rs).
+ * ServerInferPackedHeld is ServerInferPacked whose responses hold each output in the library's
+ * memory (the record's base: read it, never write it) instead of calling an allocator, so a
+ * binding asks its application for buffers on its own thread. PlaceOutputs takes one buffer per
+ * output, in the response's order, checks them all (CPU or CPU_PINNED memory, not null, large
+ * enough; a refused call changes nothing), then copies each output into its buffer once. The
+ * response then names those buffers (pop records read before must not be read again); they stay
+ * the caller's. ---- */
+typedef struct MESH_OutputBuffer { void* base; size_t byte_size; TRITONSERVER_MemoryType memory_type; int64_t memory_type_id; } MESH_OutputBuffer;
+TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_ServerInferPackedHeld(TRITONSERVER_Server* server, TRITONSERVER_InferenceRequest* inference_request, const void* packed, size_t byte_size, MESH_ResponseQueue* queue);
+TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_InferenceResponsePlaceOutputs(TRITONSERVER_InferenceResponse* inference_response, const MESH_OutputBuffer* buffers, uint32_t count);
+
 #ifdef __cplusplus
 }
 #endif

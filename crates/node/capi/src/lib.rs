@@ -10,6 +10,7 @@
 
 pub mod allocator;
 pub mod error;
+pub mod held;
 pub mod message;
 pub mod options;
 pub mod packed;

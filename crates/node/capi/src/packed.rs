@@ -243,12 +243,27 @@ pub unsafe extern "C" fn MESH_ServerInferPacked(
     byte_size: usize,
     queue: *mut MESH_ResponseQueue,
 ) -> *mut TRITONSERVER_Error {
+    // SAFETY: the caller's contract, as above.
+    unsafe { send(server, inference_request, packed, byte_size, queue, false) }
+}
+
+/// `MESH_ServerInferPacked`, and with `hold_outputs` its form whose responses hold their outputs
+/// until the binding places them (`held.rs`).
+pub(crate) unsafe fn send(
+    server: *mut TRITONSERVER_Server,
+    inference_request: *mut TRITONSERVER_InferenceRequest,
+    packed: *const c_void,
+    byte_size: usize,
+    queue: *mut MESH_ResponseQueue,
+    hold_outputs: bool,
+) -> *mut TRITONSERVER_Error {
     let target = Target {
         allocator: Some(CPU_ALLOCATOR),
         allocator_raw: &CPU_ALLOCATOR as *const _ as usize,
         allocator_userp: 0,
         complete: MESH_ResponseQueueComplete,
         userp: queue as usize,
+        hold_outputs,
     };
     // SAFETY: see `bytes`; handles are checked alive first; the queue is the caller's, alive.
     let set = unsafe {
@@ -283,7 +298,7 @@ pub unsafe extern "C" fn MESH_ServerInferPacked(
 }
 
 /// One event as `MESH_ResponseQueuePopMany` writes it: for a response, also the whole response
-/// as one record (owned by the response, valid until it is deleted).
+/// as one record (owned by the response, valid until it is deleted or its outputs are placed).
 #[repr(C)]
 pub struct MESH_ResponseEvent {
     pub kind: u32,

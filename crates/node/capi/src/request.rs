@@ -536,6 +536,7 @@ pub unsafe extern "C" fn TRITONSERVER_InferenceRequestSetResponseCallback(
                 allocator_userp: response_allocator_userp as usize,
                 complete,
                 userp: response_userp as usize,
+                hold_outputs: false,
             });
             Ok(())
         })

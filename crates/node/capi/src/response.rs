@@ -34,6 +34,9 @@ pub struct Target {
     pub allocator_userp: usize,
     pub complete: CompleteFn,
     pub userp: usize,
+    /// The outputs stay in the library's memory, held by the response, until the binding places
+    /// them (`MESH_ServerInferPackedHeld`, `held.rs`); the allocator is not called.
+    pub hold_outputs: bool,
 }
 
 /// One output, in a buffer of the application's allocator.
@@ -46,6 +49,25 @@ pub(crate) struct Output {
     pub(crate) memory_type: u32,
     pub(crate) memory_type_id: i64,
     buffer_userp: usize,
+    /// The answer's own bytes (at `base`) while the output waits to be placed (`held.rs`).
+    pub(crate) held: Option<bytes::Bytes>,
+}
+
+impl Output {
+    /// An output left where the model's answer put it, held until it is placed.
+    fn held(t: mesh::NamedTensor) -> Self {
+        Output {
+            name: c_string(&t.name),
+            dtype: dtype_to_raw(t.tensor.dtype),
+            shape: t.tensor.shape,
+            base: t.tensor.data.as_ptr() as usize,
+            size: t.tensor.data.len(),
+            memory_type: MEMORY_CPU,
+            memory_type_id: 0,
+            buffer_userp: 0,
+            held: Some(t.tensor.data),
+        }
+    }
 }
 
 pub struct TRITONSERVER_InferenceResponse {
@@ -112,9 +134,9 @@ impl TRITONSERVER_InferenceResponse {
         }
     }
 
-    /// An answer with its outputs copied into buffers of the application's allocator; an allocator
-    /// error (or no allocator) makes it an error response, as in Triton.
-    fn build(answer: InferResponse, target: &Target) -> Self {
+    /// An answer with its outputs copied into buffers of the application's allocator (or held, for
+    /// `hold_outputs`); an allocator error (or no allocator) makes it an error response, as in Triton.
+    pub(crate) fn build(answer: InferResponse, target: &Target) -> Self {
         let mut response = TRITONSERVER_InferenceResponse {
             model: c_string(&answer.model_name),
             version: answer.model_version.parse().unwrap_or(-1),
@@ -133,6 +155,10 @@ impl TRITONSERVER_InferenceResponse {
             packed: Default::default(),
         };
         if answer.outputs.is_empty() {
+            return response;
+        }
+        if target.hold_outputs {
+            response.outputs = answer.outputs.into_iter().map(Output::held).collect();
             return response;
         }
         let Some(allocator) = target.allocator else {
@@ -193,6 +219,7 @@ impl TRITONSERVER_InferenceResponse {
                 memory_type,
                 memory_type_id,
                 buffer_userp: buffer_userp as usize,
+                held: None,
             };
             let usable = memory_type == MEMORY_CPU || memory_type == MEMORY_CPU_PINNED;
             let missing = base.is_null() && !data.is_empty();
