@@ -106,7 +106,7 @@ def python_api(r, n, memory_calls=0):
 def c_api(r, n, tmp):
     exe = Path(tmp) / "capi_latency"
     subprocess.run(["cc", "-O2", str(ROOT / "benches" / "capi_latency.c"), "-I",
-                    str(ROOT / "crates" / "node" / "capi" / "include"), "-L", str(LIB.parent), "-ltritonserver",
+                    str(ROOT / "crates" / "capi" / "include"), "-L", str(LIB.parent), "-ltritonserver",
                     f"-Wl,-rpath,{LIB.parent}", "-lpthread", "-o", str(exe)], check=True)
     out = subprocess.run([str(exe), str(r), "mlp", "x", "y", "64", str(n)], capture_output=True, text=True,
                          check=True, timeout=1800)

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO_ROOT, side_venv_python
 
-HEADER = REPO_ROOT / "crates" / "node" / "capi" / "include" / "tritonserver.h"
+HEADER = REPO_ROOT / "crates" / "capi" / "include" / "tritonserver.h"
 SOURCES = REPO_ROOT / "tests" / "capi"
 
 

@@ -25,7 +25,7 @@ FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 EVENT_RESPONSE, EVENT_RELEASED = 1, 2
 _PARAMETER_STRING, _PARAMETER_INT, _PARAMETER_BOOL, _PARAMETER_DOUBLE = 0, 1, 2, 3  # BYTES (4): the bytes
 
-# The packed records of the library's one-call extensions (crates/node/capi/src/packed.rs).
+# The packed records of the library's one-call extensions (crates/capi/src/packed.rs).
 _TENSOR = struct.Struct("<IIIIqQQ")
 _RESPONSE = struct.Struct("<iIIII")
 _PARAMETER = struct.Struct("<III")

@@ -2,7 +2,7 @@
  * libtritonserver.so. It starts a server on a model repository, runs add_sub once (INPUT0 + INPUT1,
  * INPUT0 - INPUT1), prints the outputs, then checks that bad requests get Triton's errors.
  *
- *   cc tests/capi/add_sub.c -I crates/node/capi/include -L target/release -ltritonserver \
+ *   cc tests/capi/add_sub.c -I crates/capi/include -L target/release -ltritonserver \
  *      -Wl,-rpath,$PWD/target/release -lpthread -o add_sub
  *   ./add_sub target/models/simple
  */

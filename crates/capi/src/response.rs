@@ -9,6 +9,7 @@ use mesh::{Dispatch, InferRequest, InferResponse};
 use mesh_node::serving::dispatch::NodeDispatch;
 
 use crate::allocator::{ReleaseBufferFn, TRITONSERVER_ResponseAllocator};
+use crate::callbacks::Target;
 use crate::error::{from_mesh, take, Failure, FailureExt};
 use crate::live::Live;
 use crate::message::{c_string, ParameterValue, TRITONSERVER_Parameter};
@@ -22,22 +23,6 @@ pub(crate) static RESPONSES: Live = Live::new("inference response");
 
 /// `TRITONSERVER_RESPONSE_COMPLETE_FINAL`.
 const COMPLETE_FINAL: u32 = 1;
-
-/// `TRITONSERVER_InferenceResponseCompleteFn_t`.
-pub type CompleteFn = unsafe extern "C" fn(*mut TRITONSERVER_InferenceResponse, u32, *mut c_void);
-
-/// Where a request's answers go: the allocator (copied when the callback was set) and the callback.
-#[derive(Clone, Copy)]
-pub struct Target {
-    pub allocator: Option<TRITONSERVER_ResponseAllocator>,
-    pub allocator_raw: usize,
-    pub allocator_userp: usize,
-    pub complete: CompleteFn,
-    pub userp: usize,
-    /// The outputs stay in the library's memory, held by the response, until the binding places
-    /// them (`MESH_ServerInferPackedHeld`, `held.rs`); the allocator is not called.
-    pub hold_outputs: bool,
-}
 
 /// One output, in a buffer of the application's allocator.
 pub(crate) struct Output {
@@ -249,7 +234,7 @@ impl TRITONSERVER_InferenceResponse {
 fn complete(target: &Target, response: Option<TRITONSERVER_InferenceResponse>, flags: u32) {
     let raw = response.map_or(std::ptr::null_mut(), |r| RESPONSES.add(Box::new(r)));
     // SAFETY: the application's callback, given the response (now the application's) and its user pointer.
-    unsafe { (target.complete)(raw, flags, target.userp as *mut c_void) };
+    unsafe { (target.complete)(raw.cast(), flags, target.userp as *mut c_void) };
 }
 
 /// Where one request's answers go, and whether its final one went: shared by its task and by the

@@ -9,6 +9,7 @@
 #![allow(non_camel_case_types, non_snake_case, clippy::missing_safety_doc)]
 
 pub mod allocator;
+pub mod callbacks;
 pub mod error;
 pub mod held;
 pub mod message;

@@ -377,7 +377,7 @@ TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_ResponseQueueFd(MESH_ResponseQueu
 TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_CpuAlloc(TRITONSERVER_ResponseAllocator* allocator, const char* tensor_name, size_t byte_size, TRITONSERVER_MemoryType memory_type, int64_t memory_type_id, void* userp, void** buffer, void** buffer_userp, TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id);
 TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_CpuRelease(TRITONSERVER_ResponseAllocator* allocator, void* buffer, void* buffer_userp, size_t byte_size, TRITONSERVER_MemoryType memory_type, int64_t memory_type_id);
 
-/* ---- Mesh extensions: one call where a binding would make many (crates/node/capi/src/packed.rs
+/* ---- Mesh extensions: one call where a binding would make many (crates/capi/src/packed.rs
  * gives the record layouts). A tensor record: u32 name_len, u32 datatype, u32 dim_count,
  * u32 memory_type, i64 memory_type_id, u64 base, u64 byte_size, i64 dims[dim_count],
  * name[name_len], little-endian, unaligned.
@@ -393,7 +393,7 @@ TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_InferenceRequestAddInputsPacked(T
 TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_ServerInferPacked(TRITONSERVER_Server* server, TRITONSERVER_InferenceRequest* inference_request, const void* packed, size_t byte_size, MESH_ResponseQueue* queue);
 TRITONSERVER_DECLSPEC TRITONSERVER_Error* MESH_ResponseQueuePopMany(MESH_ResponseQueue* queue, int64_t timeout_us, MESH_ResponseEvent* events, uint32_t capacity, uint32_t* count);
 
-/* ---- Mesh extension: outputs placed by the binding (crates/node/capi/src/held.rs).
+/* ---- Mesh extension: outputs placed by the binding (crates/capi/src/held.rs).
  * ServerInferPackedHeld is ServerInferPacked whose responses hold each output in the library's
  * memory (the record's base: read it, never write it) instead of calling an allocator, so a
  * binding asks its application for buffers on its own thread. PlaceOutputs takes one buffer per

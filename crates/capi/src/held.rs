@@ -11,8 +11,8 @@
 //! released into them); its held bytes are freed.
 use std::ffi::c_void;
 
+use crate::callbacks::MESH_ResponseQueue;
 use crate::error::{Failure, FailureExt};
-use crate::queue::MESH_ResponseQueue;
 use crate::request::TRITONSERVER_InferenceRequest;
 use crate::response::{TRITONSERVER_InferenceResponse, RESPONSES};
 use crate::server::TRITONSERVER_Server;
@@ -123,11 +123,11 @@ unsafe fn place(r: &mut TRITONSERVER_InferenceResponse, buffers: &[MESH_OutputBu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::callbacks::Target;
     use crate::packed::pack_response;
-    use crate::response::Target;
     use mesh::{DataType, InferResponse, NamedTensor, Tensor};
 
-    unsafe extern "C" fn nowhere(_: *mut TRITONSERVER_InferenceResponse, _: u32, _: *mut c_void) {}
+    unsafe extern "C" fn nowhere(_: *mut c_void, _: u32, _: *mut c_void) {}
 
     fn held_response() -> TRITONSERVER_InferenceResponse {
         let tensor = |name: &str, values: &[f32]| NamedTensor {

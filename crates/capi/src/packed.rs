@@ -24,14 +24,14 @@
 use std::ffi::c_void;
 
 use crate::allocator::TRITONSERVER_ResponseAllocator;
+use crate::callbacks::{
+    MESH_ResponseQueue, MESH_ResponseQueueComplete, MESH_ResponseQueueReleased, Target, EVENT_RESPONSE,
+};
 use crate::error::{take, Failure, FailureExt};
 use crate::message::ParameterValue;
-use crate::queue::{
-    MESH_CpuAlloc, MESH_CpuRelease, MESH_ResponseQueue, MESH_ResponseQueueComplete, MESH_ResponseQueueReleased,
-    EVENT_RESPONSE,
-};
+use crate::queue::{MESH_CpuAlloc, MESH_CpuRelease};
 use crate::request::{with_request, TRITONSERVER_InferenceRequest, MAX_DIMS};
-use crate::response::{TRITONSERVER_InferenceResponse, Target, RESPONSES};
+use crate::response::{TRITONSERVER_InferenceResponse, RESPONSES};
 use crate::server::TRITONSERVER_Server;
 use crate::{ffi, out, TRITONSERVER_Error};
 

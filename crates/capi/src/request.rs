@@ -7,17 +7,15 @@ use bytes::Bytes;
 use mesh::{DataType, InferRequest, NamedTensor, Param, RequestedOutput, Tensor};
 
 use crate::allocator::TRITONSERVER_ResponseAllocator;
+use crate::callbacks::{keep_alive, CompleteFn, MESH_ResponseQueue, ReleaseFn, Target};
 use crate::error::{Failure, FailureExt};
 use crate::live::Live;
-use crate::response::Target;
 use crate::server::{Core, TRITONSERVER_Server, SERVERS};
 use crate::types::{dtype_from_raw, memory_type_name, MEMORY_CPU, MEMORY_CPU_PINNED};
 use crate::{ffi, out, text, TRITONSERVER_Error};
 
 pub(crate) static REQUESTS: Live = Live::new("inference request");
 
-/// `TRITONSERVER_InferenceRequestReleaseFn_t`.
-pub type ReleaseFn = unsafe extern "C" fn(*mut TRITONSERVER_InferenceRequest, u32, *mut c_void);
 /// `TRITONSERVER_REQUEST_RELEASE_ALL`.
 const RELEASE_ALL: u32 = 1;
 /// `TRITONSERVER_REQUEST_FLAG_SEQUENCE_START` / `_END`.
@@ -68,7 +66,7 @@ pub(crate) struct Release {
     /// stays the application's, unreleased.
     armed: AtomicBool,
     /// The response queues the request's callbacks deliver to, kept alive until after the release.
-    _queues: Vec<Arc<crate::queue::MESH_ResponseQueue>>,
+    _queues: Vec<Arc<MESH_ResponseQueue>>,
     /// Deletes the request after its release callback.
     delete: bool,
 }
@@ -87,13 +85,7 @@ impl Drop for Release {
         }
         if let Some((f, userp)) = self.callback {
             // SAFETY: the application's callback with the request and user pointer it registered.
-            unsafe {
-                f(
-                    self.request as *mut TRITONSERVER_InferenceRequest,
-                    RELEASE_ALL,
-                    userp as *mut c_void,
-                )
-            };
+            unsafe { f(self.request as *mut c_void, RELEASE_ALL, userp as *mut c_void) };
         }
         if self.delete {
             let _ = REQUESTS.take(self.request as *mut TRITONSERVER_InferenceRequest);
@@ -120,9 +112,8 @@ pub(crate) fn prepare(
         callback: r.release,
         armed: AtomicBool::new(false),
         _queues: [
-            crate::queue::keep_alive(Some(target.complete), None, target.userp),
-            r.release
-                .and_then(|(f, userp)| crate::queue::keep_alive(None, Some(f), userp)),
+            keep_alive(Some(target.complete), None, target.userp),
+            r.release.and_then(|(f, userp)| keep_alive(None, Some(f), userp)),
         ]
         .into_iter()
         .flatten()
@@ -521,7 +512,7 @@ pub unsafe extern "C" fn TRITONSERVER_InferenceRequestSetResponseCallback(
     inference_request: *mut TRITONSERVER_InferenceRequest,
     response_allocator: *mut TRITONSERVER_ResponseAllocator,
     response_allocator_userp: *mut c_void,
-    response_fn: Option<crate::response::CompleteFn>,
+    response_fn: Option<CompleteFn>,
     response_userp: *mut c_void,
 ) -> *mut TRITONSERVER_Error {
     // SAFETY: see `with_request`.

@@ -4,53 +4,16 @@
 //! callbacks with a queue as their user pointer, then pops events (blocking with a timeout, or
 //! woken through an eventfd). The queue lives until its owner deletes it and every request sent
 //! with it was released: a binding that stops reading leaks nothing and frees nothing early.
-use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::allocator::TRITONSERVER_ResponseAllocator;
+use crate::callbacks::{Events, MESH_ResponseQueue, EVENT_NONE, EVENT_RESPONSE};
 use crate::error::{Failure, FailureExt};
-use crate::request::{ReleaseFn, TRITONSERVER_InferenceRequest};
-use crate::response::{CompleteFn, TRITONSERVER_InferenceResponse, RESPONSES};
+use crate::response::{TRITONSERVER_InferenceResponse, RESPONSES};
 use crate::types::MEMORY_CPU;
 use crate::{ffi, out, TRITONSERVER_Error};
-
-/// What a pop answers: nothing (timed out), a response (possibly null, with its flags), a release.
-pub(crate) const EVENT_NONE: u32 = 0;
-pub(crate) const EVENT_RESPONSE: u32 = 1;
-pub(crate) const EVENT_RELEASED: u32 = 2;
-
-/// A queue of one or more requests' events.
-pub struct MESH_ResponseQueue {
-    events: Mutex<Events>,
-    ready: Condvar,
-}
-
-#[derive(Default)]
-struct Events {
-    queue: VecDeque<(u32, usize, u32)>,
-    /// An eventfd that is readable while events wait (made when a binding asks for it).
-    fd: Option<c_int>,
-}
-
-impl MESH_ResponseQueue {
-    fn lock(&self) -> MutexGuard<'_, Events> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn push(&self, kind: u32, handle: usize, flags: u32) {
-        let mut e = self.lock();
-        e.queue.push_back((kind, handle, flags));
-        if let Some(fd) = e.fd {
-            let one: u64 = 1;
-            // SAFETY: writing 8 bytes to the queue's own eventfd.
-            unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
-        }
-        drop(e);
-        self.ready.notify_all();
-    }
-}
 
 impl Drop for MESH_ResponseQueue {
     fn drop(&mut self) {
@@ -65,27 +28,6 @@ impl Drop for MESH_ResponseQueue {
             // SAFETY: the queue's own eventfd, closed once.
             unsafe { libc::close(fd) };
         }
-    }
-}
-
-/// A reference that keeps a queue alive while a request may still call into it, when the
-/// request's callbacks are the queue's.
-pub(crate) fn keep_alive(
-    complete: Option<CompleteFn>,
-    release: Option<ReleaseFn>,
-    userp: usize,
-) -> Option<Arc<MESH_ResponseQueue>> {
-    let ours = complete.is_some_and(|f| std::ptr::eq(f as *const (), MESH_ResponseQueueComplete as *const ()))
-        || release.is_some_and(|f| std::ptr::eq(f as *const (), MESH_ResponseQueueReleased as *const ()));
-    if !ours || userp == 0 {
-        return None;
-    }
-    let raw = userp as *const MESH_ResponseQueue;
-    // SAFETY: the user pointer of the queue's callbacks is a queue made by MESH_ResponseQueueNew
-    // and not deleted (the owner's reference is held until it calls MESH_ResponseQueueDelete).
-    unsafe {
-        Arc::increment_strong_count(raw);
-        Some(Arc::from_raw(raw))
     }
 }
 
@@ -109,32 +51,6 @@ pub unsafe extern "C" fn MESH_ResponseQueueDelete(queue: *mut MESH_ResponseQueue
         drop(unsafe { Arc::from_raw(queue) });
     }
     std::ptr::null_mut()
-}
-
-/// A response callback (`TRITONSERVER_InferenceResponseCompleteFn_t`) whose user pointer is a queue.
-#[no_mangle]
-pub unsafe extern "C" fn MESH_ResponseQueueComplete(
-    response: *mut TRITONSERVER_InferenceResponse,
-    flags: u32,
-    userp: *mut c_void,
-) {
-    // SAFETY: the request that calls this holds a reference to the queue (`keep_alive`).
-    if let Some(q) = unsafe { userp.cast::<MESH_ResponseQueue>().as_ref() } {
-        q.push(EVENT_RESPONSE, response as usize, flags);
-    }
-}
-
-/// A release callback (`TRITONSERVER_InferenceRequestReleaseFn_t`) whose user pointer is a queue.
-#[no_mangle]
-pub unsafe extern "C" fn MESH_ResponseQueueReleased(
-    request: *mut TRITONSERVER_InferenceRequest,
-    flags: u32,
-    userp: *mut c_void,
-) {
-    // SAFETY: as MESH_ResponseQueueComplete.
-    if let Some(q) = unsafe { userp.cast::<MESH_ResponseQueue>().as_ref() } {
-        q.push(EVENT_RELEASED, request as usize, flags);
-    }
 }
 
 impl MESH_ResponseQueue {
@@ -268,6 +184,7 @@ pub unsafe extern "C" fn MESH_CpuRelease(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::callbacks::{keep_alive, MESH_ResponseQueueComplete, MESH_ResponseQueueReleased, EVENT_RELEASED};
 
     fn pop(q: *mut MESH_ResponseQueue, timeout_us: i64) -> (u32, usize, u32) {
         let (mut kind, mut handle, mut flags) = (9, std::ptr::null_mut(), 9);
