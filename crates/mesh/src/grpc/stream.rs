@@ -73,7 +73,15 @@ pub(super) type Answers =
 
 /// Serves one ModelStreamInfer call; `shm` is the server's shared-memory registry and metadata
 /// matching `forward` becomes request parameters. Reading and running go on in a task of their
-/// own, which ends when the client half-closes and every answer is written, or when it goes away.
+/// own, which ends when the client half-closes and every answer is written, or when it goes away:
+/// then every request of the stream still running is dropped, which the model sees as
+/// `is_cancelled()`.
+///
+/// A client that cancels the call (tritonclient's `stop_stream(cancel_requests=True)`, grpcio's
+/// `cancel()`) resets the HTTP/2 stream with CANCEL, which tonic reads on the request side as the
+/// end of the stream, like a half-close; so the end of the requests is never taken for the
+/// client's going away, and the stream keeps watching for that (its answers' receiver dropped,
+/// as hyper drops it on the reset) until its last request is answered.
 pub(super) fn serve<D: Dispatch>(
     dispatch: Arc<D>,
     shm: Arc<SharedMemory>,
@@ -104,12 +112,14 @@ pub(super) fn serve<D: Dispatch>(
         let mut last_queued = None;
         // The place in the connection's request window the next request read takes.
         let mut place: Option<Credit> = None;
-        loop {
+        // Until the client's side of the stream ends (a half-close, or a cancel: see above).
+        let mut reading = true;
+        while reading || !running.is_empty() {
             // Past its bounds the stream is not read: HTTP/2 flow control holds the client back.
             let room = running.len() < STREAM_MAX_INFLIGHT;
             tokio::select! {
-                credit = requests.acquire(), if room && place.is_none() => place = Some(credit),
-                next = inbound.message(), if place.is_some() => match next {
+                credit = requests.acquire(), if reading && room && place.is_none() => place = Some(credit),
+                next = inbound.message(), if reading && place.is_some() => match next {
                     Ok(Some(msg)) => {
                         let (d, shm, tx) = (dispatch.clone(), shm.clone(), tx.clone());
                         let window = window.clone();
@@ -142,14 +152,19 @@ pub(super) fn serve<D: Dispatch>(
                             done.finish();
                         }));
                     }
-                    Ok(None) => break,
+                    // Its requests still running go on until answered, or until the client goes away.
+                    Ok(None) => {
+                        reading = false;
+                        place = None;
+                    }
                     Err(_) => {
                         running.abort_all();
                         break;
                     }
                 },
                 Some(_) = running.join_next(), if !running.is_empty() => {}
-                // The client went away, or an error status ended the stream (`triton_grpc_error`).
+                // The client went away (after its side ended too), or an error status ended the
+                // stream (`triton_grpc_error`): the requests still running are cancelled.
                 _ = tx.closed() => {
                     running.abort_all();
                     break;
@@ -465,3 +480,7 @@ impl SequenceOrder {
         (previous.map(|(rx, _)| rx), Done(Some(tx), flag))
     }
 }
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod tests;
