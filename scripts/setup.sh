@@ -12,7 +12,7 @@ TORCH=0
 
 # The README's prerequisites, checked first so that a missing one is named, with its Debian package.
 missing=()
-command -v cargo >/dev/null || missing+=("cargo (Rust 1.85+, from rustup)")
+command -v cargo >/dev/null || missing+=("cargo (Rust 1.88+, from rustup)")
 command -v cc >/dev/null || missing+=("a C compiler and linker (Debian: gcc libc6-dev)")
 if [ "$TORCH" = 1 ]; then command -v c++ >/dev/null || missing+=("a C++ compiler for --torch (Debian: g++)"); fi
 if ! command -v "$PY" >/dev/null; then

@@ -129,3 +129,21 @@ def test_the_repositorys_own_links_all_lead_somewhere():
     res = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "check_links.py")], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_docs_point_nowhere_outside_the_repository():
+    """What a user of the repository reads names nothing they do not have (the team's own notes and
+    tools live beside the repository, not in it)."""
+    pages = [REPO_ROOT / "README.md", REPO_ROOT / "benches" / "README.md", *sorted(BOOK.rglob("*.md"))]
+    outside = [f"{p.relative_to(REPO_ROOT)}:{n}" for p in pages
+               for n, line in enumerate(p.read_text().splitlines(), 1) if "../shared" in line]
+    assert not outside, outside
+
+
+def test_the_readme_is_short_and_starts_with_the_two_commands():
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150, "the README is a short page; the book holds the rest"
+    sections = re.findall(r"^## (.*)$", readme, re.M)
+    assert sections[0] == "Two commands for a fresh machine", sections
+    first = re.search(r"```sh\n(.*?)```", readme, re.S).group(1).splitlines()
+    assert [line.split()[0] for line in first] == ["./scripts/serve-example.sh", "./scripts/test-all.sh"]

@@ -270,10 +270,10 @@ def test_the_library_refuses_placements_that_do_not_fit(server):
         L.check(lib.MESH_ResponseQueueDelete(queue))
 
 
-def test_the_readmes_allocator_example_runs_as_written(capi_lib, models_dir, server_env, tmp_path):
-    readme = (REPO_ROOT / "README.md").read_text()
-    block = re.search(r"```python\n([^`]*?MemoryAllocator[^`]*?)```", readme, re.S)
-    assert block, "the README's allocator example"
+def test_the_books_allocator_example_runs_as_written(capi_lib, models_dir, server_env, tmp_path):
+    chapter = (REPO_ROOT / "docs" / "src" / "embedding" / "python.md").read_text()
+    block = re.search(r"```python\n([^`]*?MemoryAllocator[^`]*?)```", chapter, re.S)
+    assert block, "the book's allocator example"
     script = tmp_path / "allocator_example.py"
     script.write_text(block.group(1).replace('"target/models/simple"', repr(str(models_dir / "simple"))))
     env = dict(server_env, MESH_TRITONSERVER_LIBRARY=str(capi_lib))

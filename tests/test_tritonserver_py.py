@@ -334,12 +334,12 @@ def test_a_stopped_server_refuses_calls(repo):
         s.ready()
 
 
-def test_the_readmes_python_example_runs_as_written(capi_lib, models_dir, server_env, tmp_path):
+def test_the_books_python_example_runs_as_written(capi_lib, models_dir, server_env, tmp_path):
     import re
     import subprocess
-    readme = (REPO_ROOT / "README.md").read_text()
-    block = re.search(r"```python\n(import numpy, tritonserver\n.*?)```", readme, re.S)
-    assert block, "the README's Python example"
+    chapter = (REPO_ROOT / "docs" / "src" / "embedding" / "python.md").read_text()
+    block = re.search(r"```python\n(import numpy, tritonserver\n.*?)```", chapter, re.S)
+    assert block, "the book's Python example"
     script = tmp_path / "example.py"
     script.write_text(block.group(1).replace('"target/models/simple"', repr(str(models_dir / "simple"))))
     env = dict(server_env, MESH_TRITONSERVER_LIBRARY=str(capi_lib))

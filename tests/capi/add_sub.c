@@ -1,4 +1,4 @@
-/* The README's C example: a program written for Triton's in-process C API, run against the mesh's
+/* The book's C example (docs/src/embedding/c.md): a program written for Triton's in-process C API, run against the mesh's
  * libtritonserver.so. It starts a server on a model repository, runs add_sub once (INPUT0 + INPUT1,
  * INPUT0 - INPUT1), prints the outputs, then checks that bad requests get Triton's errors.
  *

@@ -1,4 +1,4 @@
-//! The README's Rust example, whole: a node inside this program serves add_sub, called with shared and with borrowed inputs (`cargo run --release -p mesh-node --example embed -- target/models/simple`).
+//! The book's Rust example (docs/src/embedding/rust.md), whole: a node inside this program serves add_sub, called with shared and with borrowed inputs (`cargo run --release -p mesh-node --example embed -- target/models/simple`).
 use mesh::{DataType, InferRequest, NamedTensor, Tensor};
 use mesh_node::embed::{Borrowed, Server};
 
