@@ -78,3 +78,18 @@ def test_check_fresh_refuses_an_unknown_prerequisite_to_leave_out():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "not a prerequisite" in r.stderr and shlex.join(_check_fresh_prereqs()) in r.stderr
+
+
+def test_crates_take_workspace_dependencies_with_the_workspaces_features():
+    """A crate that adds features to a workspace dependency makes builds of different selections
+    (`cargo build --bin mesh-node`, set-up's, the C API's) compile the shared tree again each."""
+    import tomllib
+    members = tomllib.loads((REPO_ROOT / "Cargo.toml").read_text())["workspace"]["members"]
+    extra = []
+    for member in members:
+        manifest = tomllib.loads((REPO_ROOT / member / "Cargo.toml").read_text())
+        for kind in ("dependencies", "build-dependencies"):
+            for name, spec in manifest.get(kind, {}).items():
+                if isinstance(spec, dict) and spec.get("workspace") and (spec.get("features") or "default-features" in spec):
+                    extra.append(f"{member} [{kind}] {name}: {spec}")
+    assert not extra, extra
