@@ -106,10 +106,11 @@ def check_crate(src: pathlib.Path, router: bool, problems: list, where: str = ""
     return len(files)
 
 
-def python_imports(path: pathlib.Path, package: str | None) -> set:
+def python_imports(path: pathlib.Path, package: str | None, modules=frozenset()) -> set:
     """The modules a Python file imports, as dotted names: every import statement, those inside
     functions and under `if TYPE_CHECKING:` too (a circle of types is a circle all the same).
-    Relative imports are resolved within `package`."""
+    Relative imports are resolved within `package`; `from p import n` names the module `p.n` when
+    it is one of `modules`, else `p` (n is a name p defines)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -120,9 +121,8 @@ def python_imports(path: pathlib.Path, package: str | None) -> set:
                 parts = package.split(".")
                 parts = parts[: len(parts) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
-            found.add(base)
-            # `from package import module` names a module too.
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
     return found
 
 
@@ -131,7 +131,7 @@ def check_python(files: dict, where: str, problems: list) -> int:
     edges = {}
     for me, (path, package) in files.items():
         targets = set()
-        for name in python_imports(path, package):
+        for name in python_imports(path, package, frozenset(files)):
             # The longest of our modules the name starts with; a package's __init__ is its name.
             parts = name.split(".")
             for n in range(len(parts), 0, -1):
@@ -141,8 +141,9 @@ def check_python(files: dict, where: str, problems: list) -> int:
                     break
         targets.discard(me)
         edges[me] = targets
-    # A package's __init__ gathers its modules' names: it may import them, and they are below it.
-    find_circles(edges, where, problems, lambda m, t: m.startswith(t + ".") and files[t][0].name == "__init__.py")
+    # A package's __init__ gathers its modules' names: it imports them, and they are below it (a
+    # module that imports a name from its package's __init__ closes a circle).
+    find_circles(edges, where, problems)
     return len(files)
 
 

@@ -14,21 +14,26 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
 def slug(title: str) -> str:
-    """The anchor mdBook and code hosts give a heading."""
-    text = re.sub(r"<[^>]+>", "", title).strip().lower()
+    """The anchor mdBook and code hosts give a heading: its text (inline code and link text
+    included), lower case, without punctuation, spaces as dashes."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title)
+    text = re.sub(r"<[^>]+>", "", text).strip().lower()
     text = "".join(c for c in text if c.isalnum() or c in " -_")
     return text.replace(" ", "-")
 
 
+def without_fences(text: str) -> str:
+    return re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+
+
 def outside_code(text: str) -> str:
     """The text without fenced code blocks and inline code (links there are not links)."""
-    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
-    return re.sub(r"`[^`\n]*`", "", text)
+    return re.sub(r"`[^`\n]*`", "", without_fences(text))
 
 
 def anchors(path: Path) -> set:
     found = set()
-    for line in outside_code(path.read_text()).splitlines():
+    for line in without_fences(path.read_text()).splitlines():
         m = re.match(r"^#{1,6} (.*)$", line)
         if m:
             found.add(slug(m.group(1)))

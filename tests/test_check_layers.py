@@ -47,12 +47,15 @@ def test_circles_among_python_modules_are_found_wherever_the_import_is(tmp_path)
         "pkg/_model.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._server import Server\n",
         "pkg/_types.py": "from . import _library\n",
         "pkg/_library.py": "import os\n",
+        "other/__init__.py": "from other._a import A\n",
+        "other/_a.py": "from other import B\n",  # a name of the package's __init__: a circle
     })
     problems = []
     for where, modules in layers.python_modules([flat], packages):
         layers.check_python(modules, where, problems)
     assert problems == [
         "flat: import circle: metrics -> utils -> metrics",
+        "python/other: import circle: other -> other._a -> other",
         "python/pkg: import circle: pkg._model -> pkg._server -> pkg._model",
     ]
 

@@ -107,7 +107,7 @@ def test_the_link_check_finds_broken_links(tmp_path, monkeypatch):
     (root / "README.md").write_text("[book](docs/src/a.md#the-start) [gone](nowhere.md) [out](../x.md)\n")
     (book / "SUMMARY.md").write_text("# Summary\n\n- [A](a.md)\n")
     (book / "a.md").write_text("# The start\n\n[b](b.md) [self](#no-such-heading) `[code](missing.md)`\n"
-                               "[up](../../README.md)\n")
+                               "[up](../../README.md) [code in a heading](#step-two-of-it)\n\n## Step `two` of it\n")
     (book / "b.md").write_text("# B\n")
     monkeypatch.setattr(check_links, "ROOT", root)
     monkeypatch.setattr(check_links, "BOOK", book)

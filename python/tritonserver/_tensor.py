@@ -36,8 +36,11 @@ class MemoryBuffer:
         if not array.flags.c_contiguous:
             raise InvalidArgumentError("Only contiguous memory is supported")
         pinned = getattr(owner, "__dlpack_device__", lambda: (DLDeviceType.kDLCPU, 0))()[0] == DLDeviceType.kDLCUDAHost
-        return MemoryBuffer(_address(array), MemoryType.CPU_PINNED if pinned else MemoryType.CPU, 0, array.nbytes,
-                            owner)
+        buffer = MemoryBuffer(_address(array), MemoryType.CPU_PINNED if pinned else MemoryType.CPU, 0, array.nbytes,
+                              owner)
+        # The DLPack view holds the exported memory too (an exporter may hand out a temporary).
+        buffer._view = array
+        return buffer
 
     def _create_tritonserver_buffer_attributes(self):
         raise UnsupportedError("buffer attributes are not supported by the mesh's in-process API")

@@ -57,7 +57,9 @@ pub struct Args {
     /// tritonserver): the failure is reported in the log and the repository index, and the rest serve.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub exit_on_error: bool,
-    /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
+    /// Seconds a stop (SIGINT/SIGTERM, the C API's, a drain's end) gives in-flight requests and then
+    /// the models' finalize() before it kills what still runs; also what an unloaded model's
+    /// finalize() may take
     #[arg(long, default_value_t = 30)]
     pub exit_timeout_secs: u64,
 

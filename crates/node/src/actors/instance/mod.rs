@@ -205,9 +205,15 @@ impl InstanceHandle {
 
     /// Puts a rebuilt backend in place and routes to the instance again.
     pub fn install(&self, backend: Box<dyn Backend>) {
-        *self.exec.backend.locked() = backend;
+        let old = std::mem::replace(&mut *self.exec.backend.locked(), backend);
         self.exec.health.mark_restarted();
         let _ = self.tx.send(ExecMsg::Wake);
+        // The failed backend goes on a thread of its own: a Python stub still alive gets its
+        // finalize() (up to --exit-timeout-secs), which must hold neither this caller (an async
+        // worker) nor the instance's lock.
+        let _ = std::thread::Builder::new()
+            .name("backend-drop".into())
+            .spawn(move || drop(old));
     }
 
     /// Marks the instance not ready (its actor died), so routing prefers its siblings until it is replaced.

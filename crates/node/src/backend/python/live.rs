@@ -118,6 +118,19 @@ impl Enrolled {
             stub.pid = None;
         }
     }
+
+    /// Runs `look`, which may reap the process (a `try_wait`), while no stop can signal it; when
+    /// it says it reaped, the pid is no longer signalled.
+    pub fn reaped_if<R>(&self, look: impl FnOnce() -> (R, bool)) -> R {
+        let mut state = self.stubs.state();
+        let (answer, reaped) = look();
+        if reaped {
+            if let Some(stub) = state.live.get_mut(&self.id) {
+                stub.pid = None;
+            }
+        }
+        answer
+    }
 }
 
 impl Drop for Enrolled {
@@ -142,10 +155,13 @@ mod tests {
         assert_eq!(stubs.count(), 2);
         assert!(!stubs.wait_gone(Instant::now() + Duration::from_millis(50)).await);
 
-        // `quick` is being reaped: its pid is no longer ours to signal.
-        b.reaping();
+        // `quick` is reaped by a look at whether it exited: its pid is no longer ours to signal.
         let _ = quick.kill();
-        let _ = quick.wait();
+        let status = b.reaped_if(|| {
+            let status = quick.wait().unwrap();
+            (status, true)
+        });
+        assert!(!status.success());
         let killed = stubs.kill_all();
         assert_eq!(
             killed,

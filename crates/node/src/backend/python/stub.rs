@@ -162,6 +162,8 @@ pub struct Stub {
 
 /// How long a reaped stub's last output may take to reach the log.
 const LAST_LINES: Duration = Duration::from_secs(1);
+/// How long a stub whose finalize() answered may take to exit.
+const EXIT_AFTER_FINALIZE: Duration = Duration::from_secs(5);
 
 /// Forwards a stub's output lines to the log; stderr lines are also kept for error messages.
 fn forward(
@@ -385,12 +387,23 @@ impl Stub {
         Ok(frame)
     }
 
-    /// Whether the process still runs; Some(status text) once it has exited.
+    /// Whether the process still runs; Some(status text) once it has exited. A look that reaps
+    /// the process takes it out of what a stop may signal in the same step (its pid may be the
+    /// kernel's to give again from then on).
     pub fn exited(&mut self) -> Option<String> {
-        match self.child.try_wait() {
+        let child = &mut self.child;
+        let mut look = || match child.try_wait() {
             Ok(Some(status)) => Some(status.to_string()),
             Ok(None) => None,
             Err(e) => Some(e.to_string()),
+        };
+        match &self.enrolled {
+            Some(enrolled) => enrolled.reaped_if(|| {
+                let seen = look();
+                let gone = seen.is_some();
+                (seen, gone)
+            }),
+            None => look(),
         }
     }
 
@@ -414,20 +427,32 @@ impl Stub {
                 }
             }
         }
-        while self.exited().is_none() && Instant::now() < deadline {
+        // finalize() is over: the interpreter's exit (its atexit handlers, threads the model left
+        // running) gets a few seconds more, not the whole grace.
+        let exit_by = deadline.min(Instant::now() + EXIT_AFTER_FINALIZE);
+        while self.exited().is_none() && Instant::now() < exit_by {
             std::thread::sleep(Duration::from_millis(5));
         }
-        self.kill();
+        if finalize && self.exited().is_none() {
+            tracing::warn!(instance = %self.label, "the python stub did not exit after finalize(); killing it");
+        }
+        self.reap(true);
     }
 
-    /// Kills and reaps the process, then waits (briefly) for its last lines to be logged.
+    /// Kills and reaps the process (a stub that died or hung: its last lines are not waited for).
     pub fn kill(&mut self) {
+        self.reap(false);
+    }
+
+    /// Kills and reaps the process; with `last_lines`, waits (briefly) for its last output to be
+    /// logged before it stops counting among the node's live stubs.
+    fn reap(&mut self, last_lines: bool) {
         if let Some(enrolled) = &self.enrolled {
             enrolled.reaping();
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let end = Instant::now() + LAST_LINES;
+        let end = Instant::now() + if last_lines { LAST_LINES } else { Duration::ZERO };
         for log in std::mem::take(&mut self.logs) {
             while !log.is_finished() && Instant::now() < end {
                 std::thread::sleep(Duration::from_millis(2));
