@@ -81,6 +81,16 @@ def find_circles(edges: dict, where: str, problems: list, related=lambda a, b: F
             visit(m, [])
 
 
+def innermost(name: str, sep: str, known) -> str | None:
+    """The longest of the `known` modules that the path `name` (parts joined by `sep`) starts
+    with: the module an import names, or None when it is none of ours."""
+    parts = name.split(sep)
+    for n in range(len(parts), 0, -1):
+        if sep.join(parts[:n]) in known:
+            return sep.join(parts[:n])
+    return None
+
+
 def check_crate(src: pathlib.Path, router: bool, problems: list, where: str = "") -> int:
     files = sorted(p for p in src.rglob("*.rs") if not is_test(p.relative_to(src)))
     modules = {module_of(p.relative_to(src)) for p in files}
@@ -88,14 +98,7 @@ def check_crate(src: pathlib.Path, router: bool, problems: list, where: str = ""
     for p in files:
         rel = p.relative_to(src)
         me = module_of(rel)
-        targets = set()
-        for imp in imports(p, me):
-            parts = imp.split("::")
-            for n in range(len(parts), 0, -1):
-                cand = "::".join(parts[:n])
-                if cand in modules:
-                    targets.add(cand)
-                    break
+        targets = {t for imp in imports(p, me) if (t := innermost(imp, "::", modules))}
         targets.discard(me)
         edges[me] = targets
         if router:
@@ -130,15 +133,8 @@ def check_python(files: dict, where: str, problems: list) -> int:
     """`files`: module name -> (path, its package or None). Adds the circles among them."""
     edges = {}
     for me, (path, package) in files.items():
-        targets = set()
-        for name in python_imports(path, package, frozenset(files)):
-            # The longest of our modules the name starts with; a package's __init__ is its name.
-            parts = name.split(".")
-            for n in range(len(parts), 0, -1):
-                cand = ".".join(parts[:n])
-                if cand in files:
-                    targets.add(cand)
-                    break
+        # A package's __init__ is the package's name.
+        targets = {t for name in python_imports(path, package, frozenset(files)) if (t := innermost(name, ".", files))}
         targets.discard(me)
         edges[me] = targets
     # A package's __init__ gathers its modules' names: it imports them, and they are below it (a

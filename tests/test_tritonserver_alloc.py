@@ -9,15 +9,13 @@ import asyncio
 import ctypes
 import gc
 import json
-import re
 import shutil
-import subprocess
-import sys
 import threading
 
 import numpy
 import pytest
 
+import book
 from conftest import REPO_ROOT
 
 try:
@@ -271,13 +269,7 @@ def test_the_library_refuses_placements_that_do_not_fit(server):
 
 
 def test_the_books_allocator_example_runs_as_written(capi_lib, models_dir, server_env, tmp_path):
-    chapter = (REPO_ROOT / "docs" / "src" / "embedding" / "python.md").read_text()
-    block = re.search(r"```python\n([^`]*?MemoryAllocator[^`]*?)```", chapter, re.S)
-    assert block, "the book's allocator example"
-    script = tmp_path / "allocator_example.py"
-    script.write_text(block.group(1).replace('"target/models/simple"', repr(str(models_dir / "simple"))))
     env = dict(server_env, MESH_TRITONSERVER_LIBRARY=str(capi_lib))
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
+    res = book.run_python("embedding/python.md", r"MemoryAllocator", tmp_path, env, models_dir / "simple")
     assert res.stdout.splitlines()[-1] == "True [ 0.  2.  4.  6.  8. 10. 12. 14. 16. 18. 20. 22. 24. 26. 28. 30.]", \
         res.stdout

@@ -335,15 +335,8 @@ def test_a_stopped_server_refuses_calls(repo):
 
 
 def test_the_books_python_example_runs_as_written(capi_lib, models_dir, server_env, tmp_path):
-    import re
-    import subprocess
-    chapter = (REPO_ROOT / "docs" / "src" / "embedding" / "python.md").read_text()
-    block = re.search(r"```python\n(import numpy, tritonserver\n.*?)```", chapter, re.S)
-    assert block, "the book's Python example"
-    script = tmp_path / "example.py"
-    script.write_text(block.group(1).replace('"target/models/simple"', repr(str(models_dir / "simple"))))
+    import book
     env = dict(server_env, MESH_TRITONSERVER_LIBRARY=str(capi_lib))
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
+    res = book.run_python("embedding/python.md", r"^import numpy, tritonserver\n", tmp_path, env, models_dir / "simple")
     assert res.stdout.startswith("[[ 0.  2.  4.  6."), res.stdout
     assert "'model_stats'" in res.stdout and "# HELP " in res.stdout  # the metrics' first 80 characters
