@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Checks the links of the README and of the book (docs/src): a relative link must name a file
-that exists, an anchor (`#...`) a heading of its target, and none may point outside the
-repository; the book's links stay inside the book (mdBook publishes only docs/src). The summary
-(docs/src/SUMMARY.md) must list every chapter. Run by scripts/docs.sh; exits 1 naming each broken
-link."""
+that exists, an anchor (`#...`) a heading of its target (or of a file the target includes with
+`{{#include}}`), and none may point outside the repository; the book's links stay inside the book
+(mdBook publishes only docs/src). The summary (docs/src/SUMMARY.md) must list every chapter. Run by
+scripts/docs.sh; exits 1 naming each broken link."""
 import re
 import sys
 from pathlib import Path
@@ -31,9 +31,21 @@ def outside_code(text: str) -> str:
     return re.sub(r"`[^`\n]*`", "", without_fences(text))
 
 
+INCLUDE = re.compile(r"^\{\{#include ([^\s:}]+)\}\}$", re.M)
+
+
+def with_includes(path: Path) -> str:
+    """The page as mdBook renders it: each line `{{#include FILE}}` replaced by that file's text (a
+    page of the book may be a file kept elsewhere in the repository)."""
+    def included(m):
+        target = path.parent / m.group(1)
+        return target.read_text() if target.is_file() else m.group(0)
+    return INCLUDE.sub(included, path.read_text())
+
+
 def anchors(path: Path) -> set:
     found = set()
-    for line in without_fences(path.read_text()).splitlines():
+    for line in without_fences(with_includes(path)).splitlines():
         m = re.match(r"^#{1,6} (.*)$", line)
         if m:
             found.add(slug(m.group(1)))

@@ -25,7 +25,7 @@ LEASE_S = 5
 # timings): only they run with it, and they assert no time, only behaviour within a hang guard.
 TIMED_LEASE_S = 2
 # Hang guard on a takeover or a change reaching etcd and the other router (the measured time is
-# printed; benches/README.md records it).
+# printed; benches/results/faults-vm.md records it).
 TAKEOVER_GUARD_S = 60.0
 SETTLE_S = 30.0
 

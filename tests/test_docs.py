@@ -125,6 +125,21 @@ def test_the_link_check_finds_broken_links(tmp_path, monkeypatch):
     ]
 
 
+def test_an_anchor_into_a_page_that_includes_a_file_is_one_of_that_files_headings(tmp_path, monkeypatch):
+    root = tmp_path / "repo"
+    book = root / "docs" / "src"
+    book.mkdir(parents=True)
+    (root / "record.md").write_text("# Record\n\n## Round two\n")
+    (book / "SUMMARY.md").write_text("# Summary\n\n- [A](a.md)\n- [R](r.md)\n")
+    (book / "r.md").write_text("{{#include ../../record.md}}\n")
+    (book / "a.md").write_text("# A\n\n[two](r.md#round-two) [three](r.md#round-three)\n")
+    monkeypatch.setattr(check_links, "ROOT", root)
+    monkeypatch.setattr(check_links, "BOOK", book)
+    problems = []
+    check_links.check_file(book / "a.md", book, problems)
+    assert problems == ["docs/src/a.md: 'r.md#round-three': docs/src/r.md has no heading '#round-three'"]
+
+
 def test_the_repositorys_own_links_all_lead_somewhere():
     res = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "check_links.py")], capture_output=True,
                          text=True, timeout=60)

@@ -7,7 +7,7 @@
 - one gRPC connection that opens 1 000 streams, sends each 64 requests of 32 KiB and reads no
   answer holds the node's memory within the bound the README states, not 2 GiB.
 
-Latencies are printed (benches/README.md has the measured ratios), never asserted."""
+Latencies are printed (benches/results/fair-shares-vm.csv has the measured ones), never asserted."""
 from __future__ import annotations
 
 import asyncio

@@ -246,7 +246,7 @@ impl FairBudget {
 /// mailbox, its answer's channel, the tasks and buffers that carry it), charged with them: requests
 /// without tensors are bounded by the budget too, so a flood of them is refused as overload, never
 /// queued without end. Measured on a node: a queued tensor-less gRPC request holds 19 to 20 KiB of
-/// resident memory (its HTTP/2 stream and buffers included; benches/README.md, issue 52).
+/// resident memory (its HTTP/2 stream and buffers included; benches/results/rounds.md, "Issue 52: fair shares").
 pub const REQUEST_BYTES: u64 = 20 << 10;
 
 /// A budget of `limit` bytes keeping `reserve` for parties under their share (None: an eighth of the limit).

@@ -2,7 +2,7 @@
 //! workers keep polling their sockets instead of sleeping, so the next packet (the node's answer,
 //! the client's next request) is read without a wake-up.
 //!
-//! A sleeping worker costs one wake-up per packet, 35-45 µs on a small VM (benches/README.md,
+//! A sleeping worker costs one wake-up per packet, 35-45 µs on a small VM (benches/results/rounds.md,
 //! "Issue 26, fourth part"). Each worker gets a spinner task. While the window is open, a spinner
 //! yields instead of finishing; tokio then polls its sockets (`epoll_wait` with no timeout) and
 //! runs the spinner again, so the worker never parks. Once no request has started or ended

@@ -60,7 +60,7 @@ fn open_log(path: &std::path::Path) -> std::io::Result<std::fs::File> {
 /// Fewer workers mean fewer cross-thread wake-ups per request: on a 2-vCPU host shared by a router,
 /// a node and a client, one router worker saved 15-20 µs of router CPU per routed request, while a
 /// node with one worker served unbatched models that run inline about a sixth slower
-/// (benches/README.md, "Issue 26, second part").
+/// (benches/results/rounds.md, "Issue 26, second part").
 pub fn workers(cores: usize, env: Option<&str>) -> usize {
     match env.and_then(|v| v.trim().parse::<usize>().ok()) {
         Some(n) if n > 0 => n,

@@ -93,7 +93,7 @@ pub fn transport_config(tuning: &Tuning) -> Result<Arc<TransportConfig>, String>
 /// Largest UDP payload an endpoint sends or takes: quinn's Ethernet-sized default, with its own MTU
 /// discovery below it. Measured here, jumbo datagrams (up to 8972 or 65527 bytes) moved 16 MiB
 /// tensors at about half the speed: bursts of large datagrams were lost, and every suspected black
-/// hole dropped the path to 1200 bytes (benches/README.md, "The cluster").
+/// hole dropped the path to 1200 bytes (benches/results/rounds.md, "Issue 7: the cluster").
 pub const MAX_UDP_PAYLOAD: u16 = 1472;
 
 /// Socket buffer the link asks the kernel for, each way. At the default 208 KiB a burst of a large
