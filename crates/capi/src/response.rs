@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use mesh::stream::{stream_channel, Window};
-use mesh::{Dispatch, InferRequest, InferResponse};
+use mesh::InferResponse;
+use mesh_node::serving::admit::{Admission, Replies};
 use mesh_node::serving::dispatch::NodeDispatch;
 
 use crate::allocator::{ReleaseBufferFn, TRITONSERVER_ResponseAllocator};
@@ -271,7 +272,7 @@ impl Answers {
 }
 
 /// A streamed request: each answer to the callback as it comes, the final flag last.
-async fn stream(dispatch: Arc<NodeDispatch>, request: InferRequest, answers: Arc<Answers>, release: Arc<Release>) {
+async fn stream(dispatch: Arc<NodeDispatch>, admission: Admission, answers: Arc<Answers>, release: Arc<Release>) {
     let (tx, mut rx) = stream_channel(Window::for_stream());
     let forward = async {
         while let Some(item) = rx.recv().await {
@@ -286,7 +287,7 @@ async fn stream(dispatch: Arc<NodeDispatch>, request: InferRequest, answers: Arc
         }
         false
     };
-    let (_, finished) = tokio::join!(dispatch.infer_stream(request, tx), forward);
+    let (_, finished) = tokio::join!(dispatch.infer_stream_admitted(admission, tx), forward);
     if !finished {
         answers.fail("the request ended without a final answer (a bug)");
     }
@@ -312,29 +313,19 @@ pub unsafe extern "C" fn TRITONSERVER_ServerInferAsync(
         if !std::sync::Arc::ptr_eq(unsafe { (*inference_request).core() }, &core) {
             return Err(Failure::invalid("the request was made for another server"));
         }
-        // As Triton does before it takes a request: the model, the parameters, every input's
-        // name, datatype and shape. A refused request stays the application's, unreleased.
-        mesh::params::check(&request.parameters).map_err(from_mesh)?;
-        mesh::validate::check_tensors(&request).map_err(from_mesh)?;
-        let view = core
-            .dispatch
-            .model(&request.model_name, &request.model_version)
-            .map_err(from_mesh)?;
-        mesh::validate::check_request(&view.config, &request).map_err(from_mesh)?;
+        // As Triton does before it takes a request: the parameters, every input's bytes, the
+        // model, every input's name, datatype and shape. Admitted here, once: the node runs the
+        // admission as it is. A refused request stays the application's, unreleased.
+        let admission = core.dispatch.admit_local(request, Replies::Stream).map_err(from_mesh)?;
         release.arm();
-        // A decoupled model (or an ensemble, whose steps may be) answers through a stream; any
+        // A decoupled model (or an ensemble with a decoupled step) answers through a stream; any
         // other model answers once.
-        let streamed = view.config.platform == "ensemble"
-            || view
-                .config
-                .model_transaction_policy
-                .as_ref()
-                .is_some_and(|p| p.decoupled);
+        let streamed = admission.decoupled();
         let dispatch = core.dispatch.clone();
         let answers = Arc::new(Answers {
             target,
-            model: request.model_name.clone(),
-            id: request.id.clone(),
+            model: admission.model_name().to_string(),
+            id: admission.request_id().to_string(),
             finished: AtomicBool::new(false),
         });
         let on_panic: OnPanic = {
@@ -345,10 +336,10 @@ pub unsafe extern "C" fn TRITONSERVER_ServerInferAsync(
             })
         };
         let task: Task = if streamed {
-            Box::pin(stream(dispatch, request, answers, release))
+            Box::pin(stream(dispatch, admission, answers, release))
         } else {
             Box::pin(async move {
-                let response = answers.response(dispatch.infer(request).await);
+                let response = answers.response(dispatch.infer_admitted(admission).await);
                 answers.send(Some(response), COMPLETE_FINAL);
                 drop(release); // released now, unless an input is still borrowed somewhere
             })

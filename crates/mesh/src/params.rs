@@ -1,5 +1,7 @@
 //! The request parameters Triton gives a meaning to (`sequence_id` and its flags, `timeout`, `priority`),
-//! each read here with one rule, by every frontend, the router, the node, ensembles and BLS alike.
+//! each read here with one rule, by every frontend, the router, the node, ensembles and BLS alike;
+//! [`Controls::parse`] reads them all at once, when a request is admitted, into the one typed value
+//! the node then passes along instead of reading the parameters again.
 //!
 //! The rules are the strict ones Triton's server applies: `sequence_id` is a positive integer or a string
 //! (0 and "" mean none; a negative number or another type is refused), the sequence flags are booleans,
@@ -82,13 +84,42 @@ pub fn priority(params: &Params) -> Result<u32> {
     }
 }
 
+/// A request's sequence controls: its correlation id (`sequence_id`; None when absent, 0 or empty)
+/// and its START and END flags.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SequenceControls {
+    pub id: Option<SequenceId>,
+    pub start: bool,
+    pub end: bool,
+}
+
+/// What a request's parameters ask of its scheduling, read once by [`Controls::parse`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Controls {
+    /// `priority` (0: the default).
+    pub priority: u32,
+    /// `timeout` (None: absent or 0).
+    pub timeout: Option<Duration>,
+    pub sequence: SequenceControls,
+}
+
+impl Controls {
+    /// Reads every parameter Triton gives a meaning to, each by its one rule, in a fixed order
+    /// (`sequence_id`, the sequence flags, `timeout`, `priority`): the first broken rule is the error.
+    pub fn parse(params: &Params) -> Result<Controls> {
+        let id = sequence_id(params)?;
+        let (start, end) = sequence_flags(params)?;
+        Ok(Controls {
+            timeout: timeout(params)?,
+            priority: priority(params)?,
+            sequence: SequenceControls { id, start, end },
+        })
+    }
+}
+
 /// Every rule at once: what a router checks before it routes, so it refuses what a node would.
 pub fn check(params: &Params) -> Result<()> {
-    sequence_id(params)?;
-    sequence_flags(params)?;
-    timeout(params)?;
-    priority(params)?;
-    Ok(())
+    Controls::parse(params).map(drop)
 }
 
 #[cfg(test)]
@@ -139,5 +170,91 @@ mod tests {
         assert!(priority(&with("priority", Param::Uint(1 << 40))).is_err());
         assert!(check(&with("timeout", Param::Double(1.0))).is_err());
         assert!(check(&vec![("other".into(), Param::Double(1.0))]).is_ok());
+    }
+
+    #[test]
+    fn controls_are_parsed_once_into_one_value() {
+        let params: Params = vec![
+            ("sequence_id".into(), Param::String("s7".into())),
+            ("sequence_start".into(), Param::Bool(true)),
+            ("timeout".into(), Param::Uint(2500)),
+            ("priority".into(), Param::Int(3)),
+            ("custom".into(), Param::Double(0.5)),
+        ];
+        assert_eq!(
+            Controls::parse(&params),
+            Ok(Controls {
+                priority: 3,
+                timeout: Some(Duration::from_micros(2500)),
+                sequence: SequenceControls {
+                    id: Some(SequenceId::Str("s7".into())),
+                    start: true,
+                    end: false,
+                },
+            })
+        );
+        assert_eq!(Controls::parse(&Vec::new()), Ok(Controls::default()));
+        let ended = Controls::parse(&with("sequence_end", Param::Bool(true))).unwrap();
+        assert_eq!(
+            ended.sequence,
+            SequenceControls {
+                id: None,
+                start: false,
+                end: true
+            }
+        );
+        assert_eq!(
+            Controls::parse(&with("sequence_id", Param::Uint(0)))
+                .unwrap()
+                .sequence
+                .id,
+            None
+        );
+    }
+
+    #[test]
+    fn each_broken_rule_is_named_as_before() {
+        let refused = |params: Params| {
+            let e = Controls::parse(&params).expect_err("refused");
+            assert_eq!(e.code, crate::Code::InvalidArgument);
+            assert_eq!(check(&params), Err(e.clone()), "check refuses as parse does");
+            e.message
+        };
+        let cases: Vec<(Params, &str)> = vec![
+            (
+                with("sequence_id", Param::Double(1.0)),
+                "parameter 'sequence_id' must be a positive integer or a string, got Double(1.0)",
+            ),
+            (
+                with("sequence_start", Param::Int(1)),
+                "parameter 'sequence_start' must be a boolean, got Int(1)",
+            ),
+            (
+                with("sequence_end", Param::String("yes".into())),
+                "parameter 'sequence_end' must be a boolean, got String(\"yes\")",
+            ),
+            (
+                with("timeout", Param::Int(-1)),
+                "parameter 'timeout' must be a non-negative integer (µs), got Int(-1)",
+            ),
+            (
+                with("priority", Param::Uint(1 << 40)),
+                "parameter 'priority' must be a small non-negative integer, got Uint(1099511627776)",
+            ),
+        ];
+        for (params, want) in cases {
+            assert_eq!(refused(params), want);
+        }
+        // Several broken: the first in the fixed order is the one named.
+        let all: Params = vec![
+            ("priority".into(), Param::Bool(true)),
+            ("timeout".into(), Param::Bool(true)),
+            ("sequence_end".into(), Param::Int(2)),
+            ("sequence_id".into(), Param::Int(-1)),
+        ];
+        assert!(refused(all.clone()).contains("'sequence_id'"));
+        assert!(refused(all[..3].to_vec()).contains("'sequence_end'"));
+        assert!(refused(all[..2].to_vec()).contains("'timeout'"));
+        assert!(refused(all[..1].to_vec()).contains("'priority'"));
     }
 }

@@ -21,6 +21,7 @@ use crate::backend::python::{PythonContext, PythonSettings};
 use crate::cli::Args;
 use crate::cluster::{ClusterNode, Settings as ClusterSettings};
 use crate::node::Node;
+use crate::serving::admit::Replies;
 use crate::serving::cache::CacheConfig;
 use crate::serving::dispatch::{NodeDispatch, NodeOptions};
 use crate::telemetry::metrics;
@@ -187,10 +188,11 @@ impl Server {
         self.node.dispatch.ready()
     }
 
-    /// Runs one request and answers it; a decoupled model needs [`Server::infer_stream`].
+    /// Runs one request and answers it; a decoupled model needs [`Server::infer_stream`]. Its
+    /// tensors are checked with the rest of the request when the node admits it, once.
     pub async fn infer(&self, request: InferRequest) -> mesh::Result<InferResponse> {
-        mesh::validate::check_tensors(&request)?;
-        self.node.dispatch.infer(request).await
+        let admission = self.node.dispatch.admit_local(request, Replies::One)?;
+        self.node.dispatch.infer_admitted(admission).await
     }
 
     /// Runs one request on buffers the caller lends: no input is copied into the request, and the
@@ -228,9 +230,9 @@ impl Server {
             outputs: outputs.iter().map(|o| mesh::RequestedOutput::named(*o)).collect(),
             ..Default::default()
         };
-        mesh::validate::check_tensors(&request)?;
+        let admission = self.node.dispatch.admit_local(request, Replies::One)?;
         let dispatch = self.node.dispatch.clone();
-        let run = async move { dispatch.infer(request).await };
+        let run = async move { dispatch.infer_admitted(admission).await };
         let answer = match tokio::runtime::Handle::try_current() {
             Ok(_) => tokio::task::block_in_place(|| self.runtime.block_on(run)),
             Err(_) => self.runtime.block_on(run),
@@ -255,12 +257,15 @@ impl Server {
     /// it, so a caller that stops reading stops the model after 16 answers, as a gRPC client does.
     pub fn infer_stream(&self, request: InferRequest) -> StreamReceiver {
         let (tx, rx) = stream_channel(Window::for_stream());
-        if let Err(e) = mesh::validate::check_tensors(&request) {
-            let _ = tx.send(mesh::StreamItem::new(Some(Err(e)), true));
-            return rx;
-        }
+        let admission = match self.node.dispatch.admit_local(request, Replies::Stream) {
+            Ok(admission) => admission,
+            Err(e) => {
+                let _ = tx.send(mesh::StreamItem::new(Some(Err(e)), true));
+                return rx;
+            }
+        };
         let dispatch = self.node.dispatch.clone();
-        tokio::spawn(async move { dispatch.infer_stream(request, tx).await });
+        tokio::spawn(async move { dispatch.infer_stream_admitted(admission, tx).await });
         rx
     }
 

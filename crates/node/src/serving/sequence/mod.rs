@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh::{Error, InferRequest, Result, Tensor};
+use mesh::params::SequenceControls;
+use mesh::{Error, Result, Tensor};
 
 pub use setup::SequenceSetup;
 
@@ -24,16 +25,19 @@ pub struct Flags {
 }
 
 impl Flags {
-    /// Reads `sequence_id`, `sequence_start` and `sequence_end` ([`mesh::params`]); a sequence model
-    /// needs a non-zero, non-empty id.
-    pub fn of(model: &str, request: &InferRequest) -> Result<Flags> {
-        let (start, end) = mesh::params::sequence_flags(&request.parameters)?;
-        let id = mesh::params::sequence_id(&request.parameters)?.ok_or_else(|| {
+    /// The flags of a request's sequence controls (parsed once, [`mesh::params::Controls`]); a
+    /// sequence model needs a non-zero, non-empty id.
+    pub fn of(model: &str, controls: &SequenceControls) -> Result<Flags> {
+        let id = controls.id.clone().ok_or_else(|| {
             Error::invalid(format!(
                 "inference request to model '{model}' must specify a non-zero or non-empty correlation ID (sequence_id)"
             ))
         })?;
-        Ok(Flags { id, start, end })
+        Ok(Flags {
+            id,
+            start: controls.start,
+            end: controls.end,
+        })
     }
 }
 
@@ -363,16 +367,17 @@ fn lock(table: &std::sync::Mutex<Sequences>) -> std::sync::MutexGuard<'_, Sequen
 
 impl Step {
     /// Admits a request of `rows` rows to its sequence among the model's ready `instances`, or
-    /// fails where [`Step::admit`] would wait (tests' shorthand).
+    /// fails where [`Step::admit`] would wait (tests' shorthand, from the request's parameters).
     #[cfg(test)]
     pub fn begin(
         table: &Arc<std::sync::Mutex<Sequences>>,
-        request: &InferRequest,
+        request: &mesh::InferRequest,
         rows: usize,
         instances: &[&str],
     ) -> Result<Step> {
         let model = &request.model_name;
-        let flags = Self::flags(table, request, rows)?;
+        let controls = mesh::params::Controls::parse(&request.parameters)?;
+        let flags = Self::flags(table, model, &controls.sequence, rows)?;
         let (ticket, setup) = {
             let mut t = lock(table);
             (t.begin(model, &flags, instances, Instant::now())?, t.setup().clone())
@@ -387,16 +392,20 @@ impl Step {
     }
 
     /// The request's sequence flags (an iterative sequence's own id when it has none).
-    fn flags(table: &Arc<std::sync::Mutex<Sequences>>, request: &InferRequest, rows: usize) -> Result<Flags> {
-        let model = &request.model_name;
+    fn flags(
+        table: &Arc<std::sync::Mutex<Sequences>>,
+        model: &str,
+        controls: &SequenceControls,
+        rows: usize,
+    ) -> Result<Flags> {
         let iterative = lock(table).setup().iterative;
-        let flags = match Flags::of(model, request) {
-            Err(_) if iterative && mesh::params::sequence_id(&request.parameters)?.is_none() => Flags {
+        let flags = match controls.id {
+            None if iterative => Flags {
                 id: SequenceId::Int(ITERATIVE_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
                 start: true,
                 end: true,
             },
-            other => other?,
+            _ => Flags::of(model, controls)?,
         };
         if rows != 1 {
             return Err(Error::invalid(format!(
@@ -406,17 +415,18 @@ impl Step {
         Ok(flags)
     }
 
-    /// Admits a request of `rows` rows to its sequence among the model's ready `instances`; a START
+    /// Admits a request of `model` with these sequence `controls` (its parameters, parsed once when
+    /// it was admitted) and `rows` rows to its sequence among the model's ready `instances`; a START
     /// that finds every instance's slots taken waits for one to free (a sequence ending, or idling
     /// out), as in Triton's backlog; the request was admitted to the budget before, so waiting holds it.
     pub async fn admit(
         table: &Arc<std::sync::Mutex<Sequences>>,
-        request: &InferRequest,
+        model: &str,
+        controls: &SequenceControls,
         rows: usize,
         instances: &[&str],
     ) -> Result<Step> {
-        let flags = Self::flags(table, request, rows)?;
-        let model = &request.model_name;
+        let flags = Self::flags(table, model, controls, rows)?;
         loop {
             let freed = {
                 let mut t = lock(table);

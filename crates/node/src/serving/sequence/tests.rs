@@ -50,16 +50,21 @@ fn flags(id: u64, start: bool, end: bool) -> Flags {
     }
 }
 
-fn request(params: Vec<(&str, Param)>) -> InferRequest {
-    InferRequest {
+fn request(params: Vec<(&str, Param)>) -> mesh::InferRequest {
+    mesh::InferRequest {
         parameters: params.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         ..Default::default()
     }
 }
 
+/// A request's flags as serving reads them: its parameters parsed once, then its sequence's flags.
+fn flags_of(model: &str, request: &mesh::InferRequest) -> Result<Flags> {
+    Flags::of(model, &mesh::params::Controls::parse(&request.parameters)?.sequence)
+}
+
 #[test]
 fn flags_are_read_as_tritonclient_sends_them() {
-    let f = Flags::of(
+    let f = flags_of(
         "m",
         &request(vec![
             ("sequence_id", Param::Int(7)),
@@ -69,23 +74,23 @@ fn flags_are_read_as_tritonclient_sends_them() {
     )
     .unwrap();
     assert_eq!(f, flags(7, true, false));
-    let s = Flags::of("m", &request(vec![("sequence_id", Param::String("abc".into()))])).unwrap();
+    let s = flags_of("m", &request(vec![("sequence_id", Param::String("abc".into()))])).unwrap();
     assert_eq!((s.id, s.start, s.end), (SequenceId::Str("abc".into()), false, false));
     for bad in [
         vec![],
         vec![("sequence_id", Param::Int(0))],
         vec![("sequence_id", Param::String("".into()))],
     ] {
-        let e = Flags::of("m", &request(bad)).unwrap_err();
+        let e = flags_of("m", &request(bad)).unwrap_err();
         assert!(
             e.message
                 .contains("must specify a non-zero or non-empty correlation ID"),
             "{e}"
         );
     }
-    let e = Flags::of("m", &request(vec![("sequence_id", Param::Int(-4))])).unwrap_err();
+    let e = flags_of("m", &request(vec![("sequence_id", Param::Int(-4))])).unwrap_err();
     assert!(e.message.contains("positive integer or a string"), "{e}");
-    let e = Flags::of(
+    let e = flags_of(
         "m",
         &request(vec![("sequence_id", Param::Int(1)), ("sequence_end", Param::Int(1))]),
     )
@@ -371,11 +376,15 @@ async fn a_waiting_start_is_admitted_when_a_sequence_ends() {
         }
         request(params)
     };
-    let first = Step::admit(&table, &seq(1, true, false), 1, &["i0"]).await.unwrap();
+    async fn admit(table: &Arc<std::sync::Mutex<Sequences>>, request: mesh::InferRequest) -> Result<Step> {
+        let controls = mesh::params::Controls::parse(&request.parameters)?;
+        Step::admit(table, "m", &controls.sequence, 1, &["i0"]).await
+    }
+    let first = admit(&table, seq(1, true, false)).await.unwrap();
     let waiting = tokio::spawn({
         let table = table.clone();
         async move {
-            Step::admit(&table, &seq(2, true, false), 1, &["i0"])
+            admit(&table, seq(2, true, false))
                 .await
                 .map(|s| s.ticket.instance.clone())
         }
@@ -383,7 +392,7 @@ async fn a_waiting_start_is_admitted_when_a_sequence_ends() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!waiting.is_finished(), "the only slot is held");
     drop(first);
-    let end = Step::admit(&table, &seq(1, false, true), 1, &["i0"]).await.unwrap();
+    let end = admit(&table, seq(1, false, true)).await.unwrap();
     let mut outputs = vec![];
     end.finish(false, &mut outputs).ok();
     let admitted = tokio::time::timeout(Duration::from_secs(10), waiting).await;
