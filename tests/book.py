@@ -1,28 +1,82 @@
-"""The book's examples (docs/src) as the tests run them: a chapter's code block, found by what it
-holds, run as a user would copy it."""
+"""The book's examples (README.md and docs/src) as the tests run them: every block a user would copy
+is marked on the line before it, and a marked example is found by its name.
+
+The marks (HTML comments, invisible in the rendered book):
+- `<!-- example: NAME -->`: a test runs the block; NAME is unique across the book and appears in
+  the test that runs it (as `example("NAME")`, or `example: NAME` in a Rust test);
+- `<!-- excerpt: PATH -->`: lines taken from the file PATH (which a test compiles or runs); every
+  line of the block is in it;
+- `<!-- not run: REASON -->`: shown, not run, and why (e.g. the test command itself).
+"""
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-BOOK = Path(__file__).resolve().parent.parent / "docs" / "src"
+ROOT = Path(__file__).resolve().parent.parent
+BOOK = ROOT / "docs" / "src"
+# Languages whose blocks are commands or programs a user would copy.
+COPYABLE = {"sh", "bash", "console", "shell", "python", "rust", "c", "cpp", "ini", "pbtxt"}
+MARK = re.compile(r"^<!-- (example|excerpt|not run): (.+?) -->$")
+FENCE = re.compile(r"^```(\S*)\s*$")
 
 
-def block(chapter: str, language: str, holds: str) -> str:
-    """The first `language` block of `chapter` (a path under docs/src) whose text matches the
-    regular expression `holds`; fails the test when there is none."""
-    text = (BOOK / chapter).read_text()
-    for found in re.findall(rf"```{language}\n(.*?)```", text, re.S):
-        if re.search(holds, found):
-            return found
-    raise AssertionError(f"docs/src/{chapter} has no {language} block holding {holds!r}")
+@dataclass
+class Block:
+    """One fenced block of a page: where it is, its language, its text and its mark (if any)."""
+    page: Path
+    line: int
+    language: str
+    text: str
+    mark: tuple[str, str] | None
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
-def run_python(chapter: str, holds: str, tmp_path: Path, env: dict, models: Path) -> subprocess.CompletedProcess:
-    """Runs that Python block with `env`, its `"target/models/simple"` pointed at `models`; the
-    run must succeed."""
+def pages() -> list[Path]:
+    """The README and every page of the book."""
+    return [ROOT / "README.md", *sorted(BOOK.rglob("*.md"))]
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced blocks of `page`, each with the mark on the nearest non-blank line before it."""
+    lines = page.read_text().split("\n")
+    found, i = [], 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].rstrip() == "```"), None)
+        if end is None:
+            raise AssertionError(f"{page.relative_to(ROOT)}:{i + 1}: a block that never ends")
+        before = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        mark = MARK.match(before)
+        text = "\n".join(lines[i + 1:end]) + "\n"
+        found.append(Block(page, i + 1, fence.group(1), text, mark.groups() if mark else None))
+        i = end + 1
+    return found
+
+
+def all_blocks() -> list[Block]:
+    return [b for page in pages() for b in blocks(page)]
+
+
+def example(name: str) -> Block:
+    """The block marked `<!-- example: NAME -->`; fails the test when there is none."""
+    marked = [b for b in all_blocks() if b.mark == ("example", name)]
+    assert len(marked) == 1, f"the book marks {len(marked)} blocks as example {name!r}, not one"
+    return marked[0]
+
+
+def run_python(name: str, tmp_path: Path, env: dict, models: Path) -> subprocess.CompletedProcess:
+    """Runs the Python example `name` with `env`, its `"target/models/simple"` pointed at `models`;
+    the run must succeed."""
     script = tmp_path / "example.py"
-    script.write_text(block(chapter, "python", holds).replace('"target/models/simple"', repr(str(models))))
+    script.write_text(example(name).text.replace('"target/models/simple"', repr(str(models))))
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     return res

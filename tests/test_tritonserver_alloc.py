@@ -270,6 +270,6 @@ def test_the_library_refuses_placements_that_do_not_fit(server):
 
 def test_the_books_allocator_example_runs_as_written(capi_lib, models_dir, server_env, tmp_path):
     env = dict(server_env, MESH_TRITONSERVER_LIBRARY=str(capi_lib))
-    res = book.run_python("embedding/python.md", r"MemoryAllocator", tmp_path, env, models_dir / "simple")
+    res = book.run_python("embed-python-allocator", tmp_path, env, models_dir / "simple")
     assert res.stdout.splitlines()[-1] == "True [ 0.  2.  4.  6.  8. 10. 12. 14. 16. 18. 20. 22. 24. 26. 28. 30.]", \
         res.stdout

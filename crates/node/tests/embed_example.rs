@@ -11,8 +11,8 @@ async fn the_books_rust_example_runs_as_written() {
     let example = std::fs::read_to_string(root.join("crates/node/examples/embed.rs")).unwrap();
     let chapter = std::fs::read_to_string(root.join("docs/src/embedding/rust.md")).unwrap();
     assert!(
-        chapter.contains(&format!("```rust\n{example}```\n")),
-        "the book's Rust example is not crates/node/examples/embed.rs as it is"
+        chapter.contains(&format!("<!-- example: embed-rust -->\n```rust\n{example}```\n")),
+        "the book's Rust example (example: embed-rust) is not crates/node/examples/embed.rs as it is"
     );
     let models = root.join("target/models/simple");
     if !models.join("add_sub/1/model.onnx").is_file() {
