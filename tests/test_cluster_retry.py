@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from cluster_util import copy_models, log_has, wait_until
+from cluster_util import GATED_SLEEP, copy_models, log_has, wait_until
 from mesh_util import metric_sum, parse_metrics
 
 pytestmark = [pytest.mark.server, pytest.mark.cluster]
@@ -33,29 +33,6 @@ NODE_ARGS = PY_ARGS + ["--exit-timeout-secs", "120"]
 NODES = ["p1", "p2"]
 # A gated request's longest sleep (a hang guard: the test opens the gate); below the execute timeout.
 SLEEP_MS = 20_000
-
-# sleep_py that also wakes when the file named by the request parameter `gate` exists.
-GATED_SLEEP = """
-import json
-import os
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            ms = int(pb_utils.get_input_tensor_by_name(r, "MS").as_numpy()[0])
-            gate = json.loads(r.parameters() or "{}").get("gate")
-            end = time.monotonic() + ms / 1000
-            while time.monotonic() < end and not (gate and os.path.exists(gate)):
-                time.sleep(min(0.01, max(0.0, end - time.monotonic())))
-            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x.copy())]))
-        return out
-"""
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,34 @@
 //! The router's Prometheus metrics: Triton's request metrics as clients see them through the router,
 //! and the router's own `mesh_router_*` (nodes by state, requests per node, retries, failovers,
-//! link round-trip time).
+//! link round-trip time, each placed model's replicas).
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use metrics::{counter, gauge};
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::place::{ModelView, ReplicaState};
+
+/// Why an attempt is retried (`mesh::cluster::call::Failure::metric_reason`), the label values of
+/// `mesh_router_retries_total{why}`.
+const RETRY_REASONS: [&str; 4] = ["lost", "not_sent", "refused", "overloaded"];
+
 /// Installs the global recorder and returns the handle that renders `/metrics`.
 pub fn install() -> Result<PrometheusHandle, String> {
-    mesh::telemetry::install(describe, None)
+    let handle = mesh::telemetry::install(describe, None)?;
+    register();
+    Ok(handle)
+}
+
+/// The retry and failover counters exist from the start, at 0, as a node's failure counters do: a
+/// rate over them is defined before the first retry, and an alert on their increase sees the first
+/// one (Prometheus counts no increase into a series that did not exist yet).
+fn register() {
+    for why in RETRY_REASONS {
+        counter!("mesh_router_retries_total", "why" => why).increment(0);
+    }
+    counter!("mesh_router_failovers_total").increment(0);
 }
 
 fn describe() {
@@ -41,7 +61,7 @@ fn describe() {
     );
     g!(
         "mesh_router_model_replicas",
-        "Replicas of each placed model: wanted (within its bounds, after autoscaling) and ready"
+        "Replicas of each placed model, by state: min and max (its bounds), wanted (within them, after autoscaling) and ready"
     );
     c!(
         "mesh_router_placement_events_total",
@@ -54,10 +74,31 @@ pub fn placement_event(kind: &str) {
     counter!("mesh_router_placement_events_total", "kind" => kind.to_string()).increment(1);
 }
 
-/// A placed model's wanted and ready replicas.
-pub fn replicas(model: &str, wanted: u32, ready: usize) {
-    gauge!("mesh_router_model_replicas", "model" => model.to_string(), "state" => "wanted").set(f64::from(wanted));
-    gauge!("mesh_router_model_replicas", "model" => model.to_string(), "state" => "ready").set(ready as f64);
+/// The models `replicas` last published, so that one no longer placed can be set to zero.
+static PUBLISHED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// Each placed model's bounds, wanted and ready replicas. A model published before and absent now
+/// (unloaded, or gone from the repository) gets 0 for all four: the registry keeps a series once set,
+/// and a stale `ready` below a stale `min` would look like a model short of replicas forever.
+pub fn replicas(models: &[ModelView]) {
+    let set = |model: &str, state: &'static str, n: f64| {
+        gauge!("mesh_router_model_replicas", "model" => model.to_string(), "state" => state).set(n);
+    };
+    let now: BTreeSet<String> = models.iter().map(|m| m.name.clone()).collect();
+    let mut published = PUBLISHED.lock().unwrap_or_else(|e| e.into_inner());
+    for gone in published.difference(&now) {
+        for state in ["min", "max", "wanted", "ready"] {
+            set(gone, state, 0.0);
+        }
+    }
+    for m in models {
+        let ready = m.replicas.iter().filter(|r| r.state == ReplicaState::Ready).count();
+        set(&m.name, "min", f64::from(m.min));
+        set(&m.name, "max", f64::from(m.max));
+        set(&m.name, "wanted", f64::from(m.wanted));
+        set(&m.name, "ready", ready as f64);
+    }
+    *published = now;
 }
 
 /// One finished client request.
@@ -102,5 +143,74 @@ pub fn cluster(states: &[(&'static str, usize)], links: &[(String, Duration, u32
     for (node, rtt, inflight) in links {
         gauge!("mesh_router_link_rtt_us", "node" => node.clone()).set(rtt.as_micros() as f64);
         gauge!("mesh_router_inflight", "node" => node.clone()).set(*inflight as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    use super::*;
+    use crate::place::ReplicaView;
+
+    fn model(name: &str, min: u32, ready: usize) -> ModelView {
+        let replica = |i: usize| ReplicaView {
+            node: format!("n{i}"),
+            state: if i < ready {
+                ReplicaState::Ready
+            } else {
+                ReplicaState::Loading
+            },
+            reason: String::new(),
+        };
+        ModelView {
+            name: name.into(),
+            min,
+            max: 4,
+            wanted: min,
+            replicas: (0..min as usize).map(replica).collect(),
+            reason: String::new(),
+        }
+    }
+
+    fn value(text: &str, model: &str, state: &str) -> Option<f64> {
+        let prefix = format!("mesh_router_model_replicas{{model=\"{model}\",state=\"{state}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(|v| v.parse().unwrap())
+    }
+
+    #[test]
+    fn the_retry_and_failover_counters_exist_before_the_first_retry() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, register);
+        let text = handle.render();
+        for why in RETRY_REASONS {
+            assert!(
+                text.contains(&format!("mesh_router_retries_total{{why=\"{why}\"}} 0")),
+                "{text}"
+            );
+        }
+        assert!(text.contains("mesh_router_failovers_total 0"), "{text}");
+    }
+
+    #[test]
+    fn each_model_shows_its_bounds_and_one_no_longer_placed_shows_zero_everywhere() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || replicas(&[model("a", 2, 1), model("b", 3, 3)]));
+        let text = handle.render();
+        assert_eq!(value(&text, "a", "min"), Some(2.0), "{text}");
+        assert_eq!(value(&text, "a", "ready"), Some(1.0), "{text}");
+        assert_eq!(value(&text, "a", "max"), Some(4.0), "{text}");
+        assert_eq!(value(&text, "b", "wanted"), Some(3.0), "{text}");
+        // `a` is unloaded: its series stay, at 0, so ready is no longer below min.
+        metrics::with_local_recorder(&recorder, || replicas(&[model("b", 3, 2)]));
+        let text = handle.render();
+        for state in ["min", "max", "wanted", "ready"] {
+            assert_eq!(value(&text, "a", state), Some(0.0), "{state}: {text}");
+        }
+        assert_eq!(value(&text, "b", "ready"), Some(2.0), "{text}");
     }
 }

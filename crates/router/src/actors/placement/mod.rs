@@ -15,7 +15,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::messages::{LinkMsg, PlacementMsg};
 use crate::place::reconcile::{self, Command, Read, Snapshot, WaiterId};
-use crate::place::{PlacementSettings, ReplicaState};
+use crate::place::PlacementSettings;
 use crate::repository;
 use crate::shared::{Placement, RoutingView};
 
@@ -134,10 +134,7 @@ impl PlacementState {
             tracing::info!(kind = e.kind.as_str(), model = %e.model, node = %e.node, "placement: {}", e.detail);
             crate::metrics::placement_event(e.kind.as_str());
         }
-        for m in &out.view.models {
-            let ready = m.replicas.iter().filter(|r| r.state == ReplicaState::Ready).count();
-            crate::metrics::replicas(&m.name, m.wanted, ready);
-        }
+        crate::metrics::replicas(&out.view.models);
         self.handle.publish(out.view);
     }
 
