@@ -36,12 +36,14 @@ fi
 # Debian packages, for run time only: etcd-server is the coordination service that several routers
 # share (the tests start real etcd processes); with --torch (the test command's set-up), iproute2 too,
 # since the fault tests make network namespaces, and prometheus (with its promtool), which
-# tests/test_prometheus.py runs against configs/prometheus/. The build needs none: the etcd client's
+# tests/test_prometheus.py runs against configs/prometheus/, and chromium, the headless browser
+# tests/test_console.py opens the router's web console in. The build needs none: the etcd client's
 # protos are compiled by scripts/protoc (protox), which .cargo/config.toml names as PROTOC.
 need=()
 command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || need+=(etcd-server)
 if [ "$TORCH" = 1 ]; then command -v ip >/dev/null || need+=(iproute2); fi
 if [ "$TORCH" = 1 ]; then command -v prometheus >/dev/null || need+=(prometheus); fi
+if [ "$TORCH" = 1 ]; then command -v chromium >/dev/null || need+=(chromium); fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive

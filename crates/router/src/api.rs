@@ -1,8 +1,9 @@
 //! The router's own HTTP API, beside KServe v2 on the same port: `GET /mesh/v1/cluster` is the
 //! router's view of the cluster (what `mesh-ops status` shows); `POST /mesh/v1/models/{m}/scale`
-//! changes a model's replica bounds and `POST /mesh/v1/nodes/{n}/drain` empties a node. The whole
-//! API is the restricted-API group `cluster` (`--http-restricted-api cluster:KEY=VALUE`); without
-//! that rule its changes are answered only to clients on the router's own host (loopback).
+//! changes a model's replica bounds and `POST /mesh/v1/nodes/{n}/drain` empties a node; `console`
+//! serves the web console (`GET /mesh/v1/console`) and its charts' data. The whole API is the
+//! restricted-API group `cluster` (`--http-restricted-api cluster:KEY=VALUE`); without that rule its
+//! changes are answered only to clients on the router's own host (loopback).
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::dispatch::RouterDispatch;
+
+mod console;
 use crate::place::ReplicaState;
 use crate::shared::PlacementView;
 
@@ -186,8 +189,8 @@ pub fn routes(dispatch: Arc<RouterDispatch>, restricted: bool) -> Router {
 }
 
 fn api_routes(dispatch: Arc<RouterDispatch>) -> Router {
-    let (d1, d2, d3) = (dispatch.clone(), dispatch.clone(), dispatch);
-    Router::new()
+    let (d1, d2, d3) = (dispatch.clone(), dispatch.clone(), dispatch.clone());
+    console::routes(dispatch)
         .route(
             "/mesh/v1/cluster",
             get(move || {

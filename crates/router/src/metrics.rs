@@ -1,6 +1,9 @@
 //! The router's Prometheus metrics: Triton's request metrics as clients see them through the router,
 //! and the router's own `mesh_router_*` (nodes by state, requests per node, retries, failovers,
-//! link round-trip time, each placed model's replicas).
+//! link round-trip time, each placed model's replicas); `history` keeps each model's recent traffic
+//! for the console.
+pub mod history;
+
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::Duration;

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use mesh::cluster::call::{self, Peer};
 use mesh::cluster::convert::request_frame;
+use mesh::sync::Locked;
 use mesh::{Error, InferRequest, InferResponse, Result, StreamSender};
 
 use super::RouterDispatch;
@@ -136,7 +137,11 @@ impl RouterDispatch {
         if result.is_ok() && r.failed_over() {
             metrics::failover();
         }
-        metrics::request(model, r.version().unwrap_or(""), 1, started.elapsed(), failure);
+        let took = started.elapsed();
+        metrics::request(model, r.version().unwrap_or(""), 1, took, failure);
+        self.history
+            .locked()
+            .record(model, took, result.is_ok(), Instant::now());
     }
 
     pub(super) async fn route_unary(&self, mut request: InferRequest) -> Result<InferResponse> {

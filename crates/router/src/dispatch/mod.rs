@@ -1,7 +1,9 @@
 //! The router's Dispatch, the request path: each request is forwarded to a node serving its model
 //! (`forward`), router ensembles run their steps through this same Dispatch (`ensemble`), statistics
-//! are gathered from the nodes (`stats`), and model control goes to placement (`control`).
-use std::sync::Arc;
+//! are gathered from the nodes (`stats`), and model control goes to placement (`control`). Each
+//! finished request is counted into the console's traffic history (`metrics::history`).
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use mesh::budget::FairBudget;
@@ -9,6 +11,7 @@ use mesh::proto::ModelStatisticsResponse;
 use mesh::{Dispatch, IndexEntry, InferRequest, InferResponse, ModelView, Result, StreamItem, StreamSender};
 
 use crate::ensembles::Ensembles;
+use crate::metrics::history::{History, HistorySettings};
 use crate::route::{RetryPolicy, RetrySettings};
 use crate::shared::{Placement, RoutingView};
 
@@ -25,6 +28,8 @@ pub struct RouterDispatch {
     /// Clients' requests the router holds (to forward and retry them), shared fairly between
     /// models and clients ([`mesh::budget`]).
     budget: Arc<FairBudget>,
+    /// Each model's recent requests through this router, for the console's charts (bounded).
+    pub history: Mutex<History>,
 }
 
 impl RouterDispatch {
@@ -43,6 +48,7 @@ impl RouterDispatch {
             placement,
             retry,
             budget,
+            history: Mutex::new(History::new(HistorySettings::default(), Instant::now())),
         }
     }
 
