@@ -11,10 +11,13 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH=0
 [ "${1:-}" = "--torch" ] && TORCH=1
-TORCH_MARK=target/release/.setup-torch
+# The build of an earlier --torch set-up is kept (its PyTorch and its binaries), not the test-only
+# packages: BUILD_TORCH, not TORCH. Its mark lives in .venv, beside the libtorch it links to.
+TORCH_MARK=.venv/.setup-torch
+BUILD_TORCH=$TORCH
 if [ "$TORCH" = 0 ] && [ -f "$TORCH_MARK" ]; then
-  TORCH=1
-  echo "setup: keeping the TorchScript build of an earlier 'scripts/setup.sh --torch'"
+  BUILD_TORCH=1
+  echo "setup: keeping the TorchScript build of an earlier 'scripts/setup.sh --torch' (remove $TORCH_MARK to build without it)"
 fi
 
 # The README's prerequisites, checked first so that a missing one is named, with its Debian package.
@@ -78,7 +81,7 @@ if ! ls .venv/dl/rapidocr_onnxruntime-1.4.4-*.whl >/dev/null 2>&1; then
   .venv/bin/pip download -q --disable-pip-version-check --no-deps rapidocr-onnxruntime==1.4.4 -d .venv/dl
 fi
 
-if [ "$TORCH" = 1 ]; then
+if [ "$BUILD_TORCH" = 1 ]; then
   .venv/bin/pip install -q --disable-pip-version-check -r requirements-torch.txt
   source scripts/torch-env.sh
   cargo build --release -p mesh-node --features mesh-node/torch -p mesh-router -p mesh-ops -p mesh-capi
@@ -87,4 +90,4 @@ else
   cargo build --release -p mesh-node -p mesh-router -p mesh-ops -p mesh-capi
 fi
 .venv/bin/python scripts/gen_models.py --out target/models --example configs/example-repo
-echo "setup done: target/release/{mesh-node$([ "$TORCH" = 1 ] && echo " (with TorchScript)"),mesh-router,mesh-ops,libtritonserver.so}, .venv, configs/example-repo"
+echo "setup done: target/release/{mesh-node$([ "$BUILD_TORCH" = 1 ] && echo " (with TorchScript)"),mesh-router,mesh-ops,libtritonserver.so}, .venv, configs/example-repo"

@@ -1,6 +1,6 @@
 """The book's examples run as a user copies them: every block of README.md and docs/src a user would
 copy is marked (tests/book.py), and each block marked as an example runs here, or in the test that
-names it, against the servers the book starts, on the default ports (8000-8003) as written.
+names it, against the servers the book starts, on the ports it names (8000-8003 by default).
 
 Where a block cannot run word for word on one machine, the test changes only what it names: a host
 name that is another machine (`router.example`, `router-host`) becomes localhost, a second server
@@ -27,7 +27,10 @@ from mesh_util import http_request
 pytestmark = [pytest.mark.server]
 
 RELEASE = REPO_ROOT / "target" / "release"
-DEFAULT_PORTS = (8000, 8001, 8002)
+# The ports the examples' servers take: a router's or node's defaults, the second router and the
+# nodes of serve-cluster.sh, and its etcd (TCP); the cluster ports (UDP).
+TCP_PORTS = (8000, 8001, 8002, 8010, 8011, 8012, 8100, 8101, 8102, 8200, 8201, 8202, 2379, 2380)
+UDP_PORTS = (8003, 8013)
 # What the OCR examples read: a page the tests render (test_ocr's renderer), read back exactly.
 PAGE = (["The quick brown fox", "jumps over 13 lazy dogs"], 32)
 # Commands of a block that keep running (servers): started in the background, in order.
@@ -185,8 +188,8 @@ def nodes_up(port: int, names: set, model: str):
     return check
 
 
-def port_taken(port: int) -> bool:
-    with socket.socket() as s:
+def port_taken(port: int, kind=socket.SOCK_STREAM) -> bool:
+    with socket.socket(socket.AF_INET, kind) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("0.0.0.0", port))
@@ -195,12 +198,20 @@ def port_taken(port: int) -> bool:
     return False
 
 
+def ports_taken() -> list:
+    return [p for p in TCP_PORTS if port_taken(p)] + [f"{p}/udp" for p in UDP_PORTS if port_taken(p, socket.SOCK_DGRAM)]
+
+
 @pytest.fixture
 def default_ports():
-    """The examples use the default ports; they must be free before and are free again after."""
-    taken = [p for p in DEFAULT_PORTS if port_taken(p)]
-    assert not taken, f"ports {taken} are taken: the book's examples run on the default ports 8000-8003"
+    """The examples use the default ports (and serve-cluster.sh's): free before, free again after."""
+    taken = ports_taken()
+    assert not taken, f"ports {taken} are taken: the book's examples run on the ports they name"
     yield
+    deadline = time.time() + 10
+    while ports_taken() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not ports_taken(), f"ports {ports_taken()} are still taken after the example's servers stopped"
 
 
 @pytest.fixture
@@ -309,7 +320,9 @@ def test_several_routers_on_this_machine(served):
         wait_for(command, nodes_up(8010, {"node-a", "node-b"}, "mlp"), served, timeout=600)
         wait_for(command, nodes_up(8000, {"node-a", "node-b"}, "mlp"), served, timeout=60)
     run_block(book.example("cluster-ha").text, REPO_ROOT, dict(os.environ), served, ready)
-    first = [pid for pid, args in processes() if "mesh-router" in args[0] and "router-2" not in args]
+    group = served.procs[0].pid  # the script's process group: another router on this machine is not ours
+    first = [pid for pid, args in processes()
+             if "mesh-router" in args[0] and "router-2" not in args and os.getpgid(pid) == group]
     assert len(first) == 1, first
     os.kill(first[0], signal.SIGKILL)
     x = np.full((1, 64), 0.5, np.float32)

@@ -35,13 +35,17 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-/// The JSON of `GET /mesh/v1/history`: per model, one value per interval, oldest first.
-pub fn history_json(history: &mut History, now: Instant) -> Value {
-    let settings = history.settings();
+/// The JSON of `GET /mesh/v1/history`: per model, one value per interval, oldest first. The
+/// samples are copied under the history's lock and the JSON is built after it is let go, so a
+/// client reading the history never holds back the requests that record into it.
+pub fn history_json(history: &std::sync::Mutex<History>, now: Instant) -> Value {
+    let (settings, snapshot) = {
+        let mut h = history.locked();
+        (h.settings(), h.snapshot(now))
+    };
     let interval = settings.interval.as_secs_f64();
     let ms = |us: u32, s: &Sample| (s.requests() > 0).then(|| f64::from(us) / 1000.0);
-    let models: Vec<Value> = history
-        .snapshot(now)
+    let models: Vec<Value> = snapshot
         .into_iter()
         .map(|m| {
             let s = &m.samples;
@@ -80,7 +84,7 @@ pub fn routes(dispatch: Arc<RouterDispatch>) -> Router {
             "/mesh/v1/history",
             get(move || {
                 let d = dispatch.clone();
-                async move { Json(history_json(&mut d.history.locked(), Instant::now())) }
+                async move { Json(history_json(&d.history, Instant::now())) }
             }),
         )
 }
@@ -105,7 +109,7 @@ mod tests {
             h.record("m", Duration::from_millis(2), true, t0 + Duration::from_secs(6));
         }
         h.record("m", Duration::from_millis(2), false, t0 + Duration::from_secs(6));
-        let v = history_json(&mut h, t0 + Duration::from_secs(10));
+        let v = history_json(&std::sync::Mutex::new(h), t0 + Duration::from_secs(10));
         assert_eq!(v["interval_s"], 5.0);
         let m = &v["models"][0];
         assert_eq!(m["name"], "m");

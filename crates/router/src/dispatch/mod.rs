@@ -8,6 +8,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use mesh::budget::FairBudget;
 use mesh::proto::ModelStatisticsResponse;
+use mesh::sync::Locked;
 use mesh::{Dispatch, IndexEntry, InferRequest, InferResponse, ModelView, Result, StreamItem, StreamSender};
 
 use crate::ensembles::Ensembles;
@@ -64,7 +65,14 @@ impl Dispatch for RouterDispatch {
         // Refused here as a node would refuse it: one rule per parameter (mesh::params).
         mesh::params::check(&request.parameters)?;
         if self.ensembles.get(&request.model_name).is_some() {
-            return self.run_ensemble(request).await;
+            // The router runs the ensemble itself: its own request goes into the console's
+            // history beside its steps (each routed, and recorded, as a request of its own).
+            let (name, started) = (request.model_name.clone(), Instant::now());
+            let result = self.run_ensemble(request).await;
+            self.history
+                .locked()
+                .record(&name, started.elapsed(), result.is_ok(), Instant::now());
+            return result;
         }
         self.route_unary(request).await
     }
