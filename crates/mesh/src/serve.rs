@@ -221,9 +221,12 @@ pub struct ListenArgs {
     /// The same for gRPC metadata.
     #[arg(long, value_name = "REGEX")]
     pub grpc_header_forward_pattern: Option<String>,
-    /// Request tracing, as tritonserver's flag (repeatable): `[triton,]file=PATH`, `level=OFF|TIMESTAMPS`,
-    /// `rate=N`, `count=N`, `log-frequency=N`.
-    #[arg(long, value_name = "[triton,]KEY=VALUE")]
+    /// Request tracing, as tritonserver's flag (repeatable): `level=OFF|TIMESTAMPS`, `rate=N`,
+    /// `count=N`, `mode=triton|opentelemetry`; trace files: `[triton,]file=PATH`, `log-frequency=N`;
+    /// OpenTelemetry: `opentelemetry,url=URL` (default http://localhost:4318/v1/traces),
+    /// `opentelemetry,resource=KEY=VALUE` (repeatable), `opentelemetry,bsp_max_queue_size=N`,
+    /// `bsp_schedule_delay=MS`, `bsp_max_export_batch_size=N`.
+    #[arg(long, value_name = "[MODE,]KEY=VALUE")]
     pub trace_config: Vec<String>,
     /// Legacy tracing flags: the same settings as `--trace-config file=`, `level=` (repeatable),
     /// `rate=`, `count=` and `log-frequency=`, which win when both are given.
@@ -295,9 +298,8 @@ impl ListenArgs {
         render: RenderMetrics,
         stop: &watch::Receiver<bool>,
     ) -> Result<Vec<JoinHandle<()>>, String> {
-        let (trace_file, trace) = crate::trace::from_flags(&self.trace_flags())?;
         crate::compat::log_ignored(&self.grpc_conn.ignored());
-        crate::trace::configure(trace_file, &trace).map_err(|e| format!("--trace-config: {}", e.message))?;
+        crate::trace::start(&self.trace_flags())?;
         let http_rules = Arc::new(self.http_rules()?);
         let grpc_rules = Arc::new(Restrictions::parse_grpc(&self.grpc_restricted_protocol)?);
         let mut servers = Vec::new();

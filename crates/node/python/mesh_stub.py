@@ -433,7 +433,7 @@ class Host(Calls, Plain):
                 model_name=self.model_name, requested_output_names=r["outputs"] or self.output_names,
                 inputs=[self.decode(d, blob, copy=self.inbox is not None) for d in r["inputs"]], request_id=r["id"],
                 correlation_id=r.get("correlation_id", 0), flags=r.get("flags", 0), parameters=r["parameters"],
-                timeout=r.get("timeout", 0), trace=pb_utils.InferenceTrace(r.get("trace")))
+                timeout=r.get("timeout", 0), trace=pb_utils.InferenceTrace(r.get("trace"), r.get("trace_context")))
             req._client_wanted = r["outputs"]  # what the client named: the outputs sent back (all if none)
             requests.append(req)
         return requests

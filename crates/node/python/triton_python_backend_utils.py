@@ -407,12 +407,15 @@ class InferenceTrace:
     """A request's trace, as `request.trace()` gives it: pass it to a BLS request
     (`InferenceRequest(..., trace=request.trace())`) to trace that call as the request's child."""
 
-    def __init__(self, trace_id=None):
+    def __init__(self, trace_id=None, context=None):
         self._id = trace_id
+        self._context = context
 
     def get_context(self):
-        """The OpenTelemetry context (None: the mesh writes Triton-mode traces)."""
-        return None
+        """The request's OpenTelemetry context as Triton gives it: JSON text with its
+        `traceparent` (and `tracestate`) in OpenTelemetry mode; None when the request is not
+        traced, or traced in Triton's trace file mode."""
+        return self._context or None
 
 
 _NO_INPUTS = ()  # InferenceRequest's default inputs and output names (None is a TypeError)

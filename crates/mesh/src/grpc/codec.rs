@@ -246,6 +246,11 @@ pub(crate) fn forward_metadata(
     crate::http::forward_headers(pattern, pairs, params);
 }
 
+/// The client's W3C trace context in a call's (or stream's) metadata, if it sent a `traceparent`.
+pub(crate) fn trace_carrier(metadata: &tonic::metadata::MetadataMap) -> Option<crate::trace::otel::context::Carrier> {
+    crate::trace::otel::context::Carrier::from_lookup(|k| metadata.get(k).map(|v| v.as_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -125,8 +125,9 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
             .remote_addr()
             .map_or(crate::request::Client::Local, crate::request::Client::Connection);
         let (metadata, _, msg) = r.into_parts();
-        // The name is copied (for the trace) only while anything traces.
+        // The name and the client's trace context are copied (for the trace) only while anything traces.
         let model = front::active().then(|| msg.model_name.clone());
+        let carrier = model.as_ref().and_then(|_| codec::trace_carrier(&metadata));
         let served = async {
             let (mut request, in_use) = codec::decode_request(msg, &self.shm)?;
             if let Some(pattern) = &self.forward {
@@ -138,7 +139,14 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
             front::stamp(Point::SendStart);
             Ok(Response::new(codec::encode_response(response, &in_use)?))
         };
-        crate::busy::around(front::serve(Frontend::Grpc, model.as_deref(), received, served)).await
+        crate::busy::around(front::serve(
+            Frontend::Grpc,
+            model.as_deref(),
+            received,
+            carrier,
+            served,
+        ))
+        .await
     }
 
     type ModelStreamInferStream = stream::Answers;
@@ -291,7 +299,7 @@ impl<D: Dispatch> GrpcInferenceService for GrpcFrontend<D> {
         let settings = settings
             .pairs()
             .into_iter()
-            .map(|(k, value)| (k.to_string(), proto::trace_setting_response::SettingValue { value }))
+            .map(|(k, value)| (k, proto::trace_setting_response::SettingValue { value }))
             .collect();
         Ok(Response::new(proto::TraceSettingResponse { settings }))
     }

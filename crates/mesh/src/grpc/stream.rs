@@ -100,6 +100,7 @@ pub(super) fn serve<D: Dispatch>(
     let client = r.remote_addr().map_or(Client::Local, Client::Connection);
     let (metadata, _, mut inbound) = r.into_parts();
     let grpc_errors = wants_grpc_errors(&metadata);
+    let carrier = codec::trace_carrier(&metadata);
     let metadata = Arc::new(metadata);
     let (tx, rx) = tokio::sync::mpsc::channel(STREAM_WINDOW);
     tokio::spawn(async move {
@@ -123,7 +124,7 @@ pub(super) fn serve<D: Dispatch>(
                     Ok(Some(msg)) => {
                         let (d, shm, tx) = (dispatch.clone(), shm.clone(), tx.clone());
                         let window = window.clone();
-                        let (forward, metadata) = (forward.clone(), metadata.clone());
+                        let (forward, metadata, carrier) = (forward.clone(), metadata.clone(), carrier.clone());
                         let mut hold = place.take().expect("read only with a place");
                         hold.charge(prost::Message::encoded_len(&msg) as u64);
                         // Requests of one sequence run one after the other, in stream order.
@@ -137,7 +138,7 @@ pub(super) fn serve<D: Dispatch>(
                                 let _ = before.await;
                             }
                             let forward = forward.as_deref().map(|p| (p, &*metadata));
-                            let to = Out { tx: &tx, window, hold, client };
+                            let to = Out { tx: &tx, window, hold, client, carrier };
                             let answer = stream_answers(&*d, &shm, forward, msg, to, grpc_errors, turn);
                             if done.in_sequence() {
                                 // Its sequence orders it; other requests do not wait behind it.
@@ -230,6 +231,8 @@ struct Out<'a> {
     window: Arc<Window>,
     hold: Credit,
     client: Client,
+    /// The client's trace context, from the stream's metadata (OpenTelemetry mode).
+    carrier: Option<crate::trace::otel::context::Carrier>,
 }
 
 /// One stream message; like Triton, every answer says in `triton_final_response` whether it is
@@ -323,7 +326,12 @@ async fn stream_answers<D: Dispatch>(
         window,
         hold,
         client,
+        carrier,
     } = out;
+    use crate::trace::front::{self, Frontend, Point};
+    let received = std::time::Instant::now();
+    // The name is copied (for the trace) only while anything traces.
+    let traced = front::active().then(|| msg.model_name.clone());
     let mut place = Some(hold);
     let flagged = wants_final_flag(&msg);
     let echo = proto::ModelInferResponse {
@@ -382,6 +390,7 @@ async fn stream_answers<D: Dispatch>(
                     turn.wait().await;
                 }
             }
+            front::stamp(Point::SendStart);
             let message = match item.response {
                 Some(Ok(response)) => match codec::encode_response(response, &in_use) {
                     Ok(encoded) => Ok(stream_message(String::new(), encoded, item.last)),
@@ -409,7 +418,11 @@ async fn stream_answers<D: Dispatch>(
             }
         }
     };
-    tokio::join!(dispatch.infer_stream(request, sink), forward);
+    let served = async move {
+        front::stamp(Point::RecvEnd);
+        tokio::join!(dispatch.infer_stream(request, sink), forward);
+    };
+    front::serve(Frontend::Grpc, traced.as_deref(), received, carrier, served).await;
 }
 
 /// Whether the model a stream request names is decoupled (its answers then go out as they come);

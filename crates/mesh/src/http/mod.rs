@@ -30,6 +30,7 @@ use crate::metadata::ModelMetadata;
 use crate::request::Client;
 use crate::shm::SharedMemory;
 use crate::trace::front::{self, Frontend, Point};
+use crate::trace::otel::context::Carrier;
 
 /// The header that tells where the JSON part of a binary-extension body ends.
 pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
@@ -394,13 +395,12 @@ async fn run_infer<D: Dispatch>(
             Err(e) => error_response(&e),
         }
     };
-    crate::busy::around(front::serve(
-        Frontend::Http,
-        Some(&model),
-        std::time::Instant::now(),
-        served,
-    ))
-    .await
+    // The client's trace context (OpenTelemetry mode), read only while something traces.
+    let carrier = front::active()
+        .then(|| Carrier::from_lookup(|k| headers.get(k).map(|v| v.as_bytes())))
+        .flatten();
+    let received = std::time::Instant::now();
+    crate::busy::around(front::serve(Frontend::Http, Some(&model), received, carrier, served)).await
 }
 
 async fn try_infer<D: Dispatch>(

@@ -3,9 +3,10 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -51,7 +52,8 @@ fn changes(body: &Bytes) -> Result<Vec<Change>> {
 
 fn answer(result: Result<crate::trace::Settings>) -> Response {
     match result {
-        Ok(settings) => Json(settings.to_json()).into_response(),
+        // As text: in OpenTelemetry mode a repeated setting is a repeated key, in Triton's order.
+        Ok(settings) => ([(header::CONTENT_TYPE, "application/json")], settings.to_text()).into_response(),
         Err(e) => error_response(&e),
     }
 }

@@ -1,7 +1,8 @@
 //! Triton's trace extension: trace settings (global, and per model over them) read and changed over
-//! HTTP and gRPC, which requests are traced by them (`trace_rate`, `trace_count`), and the trace
-//! file of each traced request's timestamps in Triton's JSON form. One tracer per process, like
-//! the logging settings.
+//! HTTP and gRPC, which requests are traced by them (`trace_rate`, `trace_count`, and in
+//! OpenTelemetry mode a client's `traceparent`), and where each traced request's timestamps go:
+//! the trace file in Triton's JSON form (`mode=triton`), or OpenTelemetry spans sent to a
+//! collector (`mode=opentelemetry`, [`otel`]). One tracer per process, like the logging settings.
 use crate::sync::Locked;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,31 +33,69 @@ pub struct Settings {
     pub count: i64,
     pub log_frequency: u64,
     pub file: String,
+    pub mode: Mode,
+    /// The mode's own settings, as given at start-up (OpenTelemetry's `url`, `resource`, `bsp_*`).
+    pub config: Vec<(String, String)>,
 }
 
 impl Settings {
-    /// Triton's JSON object (every value a string, `trace_level` a list).
+    /// Triton's JSON object (every value a string, `trace_level` a list). In OpenTelemetry mode
+    /// a repeated setting (`resource`) is shown once here; [`Settings::to_text`] shows each.
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "trace_level": self.level,
-            "trace_rate": self.rate.to_string(),
-            "trace_count": self.count.to_string(),
-            "log_frequency": self.log_frequency.to_string(),
-            "trace_file": self.file,
-            "trace_mode": "triton",
-        })
+        match self.mode {
+            Mode::Triton => serde_json::json!({
+                "trace_level": self.level,
+                "trace_rate": self.rate.to_string(),
+                "trace_count": self.count.to_string(),
+                "log_frequency": self.log_frequency.to_string(),
+                "trace_file": self.file,
+                "trace_mode": "triton",
+            }),
+            Mode::OpenTelemetry => serde_json::from_str(&self.to_text()).unwrap_or_default(),
+        }
     }
 
-    /// The same as (name, values) pairs, for gRPC.
-    pub fn pairs(&self) -> Vec<(&'static str, Vec<String>)> {
-        vec![
-            ("trace_level", self.level.clone()),
-            ("trace_rate", vec![self.rate.to_string()]),
-            ("trace_count", vec![self.count.to_string()]),
-            ("log_frequency", vec![self.log_frequency.to_string()]),
-            ("trace_file", vec![self.file.clone()]),
-            ("trace_mode", vec!["triton".into()]),
-        ]
+    /// The JSON text Triton answers: in OpenTelemetry mode, in Triton's order (level, rate,
+    /// count, mode, then the mode's settings as given, a repeated one as repeated keys), without
+    /// the trace file's `log_frequency` and `trace_file`.
+    pub fn to_text(&self) -> String {
+        if self.mode == Mode::Triton {
+            return self.to_json().to_string();
+        }
+        let text = |v: &str| serde_json::Value::from(v).to_string();
+        let mut out = format!(
+            "{{\"trace_level\":{},\"trace_rate\":\"{}\",\"trace_count\":\"{}\",\"trace_mode\":\"{}\"",
+            serde_json::Value::from(self.level.clone()),
+            self.rate,
+            self.count,
+            self.mode.name()
+        );
+        for (k, v) in &self.config {
+            out.push_str(&format!(",{}:{}", text(k), text(v)));
+        }
+        out.push('}');
+        out
+    }
+
+    /// The same as (name, values) pairs, for gRPC (a repeated setting: one name, its values).
+    pub fn pairs(&self) -> Vec<(String, Vec<String>)> {
+        let mut out: Vec<(String, Vec<String>)> = vec![
+            ("trace_level".into(), self.level.clone()),
+            ("trace_rate".into(), vec![self.rate.to_string()]),
+            ("trace_count".into(), vec![self.count.to_string()]),
+        ];
+        if self.mode == Mode::Triton {
+            out.push(("log_frequency".into(), vec![self.log_frequency.to_string()]));
+            out.push(("trace_file".into(), vec![self.file.clone()]));
+        }
+        out.push(("trace_mode".into(), vec![self.mode.name().into()]));
+        for (k, v) in &self.config {
+            match out.iter_mut().find(|(name, _)| name == k) {
+                Some((_, values)) => values.push(v.clone()),
+                None => out.push((k.clone(), vec![v.clone()])),
+            }
+        }
+        out
     }
 
     fn traces(&self) -> bool {
@@ -72,6 +111,8 @@ fn defaults() -> Settings {
         count: -1,
         log_frequency: 0,
         file: String::new(),
+        mode: Mode::Triton,
+        config: Vec::new(),
     }
 }
 
@@ -113,6 +154,13 @@ pub fn known_model<D: crate::dispatch::Dispatch + ?Sized>(dispatch: &D, model: &
 /// Whether any scope traces: requests skip the tracer's lock while none does.
 pub(crate) static ACTIVE: AtomicBool = AtomicBool::new(false);
 
+/// Whether the tracer is in OpenTelemetry mode (traces become spans, [`otel`]).
+static OTEL: AtomicBool = AtomicBool::new(false);
+
+fn otel_mode() -> bool {
+    OTEL.load(Ordering::Relaxed)
+}
+
 /// Changes settings (see `Tracer::update`) and notes whether anything traces now.
 pub fn update(model: Option<&str>, changes: &[Change]) -> Result<Settings> {
     let mut t = tracer();
@@ -126,24 +174,69 @@ pub fn update(model: Option<&str>, changes: &[Change]) -> Result<Settings> {
     Ok(settings)
 }
 
-/// Sets the server's starting settings (`--trace-config`).
+/// Sets the server's starting settings (`--trace-config`), in trace file mode.
 pub fn configure(file: String, changes: &[Change]) -> Result<()> {
+    configure_mode(Mode::Triton, Vec::new(), file, changes)
+}
+
+fn configure_mode(mode: Mode, config: Vec<(String, String)>, file: String, changes: &[Change]) -> Result<()> {
     let mut t = tracer();
-    t.configure(file, changes)?;
+    t.configure_mode(mode, config, file, changes)?;
+    OTEL.store(mode == Mode::OpenTelemetry, Ordering::Relaxed);
     ACTIVE.store(t.active(), Ordering::Relaxed);
     Ok(())
+}
+
+/// Starts tracing as tritonserver's `--trace-config` flags say (the legacy `--trace-*` flags
+/// first, as `KEY=VALUE`): the settings, and in OpenTelemetry mode the exporter. Errors are
+/// tritonserver's words where it has them.
+pub fn start(flags: &[String]) -> std::result::Result<(), String> {
+    let env = |key: &str| std::env::var(key).ok();
+    let read = flags::parse(flags, &env)?;
+    for warning in &read.warnings {
+        tracing::warn!("{warning}");
+    }
+    let config = match &read.otel {
+        Some(otel) => {
+            otel::start(otel, &env)?;
+            otel.entries.clone()
+        }
+        None => Vec::new(),
+    };
+    configure_mode(read.mode, config, read.file, &read.changes).map_err(|e| format!("--trace-config: {}", e.message))
 }
 
 /// Whether this request of `model` is traced, and its trace id (a relaxed load when nothing traces).
 /// As in Triton, only the requests clients make are sampled: a request made on behalf of another
 /// (inside `child`: a BLS call, an ensemble's step) is traced exactly when that one is, as its child.
+/// In OpenTelemetry mode a request whose client sent a valid `traceparent` (the frontend serving
+/// it has it) is traced whatever the rate and count.
 pub fn sample(model: &str) -> Option<u64> {
     match PARENT.try_with(|parent| *parent) {
-        Ok(Some(parent)) => tracer().child(parent),
+        Ok(Some(parent)) => {
+            let id = tracer().child(parent)?;
+            (!otel_mode() || otel::child(id, parent)).then_some(id)
+        }
         Ok(None) => None,
         Err(_) if !ACTIVE.load(Ordering::Relaxed) => None,
-        Err(_) => tracer().sample(model),
+        Err(_) if !otel_mode() => tracer().sample(model),
+        Err(_) => {
+            let (carrier, fronted) = front::serving(model);
+            let remote = carrier.as_ref().and_then(otel::context::extract);
+            let id = tracer().sample_otel(model, remote.is_some())?;
+            otel::root(id, remote, fronted);
+            if fronted {
+                front::own(id);
+            }
+            Some(id)
+        }
     }
+}
+
+/// The OpenTelemetry context of traced request `id` as a Python model gets it
+/// (`request.trace().get_context()`); None in trace file mode, as in Triton.
+pub fn context(id: u64) -> Option<String> {
+    otel_mode().then(|| otel::context(id)).flatten()
 }
 
 tokio::task_local! {
@@ -184,6 +277,9 @@ fn write(path: &str, entries: &[serde_json::Value]) {
 /// Records a finished trace (writing `trace_file.<n>` when it is time). A trace of the request a
 /// frontend is serving (`front::serve`) is left to that frontend, which adds its own timestamps.
 pub fn record(trace: &Trace) {
+    if otel_mode() {
+        return otel::finish(trace);
+    }
     if front::claim(trace) {
         return;
     }
@@ -197,48 +293,28 @@ fn write_now(trace: &Trace) {
     }
 }
 
-/// Writes the traces not written yet (at shutdown).
+/// Writes the traces not written yet (at shutdown); exports the spans not exported yet.
 pub fn flush() {
+    otel::flush();
     let ready = tracer().drain();
     for (path, entries) in ready {
         write(&path, &entries);
     }
 }
 
-/// Reads tritonserver's `--trace-config [triton,]KEY=VALUE` flags: the file and the settings.
+/// Reads tritonserver's `--trace-config [triton,]KEY=VALUE` flags: the trace file and the settings.
 pub fn from_flags(flags: &[String]) -> std::result::Result<(String, Vec<Change>), String> {
-    let mut file = String::new();
-    let mut changes: Vec<Change> = Vec::new();
-    for flag in flags {
-        let body = flag.strip_prefix("triton,").unwrap_or(flag);
-        let (key, value) = body
-            .split_once('=')
-            .ok_or_else(|| format!("--trace-config '{flag}' is not [triton,]KEY=VALUE"))?;
-        let key = match key {
-            "level" => "trace_level",
-            "rate" => "trace_rate",
-            "count" => "trace_count",
-            "file" => {
-                file = value.to_string();
-                continue;
-            }
-            "log-frequency" | "log_frequency" => "log_frequency",
-            "mode" => continue,
-            other => return Err(format!("--trace-config: unknown setting '{other}'")),
-        };
-        // Levels accumulate (`--trace-level TIMESTAMPS --trace-level TENSORS`); other keys: the last wins.
-        match changes.iter_mut().find(|(k, _)| k == key) {
-            Some((_, Some(values))) if key == "trace_level" => values.push(value.to_string()),
-            Some(change) => change.1 = Some(vec![value.to_string()]),
-            None => changes.push((key.to_string(), Some(vec![value.to_string()]))),
-        }
-    }
-    Ok((file, changes))
+    let read = flags::parse(flags, &|_| None)?;
+    Ok((read.file, read.changes))
 }
 
+mod flags;
 pub mod front;
+pub mod otel;
 mod parse;
 mod tracer;
+
+pub use flags::Mode;
 
 pub use tracer::{Tracer, MAX_HELD_TRACES};
 

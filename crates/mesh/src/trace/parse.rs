@@ -1,12 +1,15 @@
 //! Reading changes to trace settings: the keys Triton knows, their values and Triton's errors for
 //! bad ones (a sans-IO part of the trace extension).
-use super::{Change, Fields};
+use super::{Change, Fields, Mode};
 use crate::error::{Error, Result};
 
 /// A change to a known setting.
 pub(super) type Known = (&'static str, Option<Vec<String>>);
 
-pub(super) fn parse_changes(changes: &[Change]) -> Result<Vec<Known>> {
+/// The changes to settings `mode` knows. The trace file can never change (refused as Triton
+/// refuses it: UNSUPPORTED in OpenTelemetry mode); in OpenTelemetry mode the mode is not a
+/// setting (ignored, as Triton ignores it).
+pub(super) fn parse_changes(changes: &[Change], mode: Mode) -> Result<Vec<Known>> {
     let mut out = Vec::new();
     for (key, value) in changes {
         let key: &'static str = match key.as_str() {
@@ -15,10 +18,13 @@ pub(super) fn parse_changes(changes: &[Change]) -> Result<Vec<Known>> {
             "trace_count" => "trace_count",
             "log_frequency" => "log_frequency",
             "trace_file" => {
-                return Err(Error::invalid(
-                    "trace file location can not be updated through network protocol",
-                ))
+                let words = "trace file location can not be updated through network protocol";
+                return Err(match mode {
+                    Mode::Triton => Error::invalid(words),
+                    Mode::OpenTelemetry => Error::unsupported(words),
+                });
             }
+            "trace_mode" if mode == Mode::OpenTelemetry => continue,
             "trace_mode" => "trace_mode",
             _ => continue, // as Triton: a setting it does not know is ignored
         };
@@ -60,7 +66,9 @@ fn unsigned(key: &str, values: &[String]) -> Result<u64> {
         .map_err(|_| Error::invalid(format!("Unable to parse '{key}', got: {v}")))
 }
 
-pub(super) fn apply(fields: &mut Fields, changes: &[Known]) -> Result<()> {
+/// Applies `changes`; `zero_rate`: a rate of 0 is taken (OpenTelemetry mode's start-up settings:
+/// only requests that bring a trace context are traced).
+pub(super) fn apply(fields: &mut Fields, changes: &[Known], zero_rate: bool) -> Result<()> {
     for (key, value) in changes {
         let Some(values) = value else {
             match *key {
@@ -93,7 +101,7 @@ pub(super) fn apply(fields: &mut Fields, changes: &[Known]) -> Result<()> {
             }
             "trace_rate" => {
                 let rate = unsigned(key, values)?;
-                if rate == 0 {
+                if rate == 0 && !zero_rate {
                     return Err(Error::invalid(
                         "Attempting to set invalid trace setting :sample rate must be non-zero",
                     ));

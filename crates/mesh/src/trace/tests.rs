@@ -328,3 +328,101 @@ fn a_replaced_setting_writes_once_its_last_trace_is_in() {
     assert_eq!((path.as_str(), entries.len()), ("/tmp/trace.json.1", 3));
     assert!(t.drain().is_empty());
 }
+
+/// A tracer in OpenTelemetry mode, started with `changes`.
+fn otel(changes: &[Change]) -> Tracer {
+    let mut t = Tracer::default();
+    let config = vec![
+        ("url".to_string(), "localhost:10000/v1/traces".to_string()),
+        ("resource".to_string(), "a=1".to_string()),
+        ("resource".to_string(), "b=2".to_string()),
+        ("bsp_max_queue_size".to_string(), "2048".to_string()),
+    ];
+    t.configure_mode(Mode::OpenTelemetry, config, String::new(), changes)
+        .unwrap();
+    t
+}
+
+#[test]
+fn opentelemetry_settings_show_the_mode_and_its_settings_in_tritons_order() {
+    let mut t = otel(&[set("trace_level", "TIMESTAMPS"), set("trace_rate", "0")]);
+    let s = t.settings(Some("m"));
+    assert_eq!(
+        s.to_text(),
+        r#"{"trace_level":["TIMESTAMPS"],"trace_rate":"0","trace_count":"-1","trace_mode":"opentelemetry","url":"localhost:10000/v1/traces","resource":"a=1","resource":"b=2","bsp_max_queue_size":"2048"}"#
+    );
+    let pairs = s.pairs();
+    let names: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "trace_level",
+            "trace_rate",
+            "trace_count",
+            "trace_mode",
+            "url",
+            "resource",
+            "bsp_max_queue_size"
+        ]
+    );
+    assert_eq!(pairs[5].1, ["a=1", "b=2"], "a repeated setting: one name, its values");
+    // The trace file is refused as Triton refuses it (UNSUPPORTED); the mode and the
+    // OpenTelemetry settings are not settings here (ignored); log_frequency is taken, unseen.
+    let e = t.update(None, &[set("trace_file", "/tmp/x")]).unwrap_err();
+    assert_eq!(e.code, crate::error::Code::Unsupported);
+    let s = t
+        .update(
+            None,
+            &[
+                set("trace_mode", "triton"),
+                set("url", "x"),
+                set("log_frequency", "3"),
+                set("trace_rate", "5"),
+            ],
+        )
+        .unwrap();
+    assert_eq!((s.mode, s.rate), (Mode::OpenTelemetry, 5));
+    assert!(!s.to_text().contains("log_frequency") && !s.to_text().contains("trace_file"));
+    assert!(t.update(None, &[set("trace_rate", "0")]).is_err(), "0 only at start-up");
+}
+
+#[test]
+fn a_context_forces_sampling_while_the_level_traces() {
+    // rate 0: only requests with a context.
+    let mut t = otel(&[set("trace_level", "TIMESTAMPS"), set("trace_rate", "0")]);
+    assert_eq!(t.sample_otel("m", false), None);
+    assert!(t.sample_otel("m", true).is_some());
+    // count 1, rate 5: the fifth request takes the count; then only requests with a context,
+    // which are still counted towards the rate.
+    let mut t = otel(&[
+        set("trace_level", "TIMESTAMPS"),
+        set("trace_rate", "5"),
+        set("trace_count", "1"),
+    ]);
+    let traced: Vec<bool> = (0..10).map(|_| t.sample_otel("m", false).is_some()).collect();
+    assert_eq!(
+        traced,
+        [false, false, false, false, true, false, false, false, false, false]
+    );
+    assert_eq!(t.settings(None).count, 0);
+    assert!(t.sample_otel("m", true).is_some(), "with a context: traced");
+    assert_eq!(
+        t.sample("m"),
+        None,
+        "trace file mode's entry point is OpenTelemetry's here"
+    );
+    // A context on a rate hit takes one from the count.
+    let mut t = otel(&[
+        set("trace_level", "TIMESTAMPS"),
+        set("trace_rate", "2"),
+        set("trace_count", "3"),
+    ]);
+    assert!(t.sample_otel("m", false).is_none());
+    assert!(t.sample_otel("m", true).is_some());
+    assert_eq!(t.settings(None).count, 2);
+    // Level OFF: nothing, context or not.
+    let mut t = otel(&[]);
+    assert_eq!(t.sample_otel("m", true), None);
+    // Children need no trace file in this mode.
+    assert!(t.child(1).is_some());
+}

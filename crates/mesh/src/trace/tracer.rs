@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use super::parse::{apply, parse_changes, Known};
-use super::{defaults, Change, Fields, Settings, Trace};
+use super::{defaults, Change, Fields, Mode, Settings, Trace};
 use crate::error::{Error, Result};
 
 /// Finished traces one setting holds at most before they are written (`trace_file.<n>`), and
@@ -44,7 +44,8 @@ impl Scope {
     /// are not checked, as tritonserver's are not: without a file they trace nothing.)
     fn make(current: Option<&Scope>, fallback: &Settings, changes: &[Known], checked: bool) -> Result<Scope> {
         let mut given = current.map(|c| c.given.clone()).unwrap_or_default();
-        apply(&mut given, changes)?;
+        // OpenTelemetry mode starts with a rate of 0 if told: only requests with a context are traced.
+        apply(&mut given, changes, !checked && fallback.mode == Mode::OpenTelemetry)?;
         let count_set_now = changes.iter().any(|(k, v)| *k == "trace_count" && v.is_some());
         let now = Settings {
             level: given.level.clone().unwrap_or_else(|| fallback.level.clone()),
@@ -56,8 +57,10 @@ impl Scope {
             },
             log_frequency: given.log_frequency.unwrap_or(fallback.log_frequency),
             file: fallback.file.clone(),
+            mode: fallback.mode,
+            config: fallback.config.clone(),
         };
-        if checked && now.traces() && now.file.is_empty() {
+        if checked && now.mode == Mode::Triton && now.traces() && now.file.is_empty() {
             return Err(Error::invalid(
                 "Attempting to set invalid trace setting :trace file name is not given",
             ));
@@ -122,8 +125,24 @@ impl Tracer {
     /// Starts with the server's `--trace-config` settings, which clearing a server setting
     /// later returns to.
     pub fn configure(&mut self, file: String, changes: &[Change]) -> Result<()> {
-        let changes = parse_changes(changes)?;
-        let base = Settings { file, ..defaults() };
+        self.configure_mode(Mode::Triton, Vec::new(), file, changes)
+    }
+
+    /// The same in a mode: OpenTelemetry's with its settings as the API shows them (`config`).
+    pub fn configure_mode(
+        &mut self,
+        mode: Mode,
+        config: Vec<(String, String)>,
+        file: String,
+        changes: &[Change],
+    ) -> Result<()> {
+        let changes = parse_changes(changes, mode)?;
+        let base = Settings {
+            file,
+            mode,
+            config,
+            ..defaults()
+        };
         let global = Scope::make(None, &base, &changes, false)?;
         self.start = global.now.clone();
         self.global = self.numbered(global);
@@ -172,7 +191,7 @@ impl Tracer {
     /// again over the server's new one (its given values kept), as Triton remakes them. The
     /// settings replaced write what they hold once their last trace has finished.
     pub fn update(&mut self, model: Option<&str>, changes: &[Change]) -> Result<Settings> {
-        let changes = parse_changes(changes)?;
+        let changes = parse_changes(changes, self.start.mode)?;
         let mut replaced = Vec::new();
         match model {
             Some(m) => {
@@ -243,6 +262,9 @@ impl Tracer {
     /// traces, the count is not used up (each traced request takes one from it), and it is the
     /// `rate`-th request its setting has seen.
     pub fn sample(&mut self, model: &str) -> Option<u64> {
+        if self.start.mode == Mode::OpenTelemetry {
+            return self.sample_otel(model, false);
+        }
         let scope = self.scope_mut(model);
         if !scope.now.traces() || scope.now.count == 0 || scope.now.file.is_empty() {
             return None;
@@ -262,10 +284,43 @@ impl Tracer {
         Some(self.next_id)
     }
 
+    /// OpenTelemetry mode's sampling (Triton's `SampleTrace`): a request that brings a trace
+    /// context (`forced`) is traced whatever the rate and count while the level traces; it is
+    /// counted towards the rate, and a rate hit takes one from the count. Others are traced on a
+    /// rate hit while the count lasts; a rate of 0 traces only requests with a context.
+    pub fn sample_otel(&mut self, model: &str, forced: bool) -> Option<u64> {
+        let scope = self.scope_mut(model);
+        if !scope.now.traces() {
+            return None;
+        }
+        let mut hit = false;
+        if scope.now.rate != 0 {
+            if scope.now.count == 0 && !forced {
+                return None;
+            }
+            scope.seen += 1;
+            hit = scope.seen.is_multiple_of(scope.now.rate);
+            if hit && scope.now.count > 0 {
+                scope.now.count -= 1;
+            } else if hit && scope.now.count == 0 {
+                hit = false;
+            }
+        }
+        if !(hit || forced) {
+            return None;
+        }
+        self.next_id += 1;
+        Some(self.next_id)
+    }
+
     /// A trace id for a request made on behalf of the traced request `parent` (its child),
     /// whatever the settings' rate and count, kept by the parent's setting; none without a
-    /// trace file.
+    /// trace file (in trace file mode).
     pub fn child(&mut self, parent: u64) -> Option<u64> {
+        if self.start.mode == Mode::OpenTelemetry {
+            self.next_id += 1;
+            return Some(self.next_id);
+        }
         if self.global.now.file.is_empty() {
             return None;
         }

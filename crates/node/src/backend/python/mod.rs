@@ -327,6 +327,8 @@ impl PythonBackend {
                 json!({
                     "id": r.id,
                     "trace": r.trace,
+                    // `request.trace().get_context()` (OpenTelemetry mode only).
+                    "trace_context": r.trace.and_then(mesh::trace::context),
                     "outputs": r.outputs,
                     "parameters": params_json(r.parameters),
                     "correlation_id": correlation,

@@ -1,0 +1,175 @@
+"""A stand-in for the OpenTelemetry Collector that Triton's trace tests run (qa/L0_trace: otelcol
+v0.91.0 with qa/L0_trace/trace-config.yaml), which cannot be downloaded here.
+
+It does what that configuration does, as far as the tests can see: an `otlp` receiver taking
+OTLP/HTTP with a JSON body (what tritonserver 2.51 and the mesh send) on POST /v1/traces; the
+`batch` processor with `send_batch_size: 10` and `timeout: 10s` (received resourceSpans pile up
+unmerged and go out together once 10 spans are pending, or when the 10 s timer comes, counted from
+the start or the last send); and the `file` exporter, which truncates its file when it starts and
+writes one compact JSON line per batch sent, `{"resourceSpans":[...]}` in the Collector's JSON
+form: ids as lowercase hex (`"parentSpanId":""` for a span without parent), times and integer
+attribute values as decimal strings, `kind` a number, `"status":{}`, empty fields left out.
+
+Use it as `python tests/otlp_collector.py --port 10000 --path collected_traces.json` (it runs
+until killed), or in a test as `Collector(port, path)` with `start()`/`stop()`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+def _value(v: dict) -> dict:
+    """An AnyValue as the Collector writes it (integers as strings)."""
+    if "intValue" in v:
+        return {"intValue": str(v["intValue"])}
+    if "arrayValue" in v:
+        return {"arrayValue": {"values": [_value(x) for x in v["arrayValue"].get("values", [])]}}
+    if "kvlistValue" in v:
+        return {"kvlistValue": {"values": _attributes(v["kvlistValue"].get("values", []))}}
+    return dict(v)
+
+
+def _attributes(attrs) -> list:
+    return [{"key": a["key"], "value": _value(a.get("value", {}))} for a in attrs or []]
+
+
+def _times(span: dict, key: str) -> str:
+    return str(int(span.get(key, 0)))
+
+
+def _span(s: dict) -> dict:
+    out = {"traceId": s.get("traceId", "").lower(), "spanId": s.get("spanId", "").lower(),
+           "parentSpanId": (s.get("parentSpanId") or "").lower()}
+    if s.get("traceState"):
+        out["traceState"] = s["traceState"]
+    out["name"] = s.get("name", "")
+    kind = s.get("kind", 0)
+    out["kind"] = kind if isinstance(kind, int) else {"SPAN_KIND_SERVER": 2}.get(kind, 0)
+    out["startTimeUnixNano"] = _times(s, "startTimeUnixNano")
+    out["endTimeUnixNano"] = _times(s, "endTimeUnixNano")
+    if s.get("attributes"):
+        out["attributes"] = _attributes(s["attributes"])
+    if s.get("events"):
+        out["events"] = []
+        for e in s["events"]:
+            event = {"timeUnixNano": _times(e, "timeUnixNano"), "name": e.get("name", "")}
+            if e.get("attributes"):
+                event["attributes"] = _attributes(e["attributes"])
+            out["events"].append(event)
+    status = {k: v for k, v in (s.get("status") or {}).items() if v}
+    out["status"] = status
+    return out
+
+
+def normalize(request: dict) -> list:
+    """The resourceSpans of one OTLP/HTTP JSON request, in the Collector's JSON form."""
+    out = []
+    for rs in request.get("resourceSpans", []):
+        resource = {"attributes": _attributes((rs.get("resource") or {}).get("attributes", []))}
+        scopes = []
+        for ss in rs.get("scopeSpans", []):
+            scope = {k: v for k, v in (ss.get("scope") or {}).items() if v}
+            scopes.append({"scope": scope, "spans": [_span(s) for s in ss.get("spans", [])]})
+        out.append({"resource": resource, "scopeSpans": scopes})
+    return out
+
+
+def _count(resource_spans: list) -> int:
+    return sum(len(ss["spans"]) for rs in resource_spans for ss in rs["scopeSpans"])
+
+
+class Collector:
+    """The receiver, batch processor and file exporter, on `port`, writing `path`."""
+
+    def __init__(self, port: int = 10000, path="collected_traces.json", send_batch_size: int = 10,
+                 timeout: float = 10.0, host: str = "0.0.0.0"):
+        self.path = Path(path)
+        self.send_batch_size, self.timeout = send_batch_size, timeout
+        self.pending: list = []
+        self.requests = 0  # OTLP requests received
+        self.lock = threading.Lock()
+        self.due = time.monotonic() + timeout
+        self.stopping = threading.Event()
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path != "/v1/traces":
+                    return self._answer(404, b'{"message":"not found"}')
+                if "json" not in self.headers.get("Content-Type", ""):
+                    return self._answer(415, b'{"message":"this stand-in takes OTLP/HTTP JSON only"}')
+                try:
+                    received = normalize(json.loads(body))
+                except (ValueError, AttributeError, TypeError) as e:
+                    return self._answer(400, json.dumps({"message": str(e)}).encode())
+                collector.receive(received)
+                self._answer(200, b"{}")
+
+            def _answer(self, status, body):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+
+    def start(self) -> "Collector":
+        self.path.write_text("")  # the file exporter truncates its file when it starts
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._timer, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def receive(self, resource_spans: list) -> None:
+        with self.lock:
+            self.requests += 1
+            self.pending.extend(resource_spans)
+            if _count(self.pending) >= self.send_batch_size:
+                self._send()
+
+    def _timer(self) -> None:
+        while not self.stopping.wait(0.05):
+            with self.lock:
+                if time.monotonic() >= self.due:
+                    if self.pending:
+                        self._send()
+                    else:
+                        self.due = time.monotonic() + self.timeout
+
+    def _send(self) -> None:
+        line = json.dumps({"resourceSpans": self.pending}, separators=(",", ":"))
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+        self.pending = []
+        self.due = time.monotonic() + self.timeout
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=10000)
+    p.add_argument("--path", default="collected_traces.json")
+    p.add_argument("--send-batch-size", type=int, default=10)
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--config", help="ignored: otelcol's flag, accepted so the stand-in runs in its place")
+    a = p.parse_args()
+    Collector(a.port, a.path, a.send_batch_size, a.timeout).start()
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
