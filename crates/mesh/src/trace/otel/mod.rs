@@ -1,8 +1,8 @@
 //! Triton's OpenTelemetry trace mode (`--trace-config mode=opentelemetry`): each traced request
-//! becomes a tree of spans ([`spans`]), the child of the client's span when it sent a W3C
-//! `traceparent` ([`context`]), exported to an OTLP/HTTP collector by the batch span processor
-//! ([`queue`], [`export`]) with the settings of `--trace-config opentelemetry,KEY=VALUE`
-//! ([`config`]). This module holds the process's registry of traced requests and its exporter.
+//! becomes a tree of spans (`spans`), the child of the client's span when it sent a W3C
+//! `traceparent` (`context`), exported to an OTLP/HTTP collector by the batch span processor
+//! (`queue`, `export`) with the settings of `--trace-config opentelemetry,KEY=VALUE`
+//! (`config`). This module holds the process's registry of traced requests and its exporter.
 use std::sync::{LazyLock, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
