@@ -72,11 +72,18 @@ def example(name: str) -> Block:
     return marked[0]
 
 
+def run_text(text: str, cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs Python text as a script in `cwd` with this interpreter and `env`; the run must succeed."""
+    script = cwd / "example.py"
+    script.write_text(text)
+    res = subprocess.run([sys.executable, str(script)], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                         env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res
+
+
 def run_python(name: str, tmp_path: Path, env: dict, models: Path) -> subprocess.CompletedProcess:
     """Runs the Python example `name` with `env`, its `"target/models/simple"` pointed at `models`;
     the run must succeed."""
-    script = tmp_path / "example.py"
-    script.write_text(example(name).text.replace('"target/models/simple"', repr(str(models))))
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return res
+    text = example(name).text.replace('"target/models/simple"', repr(str(models)))
+    return run_text(text, tmp_path, env, timeout=120)

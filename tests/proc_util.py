@@ -19,19 +19,23 @@ def voluntary_switches(pid: int, thread: str) -> int | None:
     return total
 
 
-def stubs_of(node_pid: int) -> list[int]:
-    """Processes running mesh_stub.py from this node's runtime directory (its Python stubs)."""
-    found = []
+def processes():
+    """Every process as (pid, its arguments), those that end while read left out."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            args = [a.decode(errors="replace") for a in (d / "cmdline").read_bytes().split(b"\0") if a]
         except OSError:
             continue
-        if any(a.endswith(b"mesh_stub.py") and f"/mesh-node-{node_pid}-".encode() in a for a in cmd):
-            found.append(int(d.name))
-    return found
+        if args:
+            yield int(d.name), args
+
+
+def stubs_of(node_pid: int) -> list[int]:
+    """Processes running mesh_stub.py from this node's runtime directory (its Python stubs)."""
+    mark = f"/mesh-node-{node_pid}-"
+    return [pid for pid, args in processes() if any(a.endswith("mesh_stub.py") and mark in a for a in args)]
 
 
 def cpu_ticks(pid: int, thread: str | None = None) -> int | None:

@@ -12,7 +12,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 import tritonclient.http as httpclient
 
 import book
+import proc_util
 from conftest import REPO_ROOT, side_venv_python
 from mesh_util import http_request
 
@@ -268,18 +268,10 @@ def test_the_serve_command_then_the_first_requests(served, page_png):
         assert '"max_batch_size"' in out, out
         assert name == "readme-curl" or '"outputs"' in out, out
     for name in ("readme-tritonclient", "first-ocr"):
-        out = run_python(book.example(name).text, page_png)
+        out = book.run_text(book.example(name).text, page_png, dict(os.environ)).stdout
         assert [" ".join(t.split()) for t in eval(out.strip())] == PAGE[0], out
-    assert run_python(book.example("first-grpc").text, page_png).strip() == "(1, 1, 640, 640)"
-
-
-def run_python(text: str, cwd: Path, python: Path = Path(sys.executable), env: dict | None = None) -> str:
-    script = cwd / "example.py"
-    script.write_text(text)
-    res = subprocess.run([str(python), str(script)], cwd=cwd, capture_output=True, text=True, timeout=300,
-                         env=env or dict(os.environ))
-    assert res.returncode == 0, res.stdout + res.stderr
-    return res.stdout
+    assert book.run_text(book.example("first-grpc").text, page_png, dict(os.environ)).stdout.strip() == \
+        "(1, 1, 640, 640)"
 
 
 # --- the cluster ----------------------------------------------------------------------------------
@@ -321,7 +313,7 @@ def test_several_routers_on_this_machine(served):
         wait_for(command, nodes_up(8000, {"node-a", "node-b"}, "mlp"), served, timeout=60)
     run_block(book.example("cluster-ha").text, REPO_ROOT, dict(os.environ), served, ready)
     group = served.procs[0].pid  # the script's process group: another router on this machine is not ours
-    first = [pid for pid, args in processes()
+    first = [pid for pid, args in proc_util.processes()
              if "mesh-router" in args[0] and "router-2" not in args and os.getpgid(pid) == group]
     assert len(first) == 1, first
     os.kill(first[0], signal.SIGKILL)
@@ -333,17 +325,6 @@ def test_several_routers_on_this_machine(served):
         assert client.infer("mlp", [inp]).as_numpy("y").shape[0] == 1
     finally:
         client.close()
-
-
-def processes():
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                args = [a.decode() for a in (d / "cmdline").read_bytes().split(b"\0") if a]
-            except OSError:
-                continue
-            if args:
-                yield int(d.name), args
 
 
 # --- certificates -----------------------------------------------------------------------------------

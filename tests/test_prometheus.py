@@ -81,10 +81,9 @@ def metric_names(query: str) -> set[str]:
     return names
 
 
-def operands(expr: str) -> list[str]:
-    """An expression less its thresholds: the operands of its top-level comparison and set operators
-    that are not numbers (the whole expression when it has none)."""
-    parts, depth, start, i, quote = [], 0, 0, 0, None
+def top_level(expr: str, pattern: re.Pattern, opens: str = "([{", closes: str = ")]}"):
+    """The matches of `pattern` in `expr` outside its strings and outside the brackets `opens`."""
+    depth, i, quote = 0, 0, None
     while i < len(expr):
         c = expr[i]
         if quote:
@@ -94,15 +93,24 @@ def operands(expr: str) -> list[str]:
                 quote = None
         elif c in "\"'`":
             quote = c
-        elif c in "([{":
+        elif c in opens:
             depth += 1
-        elif c in ")]}":
+        elif c in closes:
             depth -= 1
-        elif depth == 0 and (m := OPERATOR.match(expr, i)):
-            parts.append(expr[start:i])
-            start = i = m.end()
+        elif depth == 0 and (m := pattern.match(expr, i)):
+            yield m
+            i = m.end()
             continue
         i += 1
+
+
+def operands(expr: str) -> list[str]:
+    """An expression less its thresholds: the operands of its top-level comparison and set operators
+    that are not numbers (the whole expression when it has none)."""
+    parts, start = [], 0
+    for m in top_level(expr, OPERATOR):
+        parts.append(expr[start:m.start()])
+        start = m.end()
     parts.append(expr[start:])
     out = [MODIFIERS.sub("", p, count=1).strip() for p in parts]
     return [p for p in out if p and not NUMBER.match(p)]
@@ -114,30 +122,13 @@ COMPARISON = re.compile(r"==|!=|>=|<=|>|<")
 def as_bool(expr: str) -> str:
     """The expression with each comparison outside label matchers made a `bool` one: it then keeps
     every series its joins match, whatever the values, so a join that matches nothing is seen."""
-    out, braces, i, quote = [], 0, 0, None
-    while i < len(expr):
-        c = expr[i]
-        if quote:
-            if c == "\\":
-                out.append(expr[i:i + 2])
-                i += 2
-                continue
-            if c == quote:
-                quote = None
-        elif c in "\"'`":
-            quote = c
-        elif c == "{":
-            braces += 1
-        elif c == "}":
-            braces -= 1
-        elif braces == 0 and (m := COMPARISON.match(expr, i)):
-            out.append(m.group(0))
-            i = m.end()
-            if not re.match(r"\s*bool\b", expr[i:]):
-                out.append(" bool")
-            continue
-        out.append(c)
-        i += 1
+    out, start = [], 0
+    for m in top_level(expr, COMPARISON, "{", "}"):
+        out.append(expr[start:m.end()])
+        start = m.end()
+        if not re.match(r"\s*bool\b", expr[start:]):
+            out.append(" bool")
+    out.append(expr[start:])
     return "".join(out)
 
 
