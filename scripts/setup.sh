@@ -37,13 +37,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Debian packages, for run time only: etcd-server is the coordination service that several routers
-# share (the tests start real etcd processes); with --torch (the test command's set-up), iproute2 too,
+# share (the tests start real etcd processes), and curl, which the README's first requests use (and
+# tests/test_book_examples.py runs them as written); with --torch (the test command's set-up), iproute2 too,
 # since the fault tests make network namespaces, and prometheus (with its promtool), which
 # tests/test_prometheus.py runs against configs/prometheus/, and chromium, the headless browser
 # tests/test_console.py opens the router's web console in. The build needs none: the etcd client's
 # protos are compiled by scripts/protoc (protox), which .cargo/config.toml names as PROTOC.
 need=()
 command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || need+=(etcd-server)
+command -v curl >/dev/null || need+=(curl)
 if [ "$TORCH" = 1 ]; then command -v ip >/dev/null || need+=(iproute2); fi
 if [ "$TORCH" = 1 ]; then command -v prometheus >/dev/null || need+=(prometheus); fi
 if [ "$TORCH" = 1 ]; then command -v chromium >/dev/null || need+=(chromium); fi

@@ -47,7 +47,7 @@ async fn run(args: Args) -> Result<(), String> {
     server.transport_config(args.link.transport()?);
     let cluster_addr = SocketAddr::new(args.cluster_address, args.cluster_port);
     let endpoint =
-        transport::endpoint(cluster_addr, Some(server)).map_err(|e| format!("cannot listen for nodes: {e}"))?;
+        transport::endpoint(cluster_addr, Some(server.clone())).map_err(|e| format!("cannot listen for nodes: {e}"))?;
     tracing::info!(
         addr = %cluster_addr,
         keepalive_ms = args.link.cluster_keepalive_ms,
@@ -112,7 +112,7 @@ async fn run(args: Args) -> Result<(), String> {
         route,
     ));
     // Renewed certificates and revocation lists take effect without a restart; revoked or expired nodes are cut.
-    let _tls_watch = args.link.watch_server(&endpoint, {
+    let _tls_watch = args.link.watch_server(&endpoint, &server, {
         let view = view.clone();
         move || {
             view.links

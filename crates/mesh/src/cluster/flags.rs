@@ -89,16 +89,17 @@ impl LinkArgs {
         }
     }
 
-    /// A router's side, while it runs: watches the files (nothing in the development mode), swaps `endpoint`'s
-    /// server config when they change, and cuts the links `links` lists (a label for logs, the connection) whose
+    /// A router's side, while it runs: watches the files (nothing in the development mode), swaps the crypto of
+    /// `endpoint`'s server config `server` (what it was opened with) when they change, and cuts the links `links` lists (a label for logs, the connection) whose
     /// node's certificate is revoked or expires. Watching stops when the result is dropped.
     pub fn watch_server(
         &self,
         endpoint: &quinn::Endpoint,
+        server: &quinn::ServerConfig,
         links: impl Fn() -> Vec<(String, quinn::Connection)> + Send + 'static,
     ) -> Result<Option<reload::Watch>, String> {
         match self.sources()? {
-            Some(s) => reload::watch_server(s, endpoint, self.transport()?, links).map(Some),
+            Some(s) => reload::watch_server(s, endpoint, server.clone(), links).map(Some),
             None => Ok(None),
         }
     }

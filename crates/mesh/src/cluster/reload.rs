@@ -144,17 +144,19 @@ impl LiveClient {
     }
 }
 
-/// The router's side: watches its files, swaps the endpoint's server config (with `transport`) when they change,
-/// and cuts the links `links` lists whose node's certificate is revoked or expires.
+/// The router's side: watches its files, swaps the crypto of the endpoint's server config `base` when they
+/// change (the rest of `base` is kept: its transport settings and the key of its retry tokens, so a client
+/// between its Retry and its second Initial is not refused by a key it never saw), and cuts the links `links`
+/// lists whose node's certificate is revoked or expires.
 pub fn watch_server(
     sources: Sources,
     endpoint: &quinn::Endpoint,
-    transport: Arc<TransportConfig>,
+    base: quinn::ServerConfig,
     links: impl Fn() -> Vec<(String, Connection)> + Send + 'static,
 ) -> Result<Watch, String> {
     let side = Side::Router {
         endpoint: endpoint.clone(),
-        transport,
+        base: Box::new(base),
     };
     Watcher::new(sources, side, Box::new(links)).map(Watcher::spawn)
 }
@@ -171,7 +173,7 @@ impl Drop for Watch {
 enum Side {
     Router {
         endpoint: quinn::Endpoint,
-        transport: Arc<TransportConfig>,
+        base: Box<quinn::ServerConfig>,
     },
     Node {
         client: LiveClient,
@@ -190,10 +192,9 @@ impl Side {
     /// Builds the crypto of `loaded` and `crls` and puts it in force for new connections.
     fn apply(&self, loaded: &Loaded, crls: &[Crl], files: &TlsFiles) -> Result<(), String> {
         match self {
-            Side::Router { endpoint, transport } => {
-                let crypto = tls::server_crypto_of(loaded, &ders(crls), files)?;
-                let mut config = quinn::ServerConfig::with_crypto(crypto);
-                config.transport_config(transport.clone());
+            Side::Router { endpoint, base } => {
+                let mut config = quinn::ServerConfig::clone(base);
+                config.crypto = tls::server_crypto_of(loaded, &ders(crls), files)?;
                 endpoint.set_server_config(Some(config));
             }
             Side::Node { client, name } => {

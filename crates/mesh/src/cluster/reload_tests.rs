@@ -203,13 +203,19 @@ fn serve(files: TlsFiles) -> Server {
     let sources = Sources::new(files, None);
     let mut config = quinn::ServerConfig::with_crypto(server_crypto(&sources).expect("server crypto"));
     config.transport_config(tuning());
-    let endpoint = transport::endpoint(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), Some(config)).expect("endpoint");
+    let endpoint =
+        transport::endpoint(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), Some(config.clone())).expect("endpoint");
     let conns: Arc<Mutex<Vec<(String, Connection)>>> = Arc::default();
     let listed = conns.clone();
-    let watch = watch_server(sources, &endpoint, tuning(), move || listed.lock().unwrap().clone()).expect("watch");
+    let watch = watch_server(sources, &endpoint, config, move || listed.lock().unwrap().clone()).expect("watch");
     let (accepting, kept) = (endpoint.clone(), conns.clone());
     tokio::spawn(async move {
         while let Some(incoming) = accepting.accept().await {
+            // As the router does: an address not yet validated gets a stateless Retry first.
+            if !incoming.remote_address_validated() && incoming.may_retry() {
+                let _ = incoming.retry();
+                continue;
+            }
             let kept = kept.clone();
             tokio::spawn(async move {
                 let Ok(conn) = incoming.await else { return };
@@ -390,4 +396,93 @@ async fn a_link_is_cut_when_its_peer_certificate_expires() {
     let refused = dial(short_client, server.addr).await.expect_err("expired");
     assert!(refused.to_lowercase().contains("expired"), "{refused}");
     assert!(l.close_reason().is_none());
+}
+
+/// A UDP relay on loopback between one client and `to`: the client's first datagram and every answer pass at
+/// once; the client's later datagrams wait until `release` is sent.
+async fn holding_relay(to: SocketAddr) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    let front = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("relay front");
+    let back = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("relay back");
+    back.connect(to).await.expect("relay to server");
+    let addr = front.local_addr().expect("relay address");
+    let (release, mut released) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut client, mut sent, mut held, mut open) = (None, 0usize, Vec::new(), false);
+        let (mut a, mut b) = ([0u8; 2048], [0u8; 2048]);
+        loop {
+            tokio::select! {
+                got = front.recv_from(&mut a) => {
+                    let Ok((n, from)) = got else { return };
+                    client = Some(from);
+                    sent += 1;
+                    if open || sent == 1 {
+                        let _ = back.send(&a[..n]).await;
+                    } else {
+                        held.push(a[..n].to_vec());
+                    }
+                }
+                got = back.recv(&mut b) => {
+                    let Ok(n) = got else { return };
+                    if let Some(c) = client {
+                        let _ = front.send_to(&b[..n], c).await;
+                    }
+                }
+                _ = &mut released, if !open => {
+                    open = true;
+                    for d in held.drain(..) {
+                        let _ = back.send(&d).await;
+                    }
+                }
+            }
+        }
+    });
+    (addr, release)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_retried_before_a_renewal_is_served_after_it() {
+    let pki = Pki::new();
+    let server = serve(pki.issue("router", Role::Router, None));
+    let files = pki.issue("node-a", Role::Node, None);
+    // The client gets its Retry (a token under the key in force now); its second Initial is held.
+    let (relay, release) = holding_relay(server.addr).await;
+    let mut slow = quinn::ClientConfig::new(tls::client_crypto(&files).expect("client crypto"));
+    slow.transport_config(
+        transport::transport_config(&Tuning {
+            keep_alive: Duration::from_millis(300),
+            idle_timeout: Duration::from_secs(20),
+        })
+        .expect("transport"),
+    );
+    let held = tokio::spawn(dial(slow, relay));
+
+    // The router's certificate is renewed and the new one served to new clients.
+    let old = pki.serial("router");
+    pki.issue("router", Role::Router, Some(Duration::from_secs(7200)));
+    let new = pki.serial("router");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let c = dial(client_of(&files), server.addr).await.expect("dials directly");
+        if peer_cert(&c).expect("router certificate").serial == new {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the renewed certificate was not served in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The held Initial carries a token of the old config: a renewal keeps the token key, so it is taken.
+    release.send(()).expect("relay runs");
+    let conn = held
+        .await
+        .expect("dial task")
+        .expect("the client retried before the renewal is served");
+    let shown = peer_cert(&conn).expect("router certificate").serial;
+    assert!(shown == new || shown == old, "an unknown certificate");
 }
