@@ -109,9 +109,9 @@ async fn quic_pair(limits: Limits, to_router: Option<Arc<Outbound>>) -> (quinn::
             let (limits, out) = (limits.clone(), to_router.clone());
             tokio::spawn(async move {
                 if let Ok(Some(frame)) = read_frame(&mut recv, &limits).await {
-                    if let Ok((req, stream)) = answer::request_of(frame) {
+                    if let Ok(received) = answer::request_of(frame) {
                         let out = (&limits, out.as_deref());
-                        answer::serve(&Echo, req, stream, (send, recv), out, |_| ErrorKind::Answered).await;
+                        answer::serve(&Echo, received, (send, recv), out, |_| ErrorKind::Answered).await;
                     }
                 }
             });
@@ -244,7 +244,7 @@ async fn main() {
                 let (lat, wall) = load(c, secs, move || {
                     let (req, conn, limits, out) = (req.clone(), conn.clone(), limits.clone(), out.clone());
                     async move {
-                        let chunks = request_frame(&req, false, &limits).unwrap();
+                        let chunks = request_frame(&req, false, None, &limits).unwrap();
                         let peer = Peer {
                             conn: &conn,
                             name: "echo node",

@@ -103,8 +103,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         message: "model 'x' is not served here".into(),
     };
     let frames: Vec<(&str, Vec<Bytes>)> = vec![
-        ("request", request_frame(&request, false, &limits)?),
-        ("request-stream", request_frame(&request, true, &limits)?),
+        ("request", request_frame(&request, false, None, &limits)?),
+        ("request-stream", request_frame(&request, true, None, &limits)?),
         ("answer-response", answer_frame(Some(&Ok(response)), true, &limits)?),
         (
             "answer-error",

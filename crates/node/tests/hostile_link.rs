@@ -144,6 +144,8 @@ async fn garbage_on_a_router_stream_fails_only_that_stream() {
             len: 64,
         }],
         stream: false,
+        traceparent: String::new(),
+        tracestate: String::new(),
     });
     let (_, message) = error_answer(&exchange(&conn, &encode(&lying)).await);
     assert!(message.contains("lie outside"), "{message}");
@@ -169,7 +171,7 @@ async fn garbage_on_a_router_stream_fails_only_that_stream() {
         name: "node-8",
         out: None,
     };
-    let frame = request_frame(&add_sub_request("add_sub", &a, &b), false, &limits).unwrap();
+    let frame = request_frame(&add_sub_request("add_sub", &a, &b), false, None, &limits).unwrap();
     let response = call::unary(peer, frame, &limits).await.expect("add_sub answers");
     let output = |name: &str| {
         let t = &response.outputs.iter().find(|o| o.name == name).expect(name).tensor;
@@ -186,7 +188,7 @@ async fn garbage_on_a_router_stream_fails_only_that_stream() {
     );
 
     // A model the node does not serve is refused as never started, so a router may retry it elsewhere.
-    let frame = request_frame(&add_sub_request("not_here", &a, &b), false, &limits).unwrap();
+    let frame = request_frame(&add_sub_request("not_here", &a, &b), false, None, &limits).unwrap();
     match call::unary(peer, frame, &limits).await {
         Err(Failure::Refused(e)) => assert!(e.message.contains("not_here"), "{}", e.message),
         Err(other) => panic!("expected a NotStarted refusal, got {other:?}"),

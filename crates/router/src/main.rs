@@ -37,6 +37,11 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    // Its spans say they are the router's (`--trace-config mode=opentelemetry`).
+    mesh::trace::otel::identify(mesh::trace::otel::Identity {
+        service: "mesh-router",
+        scope: "mesh-router",
+    });
     let prometheus = metrics::install()?;
     mesh::busy::start(
         Duration::from_micros(args.listen.busy_poll_us),

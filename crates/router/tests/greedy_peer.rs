@@ -61,7 +61,7 @@ fn big_request_head() -> Vec<u8> {
         }],
         ..Default::default()
     };
-    let chunks = request_frame(&request, false, &Limits::default()).unwrap();
+    let chunks = request_frame(&request, false, None, &Limits::default()).unwrap();
     chunks[0].to_vec()
 }
 

@@ -291,6 +291,8 @@ async fn garbage_on_a_request_stream_fails_only_that_stream() {
             len: 16,
         }],
         stream: false,
+        traceparent: String::new(),
+        tracestate: String::new(),
     });
     let (_, message) = error_answer(&exchange(&conn, &encode(&lying)).await);
     assert!(message.contains("lie outside"), "{message}");
@@ -321,7 +323,7 @@ async fn garbage_on_a_request_stream_fails_only_that_stream() {
         parameters: Vec::new(),
         client: mesh::Client::Local,
     };
-    let chunks = mesh::cluster::convert::request_frame(&request, false, &Limits::default()).unwrap();
+    let chunks = mesh::cluster::convert::request_frame(&request, false, None, &Limits::default()).unwrap();
     let (code, message) = error_answer(&exchange(&conn, &chunks.concat()).await);
     assert!(message.contains("no_such_model"), "{message}");
     assert_eq!(

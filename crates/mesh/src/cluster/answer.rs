@@ -3,7 +3,7 @@
 //! sender cancels the stream.
 use quinn::{RecvStream, SendStream, VarInt};
 
-use super::convert::{answer_frame, request_from, ErrorKind};
+use super::convert::{answer_frame, request_from, trace_of, ErrorKind};
 use super::frame::{Frame, FrameError, Limits};
 use super::io::{finish_reading, read_frame, via, write_frame};
 use super::msg::Message;
@@ -12,6 +12,7 @@ use super::transport::stream_code;
 use crate::dispatch::Dispatch;
 use crate::error::Error;
 use crate::request::InferRequest;
+use crate::trace::otel::context::Carrier;
 
 /// Answers on `send` with one error, as the final answer.
 pub async fn refuse(send: &mut SendStream, error: Error, kind: ErrorKind, limits: &Limits) {
@@ -36,10 +37,16 @@ pub async fn reject(mut send: SendStream, mut recv: RecvStream, e: FrameError, l
     let _ = recv.stop(VarInt::from_u32(stream_code::PROTOCOL));
 }
 
-/// Decodes a request frame: the request, its stream flag, or why the frame is unusable.
-pub fn request_of(frame: Frame) -> Result<(InferRequest, bool), FrameError> {
+/// A request read off a request stream: the request, its stream flag, and the sender's trace context.
+pub type Received = (InferRequest, bool, Option<Carrier>);
+
+/// Decodes a request frame: the request, its stream flag and trace context, or why the frame is unusable.
+pub fn request_of(frame: Frame) -> Result<Received, FrameError> {
     match frame.message {
-        Message::Request(head) => request_from(head, &frame.payload),
+        Message::Request(head) => {
+            let trace = trace_of(&head);
+            request_from(head, &frame.payload).map(|(request, stream)| (request, stream, trace))
+        }
         other => Err(FrameError::Invalid(format!(
             "a request stream must start with a request, not {}",
             message_name(&other)
@@ -93,8 +100,20 @@ async fn write_answer(
 /// none holds the stream, and the node's own window then holds the model back). If the sender stops the stream (its client went away) or the link
 /// drops, the request is dropped, which cancels it. `kind_of` says whether an error means the
 /// request never ran. Large answers go through `out`, the caller's shared-memory arena, when it
-/// runs on this host.
+/// runs on this host. The sender's trace context, when it sent one, is the parent of the spans the
+/// request makes here ([`crate::trace::linked`]).
 pub async fn serve<D: Dispatch + ?Sized>(
+    dispatch: &D,
+    (request, stream, trace): Received,
+    (send, recv): (SendStream, RecvStream),
+    (limits, out): (&Limits, Option<&Outbound>),
+    kind_of: impl Fn(&Error) -> ErrorKind,
+) {
+    let served = serve_request(dispatch, request, stream, (send, recv), (limits, out), kind_of);
+    crate::trace::linked(trace, served).await
+}
+
+async fn serve_request<D: Dispatch + ?Sized>(
     dispatch: &D,
     request: InferRequest,
     stream: bool,

@@ -83,8 +83,8 @@ async fn served<D: Dispatch + Send + Sync + 'static>(
         for _ in 0..streams {
             let (send, mut recv) = conn.accept_bi().await.unwrap();
             let first = read_frame(&mut recv, &limits).await.unwrap().unwrap();
-            let (request, stream) = super::request_of(first).unwrap();
-            serve(&dispatch, request, stream, (send, recv), (&limits, None), |_| {
+            let received = super::request_of(first).unwrap();
+            serve(&dispatch, received, (send, recv), (&limits, None), |_| {
                 ErrorKind::Answered
             })
             .await;
@@ -125,7 +125,7 @@ async fn a_stream_sends_only_what_its_callers_client_made_room_for() {
         model_name: "flood".into(),
         ..Default::default()
     };
-    let chunks = request_frame(&request, true, &limits).unwrap();
+    let chunks = request_frame(&request, true, None, &limits).unwrap();
     let calling = tokio::spawn(async move {
         let peer = Peer {
             conn: &conn,
@@ -194,7 +194,7 @@ async fn a_peer_that_finished_and_stopped_reading_credit_still_delivers_its_last
             model_name: "flood".into(),
             ..Default::default()
         };
-        let chunks = request_frame(&request, true, &limits).unwrap();
+        let chunks = request_frame(&request, true, None, &limits).unwrap();
         let peer = Peer {
             conn: &conn,
             name: "peer",
@@ -234,7 +234,7 @@ async fn unary_requests_end_their_streams_without_a_stop_sending_each() {
             }],
             ..Default::default()
         };
-        let chunks = request_frame(&request, false, &limits).unwrap();
+        let chunks = request_frame(&request, false, None, &limits).unwrap();
         let answer = call::unary(peer, chunks, &limits).await.unwrap();
         assert_eq!(answer.outputs[0].tensor.data, request.inputs[0].tensor.data);
     }
@@ -283,7 +283,7 @@ async fn streamed_requests_end_their_streams_without_a_stop_sending_each() {
             model_name: "flood".into(),
             ..Default::default()
         };
-        let chunks = request_frame(&request, true, &limits).unwrap();
+        let chunks = request_frame(&request, true, None, &limits).unwrap();
         let far = Instant::now() + Duration::from_secs(60);
         let result = call::stream(peer, chunks, &limits, &sink, far).await;
         assert_eq!(result.map_err(|(f, n)| format!("{f} after {n}")), Ok(()));

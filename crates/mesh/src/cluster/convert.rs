@@ -8,6 +8,7 @@ use crate::dtype::DataType;
 use crate::error::{Code, Error, Result};
 use crate::request::{Client, InferRequest, InferResponse, Param, Params, RequestedOutput};
 use crate::tensor::{NamedTensor, Tensor};
+use crate::trace::otel::context::{Carrier, MAX_TRACEPARENT};
 
 /// Whether a request that failed with this error ever ran, which decides whether retrying it is safe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,8 +164,14 @@ fn tensors_from_wire(heads: Vec<TensorHead>, payload: &Bytes) -> Result<Vec<Name
         .collect()
 }
 
-/// The frame that opens a request stream. `stream`: the sender takes several answers.
-pub fn request_frame(request: &InferRequest, stream: bool, limits: &Limits) -> Result<Vec<Bytes>, FrameError> {
+/// The frame that opens a request stream. `stream`: the sender takes several answers; `trace`: the
+/// sender's trace context, which the receiver's spans continue.
+pub fn request_frame(
+    request: &InferRequest,
+    stream: bool,
+    trace: Option<&Carrier>,
+    limits: &Limits,
+) -> Result<Vec<Bytes>, FrameError> {
     let mut payload = Payload::default();
     let inputs = tensors_to_wire(&request.inputs, &mut payload);
     let head = RequestHead {
@@ -182,8 +189,26 @@ pub fn request_frame(request: &InferRequest, stream: bool, limits: &Limits) -> R
         parameters: params_to_wire(&request.parameters),
         inputs,
         stream,
+        traceparent: trace.and_then(|t| t.traceparent.clone()).unwrap_or_default(),
+        tracestate: trace.and_then(|t| t.tracestate.clone()).unwrap_or_default(),
     };
     frame::encode(&Message::Request(head), payload, limits)
+}
+
+/// The largest `tracestate` taken from a peer (W3C's 32 members fit; a longer one is dropped).
+pub const MAX_TRACESTATE: usize = 512;
+
+/// The trace context a request's head carries: None when it has none, or one too long to be a
+/// W3C context (the request itself is served; only its trace stands alone).
+pub fn trace_of(head: &RequestHead) -> Option<Carrier> {
+    if head.traceparent.is_empty() || head.traceparent.len() > MAX_TRACEPARENT {
+        return None;
+    }
+    Some(Carrier {
+        traceparent: Some(head.traceparent.clone()),
+        tracestate: (!head.tracestate.is_empty() && head.tracestate.len() <= MAX_TRACESTATE)
+            .then(|| head.tracestate.clone()),
+    })
 }
 
 /// The request a `Request` frame carries, its inputs sharing the frame's payload; and its stream flag.

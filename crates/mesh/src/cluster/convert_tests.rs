@@ -56,7 +56,7 @@ fn sample_request() -> InferRequest {
 fn request_round_trip_keeps_every_type_and_slices_the_payload_without_copies() {
     let limits = Limits::default();
     let request = sample_request();
-    let bytes = join(request_frame(&request, true, &limits).unwrap());
+    let bytes = join(request_frame(&request, true, None, &limits).unwrap());
     let (head, payload) = request_head(decode_all(&bytes, &limits).unwrap());
     let (back, stream) = request_from(head, &payload).unwrap();
     assert!(stream);
@@ -207,14 +207,14 @@ fn the_sender_refuses_a_frame_over_the_limits() {
     let mut request = sample_request();
     request.inputs.truncate(1);
     request.inputs[0].tensor = Tensor::from_values(vec![8], &[0f32; 8]);
-    let e = request_frame(&request, false, &limits).unwrap_err();
+    let e = request_frame(&request, false, None, &limits).unwrap_err();
     assert!(matches!(e, FrameError::TooLarge { len: 32, limit: 16, .. }), "{e}");
 }
 
 #[test]
 fn truncated_and_corrupt_frames_are_errors_not_panics() {
     let limits = Limits::default();
-    let bytes = join(request_frame(&sample_request(), false, &limits).unwrap());
+    let bytes = join(request_frame(&sample_request(), false, None, &limits).unwrap());
     for cut in [0, 5, PRELUDE_LEN, PRELUDE_LEN + 3, bytes.len() - 1] {
         assert!(
             matches!(decode_all(&bytes[..cut], &limits), Err(FrameError::Truncated { .. })),
@@ -254,6 +254,8 @@ fn with_input(head: TensorHead, payload: Bytes) -> std::result::Result<(InferReq
         parameters: vec![],
         inputs: vec![head],
         stream: false,
+        traceparent: String::new(),
+        tracestate: String::new(),
     };
     request_from(h, &payload)
 }
@@ -317,4 +319,30 @@ fn the_receive_budget_bounds_what_peers_make_us_reserve() {
     );
     drop(b);
     assert_eq!(budget.used(), 0);
+}
+
+#[test]
+fn a_request_carries_its_senders_trace_context_and_a_peers_oversized_one_is_dropped() {
+    let limits = Limits::default();
+    let carrier = crate::trace::otel::context::Carrier {
+        traceparent: Some("00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01".into()),
+        tracestate: Some("vendor=1".into()),
+    };
+    let bytes = join(request_frame(&sample_request(), false, Some(&carrier), &limits).unwrap());
+    let (head, _) = request_head(decode_all(&bytes, &limits).unwrap());
+    assert_eq!(trace_of(&head), Some(carrier.clone()));
+    let bytes = join(request_frame(&sample_request(), false, None, &limits).unwrap());
+    let (head, _) = request_head(decode_all(&bytes, &limits).unwrap());
+    assert_eq!(trace_of(&head), None);
+
+    let mut hostile = head.clone();
+    hostile.traceparent = format!("{}-{}", carrier.traceparent.clone().unwrap(), "x".repeat(4096));
+    assert_eq!(trace_of(&hostile), None, "longer than any W3C traceparent");
+    hostile.traceparent = carrier.traceparent.clone().unwrap();
+    hostile.tracestate = "k=v,".repeat(1000);
+    let kept = trace_of(&hostile).expect("the parent is kept");
+    assert_eq!(
+        kept.tracestate, None,
+        "a tracestate over {MAX_TRACESTATE} bytes is dropped"
+    );
 }

@@ -17,7 +17,7 @@ use super::msg::Message;
 /// The frame format's magic, the first three bytes of every frame.
 pub const MAGIC: [u8; 3] = *b"MSH";
 /// The protocol version this build speaks; a frame with another one is refused with a reason.
-pub const PROTOCOL_VERSION: u8 = 6;
+pub const PROTOCOL_VERSION: u8 = 7;
 pub const PRELUDE_LEN: usize = 16;
 /// Set in a prelude's `header_len`: the payload lies in the receiver's shared-memory arena, and a
 /// `shm::Descriptor` follows the header in its place (`payload_len` still counts its bytes).

@@ -238,6 +238,10 @@ pub struct RequestHead {
     pub inputs: Vec<TensorHead>,
     /// The sender takes several answers (a decoupled model's stream); otherwise exactly one comes.
     pub stream: bool,
+    /// The W3C trace context of the sender's span (a router's attempt, a node's calling model), so
+    /// the receiver's spans join the client's one trace: `traceparent` (empty: none) and `tracestate`.
+    pub traceparent: String,
+    pub tracestate: String,
 }
 
 /// An output a request asks for.

@@ -372,7 +372,7 @@ async fn frames_through_an_arena_read_back_as_sent() {
     let conn = client.connect(addr, "mesh").unwrap().await.unwrap();
     let mut sizes = Vec::new();
     for n in [1 << 20, 16] {
-        let chunks = via(request_frame(&request(n), false, &limits).unwrap(), Some(&out));
+        let chunks = via(request_frame(&request(n), false, None, &limits).unwrap(), Some(&out));
         sizes.push(chunks.iter().map(Bytes::len).sum::<usize>());
         let (mut send, _recv) = conn.open_bi().await.unwrap();
         write_frame(&mut send, chunks).await.unwrap();

@@ -157,7 +157,7 @@ pub(crate) static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// Whether the tracer is in OpenTelemetry mode (traces become spans, [`otel`]).
 static OTEL: AtomicBool = AtomicBool::new(false);
 
-fn otel_mode() -> bool {
+pub(crate) fn otel_mode() -> bool {
     OTEL.load(Ordering::Relaxed)
 }
 
@@ -222,6 +222,7 @@ pub fn sample(model: &str) -> Option<u64> {
         Err(_) if !otel_mode() => tracer().sample(model),
         Err(_) => {
             let (carrier, fronted) = front::serving(model);
+            let carrier = carrier.or_else(|| LINKED.try_with(Clone::clone).ok());
             let remote = carrier.as_ref().and_then(otel::context::extract);
             let id = tracer().sample_otel(model, remote.is_some())?;
             otel::root(id, remote, fronted);
@@ -242,6 +243,18 @@ pub fn context(id: u64) -> Option<String> {
 tokio::task_local! {
     /// Set inside `child`: the trace of the request the current one is made for (None: untraced).
     static PARENT: Option<u64>;
+    /// Set inside `linked`: the trace context a peer sent with the request served here.
+    static LINKED: otel::context::Carrier;
+}
+
+/// Serves `call`, a request a cluster peer sent with the trace context `carrier` (a router's
+/// attempt, a node's calling model): in OpenTelemetry mode the request is traced as that span's
+/// child, whatever the rate and count, as a client's request with a `traceparent` is.
+pub async fn linked<T>(carrier: Option<otel::context::Carrier>, call: impl std::future::Future<Output = T>) -> T {
+    match carrier {
+        Some(c) if ACTIVE.load(Ordering::Relaxed) => LINKED.scope(c, call).await,
+        _ => call.await,
+    }
 }
 
 /// Runs `call`, requests made on behalf of the request traced as `parent` (None: an untraced

@@ -185,7 +185,10 @@ impl Remote for Routers {
                 request.model_name
             )));
         }
-        let chunks = request_frame(&request, false, &self.limits)?;
+        // A call traced as its caller's child (`trace=request.trace()`) continues the caller's
+        // trace on the router and the node that serves it.
+        let trace = mesh::trace::parent().and_then(mesh::trace::otel::carrier);
+        let chunks = request_frame(&request, false, trace.as_ref(), &self.limits)?;
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         let mut last = String::new();
         for i in 0..routers.len() {

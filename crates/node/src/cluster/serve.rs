@@ -78,7 +78,7 @@ impl Serving {
             let e = FrameError::Invalid(format!("a {what} cannot open a request stream"));
             return reject(send, recv, e, &self.limits).await;
         }
-        let (mut request, stream) = match request_of(first) {
+        let (mut request, stream, trace) = match request_of(first) {
             Ok(r) => r,
             Err(e) => return reject(send, recv, e, &self.limits).await,
         };
@@ -100,8 +100,7 @@ impl Serving {
         request.client = mesh::Client::Link(link);
         serve(
             &*self.dispatch,
-            request,
-            stream,
+            (request, stream, trace),
             (send, recv),
             (&self.limits, out),
             kind_of(ensemble),

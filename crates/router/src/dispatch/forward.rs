@@ -7,8 +7,10 @@ use std::time::Instant;
 use mesh::cluster::call::{self, Peer};
 use mesh::cluster::convert::request_frame;
 use mesh::sync::Locked;
+use mesh::trace::otel::live::{KeyValue, Span, SpanKind};
 use mesh::{Error, InferRequest, InferResponse, Result, StreamSender};
 
+use super::traced::{self, Trace};
 use super::RouterDispatch;
 use crate::metrics;
 use crate::route::{Attempts, Decision, Failure, Step, View};
@@ -22,13 +24,14 @@ pub(super) fn sequence_of(request: &InferRequest) -> Option<String> {
         .map(|id| id.to_string())
 }
 
-/// One attempt on its way to a node: the link, the encoded request, and its place in the link's
-/// in-flight count (released when the attempt ends).
+/// One attempt on its way to a node: the link, the encoded request, its place in the link's
+/// in-flight count (released when the attempt ends), and its span (the link hop).
 struct Attempt {
     link: Arc<Link>,
     chunks: Vec<bytes::Bytes>,
     name: String,
     _permit: InflightPermit,
+    span: Span,
 }
 
 impl Attempt {
@@ -58,11 +61,14 @@ impl RouterDispatch {
         )
     }
 
-    /// Picks the node for the next attempt; waits (within the deadline and the route wait) while
-    /// the model is known but no replica can take it now.
-    async fn choose(&self, r: &mut Attempts, request: &mut InferRequest) -> Result<Arc<Link>> {
+    /// Picks the node for the next attempt and says why; waits (within the deadline and the route
+    /// wait, in a `wait for replica` span under `route`) while the model is known but no replica
+    /// can take it now.
+    async fn choose(&self, r: &mut Attempts, request: &mut InferRequest, route: &Span) -> Result<(Arc<Link>, String)> {
         let mut changes = self.view.subscribe();
         let placing = |m: &str| self.placement.is_placing(m);
+        let mut waiting = Span::none();
+        let tried = r.state().tried().len();
         loop {
             changes.borrow_and_update();
             let now = Instant::now();
@@ -78,15 +84,20 @@ impl RouterDispatch {
             let step = match step {
                 Step::Send { link, version } => match self.view.link(link) {
                     Some(link) => {
+                        let why = route.is_recording().then(|| self.why(r, &version, &link, tried));
                         request.model_version = version;
-                        return Ok(link);
+                        return Ok((link, why.unwrap_or_default()));
                     }
                     None => r.vanished(now),
                 },
                 other => other,
             };
             match step {
-                Step::Wait { until, .. } => {
+                Step::Wait { until, reason } => {
+                    if route.is_recording() && !waiting.is_recording() {
+                        waiting = route.child("wait for replica", SpanKind::Internal);
+                        waiting.set(KeyValue::new("mesh.wait_reason", reason));
+                    }
                     let _ = tokio::time::timeout_at(until.into(), changes.changed()).await;
                 }
                 Step::Fail(e) => return Err(e),
@@ -96,10 +107,48 @@ impl RouterDispatch {
         }
     }
 
-    /// Picks the next node and encodes the request for it (`stream`: the answers stream back).
-    async fn attempt(&self, r: &mut Attempts, request: &mut InferRequest, stream: bool) -> Result<Attempt> {
-        let link = self.choose(r, request).await?;
-        let chunks = request_frame(request, stream, &self.view.limits)?;
+    /// Why the balancer's pick went to `link` (for the attempt's span): a sequence's pin, or the
+    /// load it compared.
+    fn why(&self, r: &Attempts, version: &str, link: &Link, tried: usize) -> String {
+        if r.sequence().is_some() {
+            return "the request's sequence is pinned to this node".into();
+        }
+        let table = self.view.routing();
+        let Ok(resolved) = table.resolve(r.model(), version) else {
+            return String::new();
+        };
+        let untried = resolved.replicas.len().saturating_sub(tried);
+        let queued = resolved
+            .replicas
+            .iter()
+            .find(|p| p.link == link.id)
+            .map_or(0, |p| p.queued);
+        match untried {
+            0 | 1 => format!("the only untried replica of {}", resolved.replicas.len()),
+            n => format!(
+                "the lower load of two drawn from {n} untried replicas ({} in flight from this router, {queued} queued)",
+                link.inflight()
+            ),
+        }
+    }
+
+    /// Picks the next node and encodes the request for it (`stream`: the answers stream back),
+    /// with the attempt's span under `route` and its context for the node.
+    async fn attempt(
+        &self,
+        r: &mut Attempts,
+        request: &mut InferRequest,
+        stream: bool,
+        route: &Span,
+    ) -> Result<Attempt> {
+        let (link, why) = self.choose(r, request, route).await?;
+        let mut span = route.child("attempt", SpanKind::Client);
+        if span.is_recording() {
+            span.set(KeyValue::new("mesh.node", link.name.clone()));
+            span.set(KeyValue::new("mesh.attempt", r.state().tried().len() as i64 + 1));
+            span.set(KeyValue::new("mesh.pick", why));
+        }
+        let chunks = request_frame(request, stream, span.carrier().as_ref(), &self.view.limits)?;
         r.sent(link.id, &link.name);
         metrics::attempt(&link.name);
         Ok(Attempt {
@@ -107,13 +156,24 @@ impl RouterDispatch {
             _permit: link.permit(),
             link,
             chunks,
+            span,
         })
     }
 
-    /// What to do after an attempt failed: Ok to try again, or the error for the client.
-    fn after_failure(&self, r: &mut Attempts, model: &str, link: &Link, failure: Failure) -> Result<()> {
+    /// What to do after an attempt failed: Ok to try again, or the error for the client (told to
+    /// the attempt's span too).
+    fn after_failure(&self, r: &mut Attempts, model: &str, a: &mut Attempt, failure: Failure) -> Result<()> {
+        let link = a.link.clone();
         let reason = failure.metric_reason();
+        let what = a.span.is_recording().then(|| failure.to_string());
         let decision = r.failed(link.id, failure, &mut self.view.balancer(), &self.retry, Instant::now());
+        if let Some(what) = what {
+            let outcome = match &decision {
+                Decision::Retry => format!("retried: {what}"),
+                Decision::GiveUp(_) => format!("failed: {what}"),
+            };
+            a.span.set(KeyValue::new("mesh.outcome", outcome));
+        }
         match decision {
             Decision::Retry => {
                 if let Some(why) = reason {
@@ -126,7 +186,15 @@ impl RouterDispatch {
         }
     }
 
-    fn finish<T>(&self, r: &Attempts, model: &str, started: Instant, result: &Result<T>) {
+    fn finish<T>(&self, r: &Attempts, (model, route): (&str, &mut Span), started: Instant, result: &Result<T>) {
+        if route.is_recording() {
+            traced::outcome(route, result);
+            route.set(KeyValue::new(
+                "mesh.model_version",
+                r.version().unwrap_or("").to_string(),
+            ));
+            route.set(KeyValue::new("mesh.attempts", r.state().tried().len() as i64));
+        }
         // A name that matched nothing the cluster serves gets no series: a client sending made-up
         // names would grow the metrics registry (and /metrics) without bound. A node, like Triton,
         // keeps statistics only for the models it has.
@@ -144,62 +212,78 @@ impl RouterDispatch {
             .record(model, took, result.is_ok(), Instant::now());
     }
 
-    pub(super) async fn route_unary(&self, mut request: InferRequest) -> Result<InferResponse> {
+    pub(super) async fn route_unary(&self, mut request: InferRequest, trace: &Trace) -> Result<InferResponse> {
         // Held until answered, for retries: charged to the router's budget all that time.
         let _held = self.budget.admit_request(&request)?;
         let started = Instant::now();
         let mut r = self.begin(&request);
-        let result = self.unary_attempts(&mut r, &mut request).await;
-        self.finish(&r, &request.model_name, started, &result);
+        let mut route = trace.route(&request.model_name, &self.view.id);
+        let result = self.unary_attempts(&mut r, &mut request, &route).await;
+        self.finish(&r, (&request.model_name, &mut route), started, &result);
         result
     }
 
-    async fn unary_attempts(&self, r: &mut Attempts, request: &mut InferRequest) -> Result<InferResponse> {
+    async fn unary_attempts(
+        &self,
+        r: &mut Attempts,
+        request: &mut InferRequest,
+        route: &Span,
+    ) -> Result<InferResponse> {
         loop {
-            let mut a = self.attempt(r, request, false).await?;
+            let mut a = self.attempt(r, request, false, route).await?;
             let (link, chunks) = (a.link.clone(), std::mem::take(&mut a.chunks));
             let deadline = r.deadline();
             match tokio::time::timeout_at(deadline.into(), call::unary(a.peer(), chunks, &link.limits)).await {
                 Ok(Ok(response)) => {
                     r.succeeded(link.id, &mut self.view.balancer());
+                    a.span.set(KeyValue::new("mesh.outcome", "ok"));
                     return Ok(response);
                 }
-                Ok(Err(failure)) => self.after_failure(r, &request.model_name, &link, failure)?,
+                Ok(Err(failure)) => self.after_failure(r, &request.model_name, &mut a, failure)?,
                 Err(_) => {
+                    a.span
+                        .set(KeyValue::new("mesh.outcome", "failed: the request's deadline passed"));
                     return Err(Error::unavailable(format!(
                         "model '{}': the request's deadline passed while node '{}' ran it",
                         request.model_name, link.name
-                    )))
+                    )));
                 }
             }
         }
     }
 
-    pub(super) async fn route_stream(&self, mut request: InferRequest, sink: &StreamSender) -> Result<()> {
+    pub(super) async fn route_stream(
+        &self,
+        mut request: InferRequest,
+        sink: &StreamSender,
+        trace: &Trace,
+    ) -> Result<()> {
         let _held = self.budget.admit_request(&request)?;
         let started = Instant::now();
         let mut r = self.begin(&request);
+        let mut route = trace.route(&request.model_name, &self.view.id);
         let result = async {
             loop {
-                let mut a = self.attempt(&mut r, &mut request, true).await?;
+                let mut a = self.attempt(&mut r, &mut request, true, &route).await?;
                 let (link, chunks) = (a.link.clone(), std::mem::take(&mut a.chunks));
                 let first_by = r.deadline();
                 match call::stream(a.peer(), chunks, &link.limits, sink, first_by).await {
                     Ok(()) => {
                         r.succeeded(link.id, &mut self.view.balancer());
+                        a.span.set(KeyValue::new("mesh.outcome", "ok"));
                         return Ok(());
                     }
                     Err((failure, forwarded)) => {
                         for _ in 0..forwarded {
                             r.answered();
                         }
-                        self.after_failure(&mut r, &request.model_name, &link, failure)?;
+                        self.after_failure(&mut r, &request.model_name, &mut a, failure)?;
                     }
                 }
             }
         }
         .await;
-        self.finish(&r, &request.model_name, started, &result);
+        self.finish(&r, (&request.model_name, &mut route), started, &result);
         result
     }
 }

@@ -11,6 +11,9 @@ use mesh::proto::ModelStatisticsResponse;
 use mesh::sync::Locked;
 use mesh::{Dispatch, IndexEntry, InferRequest, InferResponse, ModelView, Result, StreamItem, StreamSender};
 
+use mesh::trace::otel::live::SpanKind;
+
+use self::traced::Trace;
 use crate::ensembles::Ensembles;
 use crate::metrics::history::{History, HistorySettings};
 use crate::route::{RetryPolicy, RetrySettings};
@@ -20,6 +23,7 @@ mod control;
 mod ensemble;
 mod forward;
 mod stats;
+mod traced;
 
 pub struct RouterDispatch {
     pub view: Arc<RoutingView>,
@@ -64,17 +68,20 @@ impl Dispatch for RouterDispatch {
     async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
         // Refused here as a node would refuse it: one rule per parameter (mesh::params).
         mesh::params::check(&request.parameters)?;
+        let trace = Trace::begin(&request.model_name);
         if self.ensembles.get(&request.model_name).is_some() {
             // The router runs the ensemble itself: its own request goes into the console's
             // history beside its steps (each routed, and recorded, as a request of its own).
             let (name, started) = (request.model_name.clone(), Instant::now());
-            let result = self.run_ensemble(request).await;
+            let mut span = trace.span(name.clone(), SpanKind::Internal);
+            let result = traced::steps(&span, self.run_ensemble(request)).await;
+            traced::outcome(&mut span, &result);
             self.history
                 .locked()
                 .record(&name, started.elapsed(), result.is_ok(), Instant::now());
             return result;
         }
-        self.route_unary(request).await
+        self.route_unary(request, &trace).await
     }
 
     async fn infer_stream(&self, request: InferRequest, sink: StreamSender) {
@@ -82,10 +89,12 @@ impl Dispatch for RouterDispatch {
             let _ = sink.send(StreamItem::new(Some(Err(e)), true));
             return;
         }
+        let trace = Trace::begin(&request.model_name);
         if self.ensembles.get(&request.model_name).is_some() {
-            return self.stream_ensemble(request, sink).await;
+            let span = trace.span(request.model_name.clone(), SpanKind::Internal);
+            return traced::steps(&span, self.stream_ensemble(request, sink)).await;
         }
-        if let Err(e) = self.route_stream(request, &sink).await {
+        if let Err(e) = self.route_stream(request, &sink, &trace).await {
             let _ = sink.send(StreamItem::new(Some(Err(e)), true));
         }
     }

@@ -215,6 +215,16 @@ impl Attempts {
         self.state.deadline()
     }
 
+    /// The model it routes.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The sequence it belongs to, if any.
+    pub fn sequence(&self) -> Option<&str> {
+        self.sequence.as_deref()
+    }
+
     /// The retry rules' view of the request.
     pub fn state(&self) -> &RequestState {
         &self.state

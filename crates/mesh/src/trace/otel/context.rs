@@ -31,7 +31,9 @@ pub struct Remote {
     pub state: TraceState,
 }
 
-const TRACEPARENT_LEN: usize = 55;
+/// A `traceparent`'s length (version 00's).
+pub const MAX_TRACEPARENT: usize = 55;
+const TRACEPARENT_LEN: usize = MAX_TRACEPARENT;
 
 /// The remote span a `traceparent` names, by opentelemetry-cpp 1.13's rules: exactly 55
 /// characters, four `-`-separated hex fields of 2, 32, 16 and 2 digits (either case), a version

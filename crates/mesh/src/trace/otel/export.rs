@@ -41,9 +41,9 @@ impl std::fmt::Debug for Shared {
 }
 
 /// The resource of every span, by Triton's precedence: the SDK's attributes, then
-/// `OTEL_RESOURCE_ATTRIBUTES`, then `service.name=triton-inference-server`, then each
+/// `OTEL_RESOURCE_ATTRIBUTES`, then `service.name=SERVICE` (a node's `triton-inference-server`), then each
 /// `resource=` setting (a later one of a key wins).
-pub fn resource(config: &OtelConfig, env: &dyn Fn(&str) -> Option<String>) -> Resource {
+pub fn resource(config: &OtelConfig, service: &str, env: &dyn Fn(&str) -> Option<String>) -> Resource {
     let mut attributes = vec![
         ("telemetry.sdk.name".to_string(), "opentelemetry".to_string()),
         ("telemetry.sdk.language".to_string(), "rust".to_string()),
@@ -54,7 +54,7 @@ pub fn resource(config: &OtelConfig, env: &dyn Fn(&str) -> Option<String>) -> Re
             attributes.push((k.trim().to_string(), v.trim().to_string()));
         }
     }
-    attributes.push(("service.name".into(), "triton-inference-server".into()));
+    attributes.push(("service.name".into(), service.into()));
     attributes.extend(config.resource.iter().cloned());
     attributes
         .into_iter()
@@ -237,12 +237,12 @@ mod tests {
             ..Default::default()
         };
         let env = |k: &str| (k == "OTEL_RESOURCE_ATTRIBUTES").then(|| "service.name=env,env.key=e".to_string());
-        let r = resource(&config, &env);
+        let r = resource(&config, "triton-inference-server", &env);
         let get = |k: &'static str| r.get(&opentelemetry::Key::from_static_str(k)).map(|v| v.to_string());
         assert_eq!(get("service.name").as_deref(), Some("test_triton"));
         assert_eq!(get("test.key").as_deref(), Some("test.value"));
         assert_eq!(get("env.key").as_deref(), Some("e"));
-        let plain = resource(&OtelConfig::default(), &|_| None);
+        let plain = resource(&OtelConfig::default(), "triton-inference-server", &|_| None);
         let name = plain.get(&opentelemetry::Key::from_static_str("service.name"));
         assert_eq!(name.map(|v| v.to_string()).as_deref(), Some("triton-inference-server"));
     }
@@ -289,7 +289,7 @@ mod tests {
             url: Some(format!("127.0.0.1:{port}/v1/traces")),
             ..Default::default()
         };
-        let processor = Processor::start(&config, resource(&config, &|_| None)).unwrap();
+        let processor = Processor::start(&config, resource(&config, "triton-inference-server", &|_| None)).unwrap();
         let mut registry = super::super::spans::Registry::default();
         let now = super::super::spans::Clock {
             unix_ns: 1_000_000_000,

@@ -14,11 +14,39 @@ use crate::trace::Trace;
 pub mod config;
 pub mod context;
 mod export;
+pub mod live;
 mod queue;
 pub mod spans;
 
 /// The requests being traced.
-static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| Mutex::new(Registry::new(identity().scope)));
+/// Who this process is to a collector, when it is not a Triton server ([`identify`]).
+static IDENTITY: OnceLock<Identity> = OnceLock::new();
+
+/// How a process names itself in its spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// The resource's `service.name` unless `opentelemetry,resource=service.name=…` says otherwise.
+    pub service: &'static str,
+    /// The instrumentation scope of its spans.
+    pub scope: &'static str,
+}
+
+/// A Triton server's: `triton-inference-server`, scope `triton-server`.
+pub const TRITON: Identity = Identity {
+    service: "triton-inference-server",
+    scope: spans::SCOPE,
+};
+
+/// Names this process in its spans (a router: `mesh-router`); before anything traces. A second
+/// call changes nothing.
+pub fn identify(identity: Identity) {
+    let _ = IDENTITY.set(identity);
+}
+
+fn identity() -> Identity {
+    IDENTITY.get().copied().unwrap_or(TRITON)
+}
 /// The exporter, started once per process (by the first server's flags).
 static PROCESSOR: OnceLock<export::Processor> = OnceLock::new();
 
@@ -31,7 +59,7 @@ pub fn start(config: &config::OtelConfig, env: &dyn Fn(&str) -> Option<String>) 
         tracing::warn!("the OpenTelemetry exporter runs already: its first settings stay");
         return Ok(());
     }
-    let processor = export::Processor::start(config, export::resource(config, env))?;
+    let processor = export::Processor::start(config, export::resource(config, identity().service, env))?;
     let _ = PROCESSOR.set(processor);
     Ok(())
 }
@@ -77,6 +105,17 @@ pub fn front_done(id: u64, stamps: &[(&'static str, u64)], answered: bool) {
     let end = crate::trace::ns(Instant::now());
     let ended = REGISTRY.locked().front_done(id, stamps, end, answered);
     export(ended);
+}
+
+/// The W3C context of trace `id`'s model span, for a request made on its behalf on another
+/// server (a BLS call the cluster's router takes).
+pub fn carrier(id: u64) -> Option<context::Carrier> {
+    let (parent, state) = REGISTRY.locked().traceparent(id)?;
+    let state = state.header();
+    Some(context::Carrier {
+        traceparent: Some(parent),
+        tracestate: (!state.is_empty()).then_some(state),
+    })
 }
 
 /// A Python model's context of trace `id`.

@@ -90,12 +90,25 @@ pub struct Registry {
 
 impl Default for Registry {
     fn default() -> Self {
-        Registry {
-            requests: HashMap::new(),
-            traces: HashMap::new(),
-            scope: InstrumentationScope::builder(SCOPE).build(),
-        }
+        Registry::new(SCOPE)
     }
+}
+
+/// A span this process opens as things happen (a router's routing, waits and attempts), under
+/// its request's root or another open span, and ends with [`Registry::close`]: its request's root
+/// waits for it.
+#[derive(Debug)]
+pub struct Open {
+    pub(super) request: u64,
+    pub trace_id: TraceId,
+    pub span: SpanId,
+    parent: SpanId,
+    name: Cow<'static, str>,
+    kind: SpanKind,
+    start: u64,
+    pub attributes: Vec<KeyValue>,
+    pub events: Vec<(&'static str, u64)>,
+    pub state: TraceState,
 }
 
 fn span_id() -> SpanId {
@@ -111,6 +124,81 @@ fn at(offset: i128, steady: u64) -> SystemTime {
 }
 
 impl Registry {
+    /// An empty registry whose spans are of the instrumentation scope `scope`.
+    pub fn new(scope: &'static str) -> Self {
+        Registry {
+            requests: HashMap::new(),
+            traces: HashMap::new(),
+            scope: InstrumentationScope::builder(scope).build(),
+        }
+    }
+
+    /// Opens a span of request `request` (its root trace's id) named `name`, under `parent` (None:
+    /// the request's root), at `now` (steady ns). None when the request is not traced here.
+    pub fn open(
+        &mut self,
+        request: u64,
+        parent: Option<SpanId>,
+        (name, kind): (Cow<'static, str>, SpanKind),
+        now: u64,
+    ) -> Option<Open> {
+        let r = self.requests.get_mut(&request)?;
+        r.live += 1;
+        Some(Open {
+            request,
+            trace_id: r.trace_id,
+            span: span_id(),
+            parent: parent.unwrap_or(r.root),
+            name,
+            kind,
+            start: now,
+            attributes: Vec::new(),
+            events: Vec::new(),
+            state: r.state.clone(),
+        })
+    }
+
+    /// Ends `open` at `now`: the span, and its request's root when nothing else holds it.
+    pub fn close(&mut self, open: Open, now: u64) -> Vec<Ended> {
+        let Some(r) = self.requests.get_mut(&open.request) else {
+            return Vec::new();
+        };
+        r.live = r.live.saturating_sub(1);
+        r.end = r.end.max(now);
+        let r = &self.requests[&open.request];
+        let mut span = self.span(r, open.name.into_owned(), (open.span, open.parent), (open.start, now));
+        span.span_kind = open.kind;
+        span.attributes = open.attributes;
+        span.events.events = open
+            .events
+            .iter()
+            .map(|&(n, t)| opentelemetry::trace::Event::new(n, at(r.offset, t), Vec::new(), 0))
+            .collect();
+        let mut ended = vec![Ended {
+            request: open.request,
+            span,
+            last: false,
+        }];
+        ended.extend(self.close_if_done(open.request));
+        ended
+    }
+
+    /// Request `id`'s own trace is done without stamps of its own (a router's request, whose spans
+    /// are the ones it opened): its root ends when nothing else holds it.
+    pub fn release(&mut self, id: u64) -> Option<Ended> {
+        let r = self.requests.get_mut(&id)?;
+        r.live = r.live.saturating_sub(1);
+        self.close_if_done(id)
+    }
+
+    /// The `traceparent` of trace `id`'s model span: what a request made on its behalf on another
+    /// server continues (the W3C form, sampled).
+    pub fn traceparent(&self, id: u64) -> Option<(String, TraceState)> {
+        let node = self.traces.get(&id)?;
+        let r = self.requests.get(&node.request)?;
+        Some((format!("00-{}-{}-01", r.trace_id, node.span), r.state.clone()))
+    }
+
     /// Starts tracing a client's request, sampled now as trace `id`; `remote` is the client's
     /// span, `fronted` that a frontend will end the root ([`Registry::front_done`]).
     pub fn root(&mut self, id: u64, remote: Option<Remote>, fronted: bool, now: Clock) {

@@ -240,3 +240,75 @@ fn without_a_frontend_the_root_ends_with_the_last_trace_and_a_frontend_may_finis
         "not traced here"
     );
 }
+
+#[test]
+fn spans_opened_as_things_happen_nest_and_the_root_waits_for_them() {
+    let mut r = Registry::new("mesh-router");
+    let remote = extract(&Carrier {
+        traceparent: Some("00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01".into()),
+        tracestate: Some("k=v".into()),
+    });
+    r.root(7, remote, true, NOW);
+    let mut route = r.open(7, None, ("route".into(), SpanKind::Internal), 1_100).unwrap();
+    route.attributes.push(KeyValue::new("mesh.attempts", 1));
+    let mut attempt = r
+        .open(7, Some(route.span), ("attempt".into(), SpanKind::Client), 1_200)
+        .unwrap();
+    attempt.events.push(("SENT", 1_250));
+    let (attempt_id, route_id) = (attempt.span, route.span);
+    let mut ended = r.close(attempt, 1_500);
+    ended.extend(r.close(route, 1_600));
+    assert_eq!(ended.len(), 2, "the root waits for its own part and its frontend");
+    assert!(r.release(7).is_none(), "the frontend has not answered yet");
+    let root = r.front_done(7, &front(), 1_900, true).expect("the root ends last");
+    assert!(root.last && r.is_empty());
+    let (a, route) = (&ended[0].span, &ended[1].span);
+    assert_eq!((&*a.name, a.span_kind.clone()), ("attempt", SpanKind::Client));
+    assert_eq!(a.parent_span_id, route_id);
+    assert_eq!(a.span_context.span_id(), attempt_id);
+    assert_eq!(names(a), ["SENT"]);
+    assert_eq!(route.parent_span_id, root.span.span_context.span_id());
+    assert_eq!(route.span_kind, SpanKind::Internal);
+    assert_eq!(route.attributes, [KeyValue::new("mesh.attempts", 1)]);
+    assert_eq!(route.instrumentation_scope.name(), "mesh-router");
+    let trace = root.span.span_context.trace_id();
+    assert_eq!(trace.to_string(), "0af7651916cd43dd8448eb211c12666c");
+    assert!(ended
+        .iter()
+        .all(|e| e.span.span_context.trace_id() == trace && e.request == 7));
+    assert_eq!(a.span_context.trace_state().header(), "k=v");
+    assert_eq!(a.end_time.duration_since(a.start_time).unwrap().as_nanos(), 300);
+}
+
+#[test]
+fn a_request_without_a_frontend_ends_when_its_part_and_spans_are_done() {
+    let mut r = Registry::default();
+    r.root(3, None, false, NOW);
+    let span = r.open(3, None, ("route".into(), SpanKind::Internal), 1_100).unwrap();
+    assert!(r.release(3).is_none(), "an open span holds the root");
+    let ended = r.close(span, 1_200);
+    assert_eq!(ended.len(), 2);
+    assert!(ended[1].last && ended[1].span.name == ROOT);
+    assert!(
+        r.open(3, None, ("late".into(), SpanKind::Internal), 1_300).is_none(),
+        "gone"
+    );
+}
+
+#[test]
+fn a_traces_model_span_is_the_context_a_call_on_its_behalf_continues() {
+    let mut r = Registry::default();
+    r.root(1, None, false, NOW);
+    let (parent, state) = r.traceparent(1).unwrap();
+    let remote = extract(&Carrier {
+        traceparent: Some(parent.clone()),
+        tracestate: None,
+    })
+    .expect("a valid W3C context");
+    assert_eq!(state, TraceState::default());
+    let ended = r.finish(&trace(1, "bls", None, true));
+    let model = ended.iter().find(|e| e.span.name == "bls").unwrap();
+    assert_eq!(remote.span_id, model.span.span_context.span_id());
+    assert_eq!(remote.trace_id, model.span.span_context.trace_id());
+    assert!(r.traceparent(1).is_none(), "finished");
+}

@@ -151,13 +151,17 @@ async fn accept_requests(
                 return send_files(send, fetch, &repo, &limits).await;
             }
             match request_of(first) {
-                Ok((mut request, stream)) => {
+                Ok((mut request, stream, trace)) => {
                     // The node is the client of its BLS calls, for the router's fair budget.
                     request.client = mesh::Client::Link(link.conn.stable_id() as u64);
                     let out = link.out();
-                    serve(&*dispatch, request, stream, (send, recv), (&limits, out), |_| {
-                        ErrorKind::Answered
-                    })
+                    serve(
+                        &*dispatch,
+                        (request, stream, trace),
+                        (send, recv),
+                        (&limits, out),
+                        |_| ErrorKind::Answered,
+                    )
                     .await
                 }
                 Err(e) => reject(send, recv, e, &limits).await,
