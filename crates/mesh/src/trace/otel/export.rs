@@ -1,22 +1,19 @@
 //! The OpenTelemetry export, off the request path: ended spans go into the batch span
 //! processor's bounded queue ([`super::queue`]), which one thread of its own (with a small tokio
 //! runtime) drains into opentelemetry-otlp's span exporter: OTLP/HTTP with a JSON body, as
-//! tritonserver 2.51 sends it, over a plain hyper HTTP/1 client. The request path only locks the
-//! queue to push.
+//! tritonserver 2.51 sends it, over a hyper HTTP/1 client ([`super::client`]). The request path
+//! only locks the queue to push.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
 use opentelemetry::KeyValue;
-use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_otlp::{Protocol, RetryPolicy, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
+use super::client::Client;
 use super::config::OtelConfig;
 use super::queue::{Next, Pushed, Queue, DROPPED};
 use crate::sync::Locked;
@@ -76,11 +73,12 @@ fn with_scheme(url: &str) -> String {
 impl Processor {
     /// Starts the worker thread and its exporter (to `config.url`, else `OTEL_EXPORTER_OTLP_*`'s
     /// endpoint, else http://localhost:4318/v1/traces).
-    pub fn start(config: &OtelConfig, resource: Resource) -> Result<Processor, String> {
+    /// `client`: how the collector is reached ([`Client::new`]).
+    pub fn start(config: &OtelConfig, resource: Resource, client: Client) -> Result<Processor, String> {
         let mut builder = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpJson)
-            .with_http_client(Client)
+            .with_http_client(client)
             .with_retry_policy(RetryPolicy::disabled());
         if let Some(url) = &config.url {
             builder = builder.with_endpoint(with_scheme(url));
@@ -189,39 +187,6 @@ impl SpanProcessor for Processor {
     }
 }
 
-/// A plain HTTP/1 client for the exporter (the `http://` collectors Triton's tests use), one
-/// connection per export, on the worker's runtime.
-#[derive(Debug, Clone, Copy)]
-struct Client;
-
-/// The largest answer read from a collector.
-const MAX_ANSWER: usize = 4 << 20;
-
-#[async_trait]
-impl HttpClient for Client {
-    async fn send_bytes(&self, request: http::Request<Bytes>) -> Result<http::Response<Bytes>, HttpError> {
-        let (mut parts, body) = request.into_parts();
-        if parts.uri.scheme_str() != Some("http") {
-            return Err(format!("only http:// collectors are supported, not {}", parts.uri).into());
-        }
-        let authority = parts.uri.authority().ok_or("the collector's url has no host")?.clone();
-        let port = authority.port_u16().unwrap_or(80);
-        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
-        let stream = tokio::net::TcpStream::connect((host, port)).await?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-        tokio::spawn(connection);
-        parts.headers.insert(http::header::HOST, authority.as_str().parse()?);
-        parts.uri = parts.uri.path_and_query().map_or("/", |p| p.as_str()).parse()?;
-        let answer = sender
-            .send_request(http::Request::from_parts(parts, Full::new(body)))
-            .await?;
-        let (parts, body) = answer.into_parts();
-        let body = Limited::new(body, MAX_ANSWER).collect().await?.to_bytes();
-        Ok(http::Response::from_parts(parts, body))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,7 +254,12 @@ mod tests {
             url: Some(format!("127.0.0.1:{port}/v1/traces")),
             ..Default::default()
         };
-        let processor = Processor::start(&config, resource(&config, "triton-inference-server", &|_| None)).unwrap();
+        let processor = Processor::start(
+            &config,
+            resource(&config, "triton-inference-server", &|_| None),
+            Client::new(&|_| None).unwrap(),
+        )
+        .unwrap();
         let mut registry = super::super::spans::Registry::default();
         let now = super::super::spans::Clock {
             unix_ns: 1_000_000_000,

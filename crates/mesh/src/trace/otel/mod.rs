@@ -11,6 +11,7 @@ use self::spans::{Clock, Ended, Registry};
 use crate::sync::Locked;
 use crate::trace::Trace;
 
+mod client;
 pub mod config;
 pub mod context;
 mod export;
@@ -59,7 +60,8 @@ pub fn start(config: &config::OtelConfig, env: &dyn Fn(&str) -> Option<String>) 
         tracing::warn!("the OpenTelemetry exporter runs already: its first settings stay");
         return Ok(());
     }
-    let processor = export::Processor::start(config, export::resource(config, identity().service, env))?;
+    let client = client::Client::new(env).map_err(|e| format!("--trace-config opentelemetry: {e}"))?;
+    let processor = export::Processor::start(config, export::resource(config, identity().service, env), client)?;
     let _ = PROCESSOR.set(processor);
     Ok(())
 }
