@@ -16,7 +16,7 @@ PYTHON_FLAT = [ROOT / "crates" / "node" / "python"]
 PYTHON_PACKAGES = ROOT / "python"
 # The router's top-level modules, lowest layer first; a module imports its own layer or those below.
 LAYERS = [
-    {"membership", "route", "place", "lead", "repository", "ensembles", "stats", "metrics"},
+    {"membership", "route", "place", "lead", "repository", "ensembles", "stats", "metrics", "rollout"},
     {"messages"},
     {"shared"},
     {"actors"},

@@ -25,6 +25,7 @@ pub mod messages;
 pub mod metrics;
 pub mod place;
 pub mod repository;
+pub mod rollout;
 pub mod route;
 pub mod shared;
 pub mod stats;

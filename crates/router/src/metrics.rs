@@ -2,6 +2,7 @@
 //! and the router's own `mesh_router_*` (nodes by state, requests per node, retries, failovers,
 //! link round-trip time, each placed model's replicas); `history` keeps each model's recent traffic
 //! for the console.
+pub mod histogram;
 pub mod history;
 
 use std::collections::BTreeSet;

@@ -1,0 +1,247 @@
+//! Tests of a rollout's decisions on a fake clock: steps held for their time and requests, the
+//! guard's rollbacks (errors, latency) and what it ignores, the operator's commands, the split's
+//! shares and stickiness.
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::split::{arm_of_bucket, arm_of_key, bucket, Pins, BUCKETS};
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+const STEP: Duration = Duration::from_secs(30);
+
+fn spec() -> Spec {
+    Spec {
+        model: "m".into(),
+        serving: "1".into(),
+        candidate: "2".into(),
+        steps: vec![5, 25, 50, 100],
+        min_step_time: STEP,
+        min_step_requests: 50,
+        guard: Guard {
+            min_requests: 40,
+            ..Guard::default()
+        },
+        shadow: 0,
+    }
+}
+
+/// `n` answers of each version: the candidate failing `bad` in 100 of them (spread evenly) after
+/// `slow` times the serving version's 10 ms.
+fn feed(r: &mut Rollout, n: u64, bad: u64, slow: u32) {
+    for i in 0..n {
+        r.record(Arm::Serving, true, 10 * MS);
+        r.record(Arm::Candidate, (i * bad) % 100 >= bad, 10 * MS * slow);
+    }
+}
+
+#[test]
+fn a_spec_is_checked_in_an_operators_words() {
+    let bad = |f: fn(&mut Spec)| {
+        let mut s = spec();
+        f(&mut s);
+        s.check().unwrap_err()
+    };
+    assert!(spec().check().is_ok());
+    assert!(bad(|s| s.candidate = "1".into()).contains("is the serving version 1"));
+    assert!(bad(|s| s.steps = vec![5, 50]).contains("end at 100"));
+    assert!(bad(|s| s.steps = vec![50, 25, 100]).contains("must rise"));
+    assert!(bad(|s| s.steps = vec![0, 100]).contains("must rise"));
+    assert!(bad(|s| s.guard.max_p99_ratio = 0.5).contains("at least 1"));
+    assert!(bad(|s| s.guard.max_error_rate_increase = f64::NAN).contains("between 0 and 1"));
+    assert!(Rollout::start(spec(), Instant::now()).is_ok());
+}
+
+#[test]
+fn a_healthy_candidate_goes_step_by_step_to_promotion() {
+    let t0 = Instant::now();
+    let mut r = Rollout::start(spec(), t0).unwrap();
+    assert_eq!(r.share(), 5);
+    let mut now = t0;
+    for (step, share) in [(1, 25), (2, 50), (3, 100)] {
+        feed(&mut r, 60, 0, 1);
+        assert_eq!(r.tick(now + STEP - MS), Decision::Stay, "held for its time");
+        now += STEP;
+        assert_eq!(r.tick(now), Decision::Advance { step, share });
+        assert_eq!(r.share(), share);
+        assert_eq!(r.tick(now + STEP), Decision::Stay, "a new step counts again");
+    }
+    feed(&mut r, 60, 0, 1);
+    assert_eq!(r.tick(now + STEP), Decision::Promote);
+    assert_eq!((r.share(), r.is_open()), (100, false));
+    assert_eq!(r.tick(now + 10 * STEP), Decision::Stay, "over");
+}
+
+#[test]
+fn a_step_waits_for_its_requests() {
+    let t0 = Instant::now();
+    let mut r = Rollout::start(spec(), t0).unwrap();
+    feed(&mut r, 45, 0, 1);
+    assert_eq!(r.tick(t0 + 10 * STEP), Decision::Stay, "45 of 50 candidate requests");
+    feed(&mut r, 5, 0, 1);
+    assert_eq!(r.tick(t0 + 10 * STEP), Decision::Advance { step: 1, share: 25 });
+}
+
+#[test]
+fn a_candidate_failing_a_fifth_of_its_requests_rolls_back_with_the_reason() {
+    let t0 = Instant::now();
+    let mut r = Rollout::start(spec(), t0).unwrap();
+    feed(&mut r, 30, 20, 1);
+    assert_eq!(r.tick(t0), Decision::Stay, "not judged under 40 requests");
+    feed(&mut r, 70, 20, 1);
+    let Decision::RollBack { reason } = r.tick(t0 + MS) else {
+        panic!("rolled back");
+    };
+    assert!(
+        reason.contains("version 2 failed 20.0% of 100 requests against 0.0% for version 1"),
+        "{reason}"
+    );
+    assert_eq!(r.share(), 0);
+    assert_eq!(r.phase, Phase::RolledBack { reason });
+    assert!(!r.resume(t0) && !r.promote() && !r.abort(), "over");
+}
+
+#[test]
+fn a_candidate_five_times_slower_rolls_back_and_noise_does_not() {
+    let t0 = Instant::now();
+    let mut r = Rollout::start(spec(), t0).unwrap();
+    feed(&mut r, 50, 0, 5);
+    let Decision::RollBack { reason } = r.tick(t0) else {
+        panic!("rolled back");
+    };
+    assert!(
+        reason.contains("p99 latency") && reason.contains("over 1.50×"),
+        "{reason}"
+    );
+
+    // Twice as slow, but by microseconds: under the floor.
+    let mut r = Rollout::start(spec(), t0).unwrap();
+    for _ in 0..60 {
+        r.record(Arm::Serving, true, Duration::from_micros(100));
+        r.record(Arm::Candidate, true, Duration::from_micros(200));
+    }
+    assert_eq!(r.tick(t0 + STEP), Decision::Advance { step: 1, share: 25 });
+    // Errors within the margin: one in a hundred against none.
+    let mut r = Rollout::start(spec(), t0).unwrap();
+    feed(&mut r, 100, 1, 1);
+    assert_eq!(r.tick(t0 + STEP), Decision::Advance { step: 1, share: 25 });
+}
+
+#[test]
+fn the_operator_pauses_resumes_promotes_and_aborts() {
+    let t0 = Instant::now();
+    let mut r = Rollout::start(spec(), t0).unwrap();
+    assert!(r.pause());
+    feed(&mut r, 100, 50, 9);
+    assert_eq!(r.tick(t0 + STEP), Decision::Stay, "paused: no decision of its own");
+    assert_eq!(r.share(), 5, "a pause keeps the share");
+    assert!(r.resume(t0 + STEP));
+    assert_eq!(r.candidate.requests(), 0, "resumed, the step counts again");
+    feed(&mut r, 60, 0, 1);
+    assert_eq!(r.tick(t0 + STEP), Decision::Stay, "its time starts over");
+    assert!(r.promote());
+    assert_eq!(r.share(), 100);
+    let mut r = Rollout::start(spec(), t0).unwrap();
+    assert!(r.abort());
+    assert_eq!((r.share(), r.phase.clone()), (0, Phase::Aborted));
+    assert!(!r.pause());
+}
+
+#[test]
+fn a_restored_rollout_keeps_its_step_and_counts_it_again() {
+    let t0 = Instant::now();
+    let r = Rollout::at(spec(), Phase::Running { step: 2 }, t0);
+    assert_eq!((r.share(), r.serving.requests()), (50, 0));
+}
+
+#[test]
+fn draws_split_at_the_share_within_statistical_bounds() {
+    let mut rng = StdRng::seed_from_u64(59);
+    for share in [5u8, 25, 50, 100] {
+        let n = 20_000;
+        let to_candidate = (0..n)
+            .filter(|_| arm_of_bucket(rng.random_range(0..BUCKETS), share) == Arm::Candidate)
+            .count() as f64;
+        let p = f64::from(share) / 100.0;
+        let sd = (n as f64 * p * (1.0 - p)).sqrt();
+        assert!(
+            (to_candidate - n as f64 * p).abs() <= 5.0 * sd + 1.0,
+            "{share}%: {to_candidate} of {n}"
+        );
+    }
+    assert_eq!(arm_of_bucket(0, 0), Arm::Serving);
+}
+
+#[test]
+fn a_clients_key_stays_on_its_side_as_the_share_rises() {
+    assert_eq!(
+        (bucket("client-1"), bucket("a"), bucket("")),
+        (6904, 1996, 6037),
+        "the same in every build"
+    );
+    for k in 0..2_000 {
+        let key = format!("client-{k}");
+        let mut was = Arm::Serving;
+        for share in [5u8, 25, 50, 100] {
+            let now = arm_of_key(&key, share);
+            assert!(
+                !(was == Arm::Candidate && now == Arm::Serving),
+                "{key} went back at {share}%"
+            );
+            was = now;
+        }
+        assert_eq!(was, Arm::Candidate);
+    }
+}
+
+#[test]
+fn a_sequence_keeps_its_version_until_it_ends_or_goes_idle() {
+    let t0 = Instant::now();
+    let idle = Duration::from_secs(60);
+    let mut pins = Pins::new(4, idle);
+    // Sequences whose ids fall on the serving side at 5% and the candidate's at 100%.
+    let seqs: Vec<String> = (0..100)
+        .map(|i| format!("seq-{i}"))
+        .filter(|s| arm_of_key(s, 5) == Arm::Serving)
+        .take(3)
+        .collect();
+    for s in &seqs {
+        assert_eq!(pins.arm(s, (true, false), 5, t0), Arm::Serving);
+    }
+    for s in &seqs {
+        assert_eq!(pins.arm(s, (false, false), 100, t0 + MS), Arm::Serving, "mid-sequence");
+    }
+    assert_eq!(
+        pins.arm(&seqs[0], (false, true), 100, t0 + MS),
+        Arm::Serving,
+        "its END too"
+    );
+    assert_eq!(pins.len(), 2, "an ended sequence is let go");
+    assert_eq!(
+        pins.arm(&seqs[0], (true, false), 100, t0 + MS),
+        Arm::Candidate,
+        "a new START"
+    );
+    assert_eq!(
+        pins.arm(&seqs[1], (false, false), 100, t0 + MS + idle),
+        Arm::Candidate,
+        "idle: forgotten"
+    );
+}
+
+#[test]
+fn pins_are_bounded_and_expired_ones_make_room() {
+    let t0 = Instant::now();
+    let idle = Duration::from_secs(60);
+    let mut pins = Pins::new(2, idle);
+    pins.arm("a", (true, false), 50, t0);
+    pins.arm("b", (true, false), 50, t0);
+    pins.arm("c", (true, false), 50, t0);
+    assert_eq!((pins.len(), pins.unpinned), (2, 1), "no room for c");
+    pins.arm("d", (true, false), 50, t0 + idle);
+    assert_eq!((pins.len(), pins.unpinned), (1, 1), "the idle ones were swept");
+    pins.clear();
+    assert!(pins.is_empty());
+}
