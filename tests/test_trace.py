@@ -1,16 +1,21 @@
 """The trace extension (issue 16, item 4): settings of the server and of each model over HTTP
 (`/v2/trace/setting`, `/v2/models/{m}/trace/setting`) and gRPC `TraceSetting`, with Triton's values
 and errors; and traced requests writing their timestamps (the frontends' too) to the trace file in
-Triton's JSON form, every `log_frequency` traces, when the count runs out, or at exit (issue 27)."""
+Triton's JSON form, every `log_frequency` traces, when the count runs out, or at exit (issue 27);
+those of generate requests, and of requests cancelled while they queue or run."""
 import json
 import shutil
 import sys
+import time
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from test_trace_otel import (CANCEL_MODELS, PYTHON, QUEUE_RUNS_S, RUNS_S, all_required_inputs, cancel_after,
+                             cancel_repo, fp32_inputs, in_background)
 
 pytestmark = [pytest.mark.server]
 
@@ -317,3 +322,92 @@ def test_an_ensemble_is_traced_with_its_steps_as_children_and_only_clients_reque
     assert "COMPUTE_INPUT_END" in stamps["bls_ens"] and "COMPUTE_INPUT_END" in stamps["add_sub"], stamps
     assert not any(s.startswith("COMPUTE") for s in stamps["ens"]), stamps
     assert {"REQUEST_START", "REQUEST_END"} <= stamps["ens"], stamps
+
+
+def trace_args(trace_file, *extra):
+    return ["--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=1"] + [a for e in extra for a in ("--trace-config", e)]
+
+
+def written_traces(path):
+    """The traces of a trace file: {request_id: [(name, ns), ...]} in the file's order."""
+    entries = json.loads(path.read_text())
+    heads = {e["id"]: e["request_id"] for e in entries if "request_id" in e}
+    out = {r: [] for r in heads.values()}
+    for e in entries:
+        for t in e.get("timestamps", []):
+            out[heads[e["id"]]].append((t["name"], t["ns"]))
+    return out
+
+
+def wait_file(path, timeout):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} not written in {timeout} s"
+        time.sleep(0.05)
+    time.sleep(0.2)
+    return path
+
+
+def in_order(stamps):
+    return [ns for _, ns in stamps] == sorted(ns for _, ns in stamps)
+
+
+GRPC_RECV = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"]
+
+
+def test_a_request_cancelled_while_it_runs_is_written_with_its_compute(fresh_server, tmp_path):
+    """Triton's all_input_required cancel, in trace file mode: the request's trace is written once
+    its model has run its batch to the end, with the real compute stamps and the frontend's, and
+    no SEND stamps (nothing was sent)."""
+    trace_file = tmp_path / "trace.json"
+    server = fresh_server([cancel_repo(tmp_path)], PYTHON + trace_args(trace_file, "log-frequency=1"),
+                          wait_models=CANCEL_MODELS)
+    cancel_after(server.grpc_url, "input_all_required", all_required_inputs(), 1.0, "cancelled")
+    written = tmp_path / "trace.json.0"
+    assert not written.exists(), "its compute still runs"
+    stamps = written_traces(wait_file(written, RUNS_S + 5))["cancelled"]
+    assert [n for n, _ in stamps] == GRPC_RECV + CORE, stamps
+    assert in_order(stamps), stamps
+    times = dict(stamps)
+    assert times["COMPUTE_END"] - times["COMPUTE_START"] >= (RUNS_S - 0.3) * 1e9, "the compute's real end"
+
+
+def test_a_request_cancelled_in_the_queue_is_written_at_once_without_compute(fresh_server, tmp_path):
+    """Triton's model_cancel_in_queue, in trace file mode: the request cancelled while it waits
+    behind another is written as its client goes away (its frontend's trace is not lost), with
+    QUEUE_START and no compute; the other is written when it ends."""
+    trace_file = tmp_path / "trace.json"
+    server = fresh_server([cancel_repo(tmp_path)], PYTHON + trace_args(trace_file, "log-frequency=1"),
+                          wait_models=CANCEL_MODELS)
+    ins = fp32_inputs(["INPUT0"], batched=True)
+    first, answer = in_background(server.grpc_url, "dynamic_batch", ins, "first")
+    try:
+        time.sleep(1.0)
+        cancel_after(server.grpc_url, "dynamic_batch", ins, 0.2, "cancelled")
+        traces = written_traces(wait_file(tmp_path / "trace.json.0", QUEUE_RUNS_S - 3))
+        assert list(traces) == ["cancelled"], traces
+        stamps = traces["cancelled"]
+        assert [n for n, _ in stamps] == GRPC_RECV + ["REQUEST_START", "QUEUE_START", "REQUEST_END"], stamps
+        assert in_order(stamps), stamps
+    finally:
+        first.join()
+    assert not isinstance(answer[0], InferenceServerException), answer
+    stamps = written_traces(wait_file(tmp_path / "trace.json.1", 5))["first"]
+    assert [n for n, _ in stamps if n in CORE] == CORE, stamps
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_generate_requests_have_the_frontends_timestamps(fresh_server, models_dir, tmp_path, endpoint):
+    """Triton traces /generate and /generate_stream as it traces infer requests: the HTTP stamps
+    around the core ones."""
+    trace_file = tmp_path / "trace.json"
+    server = fresh_server([repo_with_add_sub(models_dir, tmp_path)], trace_args(trace_file, "log-frequency=1"),
+                          wait_models=["add_sub"])
+    body = {"id": endpoint, "INPUT0": [1.0] * 16, "INPUT1": [1.0] * 16}
+    r = server.post(f"/v2/models/add_sub/{endpoint}", json.dumps(body).encode())
+    assert r.status == 200 and b"OUTPUT0" in r.body, r.body
+    stamps = written_traces(wait_file(tmp_path / "trace.json.0", 5))[endpoint]
+    order = ["HTTP_RECV_START", "HTTP_RECV_END"] + CORE + ["HTTP_SEND_START", "HTTP_SEND_END"]
+    assert [n for n, _ in stamps if n in order] == order, stamps
+    assert in_order(stamps), stamps

@@ -6,13 +6,15 @@ what the Collector's batch processor and file exporter write, one JSON line per 
 The cases are those of Triton 2.51's qa/L0_trace/opentelemetry_unittest.py that these models can
 serve (simple, ensemble, BLS, a non-decoupled Python model over HTTP, gRPC and gRPC streams, each
 without and with a client `traceparent`; the rate change with triggered traces; the context a Python
-model gets), the settings API runs of L0_trace/test.sh (rate=0, count=1), its batch span processor
+model gets; a gRPC request cancelled while its model runs and while it queues, with Python models in
+place of Triton's; generate requests), the settings API runs of L0_trace/test.sh (rate=0, count=1), its batch span processor
 runs, its Python context runs, and the start-up failures of L0_cmdline_trace. Triton's `simple`
 (qa_model_repository/onnx_int32_int32_int32) is an ONNX int32 add/sub made here."""
 import json
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -528,3 +530,172 @@ def test_python_context_is_none_when_untraced(fresh_server, tmp_path):
         server = fresh_server([repo], PYTHON + args, wait_models=["trace_context"])
         assert context_of(server, HEADERS, expect_none=True) == ""
         server.stop()
+
+
+# As Triton's qa/L0_trace/models/input_all_required (it sleeps while it runs), and its generated
+# `dynamic_batch` (an identity model with dynamic batching, max_batch_size 1, that takes seconds),
+# both Python here: Triton's tests cancel a gRPC request while the first runs and while the
+# second queues behind another request.
+SLEEPER = '''
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep({seconds})
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0")
+                                                            .as_numpy())]) for r in requests]
+'''
+RUNS_S = 3.0
+QUEUE_RUNS_S = 6.0
+
+
+def cancel_repo(tmp_path):
+    repo = tmp_path / "cancel"
+    model(repo, "input_all_required", 'backend: "python"\nmax_batch_size: 0\ninput [ '
+          + ", ".join(f'{{ name: "INPUT{i}" data_type: TYPE_FP32 dims: [ -1 ] }}' for i in range(3))
+          + ' ]\noutput [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n',
+          {"model.py": SLEEPER.format(seconds=RUNS_S)})
+    model(repo, "dynamic_batch", 'backend: "python"\nmax_batch_size: 1\ndynamic_batching { }\n'
+          'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+          'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n',
+          {"model.py": SLEEPER.format(seconds=QUEUE_RUNS_S)})
+    return repo
+
+
+CANCEL_MODELS = ["input_all_required", "dynamic_batch"]
+
+
+def fp32_inputs(names, batched=False):
+    out = []
+    for name in names:
+        t = grpcclient.InferInput(name, [1, 4] if batched else [4], "FP32")
+        t.set_data_from_numpy(np.ones((1, 4) if batched else 4, np.float32))
+        out.append(t)
+    return out
+
+
+def all_required_inputs():
+    return fp32_inputs(["INPUT0", "INPUT1", "INPUT2"])
+
+
+def cancel_after(url, model_name, ins, seconds, request_id):
+    """Triton's cancel tests: an async gRPC request, cancelled after `seconds`; the client sees
+    CANCELLED."""
+    client = grpcclient.InferenceServerClient(url)
+    answers = []
+    try:
+        call = client.async_infer(model_name, ins, callback=lambda result, error: answers.append(error or result),
+                                  request_id=request_id)
+        time.sleep(seconds)
+        call.cancel()
+        deadline = time.monotonic() + 10
+        while not answers and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        client.close()
+    assert answers and isinstance(answers[0], InferenceServerException), answers
+    assert "CANCELLED" in str(answers[0]), answers[0]
+
+
+def in_background(url, model_name, ins, request_id):
+    """A blocking gRPC request on its own thread (join it for its answer)."""
+    out = []
+
+    def run():
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            out.append(client.infer(model_name, ins, request_id=request_id))
+        except InferenceServerException as e:
+            out.append(e)
+        finally:
+            client.close()
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def spans_by_request(lines):
+    """Each request's spans (those of its trace), by the request id of its model span."""
+    spans = [s for line in lines for rs in line["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    out = {}
+    for s in spans:
+        attrs = {a["key"]: a["value"] for a in s.get("attributes", [])}
+        if "triton.request_id" in attrs:
+            out[attrs["triton.request_id"]["stringValue"]] = [x for x in spans if x["traceId"] == s["traceId"]]
+    return out
+
+
+def events_of(span):
+    return [e["name"] for e in span.get("events", [])]
+
+
+@pytest.fixture(scope="module")
+def cancel_server(server_factory, tmp_path_factory, collector_port):
+    repo = cancel_repo(tmp_path_factory.mktemp("otel-cancel"))
+    return server_factory([repo], otel_args(collector_port, "opentelemetry,bsp_schedule_delay=1000"),
+                          name="otel-cancel", wait_models=CANCEL_MODELS)
+
+
+def test_grpc_request_cancelled_while_it_runs_keeps_its_compute_span(cancel_server, collector):
+    """Triton's test_grpc_trace_all_input_required_model_cancel: InferRequest, the model span and
+    `compute` with its four events. The model ran its batch to the end: the compute span holds
+    the real execution, past the cancellation."""
+    cancelled_at = time.time_ns()
+    cancel_after(cancel_server.grpc_url, "input_all_required", all_required_inputs(), 1.0, "cancelled")
+    cancelled_at += 1_000_000_000
+    lines = wait_lines(collector, 1, timeout=20)
+    spans = spans_by_request(lines)["cancelled"]
+    assert sorted(s["name"] for s in spans) == ["InferRequest", "compute", "input_all_required"], spans
+    assert nesting(spans) == {"InferRequest": ["input_all_required"], "input_all_required": ["compute"]}
+    by_name = {s["name"]: s for s in spans}
+    compute = by_name["compute"]
+    assert events_of(compute) == COMPUTE_EVENTS
+    assert events_of(by_name["input_all_required"]) == MODEL_EVENTS
+    assert events_of(by_name["InferRequest"]) == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"], \
+        "a cancelled request's root has no answer"
+    took = int(compute["endTimeUnixNano"]) - int(compute["startTimeUnixNano"])
+    assert took >= (RUNS_S - 0.3) * 1e9, f"the compute's real end, {took} ns"
+    assert int(compute["endTimeUnixNano"]) > cancelled_at
+    for s in spans:
+        times = [int(e["timeUnixNano"]) for e in s.get("events", [])]
+        assert times == sorted(times), s
+
+
+def test_grpc_request_cancelled_in_the_queue_has_no_compute_span(cancel_server, collector):
+    """Triton's test_grpc_trace_model_cancel_in_queue: the request cancelled while it waits behind
+    another is exported at once, as the model span and InferRequest only, before the spans of the
+    request still running."""
+    first, answer = in_background(cancel_server.grpc_url, "dynamic_batch", fp32_inputs(["INPUT0"], True), "first")
+    try:
+        time.sleep(1.0)
+        cancel_after(cancel_server.grpc_url, "dynamic_batch", fp32_inputs(["INPUT0"], True), 0.2, "cancelled")
+        lines = wait_lines(collector, 1, timeout=QUEUE_RUNS_S - 1.5, settle=0.2)
+        assert list(spans_by_request(lines[:1])) == ["cancelled"], "the first line holds the cancelled request"
+        spans = spans_by_request(lines)["cancelled"]
+        assert sorted(s["name"] for s in spans) == ["InferRequest", "dynamic_batch"], spans
+        by_name = {s["name"]: s for s in spans}
+        assert events_of(by_name["dynamic_batch"]) == MODEL_EVENTS
+        assert events_of(by_name["InferRequest"]) == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"]
+    finally:
+        first.join()
+    assert not isinstance(answer[0], InferenceServerException), answer
+    # The first request's own trace, with its compute (and nothing left for the next test).
+    lines = wait_lines(collector, 2, timeout=20)
+    assert sorted(s["name"] for s in spans_by_request(lines)["first"]) == ["InferRequest", "compute", "dynamic_batch"]
+
+
+GENERATE = {"INPUT0": list(range(16)), "INPUT1": [1] * 16}
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+@pytest.mark.parametrize("headers", [None, HEADERS], ids=["plain", "traceparent"])
+def test_generate_requests_have_the_http_events(otel_server, collector, endpoint, headers):
+    """Triton samples generate and generate_stream requests as infer requests (http.cc), with the
+    HTTP events on their root span and the client's traceparent."""
+    r = otel_server.post(f"/v2/models/simple/{endpoint}", json.dumps(GENERATE).encode(),
+                         headers=dict(headers) if headers else None)
+    assert r.status == 200, r.body
+    assert b"OUTPUT0" in r.body
+    check_trace(collector, SIMPLE, "http", headers)

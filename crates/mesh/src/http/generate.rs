@@ -6,7 +6,8 @@
 //! as a scalar, BYTES as strings) with `model_name`, `model_version` and `id`. `generate` answers
 //! once; `generate_stream` answers with server-sent events (`data: {...}\n\n`), one per response
 //! of the model, errors as `data: {"error": "..."}`, on the same stream path as gRPC's
-//! ModelStreamInfer, so decoupled models stream each answer as they send it.
+//! ModelStreamInfer, so decoupled models stream each answer as they send it. Both are traced as
+//! infer requests are, with the HTTP stamps (`HTTP_SEND_START` as the first answer is ready).
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -24,6 +25,7 @@ use crate::request::{InferRequest, InferResponse, Param};
 use crate::stream::StreamItem;
 use crate::stream::{stream_channel, Credit, Window};
 use crate::tensor::{NamedTensor, Tensor};
+use crate::trace::front::{self, Point};
 
 /// Server-sent events waiting to be written; each holds its answer's window credit until the body takes it,
 /// so a client that stops reading holds the producer back by the stream's window.
@@ -244,6 +246,7 @@ pub async fn generate<D: Dispatch>(dispatch: &D, request: InferRequest) -> Resul
     } else {
         dispatch.infer(request).await?
     };
+    front::stamp(Point::SendStart);
     Ok(axum::Json(encode_generate(&response)?).into_response())
 }
 
@@ -251,8 +254,10 @@ pub async fn generate<D: Dispatch>(dispatch: &D, request: InferRequest) -> Resul
 /// before any answer (a bad input, a model that raised) is answered as a plain error response.
 pub async fn generate_stream<D: Dispatch>(dispatch: Arc<D>, request: InferRequest) -> Result<Response> {
     let (sink, mut answers) = stream_channel(Window::for_stream());
-    tokio::spawn(async move { dispatch.infer_stream(request, sink).await });
+    // The model runs as part of the request its frontend serves (its trace is the frontend's).
+    tokio::spawn(front::carry(async move { dispatch.infer_stream(request, sink).await }));
     let first = answers.recv().await;
+    front::stamp(Point::SendStart);
     let first = match first {
         // The model's only answer is an error: its status, the error as the stream's one event.
         Some(StreamItem {

@@ -12,6 +12,7 @@ use mesh::{InferRequest, Result};
 
 use crate::actors::model::LoadedVersion;
 use crate::actors::table::ModelTable;
+use crate::serving::traced::Traced;
 
 /// Where a request comes from, which says what was checked before it came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,72 +114,6 @@ pub(crate) fn admit(table: &ModelTable, request: InferRequest, entry: Entry, rep
             trace,
         },
     })
-}
-
-/// A sampled request's trace, written exactly once: with the timestamps its path gives it
-/// ([`Traced::finish`]), or, dropped unfinished (answered from the cache, refused after admission,
-/// or its client went away), with its start and end.
-pub(crate) struct Traced {
-    id: u64,
-    /// The trace of the request this one is made for (an ensemble's, a BLS caller's).
-    parent: Option<u64>,
-    model: String,
-    version: i64,
-    request_id: String,
-    start: Instant,
-    written: bool,
-}
-
-impl Traced {
-    /// Whether this request is traced (Triton's sampling, [`mesh::trace::sample`]): decided once.
-    fn sample(model: &LoadedVersion, request: &InferRequest, start: Instant) -> Option<Traced> {
-        let id = mesh::trace::sample(&request.model_name)?;
-        Some(Traced {
-            id,
-            parent: mesh::trace::parent(),
-            model: request.model_name.clone(),
-            version: model.version,
-            request_id: request.id.clone(),
-            start,
-            written: false,
-        })
-    }
-
-    /// The trace id (what requests made on this one's behalf are traced under).
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// Writes the trace with these timestamps.
-    pub fn finish(mut self, stamps: Vec<(&'static str, u64)>) {
-        self.write(stamps);
-    }
-
-    fn write(&mut self, stamps: Vec<(&'static str, u64)>) {
-        if std::mem::replace(&mut self.written, true) {
-            return;
-        }
-        mesh::trace::record(&mesh::trace::Trace {
-            id: self.id,
-            model: std::mem::take(&mut self.model),
-            version: self.version,
-            request_id: std::mem::take(&mut self.request_id),
-            parent_id: self.parent,
-            stamps,
-        });
-    }
-}
-
-impl Drop for Traced {
-    fn drop(&mut self) {
-        let end = mesh::trace::ns(Instant::now());
-        let start = mesh::trace::ns(self.start);
-        self.write(vec![
-            ("REQUEST_START", start),
-            ("REQUEST_END", end),
-            ("INFER_RESPONSE_COMPLETE", end),
-        ]);
-    }
 }
 
 #[cfg(test)]

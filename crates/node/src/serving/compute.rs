@@ -88,9 +88,13 @@ async fn ensemble<D: Dispatch + ?Sized>(
         request,
         model,
         start,
-        trace,
+        mut trace,
         ..
     } = work;
+    // An ensemble queues its request as it begins (Triton's ensemble scheduler).
+    if let Some(trace) = trace.as_mut() {
+        trace.queued(start);
+    }
     let rows = request_rows(&model, &request);
     let running = InFlight::begin(&model, start);
     let serve = mesh::ensemble::serve(plan, dispatch, request, &model.version_label, stream);
@@ -122,7 +126,7 @@ async fn instance(budget: &Arc<FairBudget>, work: Work, stream: Option<StreamSen
         controls,
         decoupled,
         start,
-        trace,
+        mut trace,
     } = work;
     let model = &*model;
     let rows = request_rows(model, &request);
@@ -170,7 +174,7 @@ async fn instance(budget: &Arc<FairBudget>, work: Work, stream: Option<StreamSen
         timeout: controls.timeout,
         id: request.id.clone(),
         parameters: std::mem::take(&mut request.parameters),
-        trace: trace.as_ref().map(|t| t.id()),
+        trace: trace.as_ref().map(|t| t.handle()),
         sink: stream.filter(|_| decoupled).map(|tx| {
             let template = InferResponse {
                 model_name: request.model_name.clone(),
@@ -198,6 +202,11 @@ async fn instance(budget: &Arc<FairBudget>, work: Work, stream: Option<StreamSen
     })?;
     let streamed = submission.sink.is_some();
     let running = InFlight::begin(model, start);
+    // Queued at its instance: dropped from here on (its client went away), its trace keeps
+    // QUEUE_START, and its compute if the instance started it (see `serving::traced`).
+    if let Some(trace) = trace.as_mut() {
+        trace.queued(Instant::now());
+    }
     let result = instance.execute(submission).await;
     running.finish();
     if let Some(trace) = trace {

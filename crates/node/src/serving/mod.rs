@@ -6,3 +6,4 @@ pub(crate) mod cached;
 pub(crate) mod compute;
 pub mod dispatch;
 pub mod sequence;
+pub mod traced;

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use crate::actors::instance::batch_io;
 use crate::actors::instance::supervision::Health;
 use crate::backend::{Backend, PerRequest, RequestView, ResponseSink, Timings};
+use crate::serving::traced::TraceHandle;
 
 /// Messages of the instance actor, which owns the executor thread and is its supervision edge; the
 /// requests themselves go to the thread (`ExecMsg`).
@@ -48,8 +49,9 @@ pub struct Submission {
     /// The request id and parameters, for backends that see requests (Python).
     pub id: String,
     pub parameters: Params,
-    /// The request's trace id when it is traced (a Python model's `request.trace()`).
-    pub trace: Option<u64>,
+    /// The request's trace when it is traced: its id (a Python model's `request.trace()`), and
+    /// where the instance notes when its compute starts and ends.
+    pub trace: Option<TraceHandle>,
     /// Set for decoupled models: where the request's answers stream to.
     pub sink: Option<Box<ResponseSink>>,
 }
@@ -115,7 +117,7 @@ fn views<'a>(subs: &[&'a Submission], probes: &[Option<Probe<'a>>]) -> Vec<Reque
             outputs: &s.outputs,
             id: &s.id,
             parameters: &s.parameters,
-            trace: s.trace,
+            trace: s.trace.as_ref().map(TraceHandle::id),
             sink: s.sink.as_deref(),
             cancelled: probes.get(i).copied().flatten(),
         })
@@ -158,6 +160,9 @@ fn run_merged(
 /// Runs one batch on the backend and answers every request in it.
 pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
     let started = Instant::now();
+    for job in &jobs {
+        compute_started(&job.sub, started);
+    }
     let total: usize = jobs.iter().map(|j| j.sub.rows).sum();
     let result = {
         let mut b = exec.backend.locked();
@@ -170,6 +175,11 @@ pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
             run_merged(label, exec, &mut **b, &subs)
         }
     };
+    let ended = Instant::now();
+    let timings = result.as_ref().map_or(Timings::default(), |r| r.1);
+    for job in &jobs {
+        compute_ended(&job.sub, &timings, ended);
+    }
     match result {
         Ok((parts, timings)) => {
             for (i, (job, outs)) in jobs.into_iter().zip(parts).enumerate() {
@@ -193,6 +203,20 @@ pub(crate) fn run_batch(label: &str, exec: &Executor, jobs: Vec<Job>) {
                 let _ = job.reply.send(Err(e.clone()));
             }
         }
+    }
+}
+
+/// A traced request's compute starts: the backend gets it (its trace notes it, see `serving::traced`).
+fn compute_started(sub: &Submission, at: Instant) {
+    if let Some(trace) = &sub.trace {
+        trace.compute_started(at);
+    }
+}
+
+/// A traced request's compute ended, whether or not its caller still waits.
+fn compute_ended(sub: &Submission, timings: &Timings, at: Instant) {
+    if let Some(trace) = &sub.trace {
+        trace.compute_ended(timings, at);
     }
 }
 
@@ -244,6 +268,7 @@ fn run_each(label: &str, exec: &Executor, jobs: Vec<Job>) {
     let mut subs = Vec::with_capacity(count);
     let mut waiting = Vec::with_capacity(count);
     for job in jobs {
+        compute_started(&job.sub, started);
         subs.push(job.sub);
         waiting.push(Some((job.reply, job.enqueued)));
     }
@@ -269,6 +294,7 @@ fn run_each(label: &str, exec: &Executor, jobs: Vec<Job>) {
                 return;
             };
             let sub = &subs[i];
+            compute_ended(sub, &Timings::default(), now);
             let answer = outs.map(|mut outs| {
                 if !sub.outputs.is_empty() {
                     outs.retain(|o| sub.outputs.contains(&o.name));
@@ -299,8 +325,12 @@ fn run_each(label: &str, exec: &Executor, jobs: Vec<Job>) {
     let error = result
         .err()
         .unwrap_or_else(|| Error::internal("the backend gave no response"));
-    for (reply, _) in unanswered.into_iter().flatten() {
-        let _ = reply.send(Err(error.clone()));
+    let ended = Instant::now();
+    for (i, unanswered) in unanswered.into_iter().enumerate() {
+        if let Some((reply, _)) = unanswered {
+            compute_ended(&subs[i], &Timings::default(), ended);
+            let _ = reply.send(Err(error.clone()));
+        }
     }
 }
 
