@@ -37,6 +37,7 @@ WITH_EFFECT = {
     "--disable-auto-complete-config", "--strict-model-config", "--model-load-retry-count",
     "--allow-cpu-metrics", "--metrics-interval-ms", "--reuse-http-port", "--reuse-grpc-port",
     "--metrics-config", "--model-load-thread-count", "--allow-gpu-metrics",
+    "--allow-sagemaker", "--sagemaker-port", "--sagemaker-safe-port-range",
 }
 
 # A value tritonserver would take for each flag that needs more than its type suggests.
@@ -54,6 +55,8 @@ VALUES = {
     "--grpc-keepalive-time": "7200000", "--grpc-max-connection-age": "60000",
     "--metrics-interval-ms": "2000", "--min-supported-compute-capability": "6.0",
     "--pinned-memory-pool-byte-size": "268435456", "--response-cache-byte-size": "1048576",
+    # On, SageMaker would listen on its fixed default port 8080 (test_sagemaker.py runs it on).
+    "--allow-sagemaker": "false",
 }
 
 

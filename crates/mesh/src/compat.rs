@@ -43,14 +43,6 @@ pub struct TritonFlags {
     #[arg(long)]
     pub grpc_infer_allocation_pool_size: Option<u32>,
     #[arg(long, value_parser = BoolishValueParser::new())]
-    pub allow_sagemaker: Option<bool>,
-    #[arg(long)]
-    pub sagemaker_port: Option<u16>,
-    #[arg(long)]
-    pub sagemaker_safe_port_range: Option<String>,
-    #[arg(long)]
-    pub sagemaker_thread_count: Option<u32>,
-    #[arg(long, value_parser = BoolishValueParser::new())]
     pub allow_vertex_ai: Option<bool>,
     #[arg(long)]
     pub vertex_ai_port: Option<u16>,
@@ -160,19 +152,6 @@ impl TritonFlags {
             self.grpc_infer_allocation_pool_size.is_some(),
             "--grpc-infer-allocation-pool-size",
             "the mesh keeps no pool of gRPC request objects",
-        );
-        const SAGEMAKER: &str = "the mesh has no SageMaker endpoint";
-        note(self.allow_sagemaker.is_some(), "--allow-sagemaker", SAGEMAKER);
-        note(self.sagemaker_port.is_some(), "--sagemaker-port", SAGEMAKER);
-        note(
-            self.sagemaker_safe_port_range.is_some(),
-            "--sagemaker-safe-port-range",
-            SAGEMAKER,
-        );
-        note(
-            self.sagemaker_thread_count.is_some(),
-            "--sagemaker-thread-count",
-            SAGEMAKER,
         );
         const VERTEX: &str = "the mesh has no Vertex AI endpoint";
         note(self.allow_vertex_ai.is_some(), "--allow-vertex-ai", VERTEX);
@@ -293,15 +272,15 @@ mod tests {
         let f = parse(&[
             "--backend-directory=/opt/tritonserver/backends",
             "--disable-auto-complete-config",
-            "--sagemaker-port",
+            "--vertex-ai-port",
             "8080",
-            "--allow-sagemaker",
+            "--allow-vertex-ai",
             "0",
             "--rate-limit",
             "off",
         ]);
         let flags: Vec<&str> = f.ignored(true).iter().map(|i| i.flag).collect();
-        assert_eq!(flags, ["--allow-sagemaker", "--sagemaker-port", "--backend-directory"]);
+        assert_eq!(flags, ["--allow-vertex-ai", "--vertex-ai-port", "--backend-directory"]);
         assert_eq!(f.disable_auto_complete_config, Some(true));
         assert!(f.ignored(true).iter().all(|i| !i.reason.is_empty()));
         // A router runs no models, so the rate limiter's and loading flags change nothing there.

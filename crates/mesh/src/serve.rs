@@ -81,6 +81,22 @@ pub async fn http<D: Dispatch>(
     )))
 }
 
+/// Serves Triton's SageMaker endpoints (`crate::http::sagemaker`) over plain HTTP until shutdown,
+/// behind the HTTP port's restricted APIs.
+pub async fn sagemaker<D: Dispatch>(
+    addr: SocketAddr,
+    dispatch: Arc<D>,
+    options: crate::http::sagemaker::SageMakerOptions,
+    (rules, shm, limits): (Arc<Restrictions>, Arc<SharedMemory>, ConnLimits),
+    stop: &watch::Receiver<bool>,
+) -> Result<JoinHandle<()>, String> {
+    let listener = bind("SageMaker", addr, false)?;
+    tracing::info!(%addr, "Started Sagemaker HTTPService");
+    let app = crate::http::sagemaker::router(dispatch, options, rules, shm);
+    let signal = shutdown_signal(stop);
+    Ok(tokio::spawn(crate::listen::serve(listener, app, None, limits, signal)))
+}
+
 /// What the gRPC listener serves with: the largest message, the restricted protocols, the shared
 /// memory registry, the header-forward pattern, TLS, and keep-alive, age and compression.
 pub type GrpcParts = (
@@ -240,6 +256,20 @@ pub struct ListenArgs {
     pub trace_count: Option<i64>,
     #[arg(long)]
     pub trace_log_frequency: Option<u64>,
+    /// Serves Triton's SageMaker endpoints (GET /ping, POST /invocations, /models) on
+    /// --sagemaker-port (all addresses), as tritonserver's flag.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub allow_sagemaker: bool,
+    #[arg(long, default_value_t = 8080)]
+    pub sagemaker_port: u16,
+    /// `<low>-<high>`: the ports the other services (HTTP, gRPC, metrics) on the SageMaker
+    /// address must use, as tritonserver checks them at start-up.
+    #[arg(long, value_name = "LOW-HIGH")]
+    pub sagemaker_safe_port_range: Option<String>,
+    /// Accepted without effect: the async runtime's workers serve SageMaker as they serve HTTP.
+    #[arg(long)]
+    pub sagemaker_thread_count: Option<u32>,
     #[command(flatten)]
     pub tls: crate::listen::TlsArgs,
     #[command(flatten)]
@@ -283,6 +313,37 @@ impl ListenArgs {
             .then(|| SocketAddr::new(self.http_address, self.http_port))
     }
 
+    /// The SageMaker endpoint (tritonserver's is on every address), or None when disabled; checks
+    /// the ports as tritonserver does first.
+    pub fn sagemaker_addr(&self) -> Result<Option<SocketAddr>, String> {
+        if !self.allow_sagemaker {
+            return Ok(None);
+        }
+        let any = std::net::IpAddr::from([0, 0, 0, 0]);
+        let range = self
+            .sagemaker_safe_port_range
+            .as_deref()
+            .map(crate::http::sagemaker::parse_port_range)
+            .transpose()?;
+        let metrics = self.metrics_address.unwrap_or(self.http_address);
+        let mut services = Vec::new();
+        services.extend(
+            self.allow_http
+                .then_some(("HTTP", self.http_address, self.http_port, None)),
+        );
+        services.extend(
+            self.allow_grpc
+                .then_some(("GRPC", self.grpc_address, self.grpc_port, None)),
+        );
+        services.extend(
+            self.allow_metrics
+                .then_some(("metrics", metrics, self.metrics_port, None)),
+        );
+        services.push(("SageMaker", any, self.sagemaker_port, range));
+        crate::http::sagemaker::check_ports(&services)?;
+        Ok(Some(SocketAddr::new(any, self.sagemaker_port)))
+    }
+
     /// The gRPC endpoint, or None when disabled.
     pub fn grpc_addr(&self) -> Option<SocketAddr> {
         self.allow_grpc
@@ -299,12 +360,25 @@ impl ListenArgs {
         stop: &watch::Receiver<bool>,
     ) -> Result<Vec<JoinHandle<()>>, String> {
         crate::compat::log_ignored(&self.grpc_conn.ignored());
+        if self.sagemaker_thread_count.is_some() {
+            crate::compat::log_ignored(&[crate::compat::Ignored {
+                flag: "--sagemaker-thread-count",
+                reason: "SageMaker is served by the async runtime's workers, not a thread pool of its own",
+            }]);
+        }
+        let sagemaker_addr = self.sagemaker_addr()?;
         crate::trace::start(&self.trace_flags())?;
         let http_rules = Arc::new(self.http_rules()?);
         let grpc_rules = Arc::new(Restrictions::parse_grpc(&self.grpc_restricted_protocol)?);
         let mut servers = Vec::new();
         // One registry: a region registered over HTTP serves gRPC requests too.
         let shm = Arc::new(SharedMemory::default());
+        if let Some(addr) = sagemaker_addr {
+            let options = crate::http::sagemaker::SageMakerOptions::from_env(self.http_max_input_size);
+            let (_, limits) = self.tls.http()?;
+            let parts = (http_rules.clone(), shm.clone(), limits);
+            servers.push(sagemaker(addr, dispatch.clone(), options, parts, stop).await?);
+        }
         if let Some(addr) = self.http_addr() {
             let options = HttpOptions {
                 max_input_size: self.http_max_input_size,

@@ -8,6 +8,7 @@ pub mod json_bounded;
 mod json_data;
 #[doc(hidden)]
 pub mod raw;
+pub mod sagemaker;
 #[doc(hidden)]
 pub mod shm;
 mod trace;
@@ -66,6 +67,16 @@ pub fn forward_headers<'a>(
             parameters.push((name.to_string(), crate::Param::String(value)));
         }
     }
+}
+
+/// How an infer request's body is framed and its answer labelled.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// KServe v2: Inference-Header-Content-Length, Content-Encoding and Accept-Encoding.
+    KServe,
+    /// SageMaker: the JSON part's size in the Content-Type, no compression; with `mme`, errors are
+    /// 400 (507 for out of memory), as Triton's multi-model invoke answers them.
+    SageMaker { mme: bool },
 }
 
 struct AppState<D> {
@@ -370,7 +381,7 @@ async fn infer<D: Dispatch>(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run_infer(&s, (m, String::new()), client, headers, body).await
+    run_infer(&s, (m, String::new()), client, headers, body, Framing::KServe).await
 }
 async fn infer_v<D: Dispatch>(
     State(s): St<D>,
@@ -379,7 +390,7 @@ async fn infer_v<D: Dispatch>(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run_infer(&s, (m, v), client, headers, body).await
+    run_infer(&s, (m, v), client, headers, body, Framing::KServe).await
 }
 
 async fn run_infer<D: Dispatch>(
@@ -388,10 +399,12 @@ async fn run_infer<D: Dispatch>(
     client: Client,
     headers: HeaderMap,
     body: Body,
+    framing: Framing,
 ) -> Response {
     let served = async {
-        match try_infer(s, (&model, &version), client, &headers, body).await {
+        match try_infer(s, (&model, &version), client, &headers, body, framing).await {
             Ok(r) => r,
+            Err(e) if framing == (Framing::SageMaker { mme: true }) => sagemaker::mme_error(&e),
             Err(e) => error_response(&e),
         }
     };
@@ -409,18 +422,18 @@ async fn try_infer<D: Dispatch>(
     client: Client,
     headers: &HeaderMap,
     body: Body,
+    framing: Framing,
 ) -> Result<Response, Error> {
     let limit = s.options.max_input_size;
     let body = read_body(body, limit).await?;
-    let body = compress::decode(headers.get(header::CONTENT_ENCODING), body, limit)?;
-    let header_len = match headers.get(HEADER_CONTENT_LENGTH) {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .ok_or_else(|| Error::invalid("Inference-Header-Content-Length must be a non-negative integer"))?,
-        ),
+    let kserve = framing == Framing::KServe;
+    let (body, header_len) = if kserve {
+        let body = compress::decode(headers.get(header::CONTENT_ENCODING), body, limit)?;
+        let header_len = kserve_header_len(headers)?;
+        (body, header_len)
+    } else {
+        let header_len = sagemaker::header_length(headers.get(header::CONTENT_TYPE), body.len())?;
+        (body, header_len)
     };
     let (mut request, format) = if header_len == Some(0) {
         // A raw binary body: the one input's data, every output answered in binary, as Triton does.
@@ -442,9 +455,10 @@ async fn try_infer<D: Dispatch>(
     let response = s.dispatch.infer(request).await?;
     front::stamp(Point::SendStart);
     let (out, json_len) = codec::encode_response(&response, &format)?;
-    let accept = compress::choose(headers.get(header::ACCEPT_ENCODING));
+    let accept = compress::choose(headers.get(header::ACCEPT_ENCODING)).filter(|_| kserve);
     let mut builder = Response::builder().status(StatusCode::OK);
     builder = match json_len {
+        Some(n) if !kserve => builder.header(header::CONTENT_TYPE, sagemaker::binary_content_type(n)),
         Some(n) => builder
             .header(header::CONTENT_TYPE, "application/octet-stream")
             .header(HEADER_CONTENT_LENGTH, HeaderValue::from(n)),
@@ -460,6 +474,16 @@ async fn try_infer<D: Dispatch>(
     builder
         .body(Body::from(out))
         .map_err(|e| Error::internal(format!("building response: {e}")))
+}
+
+/// The KServe Inference-Header-Content-Length, if given.
+fn kserve_header_len(headers: &HeaderMap) -> Result<Option<usize>, Error> {
+    let Some(v) = headers.get(HEADER_CONTENT_LENGTH) else {
+        return Ok(None);
+    };
+    let n = v.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok());
+    n.map(Some)
+        .ok_or_else(|| Error::invalid("Inference-Header-Content-Length must be a non-negative integer"))
 }
 
 async fn generate_once<D: Dispatch>(
@@ -518,13 +542,20 @@ async fn run_generate<D: Dispatch>(
             let pairs = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
             forward_headers(pattern, pairs, &mut request.parameters);
         }
+        front::stamp(Point::RecvEnd);
         if stream {
             generate::generate_stream(s.dispatch.clone(), request).await
         } else {
             generate::generate(s.dispatch.as_ref(), request).await
         }
     };
-    answer.await.unwrap_or_else(|e| error_response(&e))
+    // Traced as an infer request is (Triton's HTTP stamps), with the client's trace context.
+    let carrier = front::active()
+        .then(|| Carrier::from_lookup(|k| headers.get(k).map(|v| v.as_bytes())))
+        .flatten();
+    let received = std::time::Instant::now();
+    let served = async { answer.await.unwrap_or_else(|e| error_response(&e)) };
+    front::serve(Frontend::Http, Some(&model), received, carrier, served).await
 }
 
 /// Reads a body up to `limit` bytes; a larger body is rejected without being buffered.
