@@ -83,6 +83,12 @@ FILES = {
                            "A fast model's latency (the victim) before and while a Python model is "
                            "flooded at c=256, fair shares against first come, first served. Report "
                            "(the pinned run): `fair-shares-vm.md`.", ["Issue 52: fair shares"]),
+    "router-trace-vm.csv": ("benches/router_trace.sh",
+                            "The example MLP through one router and one node, perf_analyzer over gRPC "
+                            "at c=8: the build before the router traced (A), the new build with tracing "
+                            "off (B) and with every request traced on router and node to a collector on "
+                            "loopback (C), interleaved over rounds; medians, each process's CPU per "
+                            "request. Report: `router-trace-vm.md`.", []),
     "sequences-vm.csv": ("benches/sequences_e2e.py, benches/sequences.rs",
                          "STARTs per second over gRPC as 100 000 sequences stay open, and the sequence "
                          "table alone before and after its change. Report: `sequences-e2e-vm.md`.",

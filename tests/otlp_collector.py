@@ -12,6 +12,10 @@ attribute values as decimal strings, `kind` a number, `"status":{}`, empty field
 
 Use it as `python tests/otlp_collector.py --port 10000 --path collected_traces.json` (it runs
 until killed), or in a test as `Collector(port, path)` with `start()`/`stop()`.
+
+With `--sink` (benches/router_trace.sh) it only counts what it receives (OTLP requests, bytes and
+spans, and the requests that name the service `mesh-router`), writes nothing and answers at once, so that a benchmark's exporters pay the HTTP round trip
+and not this Python process's JSON work; `GET /stats` gives the counts as JSON.
 """
 from __future__ import annotations
 
@@ -87,8 +91,11 @@ class Collector:
     """The receiver, batch processor and file exporter, on `port`, writing `path`."""
 
     def __init__(self, port: int = 10000, path="collected_traces.json", send_batch_size: int = 10,
-                 timeout: float = 10.0, host: str = "0.0.0.0"):
+                 timeout: float = 10.0, host: str = "0.0.0.0", sink: bool = False):
         self.path = Path(path)
+        self.sink = sink
+        # What sink mode received; `router_requests`: OTLP requests naming the service mesh-router.
+        self.sunk = {"requests": 0, "bytes": 0, "spans": 0, "router_requests": 0}
         self.send_batch_size, self.timeout = send_batch_size, timeout
         self.pending: list = []
         self.requests = 0  # OTLP requests received
@@ -104,12 +111,25 @@ class Collector:
                     return self._answer(404, b'{"message":"not found"}')
                 if "json" not in self.headers.get("Content-Type", ""):
                     return self._answer(415, b'{"message":"this stand-in takes OTLP/HTTP JSON only"}')
+                if collector.sink:
+                    with collector.lock:
+                        collector.sunk["requests"] += 1
+                        collector.sunk["bytes"] += len(body)
+                        collector.sunk["spans"] += body.count(b'"traceId"')
+                        collector.sunk["router_requests"] += b'"mesh-router"' in body
+                    return self._answer(200, b"{}")
                 try:
                     received = normalize(json.loads(body))
                 except (ValueError, AttributeError, TypeError) as e:
                     return self._answer(400, json.dumps({"message": str(e)}).encode())
                 collector.receive(received)
                 self._answer(200, b"{}")
+
+            def do_GET(self):  # noqa: N802 - http.server's name
+                if self.path != "/stats":
+                    return self._answer(404, b'{"message":"not found"}')
+                with collector.lock:
+                    self._answer(200, json.dumps(collector.sunk).encode())
 
             def _answer(self, status, body):
                 self.send_response(status)
@@ -166,8 +186,9 @@ def main() -> None:
     p.add_argument("--send-batch-size", type=int, default=10)
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--config", help="ignored: otelcol's flag, accepted so the stand-in runs in its place")
+    p.add_argument("--sink", action="store_true", help="only count what arrives (GET /stats); write nothing")
     a = p.parse_args()
-    Collector(a.port, a.path, a.send_batch_size, a.timeout).start()
+    Collector(a.port, a.path, a.send_batch_size, a.timeout, sink=a.sink).start()
     threading.Event().wait()
 
 
