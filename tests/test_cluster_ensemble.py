@@ -198,6 +198,12 @@ def test_a_decoupled_step_streams_through_a_router_ensemble_and_one_answer_paths
     assert sorted(got) == [(0, 3), (1, 5), (2, 7)]
     stats = cluster.router.get_json("/v2/models/repeat_router/stats")["model_stats"][0]
     assert stats["inference_stats"]["success"]["count"] >= 1, "the router counts a streamed ensemble"
+    # ... and the console's history has it as a request of its own, beside its steps.
+    def streamed_in_history():
+        history = cluster.router.get_json("/mesh/v1/history")
+        rows = {m["name"]: m for m in history["models"]}
+        return "repeat_router" in rows and sum(rows["repeat_router"]["rps"]) > 0
+    wait_until(streamed_in_history, 15, "the streamed router ensemble in the console's history")
     # As a node refuses it (tests/test_ensemble_stream.py): 501, naming the decoupled policy.
     body = json.dumps({"inputs": [{"name": "IN", "datatype": "INT32", "shape": [2], "data": [1, 2]}]}).encode()
     r = cluster.router.post("/v2/models/repeat_router/infer", body)

@@ -105,11 +105,13 @@ impl RouterDispatch {
     }
 
     /// A router ensemble on a stream: one with a decoupled step streams each of its answers, any
-    /// other answers once.
-    pub(super) async fn stream_ensemble(&self, request: InferRequest, sink: StreamSender) {
+    /// other answers once. Whether it succeeded.
+    pub(super) async fn stream_ensemble(&self, request: InferRequest, sink: StreamSender) -> bool {
         let answer = self.serve_ensemble(request, Some(sink.clone())).await;
+        let ok = answer.is_ok();
         if let Some(answer) = answer.transpose() {
             let _ = sink.send(StreamItem::new(Some(answer), true));
         }
+        ok
     }
 }

@@ -91,8 +91,14 @@ impl Dispatch for RouterDispatch {
         }
         let trace = Trace::begin(&request.model_name);
         if self.ensembles.get(&request.model_name).is_some() {
-            let span = trace.span(request.model_name.clone(), SpanKind::Internal);
-            return traced::steps(&span, self.stream_ensemble(request, sink)).await;
+            // In the console's history as a unary router ensemble is.
+            let (name, started) = (request.model_name.clone(), Instant::now());
+            let span = trace.span(name.clone(), SpanKind::Internal);
+            let ok = traced::steps(&span, self.stream_ensemble(request, sink)).await;
+            self.history
+                .locked()
+                .record(&name, started.elapsed(), ok, Instant::now());
+            return;
         }
         if let Err(e) = self.route_stream(request, &sink, &trace).await {
             let _ = sink.send(StreamItem::new(Some(Err(e)), true));
