@@ -13,8 +13,6 @@ pub mod sagemaker;
 pub mod shm;
 mod trace;
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -23,6 +21,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use std::sync::Arc;
 
 use crate::config::{config_to_json, message_to_json};
 use crate::dispatch::Dispatch;

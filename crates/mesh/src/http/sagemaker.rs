@@ -324,17 +324,24 @@ async fn handle<D: Dispatch>(
             None => empty(StatusCode::NOT_FOUND),
         },
         Route::Invoke(name) => {
-            if !s.models.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&name) {
+            // As tritonserver: a loaded name, and the model the target-model header names, if any.
+            let Some(loaded) = stored_target(&s, &name) else {
                 return empty(StatusCode::NOT_FOUND);
-            }
-            let model = (target(&headers, &name), String::new());
+            };
+            let model = (text(&headers, TARGET_MODEL).unwrap_or(loaded), String::new());
             let framing = Framing::SageMaker { mme: true };
             run_infer(&s.app, model, client, headers, body, framing).await
         }
         Route::Load => load(&s, &headers, body).await,
-        Route::Unload(name) => unload(&s, &headers, &name).await,
+        Route::Unload(name) => unload(&s, &name).await,
         Route::Unknown => empty(StatusCode::BAD_REQUEST),
     }
+}
+
+/// The model POST /models loaded as `name` (the target it was loaded under).
+fn stored_target<D>(s: &SageMaker<D>, name: &str) -> Option<String> {
+    let models = s.models.lock().unwrap_or_else(|p| p.into_inner());
+    models.get(name).map(|m| m.target.clone())
 }
 
 fn text(headers: &HeaderMap, key: &str) -> Option<String> {
@@ -346,7 +353,7 @@ fn list<D: Dispatch>(s: &SageMaker<D>) -> Response {
     let models = s.models.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let rows: Vec<serde_json::Value> = models
         .iter()
-        .map(|(name, m)| match s.app.dispatch.model(name, "1") {
+        .map(|(name, m)| match s.app.dispatch.model(&m.target, "1") {
             Ok(view) if view.ready => serde_json::json!({ "modelName": name, "modelUrl": m.url }),
             _ => serde_json::json!({}),
         })
@@ -384,20 +391,36 @@ async fn load<D: Dispatch>(s: &SageMaker<D>, headers: &HeaderMap, body: Body) ->
         }
         crate::repository::check_model_name(&target)?;
         {
-            let models = s.models.lock().unwrap_or_else(|p| p.into_inner());
+            // The name is taken now, before the awaits, so two loads of one name cannot both pass.
+            let mut models = s.models.lock().unwrap_or_else(|p| p.into_inner());
             if models.contains_key(&name) || models.values().any(|m| m.target == target) {
                 return Ok(Err(Error::new(
                     crate::error::Code::AlreadyExists,
                     format!("failed to load '{target}': a model named '{name}' is loaded already"),
                 )));
             }
+            let loading = Loaded {
+                target: target.clone(),
+                url: url.clone(),
+            };
+            models.insert(name.clone(), loading);
         }
+        let forget = || s.models.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
         let limit = s.options.max_input_size;
         let (t, u) = (target.clone(), url.clone());
-        let (options, model_url) = tokio::task::spawn_blocking(move || model_at(&u, &t, limit))
+        let read = tokio::task::spawn_blocking(move || model_at(&u, &t, limit))
             .await
-            .map_err(|e| Error::internal(format!("reading the model failed: {e}")))??;
+            .map_err(|e| Error::internal(format!("reading the model failed: {e}")))
+            .and_then(|r| r);
+        let (options, model_url) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                forget();
+                return Err(e);
+            }
+        };
         if let Err(e) = s.app.dispatch.load_model(&target, options).await {
+            forget();
             return Ok(Err(e));
         }
         let loaded = Loaded { target, url: model_url };
@@ -413,11 +436,11 @@ async fn load<D: Dispatch>(s: &SageMaker<D>, headers: &HeaderMap, body: Body) ->
 }
 
 /// DELETE /models/{name}: unloads a model POST /models loaded, with the models that depend on it.
-async fn unload<D: Dispatch>(s: &SageMaker<D>, headers: &HeaderMap, name: &str) -> Response {
-    if !s.models.lock().unwrap_or_else(|p| p.into_inner()).contains_key(name) {
+async fn unload<D: Dispatch>(s: &SageMaker<D>, name: &str) -> Response {
+    // The model it loaded, whatever a header says now: a DELETE unloads nothing else.
+    let Some(target) = stored_target(s, name) else {
         return empty(StatusCode::NOT_FOUND);
-    }
-    let target = target(headers, name);
+    };
     if let Err(e) = s.app.dispatch.unload_model(&target, true).await {
         return with_status(StatusCode::BAD_REQUEST, &e);
     }
@@ -461,9 +484,9 @@ pub fn model_at(url: &str, target: &str, limit: usize) -> Result<(crate::LoadOpt
     let mut files = Vec::new();
     let mut total = 0usize;
     collect(&dir, &dir, 0, &mut files, &mut total, limit).map_err(fail)?;
-    let mut config = match std::fs::read_to_string(dir.join("config.pbtxt")) {
-        Ok(text) => crate::config::parse_pbtxt(&text).map_err(|e| fail(format!("config.pbtxt: {e}")))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => crate::config::ModelConfig::default(),
+    let mut config = match read_config(&dir, limit.saturating_sub(total)) {
+        Ok(Some(text)) => crate::config::parse_pbtxt(&text).map_err(|e| fail(format!("config.pbtxt: {e}")))?,
+        Ok(None) => crate::config::ModelConfig::default(),
         Err(e) => return Err(fail(format!("config.pbtxt: {e}"))),
     };
     // The directory's model is served under the target name (tritonserver maps it so).
@@ -473,6 +496,31 @@ pub fn model_at(url: &str, target: &str, limit: usize) -> Result<(crate::LoadOpt
         files,
     };
     Ok((options, model_url))
+}
+
+/// A model directory's `config.pbtxt` (None: it has none): a plain file inside the directory, of at
+/// most `limit` bytes (what the model's other files left of `--http-max-input-size`).
+fn read_config(dir: &FsPath, limit: usize) -> Result<Option<String>, String> {
+    use std::io::Read;
+    let path = dir.join("config.pbtxt");
+    let meta = match std::fs::symlink_metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    if !meta.is_file() {
+        return Err("not a plain file".into());
+    }
+    if meta.len() > limit as u64 {
+        return Err(format!(
+            "larger than the limit of {limit} bytes (--http-max-input-size)"
+        ));
+    }
+    let mut text = String::new();
+    std::fs::File::open(&path)
+        .and_then(|f| f.take(limit as u64).read_to_string(&mut text))
+        .map_err(|e| e.to_string())?;
+    Ok(Some(text))
 }
 
 /// The model directory of a repository: the one named `target`, else the only one (directories

@@ -320,8 +320,9 @@ async fn the_multi_model_routes_load_invoke_and_unload() {
         call(&app, Method::DELETE, "/models/nope", &[], "").await.0,
         StatusCode::NOT_FOUND
     );
+    // A DELETE unloads the model its name loaded, whatever the target-model header says.
     assert_eq!(
-        call(&app, Method::DELETE, "/models/h1", &[], "").await.0,
+        call(&app, Method::DELETE, "/models/h1", &target, "").await.0,
         StatusCode::OK
     );
     assert_eq!(fake.unloads.lock().unwrap().as_slice(), [("h1".to_string(), true)]);

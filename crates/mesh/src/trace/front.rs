@@ -241,9 +241,21 @@ pub(super) fn serving(model: &str) -> (Option<Carrier>, bool) {
         .unwrap_or((None, false))
 }
 
-/// The frontend's request is traced as `id` (OpenTelemetry mode).
-pub(super) fn own(id: u64) {
-    let _ = FRONT.try_with(|f| *f.request.locked() = Some(id));
+/// The frontend's request is traced as `id` (OpenTelemetry mode): the frontend will end its root.
+/// False when the frontend has ended already (a stream's model sampled after its client went
+/// away): the caller ends the root itself. The check and the store are one step under the
+/// request's lock, which `Close` takes after marking the frontend done, so no root is left open.
+pub(super) fn own(id: u64) -> bool {
+    FRONT
+        .try_with(|f| {
+            let mut request = f.request.locked();
+            if f.state.locked().done {
+                return false;
+            }
+            *request = Some(id);
+            true
+        })
+        .unwrap_or(false)
 }
 
 /// Takes the dispatch's trace of the request a frontend is serving (the first trace of the model
@@ -302,6 +314,25 @@ mod tests {
         .await;
         assert_eq!(claimed, (false, true, false));
         assert_eq!(Frontend::Grpc.name(Point::RecvStart), "GRPC_WAITREAD_START");
+    }
+
+    #[tokio::test]
+    async fn a_request_sampled_after_its_frontend_ended_is_not_left_to_it() {
+        ACTIVE.store(true, Ordering::Relaxed);
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let (owned_inside, late) = serve(Frontend::Http, Some("m"), Instant::now(), None, async move {
+            // A stream's model runs in a task of its own that outlives the frontend.
+            let late = tokio::spawn(carry(async move {
+                let _ = wait.await;
+                own(8)
+            }));
+            (own(7), late)
+        })
+        .await;
+        assert!(owned_inside, "while it serves, the frontend ends the root");
+        go.send(()).unwrap();
+        assert!(!late.await.unwrap(), "ended: the sampler must end the root itself");
+        assert!(!own(9), "no frontend");
     }
 
     #[test]

@@ -226,8 +226,9 @@ pub fn sample(model: &str) -> Option<u64> {
             let remote = carrier.as_ref().and_then(otel::context::extract);
             let id = tracer().sample_otel(model, remote.is_some())?;
             otel::root(id, remote, fronted);
-            if fronted {
-                front::own(id);
+            if fronted && !front::own(id) {
+                // Its frontend ended before the request was sampled: nothing else will end its root.
+                otel::front_done(id, &[], false);
             }
             Some(id)
         }

@@ -147,6 +147,7 @@ impl RouterDispatch {
             span.set(KeyValue::new("mesh.node", link.name.clone()));
             span.set(KeyValue::new("mesh.attempt", r.state().tried().len() as i64 + 1));
             span.set(KeyValue::new("mesh.pick", why));
+            span.set(KeyValue::new("mesh.outcome", traced::CANCELLED));
         }
         let chunks = request_frame(request, stream, span.carrier().as_ref(), &self.view.limits)?;
         r.sent(link.id, &link.name);

@@ -11,7 +11,7 @@ use mesh::proto::ModelStatisticsResponse;
 use mesh::sync::Locked;
 use mesh::{Dispatch, IndexEntry, InferRequest, InferResponse, ModelView, Result, StreamItem, StreamSender};
 
-use mesh::trace::otel::live::SpanKind;
+use mesh::trace::otel::live::{KeyValue, SpanKind};
 
 use self::traced::Trace;
 use crate::ensembles::Ensembles;
@@ -93,8 +93,9 @@ impl Dispatch for RouterDispatch {
         if self.ensembles.get(&request.model_name).is_some() {
             // In the console's history as a unary router ensemble is.
             let (name, started) = (request.model_name.clone(), Instant::now());
-            let span = trace.span(name.clone(), SpanKind::Internal);
+            let mut span = trace.span(name.clone(), SpanKind::Internal);
             let ok = traced::steps(&span, self.stream_ensemble(request, sink)).await;
+            span.set(KeyValue::new("mesh.outcome", if ok { "ok" } else { "failed" }));
             self.history
                 .locked()
                 .record(&name, started.elapsed(), ok, Instant::now());

@@ -9,6 +9,8 @@
 //! - Steps are percentages of the requests that name no version, strictly rising, the last 100.
 //! - A step advances once it has run `min_step_time`, the candidate has answered
 //!   `min_step_requests` requests in it, and the guard holds; the last step's advance promotes.
+//!   At the last step (100%) the serving version gets no versionless requests: the candidate is
+//!   judged against the serving version's answers of the step before.
 //! - The guard judges a step once both versions have answered `guard.min_requests` in it: the
 //!   rollout rolls back by itself (share 0, with its reason) when the candidate's error rate
 //!   exceeds the serving version's by more than `max_error_rate_increase`, or its p99 latency is
@@ -190,8 +192,11 @@ impl Rollout {
             self.phase = Phase::RolledBack { reason: reason.clone() };
             return Decision::RollBack { reason };
         }
-        let judged = self.serving.requests() >= self.spec.guard.min_requests
-            && self.candidate.requests() >= self.spec.guard.min_requests;
+        // At 100% the serving version gets no versionless requests: its window is the last step's
+        // (kept as the baseline), or none for a rollout restored there, judged on time and count.
+        let min = self.spec.guard.min_requests;
+        let baseline = self.serving.requests() >= min || (self.share() == 100 && self.serving.requests() == 0);
+        let judged = baseline && self.candidate.requests() >= min;
         let held = now.saturating_duration_since(self.step_started) >= self.spec.min_step_time;
         if !(judged && held && self.candidate.requests() >= self.spec.min_step_requests) {
             return Decision::Stay;
@@ -241,9 +246,13 @@ impl Rollout {
         None
     }
 
+    /// Starts the current step's count at `now`; at 100% the serving version's window is kept as
+    /// the baseline the candidate is judged against (it gets no versionless requests there).
     fn new_step(&mut self, now: Instant) {
         self.step_started = now;
-        self.serving = Window::default();
+        if self.share() < 100 {
+            self.serving = Window::default();
+        }
         self.candidate = Window::default();
     }
 

@@ -32,7 +32,9 @@ fn spec() -> Spec {
 /// `slow` times the serving version's 10 ms.
 fn feed(r: &mut Rollout, n: u64, bad: u64, slow: u32) {
     for i in 0..n {
-        r.record(Arm::Serving, true, 10 * MS);
+        if r.share() < 100 {
+            r.record(Arm::Serving, true, 10 * MS); // at 100% versionless requests go to the candidate
+        }
         r.record(Arm::Candidate, (i * bad) % 100 >= bad, 10 * MS * slow);
     }
 }
@@ -154,6 +156,26 @@ fn a_restored_rollout_keeps_its_step_and_counts_it_again() {
     let t0 = Instant::now();
     let r = Rollout::at(spec(), Phase::Running { step: 2 }, t0);
     assert_eq!((r.share(), r.serving.requests()), (50, 0));
+    // Restored at 100%, with no serving answers to compare: promoted on time and count.
+    let mut r = Rollout::at(spec(), Phase::Running { step: 3 }, t0);
+    feed(&mut r, 60, 0, 1);
+    assert_eq!(r.serving.requests(), 0);
+    assert_eq!(r.tick(t0 + STEP), Decision::Promote);
+}
+
+#[test]
+fn at_100_percent_the_candidate_is_judged_against_the_step_before() {
+    let t0 = Instant::now();
+    let mut r = Rollout::at(spec(), Phase::Running { step: 2 }, t0);
+    feed(&mut r, 60, 0, 1);
+    assert_eq!(r.tick(t0 + STEP), Decision::Advance { step: 3, share: 100 });
+    assert_eq!(r.serving.requests(), 60, "the baseline is kept");
+    feed(&mut r, 60, 20, 1);
+    assert!(
+        matches!(r.tick(t0 + 2 * STEP), Decision::RollBack { .. }),
+        "{:?}",
+        r.phase
+    );
 }
 
 #[test]
