@@ -19,8 +19,9 @@ import pytest
 import tritonclient.http as httpclient
 
 from mesh_util import MeshServer, free_ports, http_request, stop_process, wait_live
-from otlp_collector import Collector
-from test_trace_otel import HEADERS, SIMPLE, check_trace, inputs, model, otel_args, IO_INT32, int32_add_sub_onnx
+# The collector fixtures are test_trace_otel's (a fresh stand-in for each test, one port a module).
+from test_trace_otel import (HEADERS, SIMPLE, check_trace, collector, collector_port, inputs,  # noqa: F401
+                             model, otel_args, IO_INT32, int32_add_sub_onnx)
 
 pytestmark = [pytest.mark.server]
 
@@ -52,18 +53,6 @@ def start_server(mesh_bin, server_env, tmp, args, env=None, name="sm"):
 def call(srv, method, path, body=None, headers=None):
     """One request to the SageMaker port (http.client: a real HTTP exchange)."""
     return http_request(srv.sm_port, method, path, body, headers)
-
-
-@pytest.fixture(scope="module")
-def collector_port():
-    return free_ports(1)[0]
-
-
-@pytest.fixture
-def collector(collector_port, tmp_path):
-    c = Collector(collector_port, tmp_path / "collected_traces.json", timeout=1.0).start()
-    yield c
-    c.stop()
 
 
 @pytest.fixture(scope="module")
