@@ -17,6 +17,7 @@ use crate::dispatch::Dispatch;
 use crate::error::Error;
 use crate::restrict::Restrictions;
 use crate::shm::SharedMemory;
+use crate::sync::Locked;
 
 /// The Content-Type of a body whose JSON part is followed by binary data; its size follows `=`.
 pub const BINARY_MIME: &str = "application/vnd.sagemaker-triton.binary+json;json-header-size=";
@@ -319,7 +320,7 @@ async fn handle<D: Dispatch>(
             run_infer(&s.app, model, client, headers, body, framing).await
         }
         Route::List => list(&s),
-        Route::Get(name) => match s.models.lock().unwrap_or_else(|p| p.into_inner()).get(&name) {
+        Route::Get(name) => match s.models.locked().get(&name) {
             Some(m) => Json(serde_json::json!({ "modelName": name, "modelUrl": m.url })).into_response(),
             None => empty(StatusCode::NOT_FOUND),
         },
@@ -328,7 +329,7 @@ async fn handle<D: Dispatch>(
             let Some(loaded) = stored_target(&s, &name) else {
                 return empty(StatusCode::NOT_FOUND);
             };
-            let model = (text(&headers, TARGET_MODEL).unwrap_or(loaded), String::new());
+            let model = (target(&headers, &loaded), String::new());
             let framing = Framing::SageMaker { mme: true };
             run_infer(&s.app, model, client, headers, body, framing).await
         }
@@ -340,7 +341,7 @@ async fn handle<D: Dispatch>(
 
 /// The model POST /models loaded as `name` (the target it was loaded under).
 fn stored_target<D>(s: &SageMaker<D>, name: &str) -> Option<String> {
-    let models = s.models.lock().unwrap_or_else(|p| p.into_inner());
+    let models = s.models.locked();
     models.get(name).map(|m| m.target.clone())
 }
 
@@ -350,7 +351,7 @@ fn text(headers: &HeaderMap, key: &str) -> Option<String> {
 
 /// GET /models: the loaded models; one not ready (version 1, as tritonserver asks) is an empty object.
 fn list<D: Dispatch>(s: &SageMaker<D>) -> Response {
-    let models = s.models.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let models = s.models.locked().clone();
     let rows: Vec<serde_json::Value> = models
         .iter()
         .map(|(name, m)| match s.app.dispatch.model(&m.target, "1") {
@@ -392,7 +393,7 @@ async fn load<D: Dispatch>(s: &SageMaker<D>, headers: &HeaderMap, body: Body) ->
         crate::repository::check_model_name(&target)?;
         {
             // The name is taken now, before the awaits, so two loads of one name cannot both pass.
-            let mut models = s.models.lock().unwrap_or_else(|p| p.into_inner());
+            let mut models = s.models.locked();
             if models.contains_key(&name) || models.values().any(|m| m.target == target) {
                 return Ok(Err(Error::new(
                     crate::error::Code::AlreadyExists,
@@ -405,7 +406,7 @@ async fn load<D: Dispatch>(s: &SageMaker<D>, headers: &HeaderMap, body: Body) ->
             };
             models.insert(name.clone(), loading);
         }
-        let forget = || s.models.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
+        let forget = || s.models.locked().remove(&name);
         let limit = s.options.max_input_size;
         let (t, u) = (target.clone(), url.clone());
         let read = tokio::task::spawn_blocking(move || model_at(&u, &t, limit))
@@ -424,7 +425,7 @@ async fn load<D: Dispatch>(s: &SageMaker<D>, headers: &HeaderMap, body: Body) ->
             return Ok(Err(e));
         }
         let loaded = Loaded { target, url: model_url };
-        s.models.lock().unwrap_or_else(|p| p.into_inner()).insert(name, loaded);
+        s.models.locked().insert(name, loaded);
         Ok(Ok(()))
     };
     match answer.await {
@@ -444,7 +445,7 @@ async fn unload<D: Dispatch>(s: &SageMaker<D>, name: &str) -> Response {
     if let Err(e) = s.app.dispatch.unload_model(&target, true).await {
         return with_status(StatusCode::BAD_REQUEST, &e);
     }
-    s.models.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+    s.models.locked().remove(name);
     empty(StatusCode::OK)
 }
 

@@ -105,13 +105,13 @@ impl RouterDispatch {
     }
 
     /// A router ensemble on a stream: one with a decoupled step streams each of its answers, any
-    /// other answers once. Whether it succeeded.
-    pub(super) async fn stream_ensemble(&self, request: InferRequest, sink: StreamSender) -> bool {
+    /// other answers once. How it ended (its error was sent to `sink` too).
+    pub(super) async fn stream_ensemble(&self, request: InferRequest, sink: StreamSender) -> Result<()> {
         let answer = self.serve_ensemble(request, Some(sink.clone())).await;
-        let ok = answer.is_ok();
+        let ended = answer.as_ref().map(|_| ()).map_err(Clone::clone);
         if let Some(answer) = answer.transpose() {
             let _ = sink.send(StreamItem::new(Some(answer), true));
         }
-        ok
+        ended
     }
 }

@@ -11,7 +11,7 @@ use mesh::proto::ModelStatisticsResponse;
 use mesh::sync::Locked;
 use mesh::{Dispatch, IndexEntry, InferRequest, InferResponse, ModelView, Result, StreamItem, StreamSender};
 
-use mesh::trace::otel::live::{KeyValue, SpanKind};
+use mesh::trace::otel::live::SpanKind;
 
 use self::traced::Trace;
 use crate::ensembles::Ensembles;
@@ -57,6 +57,25 @@ impl RouterDispatch {
         }
     }
 
+    /// Runs a router ensemble (`run`) the router serves itself: under a span of its own, its steps'
+    /// routing the span's children, and into the console's history beside its steps (each routed,
+    /// and recorded, as a request of its own).
+    async fn ensemble_request<T>(
+        &self,
+        trace: &Trace,
+        name: String,
+        run: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let mut span = trace.span(name.clone(), SpanKind::Internal);
+        let result = traced::steps(&span, run).await;
+        traced::outcome(&mut span, &result);
+        self.history
+            .locked()
+            .record(&name, started.elapsed(), result.is_ok(), Instant::now());
+        result
+    }
+
     /// The generation-stamped view of a model a step or metadata request needs.
     fn cluster_view(&self, name: &str, version: &str) -> Result<ModelView> {
         self.view.routing().model_view(name, version)
@@ -70,16 +89,8 @@ impl Dispatch for RouterDispatch {
         mesh::params::check(&request.parameters)?;
         let trace = Trace::begin(&request.model_name);
         if self.ensembles.get(&request.model_name).is_some() {
-            // The router runs the ensemble itself: its own request goes into the console's
-            // history beside its steps (each routed, and recorded, as a request of its own).
-            let (name, started) = (request.model_name.clone(), Instant::now());
-            let mut span = trace.span(name.clone(), SpanKind::Internal);
-            let result = traced::steps(&span, self.run_ensemble(request)).await;
-            traced::outcome(&mut span, &result);
-            self.history
-                .locked()
-                .record(&name, started.elapsed(), result.is_ok(), Instant::now());
-            return result;
+            let name = request.model_name.clone();
+            return self.ensemble_request(&trace, name, self.run_ensemble(request)).await;
         }
         self.route_unary(request, &trace).await
     }
@@ -91,14 +102,10 @@ impl Dispatch for RouterDispatch {
         }
         let trace = Trace::begin(&request.model_name);
         if self.ensembles.get(&request.model_name).is_some() {
-            // In the console's history as a unary router ensemble is.
-            let (name, started) = (request.model_name.clone(), Instant::now());
-            let mut span = trace.span(name.clone(), SpanKind::Internal);
-            let ok = traced::steps(&span, self.stream_ensemble(request, sink)).await;
-            span.set(KeyValue::new("mesh.outcome", if ok { "ok" } else { "failed" }));
-            self.history
-                .locked()
-                .record(&name, started.elapsed(), ok, Instant::now());
+            let name = request.model_name.clone();
+            let _ = self
+                .ensemble_request(&trace, name, self.stream_ensemble(request, sink))
+                .await;
             return;
         }
         if let Err(e) = self.route_stream(request, &sink, &trace).await {

@@ -8,6 +8,7 @@ use std::time::Duration;
 pub(crate) const BUCKETS: usize = 42 * 4;
 
 /// A latency histogram (of one interval, one step).
+#[derive(Clone)]
 pub struct Histogram {
     counts: Box<[u32; BUCKETS]>,
     total: u32,
@@ -79,15 +80,6 @@ impl Default for Histogram {
 impl std::fmt::Debug for Histogram {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Histogram({} requests)", self.total)
-    }
-}
-
-impl Clone for Histogram {
-    fn clone(&self) -> Self {
-        Histogram {
-            counts: self.counts.clone(),
-            total: self.total,
-        }
     }
 }
 

@@ -80,13 +80,23 @@ pub fn extract(carrier: &Carrier) -> Option<Remote> {
 /// (`request.trace().get_context()`): compact JSON with its `traceparent` (sampled) and the
 /// client's `tracestate` when there is one.
 pub fn python_context(trace_id: TraceId, span_id: SpanId, state: &TraceState) -> String {
+    let c = carrier_of(trace_id, span_id, state);
     let mut out = serde_json::Map::new();
-    out.insert("traceparent".into(), format!("00-{trace_id}-{span_id}-01").into());
-    let header = state.header();
-    if !header.is_empty() {
-        out.insert("tracestate".into(), header.into());
+    out.insert("traceparent".into(), c.traceparent.into());
+    if let Some(tracestate) = c.tracestate {
+        out.insert("tracestate".into(), tracestate.into());
     }
     serde_json::Value::Object(out).to_string()
+}
+
+/// The W3C context of a sampled span `span_id` of trace `trace_id`, with the trace's `tracestate`
+/// when it has one: what a request made on that span's behalf on another server continues.
+pub fn carrier_of(trace_id: TraceId, span_id: SpanId, state: &TraceState) -> Carrier {
+    let state = state.header();
+    Carrier {
+        traceparent: Some(format!("00-{trace_id}-{span_id}-01")),
+        tracestate: (!state.is_empty()).then_some(state),
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use opentelemetry::trace::SpanId;
 pub use opentelemetry::trace::SpanKind;
 pub use opentelemetry::KeyValue;
 
-use super::context::Carrier;
+use super::context::{carrier_of, Carrier};
 use super::spans::Open;
 use super::{export, REGISTRY};
 use crate::sync::Locked;
@@ -97,11 +97,7 @@ impl Span {
     /// This span's W3C context, for a request another server runs on its behalf.
     pub fn carrier(&self) -> Option<Carrier> {
         let o = self.0.as_ref()?;
-        let state = o.state.header();
-        Some(Carrier {
-            traceparent: Some(format!("00-{}-{}-01", o.trace_id, o.span)),
-            tracestate: (!state.is_empty()).then_some(state),
-        })
+        Some(carrier_of(o.trace_id, o.span, &o.state))
     }
 }
 

@@ -112,12 +112,7 @@ pub fn front_done(id: u64, stamps: &[(&'static str, u64)], answered: bool) {
 /// The W3C context of trace `id`'s model span, for a request made on its behalf on another
 /// server (a BLS call the cluster's router takes).
 pub fn carrier(id: u64) -> Option<context::Carrier> {
-    let (parent, state) = REGISTRY.locked().traceparent(id)?;
-    let state = state.header();
-    Some(context::Carrier {
-        traceparent: Some(parent),
-        tracestate: (!state.is_empty()).then_some(state),
-    })
+    REGISTRY.locked().carrier(id)
 }
 
 /// A Python model's context of trace `id`.

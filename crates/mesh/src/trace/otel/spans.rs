@@ -18,7 +18,7 @@ use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, Tr
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
-use super::context::{python_context, Remote};
+use super::context::{carrier_of, python_context, Carrier, Remote};
 use crate::trace::Trace;
 
 /// The instrumentation scope of every span (tritonserver's tracer name).
@@ -119,6 +119,17 @@ fn trace_id() -> TraceId {
     TraceId::from_bytes(rand::random::<u128>().max(1).to_be_bytes())
 }
 
+/// Timestamps (monotonic ns) as span events at their Unix times.
+fn events_at<'a>(
+    offset: i128,
+    stamps: impl IntoIterator<Item = &'a (&'static str, u64)>,
+) -> Vec<opentelemetry::trace::Event> {
+    stamps
+        .into_iter()
+        .map(|&(n, t)| opentelemetry::trace::Event::new(n, at(offset, t), Vec::new(), 0))
+        .collect()
+}
+
 fn at(offset: i128, steady: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_nanos((steady as i128 + offset).clamp(0, u64::MAX as i128) as u64)
 }
@@ -169,11 +180,7 @@ impl Registry {
         let mut span = self.span(r, open.name.into_owned(), (open.span, open.parent), (open.start, now));
         span.span_kind = open.kind;
         span.attributes = open.attributes;
-        span.events.events = open
-            .events
-            .iter()
-            .map(|&(n, t)| opentelemetry::trace::Event::new(n, at(r.offset, t), Vec::new(), 0))
-            .collect();
+        span.events.events = events_at(r.offset, &open.events);
         let mut ended = vec![Ended {
             request: open.request,
             span,
@@ -191,12 +198,17 @@ impl Registry {
         self.close_if_done(id)
     }
 
-    /// The `traceparent` of trace `id`'s model span: what a request made on its behalf on another
-    /// server continues (the W3C form, sampled).
-    pub fn traceparent(&self, id: u64) -> Option<(String, TraceState)> {
+    /// The W3C context of trace `id`'s model span: what a request made on its behalf on another
+    /// server continues.
+    pub fn carrier(&self, id: u64) -> Option<Carrier> {
+        let (r, span) = self.model_span(id)?;
+        Some(carrier_of(r.trace_id, span, &r.state))
+    }
+
+    /// Trace `id`'s request and model span.
+    fn model_span(&self, id: u64) -> Option<(&Request, SpanId)> {
         let node = self.traces.get(&id)?;
-        let r = self.requests.get(&node.request)?;
-        Some((format!("00-{}-{}-01", r.trace_id, node.span), r.state.clone()))
+        Some((self.requests.get(&node.request)?, node.span))
     }
 
     /// Starts tracing a client's request, sampled now as trace `id`; `remote` is the client's
@@ -256,9 +268,8 @@ impl Registry {
 
     /// The context a Python model of trace `id` is given (`request.trace().get_context()`).
     pub fn context(&self, id: u64) -> Option<String> {
-        let node = self.traces.get(&id)?;
-        let r = self.requests.get(&node.request)?;
-        Some(python_context(r.trace_id, node.span, &r.state))
+        let (r, span) = self.model_span(id)?;
+        Some(python_context(r.trace_id, span, &r.state))
     }
 
     /// Whether any request is being traced.
@@ -305,11 +316,7 @@ impl Registry {
         let stamp = |name: &str| stamps.iter().find(|(n, _)| *n == name).map(|s| s.1);
         let events = |names: &[&str]| {
             let mut events = SpanEvents::default();
-            events.events = stamps
-                .iter()
-                .filter(|(n, _)| names.contains(n))
-                .map(|&(n, t)| opentelemetry::trace::Event::new(n, at(r.offset, t), Vec::new(), 0))
-                .collect();
+            events.events = events_at(r.offset, stamps.iter().filter(|(n, _)| names.contains(n)));
             events
         };
         let mut out = Vec::new();
@@ -396,10 +403,7 @@ impl Registry {
             (r.root, r.remote.unwrap_or(SpanId::INVALID)),
             (start, end),
         );
-        root.events.events = stamps
-            .iter()
-            .map(|&(n, t)| opentelemetry::trace::Event::new(n, at(r.offset, t), Vec::new(), 0))
-            .collect();
+        root.events.events = events_at(r.offset, &stamps);
         Some(Ended {
             request: id,
             span: root,
