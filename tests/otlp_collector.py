@@ -2,7 +2,8 @@
 v0.91.0 with qa/L0_trace/trace-config.yaml), which cannot be downloaded here.
 
 It does what that configuration does, as far as the tests can see: an `otlp` receiver taking
-OTLP/HTTP with a JSON body (what tritonserver 2.51 and the mesh send) on POST /v1/traces; the
+OTLP/HTTP on POST /v1/traces with a protobuf body (what tritonserver 2.51 and the mesh send,
+decoded with the `opentelemetry-proto` package) or a JSON one; the
 `batch` processor with `send_batch_size: 10` and `timeout: 10s` (received resourceSpans pile up
 unmerged and go out together once 10 spans are pending, or when the 10 s timer comes, counted from
 the start or the last send); and the `file` exporter, which truncates its file when it starts and
@@ -14,17 +15,22 @@ Use it as `python tests/otlp_collector.py --port 10000 --path collected_traces.j
 until killed), or in a test as `Collector(port, path)` with `start()`/`stop()`.
 
 With `--sink` (benches/router_trace.sh) it only counts what it receives (OTLP requests, bytes and
-spans, and the requests that name the service `mesh-router`), writes nothing and answers at once, so that a benchmark's exporters pay the HTTP round trip
-and not this Python process's JSON work; `GET /stats` gives the counts as JSON.
+spans, and the requests that name the service `mesh-router`), writes nothing and answers at once,
+so that a benchmark's exporters pay the HTTP round trip and not this Python process's JSON work;
+`GET /stats` gives the counts as JSON.
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from google.protobuf.message import DecodeError
 
 
 def _value(v: dict) -> dict:
@@ -70,8 +76,43 @@ def _span(s: dict) -> dict:
     return out
 
 
+def _hex(v: str) -> str:
+    """A span or trace id of protobuf's JSON form (base64) as OTLP/JSON's (hex)."""
+    return base64.b64decode(v).hex() if v else ""
+
+
+def decode(body: bytes, content_type: str) -> dict:
+    """One OTLP/HTTP request body as OTLP/JSON: protobuf (`application/x-protobuf`) or JSON."""
+    if "protobuf" not in content_type:
+        return json.loads(body)
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = MessageToDict(ExportTraceServiceRequest.FromString(body), use_integers_for_enums=True)
+    for rs in request.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for span in ss.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = _hex(span[key])
+                for link in span.get("links", []):
+                    for key in ("traceId", "spanId"):
+                        link[key] = _hex(link.get(key, ""))
+    return request
+
+
+def _sunk_spans(body: bytes, content_type: str) -> int:
+    """How many spans one OTLP/HTTP request carries, read as cheaply as its encoding allows."""
+    if "protobuf" not in content_type:
+        return body.count(b'"traceId"')
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest.FromString(body)
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
 def normalize(request: dict) -> list:
-    """The resourceSpans of one OTLP/HTTP JSON request, in the Collector's JSON form."""
+    """The resourceSpans of one OTLP request (as OTLP/JSON), in the Collector's JSON form."""
     out = []
     for rs in request.get("resourceSpans", []):
         resource = {"attributes": _attributes((rs.get("resource") or {}).get("attributes", []))}
@@ -102,25 +143,46 @@ class Collector:
         self.lock = threading.Lock()
         self.due = time.monotonic() + timeout
         self.stopping = threading.Event()
+        self.connections: set = set()  # kept-alive connections, closed by stop()
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the Collector's receiver: one connection serves many exports
+            # The answer's head and body are two writes: without this, Nagle holds the body until the
+            # exporter's delayed ACK (40 ms), which a kept connection pays on every export.
+            disable_nagle_algorithm = True
+
+            def setup(self):
+                super().setup()
+                with collector.lock:
+                    collector.connections.add(self.connection)
+
+            def finish(self):
+                super().finish()
+                with collector.lock:
+                    collector.connections.discard(self.connection)
+
             def do_POST(self):  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.path != "/v1/traces":
                     return self._answer(404, b'{"message":"not found"}')
-                if "json" not in self.headers.get("Content-Type", ""):
-                    return self._answer(415, b'{"message":"this stand-in takes OTLP/HTTP JSON only"}')
+                kind = self.headers.get("Content-Type", "")
+                if "json" not in kind and "protobuf" not in kind:
+                    return self._answer(415, b'{"message":"this stand-in takes OTLP/HTTP protobuf or JSON"}')
                 if collector.sink:
+                    try:
+                        spans = _sunk_spans(body, kind)
+                    except DecodeError as e:
+                        return self._answer(400, json.dumps({"message": str(e)}).encode())
                     with collector.lock:
                         collector.sunk["requests"] += 1
                         collector.sunk["bytes"] += len(body)
-                        collector.sunk["spans"] += body.count(b'"traceId"')
-                        collector.sunk["router_requests"] += b'"mesh-router"' in body
+                        collector.sunk["spans"] += spans
+                        collector.sunk["router_requests"] += b"mesh-router" in body
                     return self._answer(200, b"{}")
                 try:
-                    received = normalize(json.loads(body))
-                except (ValueError, AttributeError, TypeError) as e:
+                    received = normalize(decode(body, kind))
+                except (ValueError, AttributeError, TypeError, DecodeError) as e:
                     return self._answer(400, json.dumps({"message": str(e)}).encode())
                 collector.receive(received)
                 self._answer(200, b"{}")
@@ -151,9 +213,17 @@ class Collector:
         return self
 
     def stop(self) -> None:
+        """Stops listening and closes the exporters' kept connections (a collector started
+        later on this port gets their next exports, not this one)."""
         self.stopping.set()
         self.server.shutdown()
         self.server.server_close()
+        with self.lock:
+            for connection in list(self.connections):
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def receive(self, resource_spans: list) -> None:
         with self.lock:

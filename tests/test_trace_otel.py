@@ -1,6 +1,6 @@
 """Triton's OpenTelemetry trace mode (issue 58): `--trace-config mode=opentelemetry`, spans sent over
 OTLP/HTTP to a collector. The collector is tests/otlp_collector.py, a stand-in for the OpenTelemetry
-Collector of Triton's tests (otelcol cannot be downloaded here): it receives OTLP/HTTP JSON and writes
+Collector of Triton's tests (otelcol cannot be downloaded here): it receives OTLP/HTTP (protobuf, as Triton and the mesh send it) and writes
 what the Collector's batch processor and file exporter write, one JSON line per batch.
 
 The cases are those of Triton 2.51's qa/L0_trace/opentelemetry_unittest.py that these models can

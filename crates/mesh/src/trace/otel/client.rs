@@ -1,14 +1,17 @@
-//! The exporter's HTTP client: HTTP/1 to the collector, one connection per export, on the export
-//! worker's runtime, over plain TCP (`http://`, what Triton's tests use) or TLS (`https://`),
+//! The exporter's HTTP client: HTTP/1 to the collector on the export worker's runtime, one
+//! connection kept from export to export (keep-alive, as opentelemetry-cpp's curl does), over
+//! plain TCP (`http://`, what Triton's tests use) or TLS (`https://`),
 //! checked against the CA bundle of `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` or
 //! `OTEL_EXPORTER_OTLP_CERTIFICATE` (OpenTelemetry's variables), else the system's. A collector's
-//! answer is read up to [`MAX_ANSWER`] bytes.
+//! answer is read up to [`MAX_ANSWER`] bytes. An export is sent again on a new connection only
+//! when the kept one took none of it (closed by the collector meanwhile): never twice.
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1::SendRequest;
 use opentelemetry_http::{HttpClient, HttpError};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -21,10 +24,12 @@ const MAX_BUNDLE: u64 = 16 << 20;
 /// Debian's and Ubuntu's bundle of the system's trusted CAs.
 pub const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-/// The client; `tls`: how an `https://` collector is checked (None: no CA bundle could be read).
+/// The client; `tls`: how an `https://` collector is checked (None: no CA bundle could be read);
+/// `kept`: the last export's connection, with the collector it goes to (`scheme://authority`).
 #[derive(Debug, Clone)]
 pub struct Client {
     tls: Option<Arc<rustls::ClientConfig>>,
+    kept: Arc<Mutex<Option<(String, SendRequest<Full<Bytes>>)>>>,
 }
 
 impl Client {
@@ -46,7 +51,43 @@ impl Client {
                 None => None,
             },
         };
-        Ok(Client { tls })
+        Ok(Client {
+            tls,
+            kept: Arc::default(),
+        })
+    }
+
+    /// A new connection to the collector (`https`: over TLS).
+    async fn connect(&self, host: String, port: u16, https: bool) -> Result<SendRequest<Full<Bytes>>, HttpError> {
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+        // An export is written whole: Nagle's wait for an ACK would only delay its last segment.
+        tcp.set_nodelay(true)?;
+        if !https {
+            return handshake(tcp).await;
+        }
+        let Some(tls) = &self.tls else {
+            return Err(format!(
+                "no CA bundle to check the https collector {host}:{port} with ({SYSTEM_BUNDLE} cannot be read): \
+                 set OTEL_EXPORTER_OTLP_CERTIFICATE"
+            )
+            .into());
+        };
+        let name = ServerName::try_from(host)?;
+        let stream = tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp).await?;
+        handshake(stream).await
+    }
+
+    /// Reads the collector's answer on `sender`'s connection, which is kept for the next export.
+    async fn answer(
+        &self,
+        to: String,
+        sender: SendRequest<Full<Bytes>>,
+        answer: http::Response<hyper::body::Incoming>,
+    ) -> Result<http::Response<Bytes>, HttpError> {
+        let (parts, body) = answer.into_parts();
+        let body = Limited::new(body, MAX_ANSWER).collect().await?.to_bytes();
+        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some((to, sender));
+        Ok(http::Response::from_parts(parts, body))
     }
 }
 
@@ -90,34 +131,34 @@ impl HttpClient for Client {
             .to_string();
         parts.headers.insert(http::header::HOST, authority.as_str().parse()?);
         parts.uri = parts.uri.path_and_query().map_or("/", |p| p.as_str()).parse()?;
-        let request = http::Request::from_parts(parts, Full::new(body));
-        let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
-        if !https {
-            return send(tcp, request).await;
+        let mut request = http::Request::from_parts(parts, Full::new(body));
+        let to = format!("{}://{authority}", if https { "https" } else { "http" });
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((_, mut sender)) = kept.filter(|(k, s)| *k == to && !s.is_closed()) {
+            if sender.ready().await.is_ok() {
+                match sender.try_send_request(request).await {
+                    Ok(answer) => return self.answer(to, sender, answer).await,
+                    // Unsent (the collector closed the connection meanwhile): a new one takes it.
+                    Err(mut e) => match e.take_message() {
+                        Some(unsent) => request = unsent,
+                        None => return Err(Box::new(e.into_error())),
+                    },
+                }
+            }
         }
-        let Some(tls) = &self.tls else {
-            return Err(format!(
-                "no CA bundle to check the https collector {authority} with ({SYSTEM_BUNDLE} cannot be read): \
-                 set OTEL_EXPORTER_OTLP_CERTIFICATE"
-            )
-            .into());
-        };
-        let name = ServerName::try_from(host)?;
-        let stream = tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp).await?;
-        send(stream, request).await
+        let mut sender = self.connect(host, port, https).await?;
+        let answer = sender.send_request(request).await?;
+        self.answer(to, sender, answer).await
     }
 }
 
-async fn send<S>(stream: S, request: http::Request<Full<Bytes>>) -> Result<http::Response<Bytes>, HttpError>
+async fn handshake<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, HttpError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     tokio::spawn(connection);
-    let answer = sender.send_request(request).await?;
-    let (parts, body) = answer.into_parts();
-    let body = Limited::new(body, MAX_ANSWER).collect().await?.to_bytes();
-    Ok(http::Response::from_parts(parts, body))
+    Ok(sender)
 }
 
 #[cfg(test)]
@@ -164,6 +205,91 @@ mod tests {
         http::Request::post(url)
             .body(Bytes::from_static(b"{\"resourceSpans\":[]}"))
             .unwrap()
+    }
+
+    /// A plain collector on loopback that answers every request 200, closing each connection after
+    /// `per_connection` answers (its `connection: close` header says so on the last when `say`);
+    /// counts the connections and requests it took.
+    async fn counting_collector(per_connection: usize, say: bool) -> (u16, Arc<Mutex<(usize, usize)>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let counts = Arc::new(Mutex::new((0, 0)));
+        let seen = counts.clone();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                seen.lock().unwrap().0 += 1;
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    for served in 1..=per_connection {
+                        // Each request: a head naming its length, then that many bytes of body.
+                        let mut got = Vec::new();
+                        let mut buf = [0u8; 4096];
+                        let body_at = loop {
+                            let n = tcp.read(&mut buf).await.unwrap_or(0);
+                            if n == 0 {
+                                return;
+                            }
+                            got.extend_from_slice(&buf[..n]);
+                            if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break at + 4;
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&got[..body_at]).to_ascii_lowercase();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        while got.len() < body_at + length {
+                            let n = tcp.read(&mut buf).await.unwrap();
+                            got.extend_from_slice(&buf[..n]);
+                        }
+                        seen.lock().unwrap().1 += 1;
+                        let close = if say && served == per_connection {
+                            "connection: close\r\n"
+                        } else {
+                            ""
+                        };
+                        let answer = format!("HTTP/1.1 200 OK\r\n{close}content-length: 2\r\n\r\n{{}}");
+                        tcp.write_all(answer.as_bytes()).await.unwrap();
+                    }
+                    let _ = tcp.shutdown().await;
+                });
+            }
+        });
+        (port, counts)
+    }
+
+    #[tokio::test]
+    async fn exports_share_one_kept_connection() {
+        let (port, counts) = counting_collector(usize::MAX, false).await;
+        let client = Client::new(&|_| None).unwrap();
+        for _ in 0..3 {
+            let answer = client
+                .send_bytes(post(&format!("http://127.0.0.1:{port}/v1/traces")))
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 200);
+            assert_eq!(answer.body().as_ref(), b"{}");
+        }
+        assert_eq!(*counts.lock().unwrap(), (1, 3), "three exports, one connection");
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_collector_closed_is_replaced_without_losing_an_export() {
+        for say in [true, false] {
+            let (port, counts) = counting_collector(1, say).await;
+            let client = Client::new(&|_| None).unwrap();
+            for _ in 0..3 {
+                let answer = client
+                    .send_bytes(post(&format!("http://127.0.0.1:{port}/v1/traces")))
+                    .await
+                    .unwrap_or_else(|e| panic!("an export failed (connection: close said: {say}): {e}"));
+                assert_eq!(answer.status(), 200);
+                // The collector's close reaches the kept connection before the next export.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert_eq!(*counts.lock().unwrap(), (3, 3), "connection: close said: {say}");
+        }
     }
 
     #[tokio::test]

@@ -1,8 +1,8 @@
 //! The OpenTelemetry export, off the request path: ended spans go into the batch span
 //! processor's bounded queue ([`super::queue`]), which one thread of its own (with a small tokio
-//! runtime) drains into opentelemetry-otlp's span exporter: OTLP/HTTP with a JSON body, as
-//! tritonserver 2.51 sends it, over a hyper HTTP/1 client ([`super::client`]). The request path
-//! only locks the queue to push.
+//! runtime) drains into opentelemetry-otlp's span exporter: OTLP/HTTP with a protobuf body, as
+//! tritonserver 2.51 sends it (opentelemetry-cpp's default), over a hyper HTTP/1 client
+//! ([`super::client`]). The request path only locks the queue to push.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -77,7 +77,7 @@ impl Processor {
     pub fn start(config: &OtelConfig, resource: Resource, client: Client) -> Result<Processor, String> {
         let mut builder = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
-            .with_protocol(Protocol::HttpJson)
+            .with_protocol(Protocol::HttpBinary)
             .with_http_client(client)
             .with_retry_policy(RetryPolicy::disabled());
         if let Some(url) = &config.url {
@@ -213,7 +213,7 @@ mod tests {
     }
 
     /// One OTLP/HTTP request, read by a listener standing in for a collector: its head and body.
-    fn collect_one(listener: std::net::TcpListener) -> std::thread::JoinHandle<(String, String)> {
+    fn collect_one(listener: std::net::TcpListener) -> std::thread::JoinHandle<(String, Vec<u8>)> {
         use std::io::{Read, Write};
         std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
@@ -222,31 +222,33 @@ mod tests {
             loop {
                 let n = conn.read(&mut buf).unwrap();
                 data.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&data).to_string();
-                if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                    let length = head
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length:")
-                                .map(|v| v.trim().to_string())
-                        })
-                        .and_then(|v| v.parse::<usize>().ok())
-                        .unwrap_or(0);
-                    if body.len() >= length {
-                        conn.write_all(
-                            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
-                        )
-                        .unwrap();
-                        return (head.to_string(), body.to_string());
-                    }
+                let Some(at) = data.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    continue;
+                };
+                let head = String::from_utf8_lossy(&data[..at]).to_string();
+                let body = &data[at + 4..];
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().to_string())
+                    })
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(0);
+                if body.len() >= length {
+                    conn.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n",
+                    )
+                    .unwrap();
+                    return (head, body.to_vec());
                 }
             }
         })
     }
 
     #[test]
-    fn spans_go_to_the_collector_as_otlp_http_json() {
+    fn spans_go_to_the_collector_as_otlp_http_protobuf() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let collector = collect_one(listener);
@@ -281,18 +283,16 @@ mod tests {
         let (head, body) = collector.join().unwrap();
         assert!(head.starts_with("POST /v1/traces HTTP/1.1"), "{head}");
         assert!(
-            head.to_ascii_lowercase().contains("content-type: application/json"),
+            head.to_ascii_lowercase()
+                .contains("content-type: application/x-protobuf"),
             "{head}"
         );
-        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let scope = &body["resourceSpans"][0]["scopeSpans"][0];
-        assert_eq!(scope["scope"]["name"], "triton-server");
-        let names: Vec<&str> = scope["spans"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["name"].as_str().unwrap())
-            .collect();
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        use prost::Message;
+        let body = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
+        let scope = &body.resource_spans[0].scope_spans[0];
+        assert_eq!(scope.scope.as_ref().unwrap().name, "triton-server");
+        let names: Vec<&str> = scope.spans.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["simple", "InferRequest"]);
     }
 

@@ -47,8 +47,10 @@ pub struct Queue {
     due: Instant,
     /// A threshold was reached: export now.
     woken: bool,
-    /// An export is draining the queue.
-    draining: bool,
+    /// An export cycle is under way: the spans it still sends (those queued when it began, as
+    /// opentelemetry-cpp's worker; spans pushed since wait for the next cycle, so that a busy
+    /// server sends full batches rather than a stream of small ones).
+    draining: usize,
     /// The timer came while a request ran: waiting for it until this time.
     deferred: Option<Instant>,
     /// Export everything now (shutdown).
@@ -63,7 +65,7 @@ impl Queue {
             open: HashSet::new(),
             due: now + Self::delay_of(bsp),
             woken: false,
-            draining: false,
+            draining: 0,
             deferred: None,
             flushing: false,
         }
@@ -106,7 +108,11 @@ impl Queue {
     }
 
     fn batch(&mut self) -> Next {
-        let n = self.spans.len().min(self.bsp.max_export_batch_size.max(1) as usize);
+        let mut n = self.spans.len().min(self.bsp.max_export_batch_size.max(1) as usize);
+        if !self.flushing {
+            n = n.min(self.draining);
+        }
+        self.draining = self.draining.saturating_sub(n);
         Next::Export(self.spans.drain(..n).map(|(_, s)| s).collect())
     }
 
@@ -115,11 +121,11 @@ impl Queue {
         if self.flushing && !self.spans.is_empty() {
             return self.batch();
         }
-        if self.draining {
+        if self.draining > 0 {
             if !self.spans.is_empty() {
                 return self.batch();
             }
-            self.draining = false;
+            self.draining = 0;
         }
         let timer = now >= self.due;
         if !(self.woken || timer) || self.spans.is_empty() {
@@ -143,10 +149,10 @@ impl Queue {
                 return Next::Wait(Some(until));
             }
         }
-        // An export cycle: it drains the queue; the timer counts again from its start.
+        // An export cycle: it sends what is queued now; the timer counts again from its start.
         self.woken = false;
         self.deferred = None;
-        self.draining = true;
+        self.draining = self.spans.len();
         self.due = now + self.delay();
         self.batch()
     }
@@ -255,6 +261,39 @@ mod tests {
         let batches: Vec<usize> = (0..3).map(|_| exported(q.next(t0))).collect();
         assert_eq!(batches, [1, 1, 1]);
         assert!(matches!(q.next(t0), Next::Wait(Some(_))));
+    }
+
+    #[test]
+    fn spans_pushed_during_an_export_wait_for_the_next_cycle() {
+        let t0 = Instant::now();
+        let mut q = Queue::new(bsp(2048, 5000, 3), t0);
+        for (r, span, last) in request(1) {
+            q.push(r, span, last);
+        }
+        assert_eq!(exported(q.next(t0)), 3, "a full batch goes at once");
+        // A request's spans pushed while that batch was out: under the threshold, they wait.
+        for (r, span, last) in request(2).into_iter().take(2) {
+            assert_eq!(q.push(r, span, last), Pushed::Queued { wake: false });
+        }
+        assert!(
+            matches!(q.next(t0), Next::Wait(Some(at)) if at == t0 + 5 * S),
+            "not a batch of two now"
+        );
+        // Six queued: the cycle sends the six, in batches of three, and nothing pushed after it began.
+        for (r, span, last) in request(3).into_iter().chain(request(4).into_iter().take(1)) {
+            q.push(r, span, last);
+        }
+        assert_eq!(exported(q.next(t0)), 3);
+        for (r, span, last) in request(4).into_iter().skip(1) {
+            q.push(r, span, last);
+        }
+        assert_eq!(exported(q.next(t0)), 3, "the rest of the cycle's six");
+        assert_eq!(q.spans.len(), 2, "the two pushed during the cycle wait");
+        assert!(
+            q.woken,
+            "the queue reached the threshold again meanwhile: a new cycle now"
+        );
+        assert_eq!(exported(q.next(t0)), 2);
     }
 
     #[test]
