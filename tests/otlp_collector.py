@@ -156,6 +156,8 @@ class Collector:
                 super().setup()
                 with collector.lock:
                     collector.connections.add(self.connection)
+                    if collector.stopping.is_set():  # accepted as stop() ran: closed as the others
+                        self.connection.shutdown(socket.SHUT_RDWR)
 
             def finish(self):
                 super().finish()

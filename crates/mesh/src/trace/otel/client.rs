@@ -4,9 +4,11 @@
 //! checked against the CA bundle of `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` or
 //! `OTEL_EXPORTER_OTLP_CERTIFICATE` (OpenTelemetry's variables), else the system's. A collector's
 //! answer is read up to [`MAX_ANSWER`] bytes. An export is sent again on a new connection only
-//! when the kept one took none of it (closed by the collector meanwhile): never twice.
+//! when the kept one took none of it (closed by the collector meanwhile): never twice; a
+//! connection idle for [`KEEP_IDLE`] is not used again.
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -24,12 +26,21 @@ const MAX_BUNDLE: u64 = 16 << 20;
 /// Debian's and Ubuntu's bundle of the system's trusted CAs.
 pub const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
+/// The last export's connection, with the collector it goes to (`scheme://authority`) and when
+/// its answer came.
+type Kept = Option<(String, SendRequest<Full<Bytes>>, Instant)>;
+
+/// How long a kept connection may have been idle and still carry the next export: a connection
+/// idle for longer may have been dropped silently on the way (a NAT or a firewall forgets it), and
+/// an export written into it would be lost rather than sent again.
+const KEEP_IDLE: Duration = Duration::from_secs(15);
+
 /// The client; `tls`: how an `https://` collector is checked (None: no CA bundle could be read);
-/// `kept`: the last export's connection, with the collector it goes to (`scheme://authority`).
+/// `kept`: the connection the next export tries first.
 #[derive(Debug, Clone)]
 pub struct Client {
     tls: Option<Arc<rustls::ClientConfig>>,
-    kept: Arc<Mutex<Option<(String, SendRequest<Full<Bytes>>)>>>,
+    kept: Arc<Mutex<Kept>>,
 }
 
 impl Client {
@@ -86,7 +97,7 @@ impl Client {
     ) -> Result<http::Response<Bytes>, HttpError> {
         let (parts, body) = answer.into_parts();
         let body = Limited::new(body, MAX_ANSWER).collect().await?.to_bytes();
-        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some((to, sender));
+        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some((to, sender, Instant::now()));
         Ok(http::Response::from_parts(parts, body))
     }
 }
@@ -134,7 +145,9 @@ impl HttpClient for Client {
         let mut request = http::Request::from_parts(parts, Full::new(body));
         let to = format!("{}://{authority}", if https { "https" } else { "http" });
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((_, mut sender)) = kept.filter(|(k, s)| *k == to && !s.is_closed()) {
+        if let Some((_, mut sender, _)) =
+            kept.filter(|(k, s, at)| *k == to && !s.is_closed() && at.elapsed() < KEEP_IDLE)
+        {
             if sender.ready().await.is_ok() {
                 match sender.try_send_request(request).await {
                     Ok(answer) => return self.answer(to, sender, answer).await,

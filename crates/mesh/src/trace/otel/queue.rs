@@ -89,7 +89,9 @@ impl Queue {
             return Pushed::Dropped;
         }
         self.spans.push_back((request, span));
-        let len = self.spans.len();
+        // Spans the running cycle will send count for none of the thresholds: only those waiting
+        // for the next cycle do (else each cycle would start the next with a handful).
+        let len = self.spans.len() - self.draining.min(self.spans.len());
         let threshold = len >= (self.bsp.max_queue_size / 2) as usize || len >= self.bsp.max_export_batch_size as usize;
         self.woken |= threshold;
         Pushed::Queued {
@@ -285,15 +287,19 @@ mod tests {
         }
         assert_eq!(exported(q.next(t0)), 3);
         for (r, span, last) in request(4).into_iter().skip(1) {
-            q.push(r, span, last);
+            assert_eq!(
+                q.push(r, span, last),
+                Pushed::Queued { wake: false },
+                "the cycle's own spans count for no threshold"
+            );
         }
         assert_eq!(exported(q.next(t0)), 3, "the rest of the cycle's six");
         assert_eq!(q.spans.len(), 2, "the two pushed during the cycle wait");
         assert!(
-            q.woken,
-            "the queue reached the threshold again meanwhile: a new cycle now"
+            matches!(q.next(t0), Next::Wait(Some(at)) if at == t0 + 5 * S),
+            "for the timer or a threshold, not a batch of two now"
         );
-        assert_eq!(exported(q.next(t0)), 2);
+        assert_eq!(exported(q.next(t0 + 5 * S)), 2, "the timer sends them");
     }
 
     #[test]
