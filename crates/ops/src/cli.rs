@@ -47,6 +47,9 @@ pub enum Command {
     Scale(ScaleArgs),
     /// Move every placed model off a node (each new replica ready before the old one goes), then tell it it may stop.
     Drain(DrainArgs),
+    /// Roll a model out from its serving version to a candidate in steps of traffic share: start, pause, resume,
+    /// promote, abort, or show it (stored with placement's intent; the split of requests is still to come).
+    Rollout(RolloutArgs),
     /// Load-test a model over HTTP or gRPC and summarize throughput and latency.
     Bench(crate::bench::BenchArgs),
     /// Impair a link on purpose: a UDP relay with delay, jitter, loss, duplication, reordering and partitions.
@@ -100,6 +103,82 @@ pub struct DrainArgs {
     pub node: String,
     #[command(flatten)]
     pub router: RouterArgs,
+}
+
+/// What `mesh-ops rollout MODEL ACTION` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RolloutAction {
+    /// Start a rollout to --candidate.
+    Start,
+    /// Hold it at its step.
+    Pause,
+    /// Run it again from its step.
+    Resume,
+    /// Send every request that names no version to the candidate now.
+    Promote,
+    /// Stop it: the serving version serves every request again.
+    Abort,
+    /// Show it.
+    Status,
+}
+
+#[derive(Debug, Args)]
+pub struct RolloutArgs {
+    pub model: String,
+    pub action: RolloutAction,
+    /// The version to roll out (start only), as Triton names its version directories: 2.
+    #[arg(long, required_if_eq("action", "start"))]
+    pub candidate: Option<String>,
+    /// The version that serves now (start only; default: the newest the nodes serve, else the newest below the
+    /// candidate).
+    #[arg(long)]
+    pub serving: Option<String>,
+    /// The candidate's share at each step, in percent, rising to 100 (start only; default 5,25,50,100).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub steps: Option<Vec<u8>>,
+    /// The least time a step runs before it advances, in seconds (start only; default 60).
+    #[arg(long)]
+    pub min_step_seconds: Option<u64>,
+    /// The least requests the candidate answers in a step before it advances (start only; default 100).
+    #[arg(long)]
+    pub min_step_requests: Option<u64>,
+    /// The requests each version must answer in a step before the guard judges it (start only; default 100).
+    #[arg(long)]
+    pub min_requests: Option<u64>,
+    /// The largest rise of the candidate's error rate over the serving version's, 0..1 (start only; default 0.01).
+    #[arg(long)]
+    pub max_error_rate_increase: Option<f64>,
+    /// The largest ratio of the candidate's p99 latency to the serving version's (start only; default 1.5).
+    #[arg(long)]
+    pub max_p99_ratio: Option<f64>,
+    /// Print the router's JSON instead of a line.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub router: RouterArgs,
+}
+
+impl RolloutArgs {
+    /// The flags of a start, refused with any other action.
+    fn start_flags(&self) -> anyhow::Result<Option<crate::rollout::StartFlags>> {
+        let flags = crate::rollout::StartFlags {
+            candidate: self.candidate.clone().unwrap_or_default(),
+            serving: self.serving.clone(),
+            steps: self.steps.clone(),
+            min_step_seconds: self.min_step_seconds,
+            min_step_requests: self.min_step_requests,
+            min_requests: self.min_requests,
+            max_error_rate_increase: self.max_error_rate_increase,
+            max_p99_ratio: self.max_p99_ratio,
+        };
+        if self.action == RolloutAction::Start {
+            return Ok(Some(flags));
+        }
+        if flags != crate::rollout::StartFlags::default() {
+            anyhow::bail!("--candidate, --serving, --steps and the step and guard flags are for 'start' only");
+        }
+        Ok(None)
+    }
 }
 
 fn wait_of(secs: f64) -> anyhow::Result<Duration> {
@@ -230,6 +309,18 @@ pub fn run(cli: Cli) -> anyhow::Result<String> {
             wait_of(a.router.timeout_secs)?,
         ),
         Command::Drain(a) => control::drain(&a.router.router, &a.node, wait_of(a.router.timeout_secs)?),
+        Command::Rollout(a) => {
+            let (router, wait) = (&a.router.router, wait_of(a.router.timeout_secs)?);
+            let body = match (a.start_flags()?, a.action) {
+                (_, RolloutAction::Status) => return crate::rollout::status(router, &a.model, a.json, wait),
+                (Some(start), _) => start.body(),
+                (None, action) => {
+                    let name = format!("{action:?}").to_ascii_lowercase();
+                    serde_json::json!({ "action": name })
+                }
+            };
+            crate::rollout::act(router, &a.model, &body, a.json, wait)
+        }
         Command::Bench(args) => crate::bench::main(args),
         Command::Chaos(command) => crate::chaos::main(command),
     }
@@ -369,5 +460,47 @@ mod tests {
             Cli::try_parse_from(["mesh-ops", "drain", "node-a"]).expect("drain").command,
             Command::Drain(DrainArgs { ref node, .. }) if node == "node-a"
         ));
+    }
+
+    fn rollout(args: &[&str]) -> Result<RolloutArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["mesh-ops", "rollout"].iter().chain(args))?;
+        match cli.command {
+            Command::Rollout(a) => Ok(a),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rollout_takes_an_action_and_start_flags_only_with_start() {
+        let a = rollout(&[
+            "m",
+            "start",
+            "--candidate",
+            "2",
+            "--steps",
+            "10,50,100",
+            "--max-p99-ratio",
+            "2",
+        ])
+        .unwrap();
+        let start = a.start_flags().unwrap().expect("a start");
+        assert_eq!(
+            start.body(),
+            serde_json::json!({"action": "start", "candidate": "2", "steps": [10, 50, 100], "max_p99_ratio": 2.0})
+        );
+        let e = rollout(&["m", "start"]).unwrap_err();
+        assert!(e.to_string().contains("--candidate"), "{e}");
+        assert!(rollout(&["m", "start", "--candidate", "2", "--steps", "0,100"]).is_err());
+        assert!(rollout(&["m", "start", "--candidate", "2", "--steps", "5,101"]).is_err());
+        assert!(rollout(&["m", "restart"]).is_err());
+        let a = rollout(&["m", "pause"]).unwrap();
+        assert_eq!((a.action, a.start_flags().unwrap()), (RolloutAction::Pause, None));
+        let e = rollout(&["m", "abort", "--steps", "5,100"])
+            .unwrap()
+            .start_flags()
+            .unwrap_err();
+        assert!(e.to_string().contains("for 'start' only"), "{e}");
+        let a = rollout(&["m", "status", "--json", "--router", "http://r:1"]).unwrap();
+        assert!(a.json && a.router.router == "http://r:1");
     }
 }

@@ -12,7 +12,7 @@ use crate::render::{pretty_json, sanitize};
 use crate::status::{fetch, parse};
 
 /// POSTs `body` to the router; the answer's JSON, or an error naming the URL and the router's reason.
-fn post(url: &str, body: &Value, timeout: Duration) -> anyhow::Result<Value> {
+pub(crate) fn post(url: &str, body: &Value, timeout: Duration) -> anyhow::Result<Value> {
     let response = match http::post(url, &body.to_string(), timeout) {
         Ok(r) => r,
         Err(http::Error::Connect(e)) => bail!("cannot reach the router at {url}: {e} (is mesh-router running there?)"),

@@ -1,4 +1,4 @@
-//! mesh-ops: the operator's tooling for a mesh cluster (status, models, placement, drains, load generation, a chaos relay, certificates).
+//! mesh-ops: the operator's tooling for a mesh cluster (status, models, placement, drains, rollouts, load generation, a chaos relay, certificates).
 pub mod bench;
 pub mod ca_dir;
 pub mod certs;
@@ -9,4 +9,5 @@ pub mod http;
 pub mod placement;
 pub mod render;
 pub mod revoke;
+pub mod rollout;
 pub mod status;

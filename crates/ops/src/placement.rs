@@ -1,8 +1,9 @@
 //! The placement part of the router's cluster view (replicas wanted and ready per model, recent
-//! placement and scaling events, drains) and its tables in `mesh-ops status` and `mesh-ops models`.
+//! placement and scaling events, drains, rollouts) and its tables in `mesh-ops status` and
+//! `mesh-ops models`.
 use serde::Deserialize;
 
-use crate::render::{age, lenient, lenient_list, table, text};
+use crate::render::{age, lenient, lenient_list, sanitize, table, text};
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default)]
@@ -15,6 +16,8 @@ pub struct PlacementView {
     pub errors: Vec<RepoError>,
     #[serde(deserialize_with = "lenient_list")]
     pub drains: Vec<Drain>,
+    #[serde(deserialize_with = "lenient_list")]
+    pub rollouts: Vec<RolloutView>,
 }
 
 /// A model of the cluster repository and its replicas.
@@ -82,6 +85,77 @@ pub struct Drain {
     pub drained: bool,
 }
 
+/// A rollout as the router shows it. Unknown fields are ignored; missing or junk ones read as defaults.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct RolloutView {
+    #[serde(deserialize_with = "text")]
+    pub model: String,
+    #[serde(deserialize_with = "text")]
+    pub serving: String,
+    #[serde(deserialize_with = "text")]
+    pub candidate: String,
+    /// running, paused, promoted, rolled_back or aborted.
+    #[serde(deserialize_with = "text")]
+    pub state: String,
+    #[serde(deserialize_with = "lenient")]
+    pub step: Option<u64>,
+    #[serde(deserialize_with = "lenient_list")]
+    pub steps: Vec<u64>,
+    #[serde(deserialize_with = "lenient")]
+    pub share: u64,
+    #[serde(deserialize_with = "text")]
+    pub reason: String,
+}
+
+impl RolloutView {
+    /// "step 2 of 4" while it runs or is paused, "-" once it is over.
+    fn step_cell(&self) -> String {
+        match self.step {
+            Some(s) => format!("{} of {}", s + 1, self.steps.len()),
+            None => "-".into(),
+        }
+    }
+
+    /// One line: "model 'm': version 1 → 2, running, step 2 of 4, 25% of unversioned requests to version 2".
+    pub fn line(&self) -> String {
+        let mut out = format!(
+            "model '{}': version {} → {}, {}",
+            sanitize(&self.model),
+            sanitize(&self.serving),
+            sanitize(&self.candidate),
+            sanitize(&self.state).replace('_', " ")
+        );
+        if self.step.is_some() {
+            out.push_str(&format!(", step {}", self.step_cell()));
+        }
+        out.push_str(&format!(
+            ", {}% of requests that name no version to version {}",
+            self.share,
+            sanitize(&self.candidate)
+        ));
+        if !self.reason.is_empty() {
+            out.push_str(&format!(": {}", sanitize(&self.reason)));
+        }
+        out
+    }
+}
+
+/// The ROLLOUTS table of `mesh-ops status`.
+pub fn table_of(rollouts: &[RolloutView]) -> String {
+    let rows = rollouts.iter().map(|r| {
+        vec![
+            r.model.clone(),
+            format!("{} → {}", r.serving, r.candidate),
+            r.state.clone(),
+            r.step_cell(),
+            format!("{}%", r.share),
+            r.reason.clone(),
+        ]
+    });
+    table(&["MODEL", "VERSIONS", "STATE", "STEP", "SHARE", "REASON"], rows)
+}
+
 /// "node-a (ready), node-b (loading)".
 fn replicas_cell(replicas: &[Replica]) -> String {
     let cells: Vec<String> = replicas
@@ -126,7 +200,12 @@ pub fn models_table(view: &PlacementView) -> String {
 
 /// The placement sections of `mesh-ops status`; empty when the router places nothing.
 pub fn render(view: &PlacementView) -> String {
-    if view.models.is_empty() && view.errors.is_empty() && view.events.is_empty() && view.drains.is_empty() {
+    if view.models.is_empty()
+        && view.errors.is_empty()
+        && view.events.is_empty()
+        && view.drains.is_empty()
+        && view.rollouts.is_empty()
+    {
         return String::new();
     }
     let mut out = String::from("\nPLACEMENT\n");
@@ -142,6 +221,10 @@ pub fn render(view: &PlacementView) -> String {
             vec![d.node.clone(), state.to_string()]
         });
         out.push_str(&table(&["NODE", "STATE"], rows));
+    }
+    if !view.rollouts.is_empty() {
+        out.push_str("\nROLLOUTS\n");
+        out.push_str(&table_of(&view.rollouts));
     }
     if !view.events.is_empty() {
         out.push_str("\nRECENT EVENTS\n");
@@ -174,6 +257,8 @@ mod tests {
             "events": [{"age_ms": 1500, "kind": "scale", "model": "simple", "node": "", "detail": "2 → 3"}],
             "errors": [{"model": "broken", "reason": "mesh.max_replicas must be at least 1"}],
             "drains": [{"node": "a", "drained": false}],
+            "rollouts": [{"model": "simple", "serving": "1", "candidate": "2", "state": "rolled_back",
+                          "step": null, "steps": [5, 100], "share": 0, "reason": "too slow"}],
         }))
         .unwrap();
         let text = render(&view);
@@ -184,6 +269,14 @@ mod tests {
         assert!(text.contains("broken"), "{text}");
         assert!(text.contains("1.5 s ago  scale"), "{text}");
         assert!(text.contains("a     moving models off"), "{text}");
+        assert!(
+            text.contains("ROLLOUTS\nMODEL   VERSIONS  STATE        STEP  SHARE  REASON\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("simple  1 → 2     rolled_back  -     0%     too slow"),
+            "{text}"
+        );
     }
 
     #[test]

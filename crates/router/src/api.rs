@@ -1,6 +1,7 @@
 //! The router's own HTTP API, beside KServe v2 on the same port: `GET /mesh/v1/cluster` is the
 //! router's view of the cluster (what `mesh-ops status` shows); `POST /mesh/v1/models/{m}/scale`
-//! changes a model's replica bounds and `POST /mesh/v1/nodes/{n}/drain` empties a node; `console`
+//! changes a model's replica bounds and `POST /mesh/v1/nodes/{n}/drain` empties a node; `rollout`
+//! shows and changes a model's rollout (`/mesh/v1/models/{m}/rollout`); `console`
 //! serves the web console (`GET /mesh/v1/console`) and its charts' data. The whole API is the
 //! restricted-API group `cluster` (`--http-restricted-api cluster:KEY=VALUE`); without that rule its
 //! changes are answered only to clients on the router's own host (loopback).
@@ -18,6 +19,7 @@ use serde_json::{json, Value};
 use crate::dispatch::RouterDispatch;
 
 mod console;
+mod rollout;
 use crate::place::ReplicaState;
 use crate::shared::PlacementView;
 
@@ -58,6 +60,7 @@ fn placement_status(view: &PlacementView, now: Instant) -> Value {
         "events": events,
         "errors": view.errors.iter().map(|(m, why)| json!({"model": m, "reason": why})).collect::<Vec<_>>(),
         "drains": view.drains.iter().map(|(n, done)| json!({"node": n, "drained": done})).collect::<Vec<_>>(),
+        "rollouts": view.rollouts.iter().map(|(m, r)| r.status(m)).collect::<Vec<_>>(),
     })
 }
 
@@ -190,7 +193,8 @@ pub fn routes(dispatch: Arc<RouterDispatch>, restricted: bool) -> Router {
 
 fn api_routes(dispatch: Arc<RouterDispatch>) -> Router {
     let (d1, d2, d3) = (dispatch.clone(), dispatch.clone(), dispatch.clone());
-    console::routes(dispatch)
+    console::routes(dispatch.clone())
+        .merge(rollout::routes(dispatch))
         .route(
             "/mesh/v1/cluster",
             get(move || {

@@ -183,6 +183,12 @@ pub enum PlacementMsg {
     Unload(String, RpcReplyPort<Result<()>>),
     Scale(String, Option<u32>, Option<u32>, RpcReplyPort<Result<(u32, u32)>>),
     Drain(String, RpcReplyPort<Result<()>>),
+    /// An operator's rollout command for a model: answered with the rollout as it is then.
+    Rollout(
+        String,
+        crate::rollout::Command,
+        RpcReplyPort<Result<crate::rollout::Stored>>,
+    ),
 }
 
 /// To the supervisor: a connection finished its handshake.

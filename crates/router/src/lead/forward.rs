@@ -1,4 +1,4 @@
-//! A follower router hands an operator's placement change (load, unload, scale, drain) to the
+//! A follower router hands an operator's placement change (load, unload, scale, drain, rollout) to the
 //! leader over the leader's own HTTP API, and answers with the leader's answer: a Triton client
 //! may send `load_model` to any router of the cluster.
 use std::time::Duration;
@@ -57,6 +57,14 @@ impl Forward {
         Forward {
             path: format!("/mesh/v1/models/{}/scale", path_segment(model)),
             body: json!({ "min": min, "max": max }),
+        }
+    }
+
+    /// A rollout command, as the router's API takes it.
+    pub fn rollout(model: &str, command: &crate::rollout::Command) -> Forward {
+        Forward {
+            path: format!("/mesh/v1/models/{}/rollout", path_segment(model)),
+            body: command.body(),
         }
     }
 
@@ -123,6 +131,18 @@ fn answer(status: u16, body: &[u8]) -> Result<Value> {
         || format!("the placement leader answered HTTP {status}"),
         str::to_string,
     );
+    if status == 401 || status == 403 {
+        // Not the operator's mistake: the leader refused this router (no `cluster` access rule on
+        // it, so it takes changes from its own host only, or another key).
+        return Err(Error::new(
+            Code::Unavailable,
+            format!(
+                "the placement leader refused this router's forwarded change (HTTP {status}: {message}); \
+                 give every router the same `cluster` rule of --http-restricted-api, or send the change \
+                 to the leader"
+            ),
+        ));
+    }
     let code = match status {
         400 => Code::InvalidArgument,
         404 => Code::NotFound,
@@ -151,6 +171,11 @@ mod tests {
         assert_eq!(f.body["parameters"]["file:1/model.onnx"], "AAFvbm54");
         assert_eq!(Forward::load("m", &LoadOptions::default()).body, json!({}));
         assert_eq!(Forward::scale("m", Some(1), None).body, json!({"min": 1, "max": null}));
+        let pause = Forward::rollout("a b", &crate::rollout::Command::Pause);
+        assert_eq!(
+            (pause.path.as_str(), pause.body),
+            ("/mesh/v1/models/a%20b/rollout", json!({"action": "pause"}))
+        );
     }
 
     #[test]
@@ -163,6 +188,13 @@ mod tests {
         assert_eq!(answer(503, b"{}").unwrap_err().code, Code::Unavailable);
         assert_eq!(answer(400, b"not json").unwrap_err().code, Code::InvalidArgument);
         assert_eq!(answer(200, br#"{"min": 1}"#).unwrap(), json!({"min": 1}));
+        // The leader refusing this router is no internal error: it says what to set.
+        let e = answer(403, br#"{"error": "This API is restricted"}"#).unwrap_err();
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(
+            e.message.contains("HTTP 403") && e.message.contains("`cluster` rule"),
+            "{e}"
+        );
     }
 
     #[tokio::test]

@@ -12,9 +12,10 @@ pub mod forward;
 pub mod lease;
 
 /// What the placement leader keeps in etcd so that the next one carries on: the operator's intent
-/// (explicitly loaded models with their config overrides, replica bounds, drains), never where
-/// replicas are (nodes report that).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// (explicitly loaded models with their config overrides, replica bounds, drains, rollouts), never
+/// where replicas are (nodes report that). Every field reads as empty when absent, so the intent an
+/// older build stored still reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Desired {
     /// Explicit model control: the loaded models, each with its config override ("" for none).
     #[serde(default)]
@@ -25,6 +26,10 @@ pub struct Desired {
     /// Drained nodes and the incarnation drained.
     #[serde(default)]
     pub drains: BTreeMap<String, u64>,
+    /// Each model's rollout (`mesh-ops rollout`): its spec and where it is; one this build cannot
+    /// read is left out, not the rest of the intent.
+    #[serde(default, deserialize_with = "crate::rollout::stored::lenient")]
+    pub rollouts: BTreeMap<String, crate::rollout::Stored>,
 }
 
 /// This router's part in placement, as the PlacementActor reads it each tick.
@@ -178,5 +183,80 @@ impl Lead {
              leader may not know it; check mesh-ops status and repeat it",
             wait.as_secs()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::{Guard, Phase, Spec, Stored};
+
+    #[test]
+    fn the_intent_an_older_build_stored_still_reads_and_rollouts_round_trip() {
+        let old = r#"{"wanted": {"m": ""}, "bounds": {"m": [1, 3]}, "drains": {"n1": 7}}"#;
+        let mut d: Desired = serde_json::from_str(old).expect("intent without rollouts");
+        assert!(d.rollouts.is_empty());
+        assert_eq!((d.bounds["m"], d.drains["n1"]), ((1, 3), 7));
+        assert_eq!(serde_json::from_str::<Desired>("{}").unwrap(), Desired::default());
+
+        let spec = Spec {
+            model: "m".into(),
+            serving: "1".into(),
+            candidate: "2".into(),
+            steps: vec![5, 50, 100],
+            min_step_time: std::time::Duration::from_secs(30),
+            min_step_requests: 10,
+            guard: Guard::default(),
+            shadow: 0,
+        };
+        d.rollouts
+            .insert("m".into(), Stored::new(&spec, Phase::Paused { step: 1 }));
+        let text = serde_json::to_string(&d).unwrap();
+        assert!(text.contains(r#""phase":{"state":"paused","step":1}"#), "{text}");
+        let back: Desired = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, d);
+        assert_eq!(back.rollouts["m"].spec("m"), spec);
+
+        // A rollout this build cannot carry on is left out; the rest of the intent stays.
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["rollouts"]["x"] = serde_json::json!({"serving": "1", "phase": {"state": "exploded"}});
+        v["rollouts"]["y"] = v["rollouts"]["m"].clone();
+        v["rollouts"]["y"]["phase"]["step"] = serde_json::json!(9);
+        v["rollouts"]["z"] = v["rollouts"]["m"].clone();
+        v["rollouts"]["z"]["steps"] = serde_json::json!([50, 5, 100]);
+        // Hostile intent is checked as a client's start is: versions, counts, the reason's size.
+        let hostile = [
+            ("serving", serde_json::json!("../x")),
+            ("candidate", serde_json::json!("02")),
+            ("candidate", serde_json::json!("1")),
+            ("min_requests", serde_json::json!(0)),
+            ("min_step_seconds", serde_json::json!(u64::MAX)),
+            ("steps", serde_json::json!((1..=25).map(|i| i * 4).collect::<Vec<u8>>())),
+            (
+                "phase",
+                serde_json::json!({"state": "rolled_back", "reason": "x".repeat(5000)}),
+            ),
+        ];
+        for (i, (field, value)) in hostile.iter().enumerate() {
+            let key = format!("h{i}");
+            v["rollouts"][&key] = v["rollouts"]["m"].clone();
+            v["rollouts"][&key][*field] = value.clone();
+        }
+        let read: Desired = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(read.rollouts.keys().collect::<Vec<_>>(), ["m"]);
+        assert_eq!(read.bounds, d.bounds);
+        // Rollouts that are not a map of models lose only themselves, not the intent.
+        for odd in [serde_json::json!([]), serde_json::json!("x"), serde_json::json!(3)] {
+            v["rollouts"] = odd;
+            let read: Desired = serde_json::from_value(v.clone()).expect("the rest of the intent reads");
+            assert!(read.rollouts.is_empty());
+            assert_eq!(
+                (read.bounds.clone(), read.wanted.clone()),
+                (d.bounds.clone(), d.wanted.clone())
+            );
+        }
+        // `null` reads as none.
+        let none: Desired = serde_json::from_str(r#"{"rollouts": null}"#).unwrap();
+        assert!(none.rollouts.is_empty());
     }
 }

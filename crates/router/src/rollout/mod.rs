@@ -20,9 +20,15 @@
 //!   the step starts over. Promoted, rolled back or aborted, it is over.
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
+pub mod command;
 pub mod split;
+pub mod stored;
 mod window;
 
+pub use command::{Command, Start};
+pub use stored::Stored;
 pub use window::Window;
 
 /// The smallest p99 difference the guard counts as slower.
@@ -102,8 +108,9 @@ pub enum Arm {
     Candidate,
 }
 
-/// Where a rollout is.
-#[derive(Debug, Clone, PartialEq)]
+/// Where a rollout is (stored with placement's intent as `{"state": "running", "step": 1}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
 pub enum Phase {
     /// At step `step` (an index into the steps).
     Running { step: usize },

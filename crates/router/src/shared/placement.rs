@@ -1,6 +1,6 @@
 //! Placement as the request path and the router's API see it: the cluster repository, the
-//! PlacementActor's mailbox (load, unload, scale, drain), its last published view, and which models
-//! requests use (for least-recently-used eviction).
+//! PlacementActor's mailbox (load, unload, scale, drain, rollout), its last published view, and
+//! which models requests use (for least-recently-used eviction).
 use mesh::sync::ReadWrite;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -104,6 +104,29 @@ impl Placement {
         }
         let node = node.to_string();
         self.actor.ask(wait, |r| PlacementMsg::Drain(node, r)).await
+    }
+
+    /// An operator's rollout command for a model (made by the leader); answers the rollout as it
+    /// is then, as the API shows it.
+    pub async fn rollout(&self, model: &str, command: crate::rollout::Command) -> Result<serde_json::Value> {
+        let wait = Duration::from_secs(10);
+        if let Some((leader, http)) = self.leader_elsewhere() {
+            return Forward::rollout(model, &command)
+                .send(&leader, &http, wait, &self.rules)
+                .await;
+        }
+        let name = model.to_string();
+        let stored = self
+            .actor
+            .ask(wait, |r| PlacementMsg::Rollout(name, command, r))
+            .await?;
+        Ok(stored.status(model))
+    }
+
+    /// A model's rollout as this router's view holds it (a follower's: what the leader stored).
+    pub fn rollout_status(&self, model: &str) -> Option<serde_json::Value> {
+        let view = self.view();
+        view.rollouts.iter().find(|(m, _)| m == model).map(|(m, r)| r.status(m))
     }
 
     /// The leader to hand an operator's change to, when another router leads: (name, HOST:PORT).

@@ -272,7 +272,11 @@ impl Actor for PlacementActor {
         // An operator's change on a router that must not make it now: refused once, with why.
         let change = matches!(
             msg,
-            PlacementMsg::Load(..) | PlacementMsg::Unload(..) | PlacementMsg::Scale(..) | PlacementMsg::Drain(..)
+            PlacementMsg::Load(..)
+                | PlacementMsg::Unload(..)
+                | PlacementMsg::Scale(..)
+                | PlacementMsg::Drain(..)
+                | PlacementMsg::Rollout(..)
         );
         let lead = &state.handle.lead;
         if let Some(why) = change
@@ -284,6 +288,9 @@ impl Actor for PlacementActor {
                     let _ = reply.send(Err(why));
                 }
                 PlacementMsg::Scale(_, _, _, reply) => {
+                    let _ = reply.send(Err(why));
+                }
+                PlacementMsg::Rollout(_, _, reply) => {
                     let _ = reply.send(Err(why));
                 }
                 _ => {}
@@ -308,6 +315,18 @@ impl Actor for PlacementActor {
             PlacementMsg::Drain(node, reply) => {
                 let waiter = state.reconcile.drain(&node, &state.view.membership().nodes(now));
                 state.wait(waiter, reply);
+            }
+            PlacementMsg::Rollout(model, command, reply) => {
+                let nodes = state.view.membership().nodes(now);
+                let repo = state.handle.repo.all();
+                let result = state.reconcile.rollout(&model, &command, &repo, &nodes, now);
+                if result.is_ok() {
+                    // Shown at once, not at the next tick: a GET right after the change sees it.
+                    let mut view = (*state.handle.view()).clone();
+                    view.rollouts = state.reconcile.rollouts();
+                    state.handle.publish(view);
+                }
+                state.confirm(reply, result);
             }
         }
         Ok(())

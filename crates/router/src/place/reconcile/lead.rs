@@ -55,6 +55,7 @@ impl Reconcile {
         }
         self.scaled = state.bounds.clone();
         self.drains = state.drains.clone();
+        self.rollouts = state.rollouts.clone();
         self.drained.clear();
         reads
     }
@@ -100,6 +101,7 @@ impl Reconcile {
             wanted,
             bounds: self.scaled.clone(),
             drains: self.drains.clone(),
+            rollouts: self.rollouts.clone(),
         }
     }
 }
@@ -109,7 +111,7 @@ pub fn refuse(role: &Role, me: &str) -> Result<()> {
     match role {
         Role::Single | Role::Leader { .. } => Ok(()),
         Role::Follower { leader, .. } => Err(Error::unavailable(format!(
-            "this router ({me}) does not lead placement; {leader} does: send load, unload, scale and drain there"
+            "this router ({me}) does not lead placement; {leader} does: send load, unload, scale, drain and rollout there"
         ))),
         Role::Unknown { why } => Err(Error::unavailable(format!(
             "no placement leader is known ({why}); routing goes on, placement changes wait"

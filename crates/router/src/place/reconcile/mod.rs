@@ -28,6 +28,9 @@ use crate::repository::RepoModel;
 
 mod lead;
 mod requests;
+mod rollouts;
+#[cfg(test)]
+mod rollouts_tests;
 #[cfg(test)]
 mod tests;
 
@@ -43,6 +46,8 @@ pub struct PlacementView {
     pub errors: Vec<(String, String)>,
     /// Nodes an operator drains (`mesh-ops drain`), and whether each is empty yet.
     pub drains: Vec<(String, bool)>,
+    /// Each model's rollout (`mesh-ops rollout`), as the intent holds it.
+    pub rollouts: Vec<(String, crate::rollout::Stored)>,
 }
 
 /// What one tick decides with.
@@ -167,6 +172,8 @@ pub struct Reconcile {
     applied: Option<crate::lead::Desired>,
     /// Replica bounds set at run time (`scale`), kept for the next leader.
     scaled: BTreeMap<String, (u32, u32)>,
+    /// Each model's rollout, kept for the next leader (the operator's; the guard's later).
+    rollouts: BTreeMap<String, crate::rollout::Stored>,
 }
 
 /// What a replica holds: the files' content key and the config override it was placed with.
@@ -203,6 +210,7 @@ impl Reconcile {
             fenced: BTreeSet::new(),
             applied: None,
             scaled: BTreeMap::new(),
+            rollouts: BTreeMap::new(),
         }
     }
 
@@ -540,6 +548,7 @@ impl Reconcile {
                 .keys()
                 .map(|n| (n.clone(), self.drained.contains(n)))
                 .collect(),
+            rollouts: self.rollouts(),
         };
     }
 }

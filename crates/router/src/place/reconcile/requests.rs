@@ -68,6 +68,7 @@ impl Reconcile {
         }
         tracing::info!(model = %model, "unloading from every node");
         self.scaled.remove(model);
+        self.rollouts.remove(model);
         self.scaler.forget(model);
         let id = self.waiters.id();
         self.waiters.unloads.insert(id, model.to_string());

@@ -1,0 +1,235 @@
+//! Tests of rollouts in placement: a start checked against what the cluster places, the
+//! operator's commands, the intent that carries them to etcd, and a new leader or a follower
+//! taking them from the stored intent.
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh::cluster::msg::FileEntry;
+use mesh::cluster::ship::Manifest;
+use mesh::control::ControlMode;
+use mesh::error::Code;
+use mesh::Result;
+
+use super::*;
+use crate::lead::{Desired, Role};
+use crate::membership::{NodeModel, NodeState as Member, NodeSummary};
+use crate::place::PlaceSettings;
+use crate::rollout::{Command, Phase, Start, Stored};
+
+fn settings() -> PlacementSettings {
+    PlacementSettings {
+        place: PlaceSettings {
+            default_min: 1,
+            default_max: 1,
+            min_age: Duration::ZERO,
+            ..Default::default()
+        },
+        scale: Default::default(),
+        mode: ControlMode::Explicit,
+        load_at_start: Vec::new(),
+        poll_every: Duration::from_secs(5),
+        tick: Duration::from_millis(200),
+        startup_grace: Duration::ZERO,
+    }
+}
+
+/// Model `m` with versions 1, 2 and 3.
+fn repo() -> Vec<Arc<RepoModel>> {
+    let file = |path: &str| FileEntry {
+        path: path.into(),
+        size: 10,
+    };
+    vec![Arc::new(RepoModel {
+        name: "m".into(),
+        dir: PathBuf::from("/repo/m"),
+        manifest: Manifest {
+            key: "k".into(),
+            files: vec![
+                file("config.pbtxt"),
+                file("1/model.onnx"),
+                file("2/model.onnx"),
+                file("3/a/b.bin"),
+            ],
+        },
+        config_override: String::new(),
+        min: None,
+        max: None,
+        needs_gpu: false,
+        footprint: 1_000,
+        stat: 0,
+        override_files: None,
+    })]
+}
+
+fn intent(rollouts: &[(&str, Stored)]) -> Arc<Desired> {
+    Arc::new(Desired {
+        wanted: [("m".to_string(), String::new())].into(),
+        rollouts: rollouts.iter().map(|(m, r)| (m.to_string(), r.clone())).collect(),
+        ..Default::default()
+    })
+}
+
+/// A router in `role` whose placer holds `m` (explicitly loaded).
+fn router(role: &Role) -> (Reconcile, Instant) {
+    let now = Instant::now();
+    let mut rc = Reconcile::new(settings(), BTreeSet::from(["m".to_string()]), true, now);
+    assert!(rc.follow(role, &repo()).is_empty());
+    tick(&mut rc, now);
+    (rc, now)
+}
+
+fn tick(rc: &mut Reconcile, now: Instant) -> Output {
+    rc.tick(&Snapshot {
+        now,
+        nodes: &[],
+        repo: &repo(),
+        used: &[],
+    })
+}
+
+fn leader(epoch: u64, rollouts: &[(&str, Stored)]) -> Role {
+    Role::Leader {
+        epoch,
+        state: intent(rollouts),
+    }
+}
+
+fn start(candidate: &str, serving: Option<&str>) -> Command {
+    let Command::Start(mut s) = Command::parse(br#"{"action": "start", "candidate": "1"}"#).unwrap() else {
+        unreachable!()
+    };
+    s.candidate = candidate.into();
+    s.serving = serving.map(str::to_string);
+    Command::Start(Start {
+        steps: vec![5, 50, 100],
+        ..s
+    })
+}
+
+fn run(rc: &mut Reconcile, model: &str, c: Command, nodes: &[NodeSummary]) -> Result<Stored> {
+    rc.rollout(model, &c, &repo(), nodes, Instant::now())
+}
+
+#[test]
+fn a_start_is_checked_against_what_the_cluster_places() {
+    let (mut rc, _) = router(&leader(1, &[]));
+    let e = run(&mut rc, "x", start("2", None), &[]).unwrap_err();
+    assert_eq!(e.code, Code::NotFound);
+    assert!(e.message.contains("model 'x' is not placed"), "{e}");
+    let e = run(&mut rc, "m", start("7", None), &[]).unwrap_err();
+    assert_eq!(e.code, Code::NotFound);
+    assert!(
+        e.message
+            .contains("no version 7 in the cluster repository (its versions: 1, 2, 3)"),
+        "{e}"
+    );
+    let e = run(&mut rc, "m", start("2", Some("9")), &[]).unwrap_err();
+    assert!(e.message.contains("no version 9"), "{e}");
+    let e = run(&mut rc, "m", Command::Pause, &[]).unwrap_err();
+    assert_eq!(e.code, Code::NotFound);
+    assert!(e.message.contains("has no rollout to pause"), "{e}");
+
+    // No node serves it yet: it rolls out from the newest version below the candidate.
+    let r = run(&mut rc, "m", start("3", None), &[]).unwrap();
+    assert_eq!(
+        (r.serving.as_str(), r.candidate.as_str(), r.phase.clone(), r.share()),
+        ("2", "3", Phase::Running { step: 0 }, 5)
+    );
+    let e = run(&mut rc, "m", start("2", Some("1")), &[]).unwrap_err();
+    assert_eq!(e.code, Code::AlreadyExists);
+    assert!(
+        e.message.contains("has a rollout running already (version 2 to 3, 5%)"),
+        "{e}"
+    );
+    assert_eq!(rc.rollout_of("m"), Some(&r), "the refused start changed nothing");
+}
+
+#[test]
+fn a_start_that_names_no_serving_version_takes_the_one_nodes_serve() {
+    let (mut rc, _) = router(&leader(1, &[]));
+    let serving = |version: i64, ready: bool| NodeSummary {
+        name: "n1".into(),
+        incarnation: 1,
+        address: String::new(),
+        link: Some(1),
+        state: Member::Up,
+        devices: vec!["cpu".into()],
+        memory: 1 << 30,
+        models: vec![NodeModel {
+            name: "m".into(),
+            version,
+            ready,
+            reason: String::new(),
+            placed: true,
+            inflight: 0,
+        }],
+        last_report_age: None,
+    };
+    let r = run(&mut rc, "m", start("3", None), &[serving(1, true)]).unwrap();
+    assert_eq!(r.serving, "1");
+    run(&mut rc, "m", Command::Abort, &[]).unwrap();
+    let r = run(&mut rc, "m", start("3", None), &[serving(1, false)]).unwrap();
+    assert_eq!(r.serving, "2", "a replica not ready serves nothing");
+    run(&mut rc, "m", Command::Abort, &[]).unwrap();
+    let e = run(&mut rc, "m", start("1", None), &[]).unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument);
+    assert!(e.message.contains("give 'serving'"), "{e}");
+}
+
+#[test]
+fn the_operators_commands_are_stored_in_the_intent_and_shown() {
+    let (mut rc, now) = router(&leader(1, &[]));
+    run(&mut rc, "m", start("2", Some("1")), &[]).unwrap();
+    let paused = run(&mut rc, "m", Command::Pause, &[]).unwrap();
+    assert_eq!(paused.phase, Phase::Paused { step: 0 });
+    let out = tick(&mut rc, now);
+    let stored = out.intent.expect("a leader stores its intent");
+    assert_eq!(stored.rollouts.get("m"), Some(&paused));
+    assert_eq!(out.view.rollouts, vec![("m".to_string(), paused.clone())]);
+    assert_eq!(
+        run(&mut rc, "m", Command::Resume, &[]).unwrap().phase,
+        Phase::Running { step: 0 }
+    );
+    assert_eq!(run(&mut rc, "m", Command::Promote, &[]).unwrap().phase, Phase::Promoted);
+    let e = run(&mut rc, "m", Command::Abort, &[]).unwrap_err();
+    assert_eq!(e.code, Code::AlreadyExists);
+    // Over, it may be followed by a new one.
+    let next = run(&mut rc, "m", start("3", Some("2")), &[]).unwrap();
+    assert_eq!(rc.intent(&repo()).rollouts["m"], next);
+    // Unloaded, the model's rollout goes with it.
+    rc.unload("m").unwrap();
+    assert!(rc.intent(&repo()).rollouts.is_empty());
+}
+
+#[test]
+fn a_new_leader_and_a_follower_carry_on_from_the_stored_intent() {
+    let (mut first, _) = router(&leader(1, &[]));
+    run(&mut first, "m", start("2", Some("1")), &[]).unwrap();
+    let paused = run(&mut first, "m", Command::Pause, &[]).unwrap();
+    let stored = first.intent(&repo());
+
+    // Another router takes over from what etcd holds: the rollout is where it was.
+    let (mut next, now) = router(&leader(2, &[("m", paused.clone())]));
+    assert_eq!(next.rollout_of("m"), Some(&paused));
+    assert_eq!(tick(&mut next, now).intent.unwrap().rollouts, stored.rollouts);
+    assert_eq!(
+        run(&mut next, "m", Command::Resume, &[]).unwrap().phase,
+        Phase::Running { step: 0 }
+    );
+
+    // A follower shows the leader's rollout, and picks up its changes.
+    let follower = |rollouts: &[(&str, Stored)]| Role::Follower {
+        leader: "r1".into(),
+        http: "10.0.0.1:8000".into(),
+        state: intent(rollouts),
+    };
+    let (mut f, now) = router(&follower(&[("m", paused.clone())]));
+    assert_eq!(tick(&mut f, now).view.rollouts, vec![("m".to_string(), paused.clone())]);
+    let mut promoted = paused.clone();
+    promoted.phase = Phase::Promoted;
+    f.follow(&follower(&[("m", promoted.clone())]), &repo());
+    assert_eq!(f.rollout_of("m"), Some(&promoted));
+    assert!(tick(&mut f, now).intent.is_none(), "a follower stores nothing");
+}
