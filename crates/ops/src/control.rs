@@ -26,6 +26,11 @@ pub(crate) fn post(url: &str, body: &Value, timeout: Duration) -> anyhow::Result
         }
         Err(e) => bail!("router at {url}: {e}"),
     };
+    answer(&response)
+}
+
+/// The router's answer as JSON, or (not 200) an error with its status and reason.
+pub(crate) fn answer(response: &http::Response) -> anyhow::Result<Value> {
     let text = String::from_utf8_lossy(&response.body).into_owned();
     let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
     if response.status != 200 {

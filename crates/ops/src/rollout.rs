@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use crate::control::post;
 use crate::http;
 pub use crate::placement::{table_of, RolloutView};
-use crate::render::{pretty_json, sanitize};
+use crate::render::pretty_json;
 
 /// What `mesh-ops rollout MODEL start` sends: the flags given (the router fills in the others).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -79,21 +79,7 @@ pub fn status(router: &str, model: &str, json: bool, timeout: Duration) -> anyho
         Err(http::Error::Connect(e)) => bail!("cannot reach the router at {url}: {e} (is mesh-router running there?)"),
         Err(e) => bail!("router at {url}: {e}"),
     };
-    let text = String::from_utf8_lossy(&response.body).into_owned();
-    let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    if response.status != 200 {
-        let why = value
-            .get("error")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| text.trim().chars().take(300).collect());
-        bail!(
-            "the router refused ({} {}): {}",
-            response.status,
-            response.reason,
-            sanitize(&why)
-        );
-    }
+    let value = crate::control::answer(&response)?;
     Ok(shown(value, json))
 }
 

@@ -12,13 +12,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 
-const CONFIG: &str = r#"
-name: "fake_add"
-platform: "onnxruntime_onnx"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
-"#;
 const ROLLOUT: &str = "/mesh/v1/models/fake_add/rollout";
 
 /// A cluster repository holding fake_add with versions 1, 2 and 3.
@@ -28,7 +21,7 @@ fn repository(dir: &Path) -> PathBuf {
         std::fs::create_dir_all(model.join(v)).unwrap();
         std::fs::write(model.join(v).join("model.onnx"), format!("version {v}")).unwrap();
     }
-    std::fs::write(model.join("config.pbtxt"), CONFIG).unwrap();
+    std::fs::write(model.join("config.pbtxt"), FAKE_ADD).unwrap();
     dir.join("repo")
 }
 

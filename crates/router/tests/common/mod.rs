@@ -415,7 +415,7 @@ pub async fn closed_by_app(conn: &Connection) -> (u64, String) {
     }
 }
 
-const FAKE_ADD: &str = r#"
+pub const FAKE_ADD: &str = r#"
 name: "fake_add"
 platform: "onnxruntime_onnx"
 max_batch_size: 0
