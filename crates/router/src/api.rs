@@ -123,9 +123,13 @@ fn lead_status(role: &crate::lead::Role) -> Value {
     }
 }
 
-/// An error as the router's API answers it: the mesh error's HTTP status and `{"error": ...}`.
+/// An error as the router's API answers it: the mesh error's HTTP status (409 for a conflict, such
+/// as a second rollout of a model) and `{"error": ...}`.
 fn error_response(e: mesh::Error) -> Response {
-    let status = StatusCode::from_u16(e.http_status().as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let status = match e.code {
+        mesh::error::Code::AlreadyExists => StatusCode::CONFLICT,
+        _ => StatusCode::from_u16(e.http_status().as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+    };
     (status, Json(json!({ "error": e.message }))).into_response()
 }
 

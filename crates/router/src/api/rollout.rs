@@ -5,40 +5,29 @@
 use std::sync::Arc;
 
 use axum::extract::Path;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use mesh::error::Code;
-use serde_json::json;
 
+use super::error_response;
 use crate::dispatch::RouterDispatch;
 use crate::rollout::Command;
-
-/// An error as this API answers it: the mesh error's HTTP status, 409 for a conflict.
-fn refused(e: mesh::Error) -> Response {
-    let status = match e.code {
-        Code::AlreadyExists => StatusCode::CONFLICT,
-        _ => StatusCode::from_u16(e.http_status().as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-    };
-    (status, Json(json!({ "error": e.message }))).into_response()
-}
 
 async fn show(dispatch: Arc<RouterDispatch>, model: String) -> Response {
     match dispatch.placement.rollout_status(&model) {
         Some(status) => Json(status).into_response(),
-        None => refused(mesh::Error::not_found(format!("model '{model}' has no rollout"))),
+        None => error_response(mesh::Error::not_found(format!("model '{model}' has no rollout"))),
     }
 }
 
 async fn change(dispatch: Arc<RouterDispatch>, model: String, body: &[u8]) -> Response {
     let command = match Command::parse(body) {
         Ok(c) => c,
-        Err(e) => return refused(e),
+        Err(e) => return error_response(e),
     };
     match dispatch.placement.rollout(&model, command).await {
         Ok(status) => Json(status).into_response(),
-        Err(e) => refused(e),
+        Err(e) => error_response(e),
     }
 }
 

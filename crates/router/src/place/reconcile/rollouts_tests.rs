@@ -2,38 +2,18 @@
 //! operator's commands, the intent that carries them to etcd, and a new leader or a follower
 //! taking them from the stored intent.
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mesh::cluster::msg::FileEntry;
-use mesh::cluster::ship::Manifest;
 use mesh::control::ControlMode;
 use mesh::error::Code;
 use mesh::Result;
 
 use super::*;
 use crate::lead::{Desired, Role};
-use crate::membership::{NodeModel, NodeState as Member, NodeSummary};
-use crate::place::PlaceSettings;
+use crate::membership::{NodeModel, NodeSummary};
 use crate::rollout::{Command, Phase, Start, Stored};
-
-fn settings() -> PlacementSettings {
-    PlacementSettings {
-        place: PlaceSettings {
-            default_min: 1,
-            default_max: 1,
-            min_age: Duration::ZERO,
-            ..Default::default()
-        },
-        scale: Default::default(),
-        mode: ControlMode::Explicit,
-        load_at_start: Vec::new(),
-        poll_every: Duration::from_secs(5),
-        tick: Duration::from_millis(200),
-        startup_grace: Duration::ZERO,
-    }
-}
 
 /// Model `m` with versions 1, 2 and 3.
 fn repo() -> Vec<Arc<RepoModel>> {
@@ -41,26 +21,8 @@ fn repo() -> Vec<Arc<RepoModel>> {
         path: path.into(),
         size: 10,
     };
-    vec![Arc::new(RepoModel {
-        name: "m".into(),
-        dir: PathBuf::from("/repo/m"),
-        manifest: Manifest {
-            key: "k".into(),
-            files: vec![
-                file("config.pbtxt"),
-                file("1/model.onnx"),
-                file("2/model.onnx"),
-                file("3/a/b.bin"),
-            ],
-        },
-        config_override: String::new(),
-        min: None,
-        max: None,
-        needs_gpu: false,
-        footprint: 1_000,
-        stat: 0,
-        override_files: None,
-    })]
+    let files = ["config.pbtxt", "1/model.onnx", "2/model.onnx", "3/a/b.bin"];
+    vec![super::tests::repo_model_of("m", "k", files.map(file).to_vec())]
 }
 
 fn intent(rollouts: &[(&str, Stored)]) -> Arc<Desired> {
@@ -74,7 +36,12 @@ fn intent(rollouts: &[(&str, Stored)]) -> Arc<Desired> {
 /// A router in `role` whose placer holds `m` (explicitly loaded).
 fn router(role: &Role) -> (Reconcile, Instant) {
     let now = Instant::now();
-    let mut rc = Reconcile::new(settings(), BTreeSet::from(["m".to_string()]), true, now);
+    let mut rc = Reconcile::new(
+        super::tests::settings(ControlMode::Explicit),
+        BTreeSet::from(["m".to_string()]),
+        true,
+        now,
+    );
     assert!(rc.follow(role, &repo()).is_empty());
     tick(&mut rc, now);
     (rc, now)
@@ -150,13 +117,6 @@ fn a_start_is_checked_against_what_the_cluster_places() {
 fn a_start_that_names_no_serving_version_takes_the_one_nodes_serve() {
     let (mut rc, _) = router(&leader(1, &[]));
     let serving = |version: i64, ready: bool| NodeSummary {
-        name: "n1".into(),
-        incarnation: 1,
-        address: String::new(),
-        link: Some(1),
-        state: Member::Up,
-        devices: vec!["cpu".into()],
-        memory: 1 << 30,
         models: vec![NodeModel {
             name: "m".into(),
             version,
@@ -165,7 +125,7 @@ fn a_start_that_names_no_serving_version_takes_the_one_nodes_serve() {
             placed: true,
             inflight: 0,
         }],
-        last_report_age: None,
+        ..super::tests::node("n1", 1)
     };
     let r = run(&mut rc, "m", start("3", None), &[serving(1, true)]).unwrap();
     assert_eq!(r.serving, "1");

@@ -16,7 +16,7 @@ use crate::lead::{Desired, Role};
 use crate::membership::{NodeModel, NodeState as Member, NodeSummary};
 use crate::place::{PlaceSettings, ScaleSettings};
 
-fn settings(mode: ControlMode) -> PlacementSettings {
+pub(super) fn settings(mode: ControlMode) -> PlacementSettings {
     PlacementSettings {
         place: PlaceSettings {
             default_min: 1,
@@ -34,13 +34,15 @@ fn settings(mode: ControlMode) -> PlacementSettings {
 }
 
 fn repo_model(name: &str, key: &str) -> Arc<RepoModel> {
+    repo_model_of(name, key, Vec::new())
+}
+
+/// Model `name` of the repository, its files listed in its manifest (`key`).
+pub(super) fn repo_model_of(name: &str, key: &str, files: Vec<msg::FileEntry>) -> Arc<RepoModel> {
     Arc::new(RepoModel {
         name: name.into(),
         dir: PathBuf::from("/repo").join(name),
-        manifest: Manifest {
-            key: key.into(),
-            files: Vec::new(),
-        },
+        manifest: Manifest { key: key.into(), files },
         config_override: String::new(),
         min: None,
         max: None,
@@ -51,7 +53,7 @@ fn repo_model(name: &str, key: &str) -> Arc<RepoModel> {
     })
 }
 
-fn node(name: &str, link: u64) -> NodeSummary {
+pub(super) fn node(name: &str, link: u64) -> NodeSummary {
     NodeSummary {
         name: name.into(),
         incarnation: 1,
