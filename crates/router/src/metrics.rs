@@ -67,10 +67,37 @@ fn describe() {
         "mesh_router_model_replicas",
         "Replicas of each placed model, by state: min and max (its bounds), wanted (within them, after autoscaling) and ready"
     );
+    g!(
+        "mesh_router_rollout_share",
+        "The candidate version's share of each rolled-out model's requests that name no version, in percent"
+    );
+    c!(
+        "mesh_router_rollout_events_total",
+        "Rollout commands and the guard's decisions, by model and event (start, pause, resume, promote, abort; advance, auto_promote, roll_back)"
+    );
+    c!(
+        "mesh_router_rollout_retries_total",
+        "Requests the candidate version failed that were answered by the serving version instead"
+    );
     c!(
         "mesh_router_placement_events_total",
         "Placement decisions and observations, by kind (place, ready, failed, evict, move, unload, lost, scale, drained)"
     );
+}
+
+/// One rollout event of `model` (an operator's command or the guard's decision).
+pub fn rollout_event(model: &str, event: &'static str) {
+    counter!("mesh_router_rollout_events_total", "model" => model.to_string(), "event" => event).increment(1);
+}
+
+/// The candidate's share of `model`'s versionless requests now.
+pub fn rollout_share(model: &str, share: u8) {
+    gauge!("mesh_router_rollout_share", "model" => model.to_string()).set(f64::from(share));
+}
+
+/// A request of `model` the candidate failed, sent to the serving version.
+pub fn rollout_retry(model: &str) {
+    counter!("mesh_router_rollout_retries_total", "model" => model.to_string()).increment(1);
 }
 
 /// One placement event.

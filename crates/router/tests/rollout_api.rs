@@ -118,6 +118,11 @@ async fn the_rollout_api_checks_each_request_and_follows_the_operator() {
             "at least 1",
         ),
         (r#"{"action": "jump"}"#, 400, "unknown rollout action 'jump'"),
+        (
+            r#"{"action": "tally", "serving": "1"}"#,
+            400,
+            "a tally report needs 'candidate'",
+        ),
         (r#"{"action": "pause", "candidate": "2"}"#, 400, "not a field"),
         ("not json", 400, "failed to parse the rollout request"),
         (r#"{"action": "pause"}"#, 404, "has no rollout to pause"),
@@ -339,6 +344,9 @@ async fn a_rollout_is_kept_with_placements_intent_across_leaders_and_restarts() 
     assert_eq!(r.0, 409, "the leader's conflict comes back as one: {r:?}");
     shows(r1.http, "paused").await;
     shows(r2.http, "paused").await;
+    let r = call(r2.http, "POST", ROLLOUT, Some(&tally(50)), None).await;
+    assert_eq!(r.0, 503, "a follower's guard judges nothing: {r:?}");
+    assert!(error_of(&r).contains("tallies go to the leader"), "{r:?}");
 
     // The leader is killed: the next one carries the rollout on where it was.
     r1.proc.signal(libc::SIGKILL);
@@ -376,4 +384,35 @@ async fn a_rollout_is_kept_with_placements_intent_across_leaders_and_restarts() 
         (json!("2"), json!(0)),
         "{v}"
     );
+
+    // A follower's tally, as its placement sends it each second, reaches the leader's guard: a
+    // candidate failing half of its requests is rolled back, and says why.
+    let r = call(r3.http, "POST", ROLLOUT, Some(&tally(50)), None).await;
+    assert_eq!(r.0, 200, "{r:?}");
+    let v = shows(r3.http, "rolled_back").await;
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains("version 2 failed 50.0% of 100 requests"),
+        "{v}"
+    );
+    assert_eq!(v["share"], 0);
+    let r = call(r3.http, "POST", ROLLOUT, Some(&tally(0)), None).await;
+    assert_eq!(r.0, 404, "{r:?}");
+    assert!(error_of(&r).contains("no running rollout from version 1 to 2"), "{r:?}");
+}
+
+/// A follower's report of 100 answers of each version (all 10 ms), `failed` of the candidate's
+/// failing.
+fn tally(failed: u32) -> String {
+    let answers = |errors: u32| json!({"requests": 100, "errors": errors, "latency": [[53, 100]]});
+    json!({
+        "action": "tally",
+        "serving": "1",
+        "candidate": "2",
+        "serving_answers": answers(0),
+        "candidate_answers": answers(failed),
+    })
+    .to_string()
 }

@@ -36,6 +36,11 @@ pub fn message_to_json<M: Message>(msg: &M, full_name: &str) -> serde_json::Valu
 }
 
 /// The config as Triton's config endpoint renders it.
+/// A config parameter a router adds to a config override it makes from a config.pbtxt that did not
+/// set max_batch_size (a rollout's widened version policy), so the node still auto-completes it;
+/// the node takes it out again.
+pub const AUTO_MAX_BATCH_SIZE: &str = "mesh.auto_max_batch_size";
+
 pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
     message_to_json(config, "inference.ModelConfig")
 }

@@ -1,7 +1,8 @@
 //! The rollout part of the router's operator API (issue 59): `GET /mesh/v1/models/{m}/rollout`
 //! shows a model's rollout as this router's intent holds it, `POST` starts, pauses, resumes,
-//! promotes or aborts one (made by the placement leader, stored with its intent). A conflict (a
-//! second rollout of a model, a command to one that is over) is answered 409.
+//! promotes or aborts one (made by the placement leader, stored with its intent), and takes a
+//! follower's tally of answers for the leader's guard. A conflict (a second rollout of a model, a
+//! command to one that is over) is answered 409.
 use std::sync::Arc;
 
 use axum::extract::Path;
@@ -11,7 +12,7 @@ use axum::{Json, Router};
 
 use super::error_response;
 use crate::dispatch::RouterDispatch;
-use crate::rollout::Command;
+use crate::rollout::{report, Command};
 
 async fn show(dispatch: Arc<RouterDispatch>, model: String) -> Response {
     match dispatch.placement.rollout_status(&model) {
@@ -21,6 +22,16 @@ async fn show(dispatch: Arc<RouterDispatch>, model: String) -> Response {
 }
 
 async fn change(dispatch: Arc<RouterDispatch>, model: String, body: &[u8]) -> Response {
+    // A follower's tally of answers for the leader's guard (`rollout::report`).
+    if body.len() <= crate::rollout::command::MAX_BODY_BYTES {
+        if let Some(report) = serde_json::from_slice(body).ok().filter(report::is_report) {
+            let taken = report::parse(&report).and_then(|t| dispatch.placement.merge_tally(&model, &t));
+            return match taken {
+                Ok(()) => Json(serde_json::json!({})).into_response(),
+                Err(e) => error_response(e),
+            };
+        }
+    }
     let command = match Command::parse(body) {
         Ok(c) => c,
         Err(e) => return error_response(e),

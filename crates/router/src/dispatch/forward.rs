@@ -47,17 +47,23 @@ impl Attempt {
 impl RouterDispatch {
     fn begin(&self, request: &InferRequest) -> Attempts {
         self.placement.touch(&request.model_name);
-        let now = Instant::now();
         // The request's `timeout` parameter (µs) bounds routing and retries too (checked on entry).
         let timeout = mesh::params::timeout(&request.parameters).ok().flatten();
-        let route = &self.view.route;
+        self.begin_until(
+            request,
+            Instant::now() + timeout.unwrap_or(self.view.route.request_timeout),
+        )
+    }
+
+    /// The routing state of a request to be answered by `deadline`.
+    pub(super) fn begin_until(&self, request: &InferRequest, deadline: Instant) -> Attempts {
         Attempts::new(
             &request.model_name,
             &request.model_version,
             sequence_of(request),
-            now,
-            now + timeout.unwrap_or(route.request_timeout),
-            route.route_wait,
+            Instant::now(),
+            deadline,
+            self.view.route.route_wait,
         )
     }
 
@@ -217,9 +223,18 @@ impl RouterDispatch {
         // Held until answered, for retries: charged to the router's budget all that time.
         let _held = self.budget.admit_request(&request)?;
         let started = Instant::now();
+        let mut side = self.split(&mut request);
         let mut r = self.begin(&request);
         let mut route = trace.route(&request.model_name, &self.view.id);
-        let result = self.unary_attempts(&mut r, &mut request, &route).await;
+        let mut result = self.unary_attempts(&mut r, &mut request, &route).await;
+        if let Some(side) = &mut side {
+            if let Err(e) = &result {
+                if self.to_serving(side, &mut r, &mut request, e) {
+                    result = self.unary_attempts(&mut r, &mut request, &route).await;
+                }
+            }
+            self.tally(side, &request.model_name, result.is_ok(), Instant::now());
+        }
         self.finish(&r, (&request.model_name, &mut route), started, &result);
         result
     }
@@ -261,31 +276,47 @@ impl RouterDispatch {
     ) -> Result<()> {
         let _held = self.budget.admit_request(&request)?;
         let started = Instant::now();
+        let mut side = self.split(&mut request);
         let mut r = self.begin(&request);
         let mut route = trace.route(&request.model_name, &self.view.id);
-        let result = async {
-            loop {
-                let mut a = self.attempt(&mut r, &mut request, true, &route).await?;
-                let (link, chunks) = (a.link.clone(), std::mem::take(&mut a.chunks));
-                let first_by = r.deadline();
-                match call::stream(a.peer(), chunks, &link.limits, sink, first_by).await {
-                    Ok(()) => {
-                        r.succeeded(link.id, &mut self.view.balancer());
-                        a.span.set(KeyValue::new("mesh.outcome", "ok"));
-                        return Ok(());
+        let mut result = self.stream_attempts(&mut r, &mut request, sink, &route).await;
+        if let Some(side) = &mut side {
+            if let Err(e) = &result {
+                if self.to_serving(side, &mut r, &mut request, e) {
+                    result = self.stream_attempts(&mut r, &mut request, sink, &route).await;
+                }
+            }
+            self.tally(side, &request.model_name, result.is_ok(), Instant::now());
+        }
+        self.finish(&r, (&request.model_name, &mut route), started, &result);
+        result
+    }
+
+    async fn stream_attempts(
+        &self,
+        r: &mut Attempts,
+        request: &mut InferRequest,
+        sink: &StreamSender,
+        route: &Span,
+    ) -> Result<()> {
+        loop {
+            let mut a = self.attempt(r, request, true, route).await?;
+            let (link, chunks) = (a.link.clone(), std::mem::take(&mut a.chunks));
+            let first_by = r.deadline();
+            match call::stream(a.peer(), chunks, &link.limits, sink, first_by).await {
+                Ok(()) => {
+                    r.succeeded(link.id, &mut self.view.balancer());
+                    a.span.set(KeyValue::new("mesh.outcome", "ok"));
+                    return Ok(());
+                }
+                Err((failure, forwarded)) => {
+                    for _ in 0..forwarded {
+                        r.answered();
                     }
-                    Err((failure, forwarded)) => {
-                        for _ in 0..forwarded {
-                            r.answered();
-                        }
-                        self.after_failure(&mut r, &request.model_name, &mut a, failure)?;
-                    }
+                    self.after_failure(r, &request.model_name, &mut a, failure)?;
                 }
             }
         }
-        .await;
-        self.finish(&r, (&request.model_name, &mut route), started, &result);
-        result
     }
 }
 

@@ -22,8 +22,16 @@ use crate::shared::{Placement, RoutingView};
 mod control;
 mod ensemble;
 mod forward;
+mod rollout;
 mod stats;
 mod traced;
+
+/// The most sequences of rolled-out models pinned to a version at once (beyond them a sequence
+/// follows its id's bucket, which holds while the share does).
+const PINNED_SEQUENCES: usize = 100_000;
+/// A pinned sequence without a request this long is forgotten (Triton's default idle time for a
+/// sequence is 1 s; clients that pause longer keep their id's bucket).
+const PIN_IDLE: std::time::Duration = std::time::Duration::from_secs(600);
 
 pub struct RouterDispatch {
     pub view: Arc<RoutingView>,
@@ -35,6 +43,8 @@ pub struct RouterDispatch {
     budget: Arc<FairBudget>,
     /// Each model's recent requests through this router, for the console's charts (bounded).
     pub history: Mutex<History>,
+    /// Sequences of rolled-out models pinned to the version their first request got (bounded).
+    pins: Mutex<crate::rollout::split::Pins>,
 }
 
 impl RouterDispatch {
@@ -54,6 +64,7 @@ impl RouterDispatch {
             retry,
             budget,
             history: Mutex::new(History::new(HistorySettings::default(), Instant::now())),
+            pins: Mutex::new(crate::rollout::split::Pins::new(PINNED_SEQUENCES, PIN_IDLE)),
         }
     }
 

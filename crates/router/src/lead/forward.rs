@@ -68,6 +68,14 @@ impl Forward {
         }
     }
 
+    /// A follower's tally of a rollout's answers, for the leader's guard.
+    pub fn tally(model: &str, tally: &crate::rollout::Tally) -> Forward {
+        Forward {
+            path: format!("/mesh/v1/models/{}/rollout", path_segment(model)),
+            body: crate::rollout::report::body(tally),
+        }
+    }
+
     pub fn drain(node: &str, wait: Duration) -> Forward {
         Forward {
             path: format!(

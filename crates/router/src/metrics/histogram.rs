@@ -65,6 +65,40 @@ impl Histogram {
         Self::value(BUCKETS - 1)
     }
 
+    /// Adds `other`'s counts to these.
+    pub fn merge(&mut self, other: &Histogram) {
+        for (mine, theirs) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *mine = mine.saturating_add(*theirs);
+        }
+        self.total = self.total.saturating_add(other.total);
+    }
+
+    /// The buckets that counted something, as (bucket, count).
+    pub fn sparse(&self) -> Vec<(usize, u32)> {
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(b, n)| (b, *n))
+            .collect()
+    }
+
+    /// A histogram of (bucket, count) pairs; None when a bucket is out of range.
+    pub fn from_sparse(pairs: &[(usize, u32)]) -> Option<Histogram> {
+        let mut h = Histogram::new();
+        for &(b, n) in pairs {
+            let slot = h.counts.get_mut(b)?;
+            *slot = slot.saturating_add(n);
+            h.total = h.total.saturating_add(n);
+        }
+        Some(h)
+    }
+
+    /// How many latencies it holds.
+    pub fn total(&self) -> u32 {
+        self.total
+    }
+
     pub fn clear(&mut self) {
         self.counts.fill(0);
         self.total = 0;

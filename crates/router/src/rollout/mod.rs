@@ -23,13 +23,14 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub mod command;
+pub mod report;
 pub mod split;
 pub mod stored;
 mod window;
 
 pub use command::{Command, Start};
 pub use stored::Stored;
-pub use window::Window;
+pub use window::{Tally, Window};
 
 /// The smallest p99 difference the guard counts as slower.
 pub const P99_FLOOR: Duration = Duration::from_millis(1);
@@ -139,6 +140,18 @@ pub enum Decision {
     },
 }
 
+impl Decision {
+    /// Its name in the rollout event metric.
+    pub fn event(&self) -> &'static str {
+        match self {
+            Decision::Stay => "stay",
+            Decision::Advance { .. } => "advance",
+            Decision::Promote => "auto_promote",
+            Decision::RollBack { .. } => "roll_back",
+        }
+    }
+}
+
 /// One rollout's state.
 #[derive(Debug, Clone)]
 pub struct Rollout {
@@ -187,6 +200,14 @@ impl Rollout {
         match arm {
             Arm::Serving => self.serving.record(ok, latency),
             Arm::Candidate => self.candidate.record(ok, latency),
+        }
+    }
+
+    /// A router's tally of answers, when it counted this rollout's versions.
+    pub fn add(&mut self, tally: &Tally) {
+        if tally.counts(&self.spec.serving, &self.spec.candidate) {
+            self.serving.merge(&tally.serving_answers);
+            self.candidate.merge(&tally.candidate_answers);
         }
     }
 

@@ -1,11 +1,71 @@
 //! Which version a request that names none goes to while a rollout runs: the candidate's share of
 //! them, chosen so that a client key (a header or parameter) keeps a client on its side while the
 //! share holds or rises, and every request of a sequence stays on the version its first request
-//! got ([`Pins`]). A request that names a version gets it and never comes here.
+//! got ([`Pins`]). A request that names a version gets it and never comes here. Also the written
+//! rule of which of the candidate's failures go again to the serving version ([`retry_on_serving`]).
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use mesh::Code;
+
 use super::Arm;
+
+/// What keeps a request on one side of the split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key<'a> {
+    /// A request of sequence `id` (`start`, `end`: its flags): the whole sequence on one version.
+    Sequence { id: &'a str, start: bool, end: bool },
+    /// A client's key (the `rollout_key` parameter): the client stays on its side while the share
+    /// holds or rises.
+    Client(&'a str),
+    /// Nothing: a draw (`draw`, any number) puts it on a side.
+    Drawn(u32),
+}
+
+/// The side a request with `key` goes to at `share` percent, at `now`; `ready(arm)`: whether that
+/// side's version has a replica to take it. A side with none gives its request to the other (a
+/// version still loading, or already unloaded), except that at share 0 (rolled back or aborted) the
+/// candidate never gets one; with neither ready it goes to the serving version, which routing waits
+/// for.
+pub fn choose(key: Key<'_>, share: u8, pins: &mut Pins, now: Instant, ready: impl Fn(Arm) -> bool) -> Arm {
+    let wanted = match key {
+        Key::Sequence { id, start, end } => pins.arm(id, (start, end), share, now),
+        Key::Client(k) => arm_of_key(k, share),
+        Key::Drawn(d) => arm_of_bucket(d % BUCKETS, share),
+    };
+    let other = match wanted {
+        Arm::Serving => Arm::Candidate,
+        Arm::Candidate => Arm::Serving,
+    };
+    let arm = if ready(wanted) {
+        wanted
+    } else if share > 0 && ready(other) {
+        other
+    } else {
+        Arm::Serving
+    };
+    if let (Key::Sequence { id, start, end }, true) = (key, arm != wanted) {
+        // The sequence runs where it went; its pin says so.
+        pins.repin(id, arm, (start, end), now);
+    }
+    arm
+}
+
+/// Whether a request the candidate failed with `code` goes again to the serving version, so that a
+/// bad candidate costs clients latency, not errors. Only where running it again is safe and can
+/// help: never a request of a sequence (its state lives on the candidate), nor a stream that already
+/// forwarded an answer (`answers`), nor a request of a model marked non-idempotent (`idempotent`)
+/// that may have run (anything but overloaded or the version not found); and only for the server's
+/// failures (internal, unavailable, overloaded, the model's own UNKNOWN, the version not found),
+/// never the client's (a bad input fails on any version).
+pub fn retry_on_serving(code: Code, in_sequence: bool, answers: u32, idempotent: bool) -> bool {
+    let servers = matches!(
+        code,
+        Code::Internal | Code::Unavailable | Code::Overloaded | Code::Unknown | Code::NotFound
+    );
+    let never_ran = matches!(code, Code::Overloaded | Code::NotFound);
+    servers && !in_sequence && answers == 0 && (idempotent || never_ran)
+}
 
 /// Buckets of the split: a share of p percent is the buckets below 100 p.
 pub const BUCKETS: u32 = 10_000;
@@ -77,6 +137,14 @@ impl Pins {
             self.pin(sequence, arm, now);
         }
         arm
+    }
+
+    /// Pins `sequence` to `arm` after its request went there instead of where its pin said.
+    fn repin(&mut self, sequence: &str, arm: Arm, (_, end): (bool, bool), now: Instant) {
+        if !end {
+            self.pins.remove(sequence);
+            self.pin(sequence, arm, now);
+        }
     }
 
     fn pin(&mut self, sequence: &str, arm: Arm, now: Instant) {

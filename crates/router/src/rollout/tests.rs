@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::split::{arm_of_bucket, arm_of_key, bucket, Pins, BUCKETS};
+use super::split::{arm_of_bucket, arm_of_key, bucket, choose, retry_on_serving, Key, Pins, BUCKETS};
 use super::*;
+use mesh::Code;
 
 const MS: Duration = Duration::from_millis(1);
 const STEP: Duration = Duration::from_secs(30);
@@ -266,4 +267,98 @@ fn pins_are_bounded_and_expired_ones_make_room() {
     assert_eq!((pins.len(), pins.unpinned), (1, 1), "the idle ones were swept");
     pins.clear();
     assert!(pins.is_empty());
+}
+
+#[test]
+fn a_side_without_a_replica_gives_its_requests_to_the_other() {
+    let t0 = Instant::now();
+    let mut pins = Pins::new(10, Duration::from_secs(60));
+    let both = |_: Arm| true;
+    let only = |a: Arm| move |b: Arm| a == b;
+    assert_eq!(choose(Key::Drawn(0), 50, &mut pins, t0, both), Arm::Candidate);
+    assert_eq!(choose(Key::Drawn(9_999), 50, &mut pins, t0, both), Arm::Serving);
+    // The candidate still loading: its share goes to the serving version.
+    assert_eq!(
+        choose(Key::Drawn(0), 50, &mut pins, t0, only(Arm::Serving)),
+        Arm::Serving
+    );
+    // The serving version gone (promoted, its replicas unloaded): the candidate takes it.
+    assert_eq!(
+        choose(Key::Drawn(9_999), 50, &mut pins, t0, only(Arm::Candidate)),
+        Arm::Candidate
+    );
+    // Rolled back (share 0): never the candidate, even while the serving version reloads.
+    assert_eq!(
+        choose(Key::Drawn(0), 0, &mut pins, t0, only(Arm::Candidate)),
+        Arm::Serving
+    );
+    // Neither: the serving version, which routing waits for.
+    assert_eq!(choose(Key::Drawn(0), 100, &mut pins, t0, |_| false), Arm::Serving);
+    let key = (0..100)
+        .map(|i| format!("k{i}"))
+        .find(|k| arm_of_key(k, 50) == Arm::Candidate)
+        .unwrap();
+    assert_eq!(choose(Key::Client(&key), 50, &mut pins, t0, both), Arm::Candidate);
+    assert_eq!(choose(Key::Client(&key), 25, &mut pins, t0, both), arm_of_key(&key, 25));
+}
+
+#[test]
+fn a_sequence_that_went_to_the_other_side_stays_there() {
+    let t0 = Instant::now();
+    let mut pins = Pins::new(10, Duration::from_secs(60));
+    let id = (0..100)
+        .map(|i| format!("s{i}"))
+        .find(|k| arm_of_key(k, 50) == Arm::Candidate)
+        .unwrap();
+    let seq = |start, end| Key::Sequence { id: &id, start, end };
+    // Its START found the candidate without a replica: it runs on the serving version...
+    assert_eq!(
+        choose(seq(true, false), 50, &mut pins, t0, |a| a == Arm::Serving),
+        Arm::Serving
+    );
+    // ...and stays there once the candidate is ready, to its END.
+    assert_eq!(
+        choose(seq(false, false), 50, &mut pins, t0 + MS, |_| true),
+        Arm::Serving
+    );
+    assert_eq!(choose(seq(false, true), 50, &mut pins, t0 + MS, |_| true), Arm::Serving);
+    assert!(pins.is_empty(), "its END lets it go");
+}
+
+#[test]
+fn only_the_servers_failures_of_a_request_that_may_run_again_go_to_the_serving_version() {
+    for code in [
+        Code::Internal,
+        Code::Unavailable,
+        Code::Overloaded,
+        Code::Unknown,
+        Code::NotFound,
+    ] {
+        assert!(retry_on_serving(code, false, 0, true), "{code:?}");
+    }
+    for code in [
+        Code::InvalidArgument,
+        Code::Unsupported,
+        Code::AlreadyExists,
+        Code::Cancelled,
+        Code::PayloadTooLarge,
+    ] {
+        assert!(!retry_on_serving(code, false, 0, true), "{code:?} is the client's");
+    }
+    assert!(
+        !retry_on_serving(Code::Internal, true, 0, true),
+        "a sequence's state is on the candidate"
+    );
+    assert!(
+        !retry_on_serving(Code::Internal, false, 1, true),
+        "a stream that answered"
+    );
+    assert!(
+        !retry_on_serving(Code::Internal, false, 0, false),
+        "it ran, and may not run twice"
+    );
+    assert!(
+        retry_on_serving(Code::Overloaded, false, 0, false),
+        "refused: it never ran"
+    );
 }

@@ -1,8 +1,44 @@
 //! One version's answers in a rollout's step: how many, how many failed, and their latency
-//! (a bounded histogram, so a step of any length holds a fixed size).
+//! (a bounded histogram, so a step of any length holds a fixed size); and a router's [`Tally`] of
+//! both versions' answers, which the leader's guard adds to the step's windows.
 use std::time::Duration;
 
+use super::Arm;
 use crate::metrics::histogram::Histogram;
+
+/// Both versions' answers counted on a router since the tally was last taken, for the versions
+/// they were counted for (the rollout may have changed since).
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    pub serving: String,
+    pub candidate: String,
+    pub serving_answers: Window,
+    pub candidate_answers: Window,
+}
+
+impl Tally {
+    /// An empty tally of a rollout from `serving` to `candidate`.
+    pub fn new(serving: &str, candidate: &str) -> Tally {
+        Tally {
+            serving: serving.to_string(),
+            candidate: candidate.to_string(),
+            ..Tally::default()
+        }
+    }
+
+    /// One answer of `arm`.
+    pub fn record(&mut self, arm: Arm, ok: bool, latency: Duration) {
+        match arm {
+            Arm::Serving => self.serving_answers.record(ok, latency),
+            Arm::Candidate => self.candidate_answers.record(ok, latency),
+        }
+    }
+
+    /// Whether it counts a rollout from `serving` to `candidate`.
+    pub fn counts(&self, serving: &str, candidate: &str) -> bool {
+        self.serving == serving && self.candidate == candidate
+    }
+}
 
 /// Answers counted in one step.
 #[derive(Debug, Clone, Default)]
@@ -20,6 +56,27 @@ impl Window {
             self.errors += 1;
         }
         self.latency.add(latency);
+    }
+
+    /// A window of `requests` answers, `errors` of them failed, with their `latency`.
+    pub fn from_parts(requests: u64, errors: u64, latency: Histogram) -> Window {
+        Window {
+            requests,
+            errors,
+            latency,
+        }
+    }
+
+    /// Its latency histogram.
+    pub fn latency(&self) -> &Histogram {
+        &self.latency
+    }
+
+    /// Adds another window's answers to these.
+    pub fn merge(&mut self, other: &Window) {
+        self.requests += other.requests;
+        self.errors += other.errors;
+        self.latency.merge(&other.latency);
     }
 
     pub fn requests(&self) -> u64 {

@@ -76,6 +76,11 @@ impl RequestState {
         }
     }
 
+    /// Whether it may run twice (its model is not marked non-idempotent).
+    pub fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+
     /// Marks the request as one that must not run twice (its model is marked non-idempotent).
     pub fn non_idempotent(mut self) -> Self {
         self.idempotent = false;

@@ -15,6 +15,7 @@ use crate::messages::{Mailbox, PlacementMsg};
 pub use crate::place::PlacementView;
 use crate::place::ReplicaState;
 use crate::repository::ClusterRepo;
+use crate::rollout::{Arm, Tally};
 
 /// The shared handle of placement.
 pub struct Placement {
@@ -32,7 +33,15 @@ pub struct Placement {
     /// Last use of each cluster-repository model, in ms since `started`.
     usage: RwLock<HashMap<String, Arc<AtomicU64>>>,
     started: Instant,
+    /// Answers of each rolled-out model's two versions since placement last took them (for the
+    /// leader's guard); only models with a rollout are counted, each in a bounded tally.
+    tallies: std::sync::Mutex<HashMap<String, Tally>>,
+    /// A follower's tallies waiting to go to the leader, and when the last ones went.
+    outbox: std::sync::Mutex<(HashMap<String, Tally>, Option<Instant>)>,
 }
+
+/// How often a follower sends its tallies to the leader.
+const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 impl Placement {
     pub fn new(
@@ -51,6 +60,8 @@ impl Placement {
             view: RwLock::default(),
             usage: RwLock::default(),
             started: Instant::now(),
+            tallies: Default::default(),
+            outbox: Default::default(),
         }
     }
 
@@ -190,6 +201,97 @@ impl Placement {
                 });
             }
         }
+    }
+
+    /// Counts one answer of a rolled-out model's version (`arm` of the rollout from `serving` to
+    /// `candidate`): `ok` unless it failed, after `took`.
+    pub fn tally(&self, model: &str, (serving, candidate): (&str, &str), arm: Arm, ok: bool, took: Duration) {
+        use mesh::sync::Locked;
+        let mut tallies = self.tallies.locked();
+        let t = tallies
+            .entry(model.to_string())
+            .or_insert_with(|| Tally::new(serving, candidate));
+        if !t.counts(serving, candidate) {
+            *t = Tally::new(serving, candidate);
+        }
+        t.record(arm, ok, took);
+    }
+
+    /// Adds a follower's reported `tally` of `model` to this router's, for its guard: taken only
+    /// by the leader, for a model whose rollout runs between those versions.
+    pub fn merge_tally(&self, model: &str, tally: &Tally) -> Result<()> {
+        use mesh::sync::Locked;
+        if self.lead.role().epoch().is_none() {
+            return Err(mesh::Error::unavailable(
+                "this router does not lead placement: a rollout's tallies go to the leader",
+            ));
+        }
+        let view = self.view();
+        let runs = view
+            .rollouts
+            .iter()
+            .any(|(m, r)| m == model && r.is_open() && tally.counts(&r.serving, &r.candidate));
+        if !runs {
+            return Err(mesh::Error::not_found(format!(
+                "model '{model}' has no running rollout from version {} to {}",
+                tally.serving, tally.candidate
+            )));
+        }
+        let mut tallies = self.tallies.locked();
+        let mine = tallies
+            .entry(model.to_string())
+            .or_insert_with(|| Tally::new(&tally.serving, &tally.candidate));
+        if !mine.counts(&tally.serving, &tally.candidate) {
+            *mine = Tally::new(&tally.serving, &tally.candidate);
+        }
+        mine.serving_answers.merge(&tally.serving_answers);
+        mine.candidate_answers.merge(&tally.candidate_answers);
+        Ok(())
+    }
+
+    /// A follower's tallies (`taken` this tick, at `now`) go to the leader, gathered for a second
+    /// at a time; a report the leader does not take is dropped with a log line (the guard judges
+    /// on the answers it has). Nothing for a router that leads.
+    pub(crate) fn hand_over(&self, taken: Vec<(String, Tally)>, now: Instant) {
+        use mesh::sync::Locked;
+        let Some((leader, http)) = self.leader_elsewhere() else {
+            return;
+        };
+        let due = {
+            let mut outbox = self.outbox.locked();
+            let (pending, sent) = &mut *outbox;
+            for (model, tally) in taken {
+                let mine = pending
+                    .entry(model)
+                    .or_insert_with(|| Tally::new(&tally.serving, &tally.candidate));
+                if !mine.counts(&tally.serving, &tally.candidate) {
+                    *mine = tally;
+                    continue;
+                }
+                mine.serving_answers.merge(&tally.serving_answers);
+                mine.candidate_answers.merge(&tally.candidate_answers);
+            }
+            if pending.is_empty() || sent.is_some_and(|at| now.saturating_duration_since(at) < REPORT_EVERY) {
+                return;
+            }
+            *sent = Some(now);
+            std::mem::take(pending)
+        };
+        let rules = self.rules.clone();
+        tokio::spawn(async move {
+            for (model, tally) in due {
+                let report = Forward::tally(&model, &tally);
+                if let Err(e) = report.send(&leader, &http, Duration::from_secs(5), &rules).await {
+                    tracing::warn!(model = %model, "a rollout tally did not reach the leader: {e}");
+                }
+            }
+        });
+    }
+
+    /// Takes every tally counted since the last time.
+    pub(crate) fn take_tallies(&self) -> Vec<(String, Tally)> {
+        use mesh::sync::Locked;
+        std::mem::take(&mut *self.tallies.locked()).into_iter().collect()
     }
 
     /// Notes that a request for `model` was routed (cheap: an atomic store for known models).

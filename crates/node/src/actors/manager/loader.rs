@@ -299,7 +299,10 @@ pub fn written_config(
     let (mut config, sets_mbs) = match override_config {
         Some(mut c) => {
             adopt_name(&mut c, &dir.name, "the config override")?;
-            (c, true)
+            // A router's rollout places a config.pbtxt that left max_batch_size to auto-complete
+            // with its version policy widened: it is still left to auto-complete.
+            let auto = c.parameters.remove(mesh::config::AUTO_MAX_BATCH_SIZE).is_some();
+            (c, !auto)
         }
         None => read_config(dir, settings.config_name.as_deref())?,
     };

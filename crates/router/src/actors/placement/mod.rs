@@ -103,6 +103,13 @@ impl PlacementState {
         let reads = self.reconcile.follow(&self.handle.lead.role(), &self.handle.repo.all());
         self.read_all(reads, None).await;
         let nodes = self.view.membership().nodes(now);
+        // The leader's guard judges the answers counted here and those followers reported; a
+        // follower sends its own to the leader.
+        let tallies = self.handle.take_tallies();
+        for (model, decision) in self.reconcile.judge(&tallies, now) {
+            crate::metrics::rollout_event(&model, decision.event());
+        }
+        self.handle.hand_over(tallies, now);
         let (repo, used) = (self.handle.repo.all(), self.handle.last_used());
         let out = self.reconcile.tick(&Snapshot {
             now,
@@ -135,17 +142,22 @@ impl PlacementState {
             crate::metrics::placement_event(e.kind.as_str());
         }
         crate::metrics::replicas(&out.view.models);
+        for (model, r) in &out.view.rollouts {
+            crate::metrics::rollout_share(model, r.share());
+        }
         self.handle.publish(out.view);
     }
 
     /// Sends a command on its node's control stream; false when the node has no live link.
     fn send(&self, command: &Command) -> bool {
         let message = match command {
-            Command::Place { model, epoch, .. } => Message::Place(msg::Place {
+            Command::Place {
+                model, config, epoch, ..
+            } => Message::Place(msg::Place {
                 model: model.name.clone(),
                 key: model.manifest.key.clone(),
                 files: model.manifest.files.clone(),
-                config: model.config_override.clone(),
+                config: config.clone(),
                 epoch: *epoch,
             }),
             Command::Evict { model, epoch, .. } => Message::Evict(msg::Evict {
@@ -321,6 +333,7 @@ impl Actor for PlacementActor {
                 let repo = state.handle.repo.all();
                 let result = state.reconcile.rollout(&model, &command, &repo, &nodes, now);
                 if result.is_ok() {
+                    crate::metrics::rollout_event(&model, command.name());
                     // Shown at once, not at the next tick: a GET right after the change sees it.
                     let mut view = (*state.handle.view()).clone();
                     view.rollouts = state.reconcile.rollouts();

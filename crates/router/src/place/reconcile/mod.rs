@@ -70,11 +70,12 @@ impl Snapshot<'_> {
 /// A message for one node's control stream.
 #[derive(Debug, Clone)]
 pub enum Command {
-    /// Load `model` (its manifest and config override) stamped with `epoch`; `again`: a replica
-    /// there holds an older copy.
+    /// Load `model` (its manifest) with `config` (Triton's JSON config override; "" for its
+    /// config.pbtxt) stamped with `epoch`; `again`: a replica there holds an older copy.
     Place {
         node: String,
         model: Arc<RepoModel>,
+        config: String,
         epoch: u64,
         again: bool,
     },
@@ -172,15 +173,18 @@ pub struct Reconcile {
     applied: Option<crate::lead::Desired>,
     /// Replica bounds set at run time (`scale`), kept for the next leader.
     scaled: BTreeMap<String, (u32, u32)>,
-    /// Each model's rollout, kept for the next leader (the operator's; the guard's later).
+    /// Each model's rollout, kept for the next leader (the operator's and the guard's decisions).
     rollouts: BTreeMap<String, crate::rollout::Stored>,
+    /// The leader's running rollouts with their step's answers (the guard's state; a new leader
+    /// starts each step's count over).
+    live: BTreeMap<String, crate::rollout::Rollout>,
 }
 
-/// What a replica holds: the files' content key and the config override it was placed with.
-pub fn shipment(m: &RepoModel) -> String {
+/// What a replica holds: the files' content key and the config it was placed with.
+pub fn shipment(m: &RepoModel, config: &str) -> String {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    m.config_override.hash(&mut h);
+    config.hash(&mut h);
     format!("{}/{:016x}", m.manifest.key, h.finish())
 }
 
@@ -211,6 +215,7 @@ impl Reconcile {
             applied: None,
             scaled: BTreeMap::new(),
             rollouts: BTreeMap::new(),
+            live: BTreeMap::new(),
         }
     }
 
@@ -444,10 +449,13 @@ impl Reconcile {
     /// view.
     fn ship(&mut self, model: &str, node: &str, snap: &Snapshot, epoch: u64, again: bool) -> Option<Command> {
         let m = snap.model(model)?.clone();
-        self.shipped.insert((model.to_string(), node.to_string()), shipment(&m));
+        let config = self.placed_config(&m);
+        self.shipped
+            .insert((model.to_string(), node.to_string()), shipment(&m, &config));
         Some(Command::Place {
             node: node.to_string(),
             model: m,
+            config,
             epoch,
             again,
         })
@@ -498,7 +506,10 @@ impl Reconcile {
         let stale: Vec<(String, String)> = self
             .shipped
             .iter()
-            .filter(|((model, _), was)| snap.model(model).is_some_and(|m| shipment(m) != **was))
+            .filter(|((model, _), was)| {
+                snap.model(model)
+                    .is_some_and(|m| shipment(m, &self.placed_config(m)) != **was)
+            })
             .map(|(pair, _)| pair.clone())
             .collect();
         for (model, node) in stale {

@@ -49,6 +49,9 @@ impl Reconcile {
     pub fn load(&mut self, model: &str, previous: Option<Arc<RepoModel>>, now: Instant) -> WaiterId {
         let previous = previous.filter(|_| self.wanted.contains(model));
         self.wanted.insert(model.to_string());
+        // A load places the model as its config says again: a finished rollout's outcome (the
+        // version that won, pinned) ends here; one still running goes on.
+        self.rollouts.retain(|m, r| m != model || r.is_open());
         let id = self.waiters.id();
         self.waiters.loads.push(LoadWaiter {
             id,

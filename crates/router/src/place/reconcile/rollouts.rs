@@ -1,18 +1,23 @@
 //! Operators' rollouts (issue 59) as placement keeps them: a start is checked against what the
 //! cluster places (the model placed, both versions in its directory, no rollout of it open), the
-//! other commands move the stored rollout through the rollout's own transitions, and the leader
-//! stores the outcome with the rest of the intent. Applying the split to requests is the dispatch's.
+//! other commands move the stored rollout through the rollout's own transitions, the leader's guard
+//! judges each step from the routers' tallies of answers, both versions are placed while it runs
+//! (the version policy widened, restored after), and the leader stores the outcome with the rest
+//! of the intent. Applying the split to requests is the dispatch's.
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
+use mesh::config::ModelConfig;
 use mesh::error::Code;
+use mesh::proto::model_version_policy::{PolicyChoice, Specific};
+use mesh::proto::{ModelParameter, ModelVersionPolicy};
 use mesh::{Error, Result};
 
 use super::Reconcile;
 use crate::membership::NodeSummary;
 use crate::repository::RepoModel;
-use crate::rollout::{Command, Phase, Start, Stored};
+use crate::rollout::{Command, Decision, Phase, Rollout, Start, Stored, Tally};
 
 /// The versions a model directory holds: its numbered subdirectories with files.
 pub fn versions(model: &RepoModel) -> BTreeSet<u64> {
@@ -121,6 +126,93 @@ impl Reconcile {
         Ok(Stored::new(&spec, Phase::Running { step: 0 }))
     }
 
+    /// The leader's guard at `now`: adds the routers' `tallies` of answers to each running
+    /// rollout's step and carries out what it decides (advance, promote, roll back), stored with
+    /// the intent. Answers the decisions made, by model. A router that does not lead judges nothing
+    /// (its tallies go to the leader).
+    pub fn judge(&mut self, tallies: &[(String, Tally)], now: Instant) -> Vec<(String, Decision)> {
+        if self.epoch.is_none() {
+            self.live.clear();
+            return Vec::new();
+        }
+        let open: Vec<(String, Stored)> = self
+            .rollouts
+            .iter()
+            .filter(|(_, r)| r.is_open())
+            .map(|(m, r)| (m.clone(), r.clone()))
+            .collect();
+        self.live.retain(|m, _| open.iter().any(|(o, _)| o == m));
+        let mut decided = Vec::new();
+        for (model, stored) in open {
+            // A rollout the operator (or another leader) changed starts its step over.
+            let fresh = |l: &Rollout| l.phase == stored.phase && l.spec == stored.spec(&model);
+            if !self.live.get(&model).is_some_and(fresh) {
+                self.live.insert(model.clone(), stored.rollout(&model, now));
+            }
+            let Some(live) = self.live.get_mut(&model) else {
+                continue;
+            };
+            for (_, tally) in tallies.iter().filter(|(m, _)| *m == model) {
+                live.add(tally);
+            }
+            let decision = live.tick(now);
+            if decision != Decision::Stay {
+                tracing::info!(
+                    model = %model,
+                    serving = %stored.serving,
+                    candidate = %stored.candidate,
+                    share = live.share(),
+                    "rollout: {}",
+                    describe(&decision)
+                );
+                let phase = live.phase.clone();
+                if let Some(r) = self.rollouts.get_mut(&model) {
+                    r.phase = phase;
+                }
+                decided.push((model, decision));
+            }
+        }
+        decided
+    }
+
+    /// The config override `m` is placed with: while a rollout of it runs, its version policy
+    /// serves both versions; once over, the version that won if its own policy would not serve it,
+    /// else its own config again.
+    pub fn placed_config(&self, m: &RepoModel) -> String {
+        let Some(r) = self.rollouts.get(&m.name) else {
+            return m.config_override.clone();
+        };
+        let version = |v: &str| v.parse::<i64>().unwrap_or(0);
+        let serve = match &r.phase {
+            Phase::Running { .. } | Phase::Paused { .. } => vec![version(&r.serving), version(&r.candidate)],
+            phase => {
+                let won = version(if *phase == Phase::Promoted {
+                    &r.candidate
+                } else {
+                    &r.serving
+                });
+                if policy_serves(&m.config, &versions(m), won) {
+                    return m.config_override.clone();
+                }
+                vec![won]
+            }
+        };
+        let mut config = m.config.clone();
+        config.name = m.name.clone();
+        config.version_policy = Some(ModelVersionPolicy {
+            policy_choice: Some(PolicyChoice::Specific(Specific { versions: serve })),
+        });
+        if m.auto_batch {
+            config.parameters.insert(
+                mesh::config::AUTO_MAX_BATCH_SIZE.into(),
+                ModelParameter {
+                    string_value: "true".into(),
+                },
+            );
+        }
+        mesh::config::config_to_json(&config).to_string()
+    }
+
     /// The model's rollout, as this router's intent holds it (a follower's: the leader's, as stored).
     pub fn rollout_of(&self, model: &str) -> Option<&Stored> {
         self.rollouts.get(model)
@@ -129,6 +221,28 @@ impl Reconcile {
     /// Every model's rollout, as the view publishes them.
     pub fn rollouts(&self) -> Vec<(String, Stored)> {
         self.rollouts.iter().map(|(m, r)| (m.clone(), r.clone())).collect()
+    }
+}
+
+/// A decision in the words of the log.
+fn describe(d: &Decision) -> String {
+    match d {
+        Decision::Stay => "stays".into(),
+        Decision::Advance { step, share } => format!("advanced to step {} ({share}%)", step + 1),
+        Decision::Promote => "promoted: the candidate serves every request that names no version".into(),
+        Decision::RollBack { reason } => format!("rolled back: {reason}"),
+    }
+}
+
+/// Whether `config`'s own version policy serves version `v` of the versions `held` (Triton's
+/// default: the latest one).
+fn policy_serves(config: &ModelConfig, held: &BTreeSet<u64>, v: i64) -> bool {
+    let newest = |n: usize| held.iter().rev().take(n.max(1)).any(|h| i64::try_from(*h) == Ok(v));
+    match config.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref()) {
+        None => newest(1),
+        Some(PolicyChoice::Latest(l)) => newest(l.num_versions as usize),
+        Some(PolicyChoice::All(_)) => held.iter().any(|h| i64::try_from(*h) == Ok(v)),
+        Some(PolicyChoice::Specific(s)) => s.versions.contains(&v),
     }
 }
 

@@ -13,7 +13,8 @@ use mesh::Result;
 use super::*;
 use crate::lead::{Desired, Role};
 use crate::membership::{NodeModel, NodeSummary};
-use crate::rollout::{Command, Phase, Start, Stored};
+use crate::rollout::{Arm, Command, Decision, Phase, Start, Stored, Tally};
+use std::time::Duration;
 
 /// Model `m` with versions 1, 2 and 3.
 fn repo() -> Vec<Arc<RepoModel>> {
@@ -192,4 +193,114 @@ fn a_new_leader_and_a_follower_carry_on_from_the_stored_intent() {
     f.follow(&follower(&[("m", promoted.clone())]), &repo());
     assert_eq!(f.rollout_of("m"), Some(&promoted));
     assert!(tick(&mut f, now).intent.is_none(), "a follower stores nothing");
+}
+
+/// A start of `m` from 1 to 2 in steps 50, 100 that judges after 10 answers, with no minimum time.
+fn quick_start() -> Command {
+    Command::parse(
+        br#"{"action": "start", "candidate": "2", "serving": "1", "steps": [50, 100],
+             "min_step_seconds": 0, "min_step_requests": 10, "min_requests": 10}"#,
+    )
+    .unwrap()
+}
+
+/// A router's tally of `n` answers of each version, `bad` of the candidate's failing.
+fn tally(versions: (&str, &str), n: u32, bad: u32) -> Vec<(String, Tally)> {
+    let mut t = Tally::new(versions.0, versions.1);
+    for i in 0..n {
+        t.record(Arm::Serving, true, Duration::from_millis(10));
+        t.record(Arm::Candidate, i >= bad, Duration::from_millis(10));
+    }
+    vec![("m".to_string(), t)]
+}
+
+#[test]
+fn the_leaders_guard_advances_on_the_routers_tallies_and_stores_each_step() {
+    let (mut rc, now) = router(&leader(1, &[]));
+    run(&mut rc, "m", quick_start(), &[]).unwrap();
+    assert_eq!(rc.judge(&tally(("1", "2"), 5, 0), now), vec![], "too few answers yet");
+    assert_eq!(
+        rc.judge(&tally(("2", "3"), 50, 0), now),
+        vec![],
+        "another rollout's tally counts for nothing"
+    );
+    assert_eq!(
+        rc.judge(&tally(("1", "2"), 5, 0), now),
+        vec![("m".to_string(), Decision::Advance { step: 1, share: 100 })]
+    );
+    assert_eq!(rc.rollout_of("m").unwrap().phase, Phase::Running { step: 1 });
+    assert_eq!(
+        tick(&mut rc, now).intent.unwrap().rollouts["m"].phase,
+        Phase::Running { step: 1 }
+    );
+    assert_eq!(
+        rc.judge(&tally(("1", "2"), 10, 0), now),
+        vec![("m".to_string(), Decision::Promote)]
+    );
+    assert_eq!(rc.rollout_of("m").unwrap().phase, Phase::Promoted);
+    assert_eq!(
+        rc.judge(&tally(("1", "2"), 10, 10), now),
+        vec![],
+        "over: nothing to judge"
+    );
+}
+
+#[test]
+fn a_failing_candidate_is_rolled_back_with_why_and_a_follower_judges_nothing() {
+    let (mut rc, now) = router(&leader(1, &[]));
+    run(&mut rc, "m", quick_start(), &[]).unwrap();
+    let decided = rc.judge(&tally(("1", "2"), 10, 2), now);
+    let [(_, Decision::RollBack { reason })] = decided.as_slice() else {
+        panic!("{decided:?}")
+    };
+    assert!(reason.contains("version 2 failed 20.0% of 10 requests"), "{reason}");
+    assert_eq!(rc.rollout_of("m").unwrap().share(), 0);
+    assert_eq!(
+        tick(&mut rc, now).intent.unwrap().rollouts["m"].phase,
+        Phase::RolledBack { reason: reason.clone() }
+    );
+
+    let running = rc.rollout_of("m").map(|r| Stored {
+        phase: Phase::Running { step: 0 },
+        ..r.clone()
+    });
+    let follower = Role::Follower {
+        leader: "r1".into(),
+        http: "10.0.0.1:8000".into(),
+        state: intent(&[("m", running.clone().unwrap())]),
+    };
+    let (mut f, now) = router(&follower);
+    assert_eq!(f.judge(&tally(("1", "2"), 10, 10), now), vec![]);
+    assert_eq!(f.rollout_of("m"), running.as_ref());
+}
+
+#[test]
+fn a_model_is_placed_with_both_versions_while_its_rollout_runs() {
+    let (mut rc, _) = router(&leader(1, &[]));
+    let own = || Arc::try_unwrap(repo().remove(0)).expect("one holder");
+    let m = own();
+    assert_eq!(rc.placed_config(&m), "", "no rollout: its own config");
+    run(&mut rc, "m", start("2", Some("1")), &[]).unwrap();
+    let placed = mesh::config::config_from_json(&rc.placed_config(&m)).unwrap();
+    assert_eq!(
+        format!("{:?}", placed.version_policy.unwrap().policy_choice.unwrap()),
+        "Specific(Specific { versions: [1, 2] })"
+    );
+    assert!(placed.parameters.is_empty(), "its config sets max_batch_size");
+    let auto = RepoModel {
+        auto_batch: true,
+        ..own()
+    };
+    let placed = mesh::config::config_from_json(&rc.placed_config(&auto)).unwrap();
+    assert!(placed.parameters.contains_key(mesh::config::AUTO_MAX_BATCH_SIZE));
+    // Rolled back: version 1 is not what its own policy serves (the latest, 3), so it is pinned.
+    run(&mut rc, "m", Command::Abort, &[]).unwrap();
+    let placed = mesh::config::config_from_json(&rc.placed_config(&m)).unwrap();
+    assert_eq!(
+        format!("{:?}", placed.version_policy.unwrap().policy_choice.unwrap()),
+        "Specific(Specific { versions: [1] })"
+    );
+    // A load places it as its config says again.
+    rc.load("m", None, Instant::now());
+    assert_eq!(rc.placed_config(&m), "");
 }

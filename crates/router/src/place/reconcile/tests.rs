@@ -15,6 +15,7 @@ use super::*;
 use crate::lead::{Desired, Role};
 use crate::membership::{NodeModel, NodeState as Member, NodeSummary};
 use crate::place::{PlaceSettings, ScaleSettings};
+use mesh::proto::model_version_policy::PolicyChoice;
 
 pub(super) fn settings(mode: ControlMode) -> PlacementSettings {
     PlacementSettings {
@@ -44,6 +45,8 @@ pub(super) fn repo_model_of(name: &str, key: &str, files: Vec<msg::FileEntry>) -
         dir: PathBuf::from("/repo").join(name),
         manifest: Manifest { key: key.into(), files },
         config_override: String::new(),
+        config: Default::default(),
+        auto_batch: false,
         min: None,
         max: None,
         needs_gpu: false,
@@ -469,4 +472,48 @@ fn scale_sets_bounds_that_the_intent_keeps() {
     w.ticks(3);
     assert_eq!(w.holders("m").len(), 2);
     assert_eq!(w.rc.intent(&w.repo).bounds, BTreeMap::from([("m".to_string(), (2, 3))]));
+}
+
+#[test]
+fn a_rollout_places_both_versions_and_its_end_restores_the_config() {
+    let mut w = World::new(settings(ControlMode::Explicit), &["m"], false);
+    let files = ["config.pbtxt", "1/model.onnx", "2/model.onnx"]
+        .map(|p| msg::FileEntry {
+            path: p.into(),
+            size: 10,
+        })
+        .to_vec();
+    w.repo.push(repo_model_of("m", "k1", files));
+    w.ticks(3);
+    let holders = w.holders("m").len();
+    assert!(holders > 0);
+    let again = |w: &World| -> Vec<String> {
+        w.sent
+            .iter()
+            .filter_map(|c| match c {
+                Command::Place {
+                    config, again: true, ..
+                } => Some(config.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let start = crate::rollout::Command::parse(br#"{"action": "start", "candidate": "2", "serving": "1"}"#).unwrap();
+    let (repo, nodes) = (w.repo.clone(), w.nodes.clone());
+    w.rc.rollout("m", &start, &repo, &nodes, w.now).unwrap();
+    w.ticks(3);
+    let shipped = again(&w);
+    assert_eq!(shipped.len(), holders, "each replica placed again once");
+    let config = mesh::config::config_from_json(&shipped[0]).unwrap();
+    assert_eq!(config.name, "m");
+    let policy = config.version_policy.and_then(|p| p.policy_choice);
+    let Some(PolicyChoice::Specific(s)) = policy else {
+        panic!("{policy:?}")
+    };
+    assert_eq!(s.versions, [1, 2]);
+    // Promoted: version 2 is what the config's own policy (the latest) serves: its config again.
+    w.rc.rollout("m", &crate::rollout::Command::Promote, &repo, &nodes, w.now)
+        .unwrap();
+    w.ticks(3);
+    assert_eq!(again(&w)[holders..], vec![String::new(); holders]);
 }

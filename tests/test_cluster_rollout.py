@@ -1,0 +1,301 @@
+"""Rollouts through the router (issue 59): a router placing model `ver` (a Python model whose every
+answer says which version gave it: Y = 10 X + version) on two empty nodes, its config serving
+version 1 (`version_policy: { specific: { versions: [1] } }`), rolled out to version 2 with
+`POST /mesh/v1/models/ver/rollout` while eight client threads send checked requests that name no
+version.
+
+- A healthy candidate goes step by step (20, 50, 100 %) to promotion: every answer is correct for
+  the version that gave it (its value and the response's model_version agree), nothing is lost, the
+  share of version 2 in each step is within statistical bounds of the step's share, sequences keep
+  one version from start to end, and a request that names a version gets it.
+- A candidate that fails a fifth of its requests, and one five times slower, are rolled back by
+  themselves; clients see no error (the candidate's failures are answered by version 1) and the
+  reason is in `mesh-ops status`.
+"""
+import json
+import math
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from cluster_util import wait_until
+from mesh_util import metric_sum, parse_metrics
+from test_cluster_placement import empty_node, ops, python_args  # noqa: F401
+
+pytestmark = [pytest.mark.server, pytest.mark.cluster]
+
+MODEL = "ver"
+
+CONFIG = """
+name: "ver"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_INT32, dims: [ 1 ] } ]
+instance_group [ { count: 2, kind: KIND_CPU } ]
+version_policy: { specific: { versions: [ 1 ] } }
+"""
+
+# Each version's model.py: Y = 10 X + version, after SLEEP_MS; every FAIL_EVERY-th X fails.
+MODEL_PY = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+SLEEP_MS = {sleep}
+FAIL_EVERY = {fail}
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.version = int(args["model_version"])
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            if SLEEP_MS:
+                time.sleep(SLEEP_MS / 1000)
+            if FAIL_EVERY and int(x[0]) % FAIL_EVERY == 0:
+                err = pb_utils.TritonError("version %d failed X=%d" % (self.version, int(x[0])))
+                out.append(pb_utils.InferenceResponse(error=err))
+                continue
+            y = (x * 10 + self.version).astype(np.int32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return out
+"""
+
+
+def make_repo(root: Path, v1=(0, 0), v2=(0, 0)) -> Path:
+    """A repository with `ver`, each version's (sleep ms, fail every n-th) as given."""
+    d = root / MODEL
+    d.mkdir(parents=True)
+    (d / "config.pbtxt").write_text(CONFIG)
+    for v, (sleep, fail) in ((1, v1), (2, v2)):
+        (d / str(v)).mkdir()
+        (d / str(v) / "model.py").write_text(MODEL_PY.format(sleep=sleep, fail=fail))
+    return root
+
+
+def rollout(c, body: dict | None = None) -> dict:
+    """POSTs `body` to the router's rollout API of `ver` (GET without one)."""
+    url = f"http://{c.router.http_url}/mesh/v1/models/{MODEL}/rollout"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def version_ready(c, v: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{c.router.http_url}/v2/models/{MODEL}/versions/{v}/ready", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+class Load:
+    """Eight threads of requests that name no version, each X unique; every answer is checked
+    against the version that gave it and kept as (sent, answered, version, error)."""
+
+    def __init__(self, url: str, threads: int = 8, sequences: int = 0):
+        self.url, self.stop_, self.lock = url, threading.Event(), threading.Lock()
+        self.done: list[tuple[float, float, int | None, str | None]] = []
+        self.wrong: list[str] = []
+        self.sequences: dict[int, set[str]] = {}
+        self.next_x = 1
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(threads)]
+        self.threads += [threading.Thread(target=self.sequence, args=(1000 + i,), daemon=True)
+                         for i in range(sequences)]
+        for t in self.threads:
+            t.start()
+
+    def x(self) -> int:
+        with self.lock:
+            self.next_x += 1
+            return self.next_x
+
+    def infer(self, client, x: int, version: str = "", **kwargs):
+        inp = httpclient.InferInput("X", [1], "INT32")
+        inp.set_data_from_numpy(np.array([x], dtype=np.int32))
+        r = client.infer(MODEL, [inp], model_version=version, **kwargs)
+        got, v = int(r.as_numpy("Y")[0]), int(r.get_response()["model_version"])
+        if got != 10 * x + v or v not in (1, 2):
+            with self.lock:
+                self.wrong.append(f"X={x}: Y={got} from version {v}")
+        return v
+
+    def run(self) -> None:
+        client = httpclient.InferenceServerClient(self.url, network_timeout=60)
+        while not self.stop_.is_set():
+            x, sent = self.x(), time.monotonic()
+            try:
+                v, err = self.infer(client, x), None
+            except Exception as e:  # noqa: BLE001 (every failure is recorded and fails the test)
+                v, err = None, str(e)
+            with self.lock:
+                self.done.append((sent, time.monotonic(), v, err))
+
+    def sequence(self, sid: int) -> None:
+        """Sequences of 20 requests each; the versions each one got."""
+        client = httpclient.InferenceServerClient(self.url, network_timeout=60)
+        while not self.stop_.is_set():
+            sid += 100
+            got = set()
+            for i in range(20):
+                flags = {"sequence_id": sid, "sequence_start": i == 0, "sequence_end": i == 19}
+                try:
+                    got.add(str(self.infer(client, self.x(), **flags)))
+                except Exception as e:  # noqa: BLE001
+                    got.add(f"error: {e}")
+                time.sleep(0.01)
+            with self.lock:
+                self.sequences[sid] = got
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.done)
+
+    def stop(self) -> None:
+        self.stop_.set()
+        for t in self.threads:
+            t.join(60)
+
+
+class Shares:
+    """Polls the rollout's share: the moments each share began."""
+
+    def __init__(self, c):
+        self.c, self.stop_, self.changes = c, threading.Event(), []
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self) -> None:
+        last = None
+        while not self.stop_.is_set():
+            now = rollout(self.c)
+            key = (now["share"], now["state"])
+            if key != last:
+                self.changes.append((time.monotonic(), now["share"], now["state"]))
+                last = key
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.stop_.set()
+        self.t.join(30)
+
+
+@pytest.fixture
+def cluster(cluster_factory):
+    def start(repo: Path):
+        c = cluster_factory()
+        c.start_router([repo], ["--load-timeout-ms", "60000"])
+        for name in ("n1", "n2"):
+            empty_node(c, name)
+        wait_until(lambda: version_ready(c, 1), 90, "version 1 of ver placed and ready")
+        return c
+    return start
+
+
+def start_rollout(c, **guard) -> dict:
+    """Starts the rollout held (paused) until both versions are placed and ready: resume() runs it,
+    its first step starting then."""
+    body = {"action": "start", "candidate": "2", "steps": [20, 50, 100], "min_step_seconds": 2,
+            "min_step_requests": 150, "min_requests": 60, **guard}
+    r = rollout(c, body)
+    assert (r["serving"], r["candidate"], r["state"], r["share"]) == ("1", "2", "running", 20), r
+    assert rollout(c, {"action": "pause"})["state"] == "paused"
+    wait_until(lambda: version_ready(c, 2) and version_ready(c, 1), 90, "both versions placed for the rollout")
+    return r
+
+
+def resume(c) -> None:
+    assert rollout(c, {"action": "resume"})["state"] == "running"
+
+
+def router_metric(c, name: str, **labels) -> float:
+    return metric_sum(parse_metrics(c.router.metrics()), name, **labels) or 0.0
+
+
+def test_a_healthy_candidate_goes_step_by_step_to_promotion(cluster, tmp_path):
+    c = cluster(make_repo(tmp_path / "repo"))
+    start_rollout(c, max_p99_ratio=20.0)
+    load = Load(c.router.http_url, sequences=2)
+    resume(c)
+    shares = Shares(c)
+    try:
+        wait_until(lambda: rollout(c)["state"] == "promoted" and load.count() >= 2000, 180,
+                   lambda: f"promotion and 2000 requests: {rollout(c)}, {load.count()} done")
+        # A request that names a version gets it, whatever the split.
+        client = httpclient.InferenceServerClient(c.router.http_url)
+        assert [load.infer(client, 7, version=v) for v in ("1", "2", "1")] == [1, 2, 1]
+    finally:
+        load.stop()
+        shares.stop()
+    errors = [d for d in load.done if d[3] is not None]
+    assert not errors and not load.wrong, (errors[:5], load.wrong[:5])
+    assert len(load.done) >= 2000
+    # Step by step: 20, 50 then 100 % while running, then promoted.
+    steps = [(share, state) for _, share, state in shares.changes]
+    assert steps == [(20, "running"), (50, "running"), (100, "running"), (100, "promoted")], steps
+    # Each step's split, from requests sent and answered well inside it (the poll's 20 ms and the
+    # router's tick on either side), within five standard deviations of its share.
+    bounds = [(t, share) for t, share, state in shares.changes if state == "running"]
+    bounds.append((shares.changes[-1][0], None))
+    for (begin, share), (end, _) in zip(bounds, bounds[1:]):
+        inside = [v for sent, answered, v, _ in load.done if begin + 0.3 < sent and answered < end - 0.3]
+        if share == 100:
+            assert inside and all(v == 2 for v in inside), f"{share}%: {len(inside)} requests"
+            continue
+        n, p = len(inside), share / 100
+        to_2 = sum(1 for v in inside if v == 2)
+        sd = math.sqrt(n * p * (1 - p))
+        assert n >= 50 and abs(to_2 - n * p) <= 5 * sd + 1, f"{share}%: {to_2} of {n} went to version 2"
+    # Sequences never change version mid-sequence.
+    assert load.sequences and all(len(v) == 1 and not next(iter(v)).startswith("error")
+                                  for v in load.sequences.values()), load.sequences
+    assert router_metric(c, "mesh_router_rollout_events_total", model=MODEL, event="advance") == 2
+    assert router_metric(c, "mesh_router_rollout_events_total", model=MODEL, event="auto_promote") == 1
+    assert router_metric(c, "nv_inference_request_success", model=MODEL, version="2") > 0
+    assert router_metric(c, "mesh_router_rollout_share", model=MODEL) == 100
+    status = ops(c, "status")
+    assert status.returncode == 0 and "promoted" in status.stdout, status.stdout + status.stderr
+
+
+@pytest.mark.parametrize("v2,guard,why", [
+    ((0, 5), {}, "version 2 failed"),
+    ((100, 0), {"max_p99_ratio": 2.0}, "p99 latency"),
+], ids=["fails-a-fifth", "five-times-slower"])
+def test_a_bad_candidate_is_rolled_back_and_clients_see_no_error(cluster, tmp_path, v2, guard, why):
+    v1 = (20, 0) if v2[0] else (0, 0)
+    c = cluster(make_repo(tmp_path / "repo", v1=v1, v2=v2))
+    start_rollout(c, **guard)
+    load = Load(c.router.http_url)
+    resume(c)
+    try:
+        wait_until(lambda: rollout(c)["state"] == "rolled_back", 120,
+                   lambda: f"the rollback: {rollout(c)}, {load.count()} done")
+        seen = time.monotonic()
+        wait_until(lambda: sum(1 for d in load.done[-500:] if d[0] > seen + 0.3) >= 200, 60,
+                   "200 requests sent after the rollback")
+    finally:
+        load.stop()
+    errors = [d for d in load.done if d[3] is not None]
+    assert not errors and not load.wrong, (len(errors), errors[:3], load.wrong[:3])
+    r = rollout(c)
+    assert r["share"] == 0 and why in r["reason"], r
+    # After the rollback every request that names no version goes to version 1.
+    last = [v for sent, _, v, _ in load.done if sent > seen + 0.3]
+    assert last and set(last) == {1}, last
+    if v2[1]:
+        assert router_metric(c, "mesh_router_rollout_retries_total", model=MODEL) > 0
+    assert router_metric(c, "mesh_router_rollout_events_total", model=MODEL, event="roll_back") == 1
+    status = ops(c, "status")
+    assert status.returncode == 0 and "rolled_back" in status.stdout and why in status.stdout, status.stdout
