@@ -11,6 +11,9 @@ version.
 - A candidate that fails a fifth of its requests, and one five times slower, are rolled back by
   themselves; clients see no error (the candidate's failures are answered by version 1) and the
   reason is in `mesh-ops status`.
+- Shadow traffic: a client whose key keeps it on version 1 gets only version 1's answers while every
+  one of its requests is also sent to version 2; the router compares them (every one mismatched by
+  exactly 1, version 2's answer being one more) and version 2 ran them.
 """
 import json
 import math
@@ -105,8 +108,9 @@ class Load:
     """Eight threads of requests that name no version, each X unique; every answer is checked
     against the version that gave it and kept as (sent, answered, version, error)."""
 
-    def __init__(self, url: str, threads: int = 8, sequences: int = 0):
+    def __init__(self, url: str, threads: int = 8, sequences: int = 0, key: str | None = None):
         self.url, self.stop_, self.lock = url, threading.Event(), threading.Lock()
+        self.params = {"rollout_key": key} if key else None
         self.done: list[tuple[float, float, int | None, str | None]] = []
         self.wrong: list[str] = []
         self.sequences: dict[int, set[str]] = {}
@@ -137,7 +141,7 @@ class Load:
         while not self.stop_.is_set():
             x, sent = self.x(), time.monotonic()
             try:
-                v, err = self.infer(client, x), None
+                v, err = self.infer(client, x, parameters=self.params), None
             except Exception as e:  # noqa: BLE001 (every failure is recorded and fails the test)
                 v, err = None, str(e)
             with self.lock:
@@ -299,3 +303,45 @@ def test_a_bad_candidate_is_rolled_back_and_clients_see_no_error(cluster, tmp_pa
     assert router_metric(c, "mesh_router_rollout_events_total", model=MODEL, event="roll_back") == 1
     status = ops(c, "status")
     assert status.returncode == 0 and "rolled_back" in status.stdout and why in status.stdout, status.stdout
+
+
+def bucket(key: str) -> int:
+    """The router's split bucket of a client key (FNV-1a 64 of its bytes, modulo 10 000)."""
+    h = 0xCBF29CE484222325
+    for b in key.encode():
+        h = ((h ^ b) * 0x100000001B3) & (2**64 - 1)
+    return h % 10_000
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["fast-candidate", "slow-candidate"])
+def test_shadow_answers_are_compared_and_never_reach_a_client(cluster, tmp_path, slow):
+    """With a candidate far slower than the requests come (200 ms a request, 4 instances in all),
+    shadows are dropped once their own budget is full, and the clients are still answered."""
+    want = 30 if slow else 300
+    c = cluster(make_repo(tmp_path / "repo", v2=(200, 0) if slow else (0, 0)))
+    start_rollout(c, shadow=100)  # held paused at 20 %: the split and the shadows run, nothing advances
+    assert rollout(c)["shadow"] == 100
+    key = next(k for k in (f"client-{i}" for i in range(100)) if bucket(k) >= 2_500)
+    load = Load(c.router.http_url, key=key)
+    try:
+        wait_until(lambda: (rollout(c).get("shadow_results") or {}).get("compared", 0) >= want, 60,
+                   lambda: f"{want} shadows compared: {rollout(c)}")
+    finally:
+        load.stop()
+    errors = [d for d in load.done if d[3] is not None]
+    assert not errors and not load.wrong, (errors[:3], load.wrong[:3])
+    assert {v for _, _, v, _ in load.done} == {1}, "a shadow's answer reached the client"
+    shadow = rollout(c)["shadow_results"]
+    assert shadow["mismatched"] == shadow["compared"] and shadow["mismatch_rate"] == 1.0, shadow
+    assert shadow["largest_abs_difference"] == {"Y": 1.0}, shadow
+    assert shadow["failed"] == 0 and shadow["candidate_p99_ms"] > 0, shadow
+    assert router_metric(c, "mesh_router_rollout_shadows_total", model=MODEL, outcome="mismatched") >= want
+    if slow:
+        # The clients outpace the candidate many times over: most shadows are dropped, none waits.
+        assert shadow["dropped"] > shadow["compared"], shadow
+    # Version 2 ran them (the nodes' own statistics).
+    ran = 0
+    for n in c.nodes.values():
+        with urllib.request.urlopen(f"http://{n.http_url}/v2/models/{MODEL}/versions/2/stats", timeout=5) as r:
+            ran += sum(s["inference_stats"]["success"]["count"] for s in json.loads(r.read())["model_stats"])
+    assert ran >= shadow["compared"], (ran, shadow)

@@ -84,6 +84,32 @@ impl Tensor {
         element_count(&self.shape).unwrap_or(0)
     }
 
+    /// Every element as an f64 (64-bit integers beyond 2^53 rounded), None for BYTES; a trailing
+    /// partial element is not read.
+    pub fn as_f64s(&self) -> Option<Vec<f64>> {
+        fn read<const N: usize>(d: &[u8], f: impl Fn([u8; N]) -> f64) -> Vec<f64> {
+            d.chunks_exact(N)
+                .map(|c| f(c.try_into().expect("chunk of N bytes")))
+                .collect()
+        }
+        let d = &self.data;
+        Some(match self.dtype {
+            DataType::Bool | DataType::Uint8 => d.iter().map(|&b| f64::from(b)).collect(),
+            DataType::Int8 => d.iter().map(|&b| f64::from(b as i8)).collect(),
+            DataType::Uint16 => read(d, |b| f64::from(u16::from_le_bytes(b))),
+            DataType::Int16 => read(d, |b| f64::from(i16::from_le_bytes(b))),
+            DataType::Uint32 => read(d, |b| f64::from(u32::from_le_bytes(b))),
+            DataType::Int32 => read(d, |b| f64::from(i32::from_le_bytes(b))),
+            DataType::Uint64 => read(d, |b| u64::from_le_bytes(b) as f64),
+            DataType::Int64 => read(d, |b| i64::from_le_bytes(b) as f64),
+            DataType::Fp16 => read(d, |b| f64::from(half::f16::from_le_bytes(b))),
+            DataType::Bf16 => read(d, |b| f64::from(half::bf16::from_le_bytes(b))),
+            DataType::Fp32 => read(d, |b| f64::from(f32::from_le_bytes(b))),
+            DataType::Fp64 => read(d, f64::from_le_bytes),
+            DataType::Bytes => return None,
+        })
+    }
+
     /// Iterates BYTES elements (call only on BYTES tensors that passed `check`).
     pub fn bytes_elements(&self) -> BytesElements<'_> {
         BytesElements { rest: &self.data }
@@ -267,6 +293,37 @@ mod tests {
         assert!(t.check().unwrap_err().message.contains("needs 2 elements, got 1"));
         // huge declared length does not allocate
         assert!(count_bytes_elements(&[0xff, 0xff, 0xff, 0xff]).is_err());
+    }
+
+    #[test]
+    fn every_numeric_type_reads_as_f64_and_bytes_do_not() {
+        assert_eq!(
+            Tensor::from_values(vec![2], &[-1i8, 7]).as_f64s(),
+            Some(vec![-1.0, 7.0])
+        );
+        assert_eq!(Tensor::from_values(vec![1], &[-300i16]).as_f64s(), Some(vec![-300.0]));
+        assert_eq!(
+            Tensor::from_values(vec![1], &[70_000u32]).as_f64s(),
+            Some(vec![70_000.0])
+        );
+        assert_eq!(Tensor::from_values(vec![1], &[-5i64]).as_f64s(), Some(vec![-5.0]));
+        assert_eq!(
+            Tensor::from_values(vec![1], &[u64::MAX]).as_f64s(),
+            Some(vec![u64::MAX as f64])
+        );
+        assert_eq!(
+            Tensor::from_values(vec![2], &[true, false]).as_f64s(),
+            Some(vec![1.0, 0.0])
+        );
+        assert_eq!(Tensor::from_values(vec![1], &[1.5f32]).as_f64s(), Some(vec![1.5]));
+        assert_eq!(Tensor::from_values(vec![1], &[-2.25f64]).as_f64s(), Some(vec![-2.25]));
+        let h = Tensor {
+            dtype: DataType::Fp16,
+            shape: vec![1],
+            data: Bytes::copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes()),
+        };
+        assert_eq!(h.as_f64s(), Some(vec![0.5]));
+        assert_eq!(Tensor::from_bytes_elements(vec![1], [b"x"]).as_f64s(), None);
     }
 
     #[test]

@@ -151,6 +151,10 @@ pub struct RolloutArgs {
     /// The largest ratio of the candidate's p99 latency to the serving version's (start only; default 1.5).
     #[arg(long)]
     pub max_p99_ratio: Option<f64>,
+    /// Percent of the serving version's requests also sent to the candidate as shadows, whose answers are
+    /// compared and never returned (start only; default 0).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub shadow: Option<u8>,
     /// Print the router's JSON instead of a line.
     #[arg(long)]
     pub json: bool,
@@ -170,6 +174,7 @@ impl RolloutArgs {
             min_requests: self.min_requests,
             max_error_rate_increase: self.max_error_rate_increase,
             max_p99_ratio: self.max_p99_ratio,
+            shadow: self.shadow,
         };
         if self.action == RolloutAction::Start {
             return Ok(Some(flags));

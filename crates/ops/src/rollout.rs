@@ -23,6 +23,7 @@ pub struct StartFlags {
     pub min_requests: Option<u64>,
     pub max_error_rate_increase: Option<f64>,
     pub max_p99_ratio: Option<f64>,
+    pub shadow: Option<u8>,
 }
 
 impl StartFlags {
@@ -42,6 +43,7 @@ impl StartFlags {
                 self.max_error_rate_increase.map(|v| json!(v)),
             ),
             ("max_p99_ratio", self.max_p99_ratio.map(|v| json!(v))),
+            ("shadow", self.shadow.map(|v| json!(v))),
         ];
         for (key, value) in optional {
             if let Some(v) = value {

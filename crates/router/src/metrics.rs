@@ -76,6 +76,10 @@ fn describe() {
         "Rollout commands and the guard's decisions, by model and event (start, pause, resume, promote, abort; advance, auto_promote, roll_back)"
     );
     c!(
+        "mesh_router_rollout_shadows_total",
+        "Shadow requests of rollouts, by model and outcome (matched, mismatched, failed, dropped)"
+    );
+    c!(
         "mesh_router_rollout_retries_total",
         "Requests the candidate version failed that were answered by the serving version instead"
     );
@@ -93,6 +97,11 @@ pub fn rollout_event(model: &str, event: &'static str) {
 /// The candidate's share of `model`'s versionless requests now.
 pub fn rollout_share(model: &str, share: u8) {
     gauge!("mesh_router_rollout_share", "model" => model.to_string()).set(f64::from(share));
+}
+
+/// A shadow request of `model`'s rollout and how it ended.
+pub fn rollout_shadow(model: &str, outcome: &'static str) {
+    counter!("mesh_router_rollout_shadows_total", "model" => model.to_string(), "outcome" => outcome).increment(1);
 }
 
 /// A request of `model` the candidate failed, sent to the serving version.

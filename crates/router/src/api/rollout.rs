@@ -16,7 +16,13 @@ use crate::rollout::{report, Command};
 
 async fn show(dispatch: Arc<RouterDispatch>, model: String) -> Response {
     match dispatch.placement.rollout_status(&model) {
-        Some(status) => Json(status).into_response(),
+        Some(mut status) => {
+            if let Some(shadow) = dispatch.shadow_status(&model) {
+                // This router's shadows (each router compares its own).
+                status["shadow_results"] = shadow;
+            }
+            Json(status).into_response()
+        }
         None => error_response(mesh::Error::not_found(format!("model '{model}' has no rollout"))),
     }
 }

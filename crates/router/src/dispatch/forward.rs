@@ -225,6 +225,9 @@ impl RouterDispatch {
         let started = Instant::now();
         let mut side = self.split(&mut request);
         let mut r = self.begin(&request);
+        let shadow = side
+            .as_ref()
+            .and_then(|s| self.shadow(s, &request, r.sequence().is_some()));
         let mut route = trace.route(&request.model_name, &self.view.id);
         let mut result = self.unary_attempts(&mut r, &mut request, &route).await;
         if let Some(side) = &mut side {
@@ -234,6 +237,10 @@ impl RouterDispatch {
                 }
             }
             self.tally(side, &request.model_name, result.is_ok(), Instant::now());
+        }
+        if let (Some(shadow), Ok(answer)) = (shadow, &result) {
+            // For the comparison, after the answer is ready (a clone shares the tensors' bytes).
+            let _ = shadow.send((answer.clone(), started.elapsed()));
         }
         self.finish(&r, (&request.model_name, &mut route), started, &result);
         result

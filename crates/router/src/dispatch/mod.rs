@@ -23,6 +23,7 @@ mod control;
 mod ensemble;
 mod forward;
 mod rollout;
+mod shadow;
 mod stats;
 mod traced;
 
@@ -45,6 +46,8 @@ pub struct RouterDispatch {
     pub history: Mutex<History>,
     /// Sequences of rolled-out models pinned to the version their first request got (bounded).
     pins: Mutex<crate::rollout::split::Pins>,
+    /// Shadow requests of rollouts: their own budget, and each model's results here.
+    shadows: Arc<shadow::Shadows>,
 }
 
 impl RouterDispatch {
@@ -65,6 +68,7 @@ impl RouterDispatch {
             budget,
             history: Mutex::new(History::new(HistorySettings::default(), Instant::now())),
             pins: Mutex::new(crate::rollout::split::Pins::new(PINNED_SEQUENCES, PIN_IDLE)),
+            shadows: Arc::default(),
         }
     }
 

@@ -28,7 +28,9 @@ pub(super) struct Side {
     pub serving: String,
     pub candidate: String,
     /// The rollout runs (its answers are tallied for the guard).
-    open: bool,
+    pub open: bool,
+    /// Percent of the serving version's requests also sent to the candidate as shadows.
+    pub shadow: u8,
     /// When the request went to its side's version (for the tallied latency).
     since: Instant,
 }
@@ -72,6 +74,7 @@ impl RouterDispatch {
             serving: rollout.serving.clone(),
             candidate: rollout.candidate.clone(),
             open: rollout.is_open(),
+            shadow: rollout.shadow,
             since: Instant::now(),
         };
         let table = self.view.routing();

@@ -34,6 +34,8 @@ pub struct Start {
     pub min_step_seconds: u64,
     pub min_step_requests: u64,
     pub guard: Guard,
+    /// Percent of the serving version's requests also sent to the candidate as shadows.
+    pub shadow: u8,
 }
 
 impl Start {
@@ -47,7 +49,7 @@ impl Start {
             min_step_time: Duration::from_secs(self.min_step_seconds),
             min_step_requests: self.min_step_requests,
             guard: self.guard,
-            shadow: 0,
+            shadow: self.shadow,
         };
         spec.check().map_err(Error::invalid)?;
         Ok(spec)
@@ -64,7 +66,7 @@ pub enum Command {
     Abort,
 }
 
-const START_FIELDS: [&str; 9] = [
+const START_FIELDS: [&str; 10] = [
     "action",
     "candidate",
     "serving",
@@ -74,6 +76,7 @@ const START_FIELDS: [&str; 9] = [
     "min_requests",
     "max_error_rate_increase",
     "max_p99_ratio",
+    "shadow",
 ];
 
 impl Command {
@@ -146,6 +149,7 @@ impl Command {
                     "min_requests": s.guard.min_requests,
                     "max_error_rate_increase": s.guard.max_error_rate_increase,
                     "max_p99_ratio": s.guard.max_p99_ratio,
+                    "shadow": s.shadow,
                 });
                 if let Some(serving) = &s.serving {
                     body["serving"] = json!(serving);
@@ -189,6 +193,7 @@ fn start(fields: &Map<String, Value>) -> Result<Start> {
             max_error_rate_increase: ratio(fields, "max_error_rate_increase", defaults.max_error_rate_increase)?,
             max_p99_ratio: ratio(fields, "max_p99_ratio", defaults.max_p99_ratio)?,
         },
+        shadow: count(fields, "shadow", 0, 0, 100)? as u8,
     };
     // The steps and margins, checked by the spec itself (the serving version is known later).
     start.spec("", start.serving.as_deref().unwrap_or(""))?;

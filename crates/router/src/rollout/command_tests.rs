@@ -26,14 +26,18 @@ fn a_start_takes_defaults_and_reads_back_as_itself() {
             min_step_seconds: DEFAULT_STEP_SECONDS,
             min_step_requests: DEFAULT_STEP_REQUESTS,
             guard: Guard::default(),
+            shadow: 0,
         }
     );
     let full = r#"{"action": "start", "candidate": 3, "serving": "01", "steps": [10, 100],
         "min_step_seconds": 0, "min_step_requests": 5, "min_requests": 7,
-        "max_error_rate_increase": 0.05, "max_p99_ratio": 2}"#;
+        "max_error_rate_increase": 0.05, "max_p99_ratio": 2, "shadow": 10}"#;
     let c = parse(full).unwrap();
     let Command::Start(s) = &c else { panic!("a start") };
-    assert_eq!((s.candidate.as_str(), s.serving.as_deref()), ("3", Some("1")));
+    assert_eq!(
+        (s.candidate.as_str(), s.serving.as_deref(), s.shadow),
+        ("3", Some("1"), 10)
+    );
     assert_eq!(
         (s.steps.clone(), s.min_step_seconds, s.min_step_requests),
         (vec![10, 100], 0, 5)
@@ -128,8 +132,8 @@ fn bodies_are_objects_with_a_known_action_and_known_fields_only() {
         m.contains("'candidate' is not a field of the rollout action 'pause'"),
         "{m}"
     );
-    let m = refused(r#"{"action": "start", "candidate": "2", "shadow": 5}"#);
-    assert!(m.contains("'shadow' is not a field"), "{m}");
+    let m = refused(r#"{"action": "start", "candidate": "2", "shadow": 101}"#);
+    assert!(m.contains("'shadow' must be a whole number from 0 to 100"), "{m}");
     let long = format!(r#"{{"action": "{}"}}"#, "x".repeat(500));
     assert!(refused(&long).len() < 200, "a client's text is cut short in errors");
     let huge = format!(r#"{{"action": "pause", "pad": "{}"}}"#, " ".repeat(MAX_BODY_BYTES));

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod command;
 pub mod report;
+pub mod shadow;
 pub mod split;
 pub mod stored;
 mod window;

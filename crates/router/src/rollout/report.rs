@@ -135,7 +135,7 @@ mod tests {
             parse(&b).unwrap_err().message
         };
         assert!(parse(&good).is_ok());
-        assert!(with(&["serving"], json!("01")).contains("'serving' must be a version"));
+        assert!(with(&["serving"], json!("0")).contains("'serving' must be a version"));
         assert!(with(&["extra"], json!(1)).contains("no field 'extra'"));
         assert!(with(&["serving_answers", "requests"], json!(MAX_REPORTED + 1)).contains("at most"));
         assert!(with(&["serving_answers", "errors"], json!(1)).contains("more errors than requests"));

@@ -170,6 +170,7 @@ impl Stored {
             "min_requests": self.min_requests,
             "max_error_rate_increase": self.max_error_rate_increase,
             "max_p99_ratio": self.max_p99_ratio,
+            "shadow": self.shadow,
         })
     }
 }
