@@ -329,3 +329,7 @@ impl Rollout {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+#[path = "sim_tests.rs"]
+mod sim_tests;
