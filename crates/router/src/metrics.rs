@@ -85,7 +85,7 @@ fn describe() {
     );
     c!(
         "mesh_router_placement_events_total",
-        "Placement decisions and observations, by kind (place, ready, failed, evict, move, unload, lost, scale, drained)"
+        "Placement decisions and observations, by kind (place, ready, failed, evict, move, unload, lost, scale, drained, rollout)"
     );
 }
 

@@ -177,6 +177,8 @@ pub enum EventKind {
     Lost,
     Scale,
     Drained,
+    /// A rollout's command or its guard's decision.
+    Rollout,
 }
 
 impl EventKind {
@@ -192,6 +194,7 @@ impl EventKind {
             EventKind::Lost => "lost",
             EventKind::Scale => "scale",
             EventKind::Drained => "drained",
+            EventKind::Rollout => "rollout",
         }
     }
 }
@@ -484,6 +487,11 @@ impl Placer {
             m.last_failure = Some((now, format!("{}: {why}", k.1)));
         }
         self.failures.insert(k, Failure { at: now, reason: why });
+    }
+
+    /// Records a rollout's command or decision of `model` among the events.
+    pub fn rollout_event(&mut self, at: Instant, model: &str, detail: &str) {
+        self.event(at, EventKind::Rollout, model, "", detail);
     }
 
     fn event(&mut self, at: Instant, kind: EventKind, model: &str, node: &str, detail: &str) {

@@ -65,6 +65,15 @@ impl Reconcile {
             "rollout: {}",
             command.name()
         );
+        let detail = format!(
+            "{}: version {} to {}, {} ({}%)",
+            command.name(),
+            stored.serving,
+            stored.candidate,
+            stored.state(),
+            stored.share()
+        );
+        self.placer.rollout_event(now, model, &detail);
         self.rollouts.insert(model.to_string(), stored.clone());
         Ok(stored)
     }
@@ -169,6 +178,7 @@ impl Reconcile {
                 if let Some(r) = self.rollouts.get_mut(&model) {
                     r.phase = phase;
                 }
+                self.placer.rollout_event(now, &model, &describe(&decision));
                 decided.push((model, decision));
             }
         }

@@ -255,10 +255,20 @@ fn a_failing_candidate_is_rolled_back_with_why_and_a_follower_judges_nothing() {
     };
     assert!(reason.contains("version 2 failed 20.0% of 10 requests"), "{reason}");
     assert_eq!(rc.rollout_of("m").unwrap().share(), 0);
+    let out = tick(&mut rc, now);
     assert_eq!(
-        tick(&mut rc, now).intent.unwrap().rollouts["m"].phase,
+        out.intent.unwrap().rollouts["m"].phase,
         Phase::RolledBack { reason: reason.clone() }
     );
+    let events: Vec<&str> = out
+        .view
+        .events
+        .iter()
+        .filter(|e| e.kind == crate::place::EventKind::Rollout)
+        .map(|e| e.detail.as_str())
+        .collect();
+    assert_eq!(events[0], "start: version 1 to 2, running (50%)");
+    assert!(events[1].starts_with("rolled back: version 2 failed"), "{events:?}");
 
     let running = rc.rollout_of("m").map(|r| Stored {
         phase: Phase::Running { step: 0 },
