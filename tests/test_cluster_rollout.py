@@ -11,6 +11,8 @@ version.
 - A candidate that fails a fifth of its requests, and one five times slower, are rolled back by
   themselves; clients see no error (the candidate's failures are answered by version 1) and the
   reason is in `mesh-ops status`.
+- Two routers sharing etcd, every request through the follower: the leader's guard judges on the
+  follower's reported tallies alone and rolls a failing candidate back.
 - Shadow traffic: a client whose key keeps it on version 1 gets only version 1's answers while every
   one of its requests is also sent to version 2; the router compares them (every one mismatched by
   exactly 1, version 2's answer being one more) and version 2 ran them.
@@ -27,6 +29,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from cluster_util import wait_until
+from etcd_util import Etcd, require_etcd
 from mesh_util import metric_sum, parse_metrics
 from test_cluster_placement import empty_node, ops, python_args  # noqa: F401
 
@@ -86,9 +89,14 @@ def make_repo(root: Path, v1=(0, 0), v2=(0, 0)) -> Path:
     return root
 
 
+def at(c):
+    """The router of cluster `c` (the last one started), or `c` itself when it is a router."""
+    return getattr(c, "router", None) or c
+
+
 def rollout(c, body: dict | None = None) -> dict:
     """POSTs `body` to the router's rollout API of `ver` (GET without one)."""
-    url = f"http://{c.router.http_url}/mesh/v1/models/{MODEL}/rollout"
+    url = f"http://{at(c).http_url}/mesh/v1/models/{MODEL}/rollout"
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET",
                                  headers={"Content-Type": "application/json"})
@@ -98,7 +106,7 @@ def rollout(c, body: dict | None = None) -> dict:
 
 def version_ready(c, v: int) -> bool:
     try:
-        with urllib.request.urlopen(f"http://{c.router.http_url}/v2/models/{MODEL}/versions/{v}/ready", timeout=5) as r:
+        with urllib.request.urlopen(f"http://{at(c).http_url}/v2/models/{MODEL}/versions/{v}/ready", timeout=5) as r:
             return r.status == 200
     except OSError:
         return False
@@ -116,9 +124,10 @@ class Load:
         self.sequences: dict[int, set[str]] = {}
         self.next_x = 1
         self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(threads)]
-        self.threads += [threading.Thread(target=self.sequence, args=(1000 + i,), daemon=True)
-                         for i in range(sequences)]
-        for t in self.threads:
+        self.seq_stop = threading.Event()
+        self.seq_threads = [threading.Thread(target=self.sequence, args=(1000 + i,), daemon=True)
+                            for i in range(sequences)]
+        for t in self.threads + self.seq_threads:
             t.start()
 
     def x(self) -> int:
@@ -150,7 +159,7 @@ class Load:
     def sequence(self, sid: int) -> None:
         """Sequences of 20 requests each; the versions each one got."""
         client = httpclient.InferenceServerClient(self.url, network_timeout=60)
-        while not self.stop_.is_set():
+        while not self.stop_.is_set() and not self.seq_stop.is_set():
             sid += 100
             got = set()
             for i in range(20):
@@ -167,9 +176,15 @@ class Load:
         with self.lock:
             return len(self.done)
 
+    def stop_sequences(self) -> None:
+        """Lets each sequence thread finish the sequence it is in, and stop."""
+        self.seq_stop.set()
+        for t in self.seq_threads:
+            t.join(60)
+
     def stop(self) -> None:
         self.stop_.set()
-        for t in self.threads:
+        for t in self.threads + self.seq_threads:
             t.join(60)
 
 
@@ -225,7 +240,7 @@ def resume(c) -> None:
 
 
 def router_metric(c, name: str, **labels) -> float:
-    return metric_sum(parse_metrics(c.router.metrics()), name, **labels) or 0.0
+    return metric_sum(parse_metrics(at(c).metrics()), name, **labels) or 0.0
 
 
 def test_a_healthy_candidate_goes_step_by_step_to_promotion(cluster, tmp_path):
@@ -235,11 +250,15 @@ def test_a_healthy_candidate_goes_step_by_step_to_promotion(cluster, tmp_path):
     resume(c)
     shares = Shares(c)
     try:
-        wait_until(lambda: rollout(c)["state"] == "promoted" and load.count() >= 2000, 180,
-                   lambda: f"promotion and 2000 requests: {rollout(c)}, {load.count()} done")
-        # A request that names a version gets it, whatever the split.
+        # A request that names a version gets it, whatever the split (both are placed now).
         client = httpclient.InferenceServerClient(c.router.http_url)
         assert [load.infer(client, 7, version=v) for v in ("1", "2", "1")] == [1, 2, 1]
+        # Sequences run until the last step: once promoted, version 1 is unloaded (the config's own
+        # policy serves it only), and a sequence still on it would end with an error.
+        wait_until(lambda: rollout(c)["share"] == 100, 120, lambda: f"the last step: {rollout(c)}")
+        load.stop_sequences()
+        wait_until(lambda: rollout(c)["state"] == "promoted" and load.count() >= 2000, 180,
+                   lambda: f"promotion and 2000 requests: {rollout(c)}, {load.count()} done")
     finally:
         load.stop()
         shares.stop()
@@ -345,3 +364,39 @@ def test_shadow_answers_are_compared_and_never_reach_a_client(cluster, tmp_path,
         with urllib.request.urlopen(f"http://{n.http_url}/v2/models/{MODEL}/versions/2/stats", timeout=5) as r:
             ran += sum(s["inference_stats"]["success"]["count"] for s in json.loads(r.read())["model_stats"])
     assert ran >= shadow["compared"], (ran, shadow)
+
+
+def test_the_leaders_guard_judges_on_a_followers_reports(cluster_factory, tmp_path):
+    require_etcd()
+    etcd = Etcd(tmp_path / "etcd", tmp_path / "etcd.log").start()
+    try:
+        repo = make_repo(tmp_path / "repo", v2=(0, 5))
+        c = cluster_factory()
+        ha = ["--etcd-endpoints", etcd.endpoint, "--etcd-lease-secs", "5", "--load-timeout-ms", "60000"]
+        r1 = c.start_router([repo], ha + ["--router-name", "r1"], name="r1")
+        wait_until(lambda: r1.view()["router"]["lead"]["role"] == "leader", 60, "r1 to lead")
+        r2 = c.start_router([repo], ha + ["--router-name", "r2"], name="r2")
+        wait_until(lambda: r2.view()["router"]["lead"]["role"] == "follower", 60, "r2 to follow")
+        for name in ("n1", "n2"):
+            c.start_node(name, [], ["--cluster-cache", str(tmp_path / f"{name}-cache"),
+                                    "--cluster-join", r2.cluster_addr] + python_args(),
+                         wait_models=[], join=r1.cluster_addr, joined=False)
+        wait_until(lambda: version_ready(r1, 1) and version_ready(r2, 1), 90, "version 1 placed and ready")
+        start_rollout(c)  # sent to the follower, made by the leader
+        load = Load(r2.http_url)  # every request through the follower
+        resume(c)
+        try:
+            wait_until(lambda: rollout(r1)["state"] == "rolled_back", 120,
+                       lambda: f"the rollback: {rollout(r1)}, {load.count()} done")
+        finally:
+            load.stop()
+        errors = [d for d in load.done if d[3] is not None]
+        assert not errors and not load.wrong, (len(errors), errors[:3], load.wrong[:3])
+        wait_until(lambda: "version 2 failed" in rollout(r2)["reason"], 30,
+                   lambda: f"the follower to show the leader's rollback: {rollout(r2)}")
+        # The leader decided on the follower's answers: it routed none itself.
+        assert router_metric(r1, "mesh_router_rollout_events_total", model=MODEL, event="roll_back") == 1
+        assert router_metric(r1, "nv_inference_request_success", model=MODEL) == 0
+        assert router_metric(r2, "mesh_router_rollout_retries_total", model=MODEL) > 0
+    finally:
+        etcd.stop()

@@ -84,28 +84,43 @@ impl Tensor {
         element_count(&self.shape).unwrap_or(0)
     }
 
-    /// Every element as an f64 (64-bit integers beyond 2^53 rounded), None for BYTES; a trailing
-    /// partial element is not read.
-    pub fn as_f64s(&self) -> Option<Vec<f64>> {
-        fn read<const N: usize>(d: &[u8], f: impl Fn([u8; N]) -> f64) -> Vec<f64> {
-            d.chunks_exact(N)
-                .map(|c| f(c.try_into().expect("chunk of N bytes")))
-                .collect()
+    /// The largest absolute difference between this tensor's elements and `other`'s, read as f64
+    /// (64-bit integers beyond 2^53 rounded), without copying either: 0 when equal (NaN against NaN
+    /// and equal infinities too), infinite where one is NaN and the other not. None when they
+    /// differ in type or size, or are BYTES.
+    pub fn max_abs_diff(&self, other: &Tensor) -> Option<f64> {
+        fn fold<const N: usize>(a: &[u8], b: &[u8], f: impl Fn([u8; N]) -> f64) -> f64 {
+            let each = |c: &[u8]| f(c.try_into().expect("chunk of N bytes"));
+            a.chunks_exact(N)
+                .zip(b.chunks_exact(N))
+                .map(|(x, y)| {
+                    let (x, y) = (each(x), each(y));
+                    match (x.is_nan(), y.is_nan()) {
+                        (true, true) => 0.0,
+                        (false, false) if x == y => 0.0,
+                        (false, false) => (x - y).abs(),
+                        _ => f64::INFINITY,
+                    }
+                })
+                .fold(0.0, f64::max)
         }
-        let d = &self.data;
+        if self.dtype != other.dtype || self.data.len() != other.data.len() {
+            return None;
+        }
+        let (a, b) = (&self.data[..], &other.data[..]);
         Some(match self.dtype {
-            DataType::Bool | DataType::Uint8 => d.iter().map(|&b| f64::from(b)).collect(),
-            DataType::Int8 => d.iter().map(|&b| f64::from(b as i8)).collect(),
-            DataType::Uint16 => read(d, |b| f64::from(u16::from_le_bytes(b))),
-            DataType::Int16 => read(d, |b| f64::from(i16::from_le_bytes(b))),
-            DataType::Uint32 => read(d, |b| f64::from(u32::from_le_bytes(b))),
-            DataType::Int32 => read(d, |b| f64::from(i32::from_le_bytes(b))),
-            DataType::Uint64 => read(d, |b| u64::from_le_bytes(b) as f64),
-            DataType::Int64 => read(d, |b| i64::from_le_bytes(b) as f64),
-            DataType::Fp16 => read(d, |b| f64::from(half::f16::from_le_bytes(b))),
-            DataType::Bf16 => read(d, |b| f64::from(half::bf16::from_le_bytes(b))),
-            DataType::Fp32 => read(d, |b| f64::from(f32::from_le_bytes(b))),
-            DataType::Fp64 => read(d, f64::from_le_bytes),
+            DataType::Bool | DataType::Uint8 => fold::<1>(a, b, |x| f64::from(x[0])),
+            DataType::Int8 => fold::<1>(a, b, |x| f64::from(x[0] as i8)),
+            DataType::Uint16 => fold(a, b, |x| f64::from(u16::from_le_bytes(x))),
+            DataType::Int16 => fold(a, b, |x| f64::from(i16::from_le_bytes(x))),
+            DataType::Uint32 => fold(a, b, |x| f64::from(u32::from_le_bytes(x))),
+            DataType::Int32 => fold(a, b, |x| f64::from(i32::from_le_bytes(x))),
+            DataType::Uint64 => fold(a, b, |x| u64::from_le_bytes(x) as f64),
+            DataType::Int64 => fold(a, b, |x| i64::from_le_bytes(x) as f64),
+            DataType::Fp16 => fold(a, b, |x| f64::from(half::f16::from_le_bytes(x))),
+            DataType::Bf16 => fold(a, b, |x| f64::from(half::bf16::from_le_bytes(x))),
+            DataType::Fp32 => fold(a, b, |x| f64::from(f32::from_le_bytes(x))),
+            DataType::Fp64 => fold(a, b, f64::from_le_bytes),
             DataType::Bytes => return None,
         })
     }
@@ -296,34 +311,59 @@ mod tests {
     }
 
     #[test]
-    fn every_numeric_type_reads_as_f64_and_bytes_do_not() {
+    fn the_largest_difference_reads_every_numeric_type_and_not_bytes() {
+        let d = |a: Tensor, b: Tensor| a.max_abs_diff(&b);
+        let v = Tensor::from_values::<i8>;
+        assert_eq!(d(v(vec![2], &[-1, 7]), v(vec![2], &[1, 7])), Some(2.0));
         assert_eq!(
-            Tensor::from_values(vec![2], &[-1i8, 7]).as_f64s(),
-            Some(vec![-1.0, 7.0])
-        );
-        assert_eq!(Tensor::from_values(vec![1], &[-300i16]).as_f64s(), Some(vec![-300.0]));
-        assert_eq!(
-            Tensor::from_values(vec![1], &[70_000u32]).as_f64s(),
-            Some(vec![70_000.0])
-        );
-        assert_eq!(Tensor::from_values(vec![1], &[-5i64]).as_f64s(), Some(vec![-5.0]));
-        assert_eq!(
-            Tensor::from_values(vec![1], &[u64::MAX]).as_f64s(),
-            Some(vec![u64::MAX as f64])
+            d(
+                Tensor::from_values(vec![1], &[-300i16]),
+                Tensor::from_values(vec![1], &[300i16])
+            ),
+            Some(600.0)
         );
         assert_eq!(
-            Tensor::from_values(vec![2], &[true, false]).as_f64s(),
-            Some(vec![1.0, 0.0])
+            d(
+                Tensor::from_values(vec![1], &[7u32]),
+                Tensor::from_values(vec![1], &[70_000u32])
+            ),
+            Some(69_993.0)
         );
-        assert_eq!(Tensor::from_values(vec![1], &[1.5f32]).as_f64s(), Some(vec![1.5]));
-        assert_eq!(Tensor::from_values(vec![1], &[-2.25f64]).as_f64s(), Some(vec![-2.25]));
-        let h = Tensor {
-            dtype: DataType::Fp16,
-            shape: vec![1],
-            data: Bytes::copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes()),
-        };
-        assert_eq!(h.as_f64s(), Some(vec![0.5]));
-        assert_eq!(Tensor::from_bytes_elements(vec![1], [b"x"]).as_f64s(), None);
+        assert_eq!(
+            d(
+                Tensor::from_values(vec![1], &[u64::MAX]),
+                Tensor::from_values(vec![1], &[0u64])
+            ),
+            Some(u64::MAX as f64)
+        );
+        assert_eq!(
+            d(
+                Tensor::from_values(vec![2], &[true, false]),
+                Tensor::from_values(vec![2], &[true, true])
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            d(
+                Tensor::from_values(vec![1], &[1.5f32]),
+                Tensor::from_values(vec![1], &[1.0f32])
+            ),
+            Some(0.5)
+        );
+        let h = |x: f32| Tensor::from_values(vec![1], &[half::f16::from_f32(x)]);
+        assert_eq!(d(h(0.5), h(0.25)), Some(0.25));
+        let f = |x: &[f64]| Tensor::from_values(vec![x.len() as i64], x);
+        assert_eq!(d(f(&[f64::NAN, 1.0]), f(&[f64::NAN, 1.0])), Some(0.0));
+        assert_eq!(d(f(&[f64::NAN]), f(&[1.0])), Some(f64::INFINITY));
+        assert_eq!(d(f(&[f64::INFINITY]), f(&[f64::INFINITY])), Some(0.0));
+        assert_eq!(d(f(&[1.0]), f(&[1.0, 2.0])), None, "sizes differ");
+        assert_eq!(
+            d(f(&[1.0]), Tensor::from_values(vec![1], &[1.0f32])),
+            None,
+            "types differ"
+        );
+        let text = Tensor::from_bytes_elements(vec![1], [b"x"]);
+        assert_eq!(text.max_abs_diff(&text), None);
     }
 
     #[test]

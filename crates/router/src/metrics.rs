@@ -94,9 +94,24 @@ pub fn rollout_event(model: &str, event: &'static str) {
     counter!("mesh_router_rollout_events_total", "model" => model.to_string(), "event" => event).increment(1);
 }
 
-/// The candidate's share of `model`'s versionless requests now.
-pub fn rollout_share(model: &str, share: u8) {
-    gauge!("mesh_router_rollout_share", "model" => model.to_string()).set(f64::from(share));
+/// The rollouts last published, so that a rollout dropped (its model unloaded) is set to zero.
+static ROLLOUTS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// The candidate's share of each rolled-out model's versionless requests now; 0 for a model whose
+/// rollout is gone.
+pub fn rollout_shares(shares: &[(String, u8)]) {
+    let set = |model: &str, share: u8| {
+        gauge!("mesh_router_rollout_share", "model" => model.to_string()).set(f64::from(share));
+    };
+    let now: BTreeSet<String> = shares.iter().map(|(m, _)| m.clone()).collect();
+    let mut published = ROLLOUTS.lock().unwrap_or_else(|e| e.into_inner());
+    for gone in published.difference(&now) {
+        set(gone, 0);
+    }
+    for (model, share) in shares {
+        set(model, *share);
+    }
+    *published = now;
 }
 
 /// A shadow request of `model`'s rollout and how it ended.

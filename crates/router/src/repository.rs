@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use mesh::cluster::ship::{self, Manifest};
-use mesh::config::{parse_pbtxt, parse_pbtxt_with_fields, ModelConfig};
+use mesh::config::{parse_pbtxt, ModelConfig};
 use mesh::overrides::OverrideDir;
 use mesh::proto::model_instance_group::Kind;
 
@@ -19,11 +19,9 @@ pub struct RepoModel {
     pub manifest: Manifest,
     /// A config override from a repository `load` (Triton's JSON), empty for none.
     pub config_override: String,
-    /// The config it is placed with, read (the override, else config.pbtxt, else empty): a
-    /// rollout places it with its version policy widened.
+    /// Its config as read here (the override, else config.pbtxt, else empty): what a finished
+    /// rollout's version policy is judged against.
     pub config: ModelConfig,
-    /// Its config leaves max_batch_size to the node's auto-complete.
-    pub auto_batch: bool,
     pub min: Option<u32>,
     pub max: Option<u32>,
     pub needs_gpu: bool,
@@ -81,14 +79,14 @@ pub fn wants(config: &ModelConfig) -> Result<Wants, String> {
 }
 
 /// The config a model directory is placed with: the override, else config.pbtxt, else none
-/// (the node auto-completes it), with whether it leaves max_batch_size to auto-complete.
-fn read_config(dir: &Path, config_override: &str) -> Result<(ModelConfig, bool), String> {
+/// (the node auto-completes it).
+fn read_config(dir: &Path, config_override: &str) -> Result<ModelConfig, String> {
     if !config_override.is_empty() {
-        return mesh::config::config_from_json(config_override).map(|c| (c, false));
+        return mesh::config::config_from_json(config_override);
     }
     match std::fs::read_to_string(dir.join("config.pbtxt")) {
-        Ok(text) => parse_pbtxt_with_fields(&text).map(|(c, set)| (c, !set.iter().any(|f| f == "max_batch_size"))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((ModelConfig::default(), true)),
+        Ok(text) => parse_pbtxt(&text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
         Err(e) => Err(format!("cannot read config.pbtxt: {e}")),
     }
 }
@@ -106,7 +104,7 @@ pub fn read_model(
     if let Some(p) = previous.filter(|p| p.stat == stat && p.dir == dir && p.config_override == config_override) {
         return Ok(p.clone());
     }
-    let (config, auto_batch) = read_config(dir, &config_override)?;
+    let config = read_config(dir, &config_override)?;
     if !config.name.is_empty() && config.name != name {
         return Err(format!(
             "config names the model '{}', but its directory is '{name}'; they must match",
@@ -125,7 +123,6 @@ pub fn read_model(
         manifest,
         config_override,
         config,
-        auto_batch,
         min: wants.min,
         max: wants.max,
         needs_gpu: wants.needs_gpu,

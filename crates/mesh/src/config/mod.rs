@@ -35,12 +35,12 @@ pub fn message_to_json<M: Message>(msg: &M, full_name: &str) -> serde_json::Valu
         .expect("serializing a message into a JSON value cannot fail")
 }
 
-/// The config as Triton's config endpoint renders it.
-/// A config parameter a router adds to a config override it makes from a config.pbtxt that did not
-/// set max_batch_size (a rollout's widened version policy), so the node still auto-completes it;
-/// the node takes it out again.
-pub const AUTO_MAX_BATCH_SIZE: &str = "mesh.auto_max_batch_size";
+/// A config parameter that makes a config override carry only its version policy: the node reads
+/// the model's own config as without an override and serves the versions this one names (a router's
+/// rollout places a model so, with both versions).
+pub const VERSION_POLICY_ONLY: &str = "mesh.version_policy_only";
 
+/// The config as Triton's config endpoint renders it.
 pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
     message_to_json(config, "inference.ModelConfig")
 }

@@ -17,7 +17,8 @@ use crate::rollout::{report, Command};
 async fn show(dispatch: Arc<RouterDispatch>, model: String) -> Response {
     match dispatch.placement.rollout_status(&model) {
         Some(mut status) => {
-            if let Some(shadow) = dispatch.shadow_status(&model) {
+            let started = status["started_ms"].as_u64().unwrap_or(0);
+            if let Some(shadow) = dispatch.shadow_status(&model, started) {
                 // This router's shadows (each router compares its own).
                 status["shadow_results"] = shadow;
             }

@@ -31,6 +31,10 @@ pub(super) struct Side {
     pub open: bool,
     /// Percent of the serving version's requests also sent to the candidate as shadows.
     pub shadow: u8,
+    /// When the rollout started (names it among the model's rollouts).
+    pub started: u64,
+    /// The request set its own deadline (its `timeout` parameter).
+    client_deadline: bool,
     /// When the request went to its side's version (for the tallied latency).
     since: Instant,
 }
@@ -75,11 +79,17 @@ impl RouterDispatch {
             candidate: rollout.candidate.clone(),
             open: rollout.is_open(),
             shadow: rollout.shadow,
+            started: rollout.started,
+            client_deadline: mesh::params::timeout(&request.parameters).ok().flatten().is_some(),
             since: Instant::now(),
         };
         let table = self.view.routing();
         let ready = |arm| table.resolve(&request.model_name, side.version(arm)).is_ok();
-        let sequence = super::forward::sequence_of(request);
+        // A sequence's pin is its model's and this rollout's (ids are the client's, per model).
+        let sequence = super::forward::sequence_of(request).map(|id| {
+            let m = &request.model_name;
+            format!("{m}\0{}\0{}\0{}\0{id}", side.serving, side.candidate, side.started)
+        });
         let key = client_key(&request.parameters);
         let key = match (&sequence, &key) {
             (Some(id), _) => {
@@ -108,12 +118,13 @@ impl RouterDispatch {
         let state = r.state();
         let now = Instant::now();
         let safe = split::retry_on_serving(error.code, r.sequence().is_some(), state.answers(), state.idempotent());
-        if side.arm != Arm::Candidate || !safe || now >= r.deadline() {
+        // Only while the rollout runs: once over, the serving version may be gone.
+        if side.arm != Arm::Candidate || !side.open || !safe || now >= r.deadline() {
             return false;
         }
         let took = now - side.since;
         let model = request.model_name.clone();
-        self.tally(side, &model, false, now);
+        self.tally::<()>(side, &model, Err(error), r.deadline(), now);
         metrics::request(&model, &side.candidate, 1, took, Some(error.metric_reason()));
         metrics::rollout_retry(&model);
         tracing::debug!(model = %model, candidate = %side.candidate, serving = %side.serving,
@@ -125,8 +136,22 @@ impl RouterDispatch {
         true
     }
 
-    /// Tallies an answer of the side's version for the guard (a running rollout's only).
-    pub(super) fn tally(&self, side: &Side, model: &str, ok: bool, now: Instant) {
+    /// Tallies an answer of the side's version for the guard (a running rollout's only): a success,
+    /// or the server's failure; a client's own mistake, or a deadline the client set that passed,
+    /// counts for neither version (a client cannot steer the guard).
+    pub(super) fn tally<T>(
+        &self,
+        side: &Side,
+        model: &str,
+        result: Result<T, &Error>,
+        deadline: Instant,
+        now: Instant,
+    ) {
+        let ok = match result {
+            Ok(_) => true,
+            Err(e) if split::servers_failure(e.code) && !(side.client_deadline && now >= deadline) => false,
+            Err(_) => return,
+        };
         if side.open {
             let pair = (side.serving.as_str(), side.candidate.as_str());
             self.placement.tally(model, pair, side.arm, ok, now - side.since);

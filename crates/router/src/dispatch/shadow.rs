@@ -48,18 +48,22 @@ impl Default for Shadows {
 }
 
 impl Shadows {
-    /// `f` on `model`'s results of the rollout from `serving` to `candidate` (new ones when the
-    /// rollout changed).
-    fn with(&self, model: &str, (serving, candidate): (&str, &str), f: impl FnOnce(&mut Results)) {
+    /// `f` on `model`'s results of `rollout` (serving, candidate, started; new ones when the
+    /// model's rollout is another).
+    fn with(&self, model: &str, rollout: (&str, &str, u64), f: impl FnOnce(&mut Results)) {
         let mut all = self.results.locked();
-        let r = all
-            .entry(model.to_string())
-            .or_insert_with(|| Results::new(serving, candidate));
-        if r.versions != (serving.to_string(), candidate.to_string()) {
-            *r = Results::new(serving, candidate);
+        let r = all.entry(model.to_string()).or_insert_with(|| Results::new(rollout));
+        let (serving, candidate, started) = rollout;
+        if r.rollout != (serving.to_string(), candidate.to_string(), started) {
+            *r = Results::new(rollout);
         }
         f(r);
     }
+}
+
+/// The bytes of an answer's outputs.
+fn outputs_size(answer: &InferResponse) -> usize {
+    answer.outputs.iter().map(|t| t.tensor.data.len()).sum()
 }
 
 /// Why a shadow got no answer.
@@ -75,7 +79,7 @@ struct Shadow {
     view: Arc<RoutingView>,
     shadows: Arc<Shadows>,
     model: String,
-    versions: (String, String),
+    rollout: (String, String, u64),
     request: InferRequest,
     held: usize,
 }
@@ -83,7 +87,8 @@ struct Shadow {
 impl RouterDispatch {
     /// Starts the shadow of `request` when its rollout shadows a share that its draw falls in and
     /// there is room; answers where the client's answer (and how long it took) goes to be compared.
-    /// Requests of a sequence are never shadowed (the candidate holds no state of theirs).
+    /// Requests of a sequence are never shadowed (the candidate holds no state of theirs), nor those
+    /// of a model marked `mesh.idempotent: false`.
     pub(super) fn shadow(
         &self,
         side: &Side,
@@ -93,14 +98,18 @@ impl RouterDispatch {
         if side.arm != Arm::Serving || !side.open || is_sequence || !shadow::shadowed(rand::random(), side.shadow) {
             return None;
         }
-        let versions = (side.serving.as_str(), side.candidate.as_str());
+        // A model marked `mesh.idempotent: false` must not run a request twice.
+        if !crate::route::attempt::may_run_twice(&self.view.routing(), &request.model_name, &side.candidate) {
+            return None;
+        }
+        let rollout = (side.serving.as_str(), side.candidate.as_str(), side.started);
         let model = request.model_name.clone();
         let size = request.inputs.iter().map(|t| t.tensor.data.len()).sum::<usize>();
         let slot = self.shadows.slots.clone().try_acquire_owned().ok();
         let held = self.shadows.bytes.fetch_add(size, Ordering::AcqRel) + size;
         let Some(slot) = slot.filter(|_| held <= MAX_SHADOW_BYTES) else {
             self.shadows.bytes.fetch_sub(size, Ordering::AcqRel);
-            self.shadows.with(&model, versions, |r| r.dropped += 1);
+            self.shadows.with(&model, rollout, |r| r.dropped += 1);
             metrics::rollout_shadow(&model, "dropped");
             return None;
         };
@@ -110,7 +119,7 @@ impl RouterDispatch {
             view: self.view.clone(),
             shadows: self.shadows.clone(),
             model,
-            versions: (side.serving.clone(), side.candidate.clone()),
+            rollout: (side.serving.clone(), side.candidate.clone(), side.started),
             request: copy,
             held: size,
         };
@@ -122,9 +131,11 @@ impl RouterDispatch {
         Some(tx)
     }
 
-    /// This router's shadow results of `model`'s rollout, if it shadowed any.
-    pub fn shadow_status(&self, model: &str) -> Option<Value> {
-        self.shadows.results.locked().get(model).map(Results::status)
+    /// This router's shadow results of `model`'s rollout that started at `started`, if it
+    /// shadowed any.
+    pub fn shadow_status(&self, model: &str, started: u64) -> Option<Value> {
+        let all = self.shadows.results.locked();
+        all.get(model).filter(|r| r.rollout.2 == started).map(Results::status)
     }
 }
 
@@ -134,7 +145,7 @@ impl Shadow {
         let result = self.send().await;
         let took = started.elapsed();
         self.shadows.bytes.fetch_sub(self.held, Ordering::AcqRel);
-        let versions = (self.versions.0.as_str(), self.versions.1.as_str());
+        let versions = (self.rollout.0.as_str(), self.rollout.1.as_str(), self.rollout.2);
         let outcome = match result {
             Err(NotAnswered::NoReplica) => {
                 self.shadows.with(&self.model, versions, |r| r.dropped += 1);
@@ -150,13 +161,32 @@ impl Shadow {
                 let Ok(Ok((real, real_took))) = tokio::time::timeout(ANSWER_WAIT, answer).await else {
                     return;
                 };
-                let c = shadow::compare(&real.outputs, &shadow.outputs);
-                self.shadows
-                    .with(&self.model, versions, |r| r.compared(&c, real_took, took));
-                if c.mismatched {
-                    "mismatched"
+                // Both answers are held while compared: within the shadows' bytes, off the async
+                // threads (a large output takes a while).
+                let size = outputs_size(&real) + outputs_size(&shadow);
+                let held = self.shadows.bytes.fetch_add(size, Ordering::AcqRel) + size;
+                let compared = if held <= MAX_SHADOW_BYTES {
+                    tokio::task::spawn_blocking(move || shadow::compare(&real.outputs, &shadow.outputs))
+                        .await
+                        .ok()
                 } else {
-                    "matched"
+                    None
+                };
+                self.shadows.bytes.fetch_sub(size, Ordering::AcqRel);
+                match compared {
+                    None => {
+                        self.shadows.with(&self.model, versions, |r| r.dropped += 1);
+                        "dropped"
+                    }
+                    Some(c) => {
+                        self.shadows
+                            .with(&self.model, versions, |r| r.compared(&c, real_took, took));
+                        if c.mismatched {
+                            "mismatched"
+                        } else {
+                            "matched"
+                        }
+                    }
                 }
             }
         };

@@ -36,10 +36,10 @@ pub fn compare(real: &[NamedTensor], shadow: &[NamedTensor]) -> Comparison {
         let diff = match shadow.iter().find(|s| s.name == r.name) {
             None => f64::INFINITY,
             Some(s) if s.tensor.dtype != r.tensor.dtype || s.tensor.shape != r.tensor.shape => f64::INFINITY,
-            Some(s) => match (r.tensor.as_f64s(), s.tensor.as_f64s()) {
-                (Some(a), Some(b)) if a.len() == b.len() => largest_difference(&a, &b),
-                (None, None) if r.tensor.data == s.tensor.data => 0.0,
-                _ => f64::INFINITY,
+            Some(s) => match r.tensor.max_abs_diff(&s.tensor) {
+                Some(d) => d,
+                None if r.tensor.data == s.tensor.data => 0.0, // BYTES, equal
+                None => f64::INFINITY,
             },
         };
         diffs.push((r.name.clone(), diff));
@@ -49,23 +49,11 @@ pub fn compare(real: &[NamedTensor], shadow: &[NamedTensor]) -> Comparison {
     Comparison { diffs, mismatched }
 }
 
-fn largest_difference(a: &[f64], b: &[f64]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| match (x.is_nan(), y.is_nan()) {
-            (true, true) => 0.0,
-            (false, false) if x == y => 0.0, // equal infinities too
-            (false, false) => (x - y).abs(),
-            _ => f64::INFINITY,
-        })
-        .fold(0.0, f64::max)
-}
-
 /// One model's shadow results on this router since its rollout started.
 #[derive(Debug, Clone, Default)]
 pub struct Results {
-    /// The rollout they belong to (serving, candidate).
-    pub versions: (String, String),
+    /// The rollout they belong to (serving, candidate, when it started).
+    pub rollout: (String, String, u64),
     pub compared: u64,
     pub mismatched: u64,
     /// Shadows the candidate failed (or that did not answer in time).
@@ -80,9 +68,9 @@ pub struct Results {
 }
 
 impl Results {
-    pub fn new(serving: &str, candidate: &str) -> Results {
+    pub fn new((serving, candidate, started): (&str, &str, u64)) -> Results {
         Results {
-            versions: (serving.to_string(), candidate.to_string()),
+            rollout: (serving.to_string(), candidate.to_string(), started),
             ..Results::default()
         }
     }
@@ -185,7 +173,7 @@ mod tests {
 
     #[test]
     fn results_keep_the_largest_difference_and_are_bounded() {
-        let mut r = Results::new("1", "2");
+        let mut r = Results::new(("1", "2", 7));
         let ms = Duration::from_millis(1);
         r.compared(&compare(&[out("Y", &[1.0])], &[out("Y", &[1.5])]), ms, 2 * ms);
         r.compared(&compare(&[out("Y", &[1.0])], &[out("Y", &[1.25])]), ms, 2 * ms);

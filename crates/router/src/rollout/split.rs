@@ -25,28 +25,31 @@ pub enum Key<'a> {
 /// The side a request with `key` goes to at `share` percent, at `now`; `ready(arm)`: whether that
 /// side's version has a replica to take it. A side with none gives its request to the other (a
 /// version still loading, or already unloaded), except that at share 0 (rolled back or aborted) the
-/// candidate never gets one; with neither ready it goes to the serving version, which routing waits
-/// for.
+/// candidate never gets a request that is not already its, and a sequence under way stays where
+/// its pin says whatever the replicas (its state is there; routing waits or fails as it would
+/// without a rollout). With neither side ready a request goes to the serving version, which
+/// routing waits for. A sequence's `id` names it within its rollout (the caller makes it unique to
+/// the model and the rollout).
 pub fn choose(key: Key<'_>, share: u8, pins: &mut Pins, now: Instant, ready: impl Fn(Arm) -> bool) -> Arm {
-    let wanted = match key {
+    let (wanted, pinned) = match key {
         Key::Sequence { id, start, end } => pins.arm(id, (start, end), share, now),
-        Key::Client(k) => arm_of_key(k, share),
-        Key::Drawn(d) => arm_of_bucket(d % BUCKETS, share),
+        Key::Client(k) => (arm_of_key(k, share), false),
+        Key::Drawn(d) => (arm_of_bucket(d % BUCKETS, share), false),
     };
     let other = match wanted {
         Arm::Serving => Arm::Candidate,
         Arm::Candidate => Arm::Serving,
     };
-    let arm = if ready(wanted) {
+    let arm = if pinned || ready(wanted) {
         wanted
     } else if share > 0 && ready(other) {
         other
     } else {
         Arm::Serving
     };
-    if let (Key::Sequence { id, start, end }, true) = (key, arm != wanted) {
-        // The sequence runs where it went; its pin says so.
-        pins.repin(id, arm, (start, end), now);
+    if let (Key::Sequence { id, end, .. }, true) = (key, arm != wanted) {
+        // A new sequence runs where it went; its pin says so.
+        pins.repin(id, arm, end, now);
     }
     arm
 }
@@ -59,12 +62,18 @@ pub fn choose(key: Key<'_>, share: u8, pins: &mut Pins, now: Instant, ready: imp
 /// failures (internal, unavailable, overloaded, the model's own UNKNOWN, the version not found),
 /// never the client's (a bad input fails on any version).
 pub fn retry_on_serving(code: Code, in_sequence: bool, answers: u32, idempotent: bool) -> bool {
-    let servers = matches!(
+    let never_ran = matches!(code, Code::Overloaded | Code::NotFound);
+    servers_failure(code) && !in_sequence && answers == 0 && (idempotent || never_ran)
+}
+
+/// Whether a failure is the server's (internal, unavailable, overloaded, the model's own UNKNOWN,
+/// the version not found), which counts against its version in the guard; a client's own mistake
+/// (a bad input, a payload too large, a cancel) counts for neither version.
+pub fn servers_failure(code: Code) -> bool {
+    matches!(
         code,
         Code::Internal | Code::Unavailable | Code::Overloaded | Code::Unknown | Code::NotFound
-    );
-    let never_ran = matches!(code, Code::Overloaded | Code::NotFound);
-    servers && !in_sequence && answers == 0 && (idempotent || never_ran)
+    )
 }
 
 /// Buckets of the split: a share of p percent is the buckets below 100 p.
@@ -97,16 +106,23 @@ pub fn arm_of_key(key: &str, share: u8) -> Arm {
 
 /// Sequences' versions, pinned at their first request: at most `cap` of them, each forgotten when
 /// its sequence ends or after `idle` without a request. A sequence that finds no room is not
-/// pinned and follows its id's bucket ([`arm_of_key`]), which holds while the share does.
+/// pinned and follows its id's bucket ([`arm_of_key`]), which holds while the share does. A pin is
+/// kept under a 64-bit hash of its id, so a pin's size is fixed whatever the client's id.
 #[derive(Debug)]
 pub struct Pins {
-    pins: HashMap<String, (Arm, Instant)>,
+    pins: HashMap<u64, (Arm, Instant)>,
     cap: usize,
     idle: Duration,
     /// When the expired pins were last swept (at most once per quarter of `idle`).
     swept: Option<Instant>,
     /// Sequences that found no room.
     pub unpinned: u64,
+}
+
+/// A sequence id's pin key.
+fn pin_key(id: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(id)
 }
 
 impl Pins {
@@ -121,9 +137,11 @@ impl Pins {
     }
 
     /// The version of a request of `sequence` at `now` (`start`: its first request, which pins it
-    /// anew; `end`: its last, which lets it go), the candidate's share being `share`.
-    pub fn arm(&mut self, sequence: &str, (start, end): (bool, bool), share: u8, now: Instant) -> Arm {
-        let pinned = match self.pins.get_mut(sequence) {
+    /// anew; `end`: its last, which lets it go), the candidate's share being `share`; and whether
+    /// that came from its pin (a sequence under way).
+    pub fn arm(&mut self, sequence: &str, (start, end): (bool, bool), share: u8, now: Instant) -> (Arm, bool) {
+        let key = pin_key(sequence);
+        let pinned = match self.pins.get_mut(&key) {
             Some((arm, seen)) if !start && now.saturating_duration_since(*seen) < self.idle => {
                 *seen = now;
                 Some(*arm)
@@ -132,27 +150,29 @@ impl Pins {
         };
         let arm = pinned.unwrap_or_else(|| arm_of_key(sequence, share));
         if end {
-            self.pins.remove(sequence);
+            self.pins.remove(&key);
         } else if pinned.is_none() {
-            self.pin(sequence, arm, now);
+            self.pin(key, arm, now);
         }
-        arm
+        (arm, pinned.is_some())
     }
 
-    /// Pins `sequence` to `arm` after its request went there instead of where its pin said.
-    fn repin(&mut self, sequence: &str, arm: Arm, (_, end): (bool, bool), now: Instant) {
+    /// Pins a new `sequence` to `arm` after its request went there instead of where its id's
+    /// bucket said.
+    fn repin(&mut self, sequence: &str, arm: Arm, end: bool, now: Instant) {
         if !end {
-            self.pins.remove(sequence);
-            self.pin(sequence, arm, now);
+            let key = pin_key(sequence);
+            self.pins.remove(&key);
+            self.pin(key, arm, now);
         }
     }
 
-    fn pin(&mut self, sequence: &str, arm: Arm, now: Instant) {
-        if self.pins.len() >= self.cap && !self.pins.contains_key(sequence) {
+    fn pin(&mut self, key: u64, arm: Arm, now: Instant) {
+        if self.pins.len() >= self.cap && !self.pins.contains_key(&key) {
             self.sweep(now);
         }
-        if self.pins.len() < self.cap || self.pins.contains_key(sequence) {
-            self.pins.insert(sequence.to_string(), (arm, now));
+        if self.pins.len() < self.cap || self.pins.contains_key(&key) {
+            self.pins.insert(key, (arm, now));
         } else {
             self.unpinned += 1;
         }

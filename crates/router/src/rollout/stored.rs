@@ -31,6 +31,10 @@ pub struct Stored {
     #[serde(default)]
     pub shadow: u8,
     pub phase: Phase,
+    /// When it started, in ms since the Unix epoch (names this rollout among the model's; 0 in one
+    /// stored by an older build).
+    #[serde(default)]
+    pub started: u64,
 }
 
 impl Stored {
@@ -47,6 +51,9 @@ impl Stored {
             max_p99_ratio: spec.guard.max_p99_ratio,
             shadow: spec.shadow,
             phase,
+            started: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
         }
     }
 
@@ -171,6 +178,7 @@ impl Stored {
             "max_error_rate_increase": self.max_error_rate_increase,
             "max_p99_ratio": self.max_p99_ratio,
             "shadow": self.shadow,
+            "started_ms": self.started,
         })
     }
 }

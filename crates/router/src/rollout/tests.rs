@@ -231,24 +231,28 @@ fn a_sequence_keeps_its_version_until_it_ends_or_goes_idle() {
         .take(3)
         .collect();
     for s in &seqs {
-        assert_eq!(pins.arm(s, (true, false), 5, t0), Arm::Serving);
+        assert_eq!(pins.arm(s, (true, false), 5, t0).0, Arm::Serving);
     }
     for s in &seqs {
-        assert_eq!(pins.arm(s, (false, false), 100, t0 + MS), Arm::Serving, "mid-sequence");
+        assert_eq!(
+            pins.arm(s, (false, false), 100, t0 + MS).0,
+            Arm::Serving,
+            "mid-sequence"
+        );
     }
     assert_eq!(
-        pins.arm(&seqs[0], (false, true), 100, t0 + MS),
+        pins.arm(&seqs[0], (false, true), 100, t0 + MS).0,
         Arm::Serving,
         "its END too"
     );
     assert_eq!(pins.len(), 2, "an ended sequence is let go");
     assert_eq!(
-        pins.arm(&seqs[0], (true, false), 100, t0 + MS),
+        pins.arm(&seqs[0], (true, false), 100, t0 + MS).0,
         Arm::Candidate,
         "a new START"
     );
     assert_eq!(
-        pins.arm(&seqs[1], (false, false), 100, t0 + MS + idle),
+        pins.arm(&seqs[1], (false, false), 100, t0 + MS + idle).0,
         Arm::Candidate,
         "idle: forgotten"
     );
@@ -323,6 +327,16 @@ fn a_sequence_that_went_to_the_other_side_stays_there() {
     );
     assert_eq!(choose(seq(false, true), 50, &mut pins, t0 + MS, |_| true), Arm::Serving);
     assert!(pins.is_empty(), "its END lets it go");
+    // A sequence under way on the candidate stays there when its replicas go (its state is
+    // there: routing waits or fails), and after a rollback too, to its END.
+    assert_eq!(choose(seq(true, false), 50, &mut pins, t0, |_| true), Arm::Candidate);
+    assert_eq!(
+        choose(seq(false, false), 50, &mut pins, t0, |a| a == Arm::Serving),
+        Arm::Candidate
+    );
+    assert_eq!(choose(seq(false, false), 0, &mut pins, t0, |_| true), Arm::Candidate);
+    // A new one at share 0 never goes there.
+    assert_eq!(choose(seq(true, false), 0, &mut pins, t0, |_| true), Arm::Serving);
 }
 
 #[test]

@@ -258,6 +258,14 @@ pub fn idempotent(config: &mesh::config::ModelConfig) -> bool {
         .is_none_or(|p| !p.string_value.trim().eq_ignore_ascii_case("false"))
 }
 
+/// Whether version `version` of `model` may run twice, as the cluster serves it (true when the
+/// table does not know it).
+pub fn may_run_twice(table: &RoutingTable, model: &str, version: &str) -> bool {
+    table
+        .model_view(model, version)
+        .map_or(true, |v| idempotent_in(table, &v.config, 0))
+}
+
 /// Whether a model served in the cluster is idempotent: its own flag, and for an ensemble a node
 /// runs whole, every step model's too (nested ensembles to a few levels).
 fn idempotent_in(table: &RoutingTable, config: &mesh::config::ModelConfig, depth: usize) -> bool {

@@ -38,6 +38,8 @@ pub struct Placement {
     tallies: std::sync::Mutex<HashMap<String, Tally>>,
     /// A follower's tallies waiting to go to the leader, and when the last ones went.
     outbox: std::sync::Mutex<(HashMap<String, Tally>, Option<Instant>)>,
+    /// When a report last failed to reach the leader with a log line, in ms since `started`.
+    tally_warned: Arc<AtomicU64>,
 }
 
 /// How often a follower sends its tallies to the leader.
@@ -62,6 +64,7 @@ impl Placement {
             started: Instant::now(),
             tallies: Default::default(),
             outbox: Default::default(),
+            tally_warned: Arc::default(),
         }
     }
 
@@ -255,6 +258,8 @@ impl Placement {
     pub(crate) fn hand_over(&self, taken: Vec<(String, Tally)>, now: Instant) {
         use mesh::sync::Locked;
         let Some((leader, http)) = self.leader_elsewhere() else {
+            // Leading (or alone): nothing waits to go to another leader any more.
+            self.outbox.locked().0.clear();
             return;
         };
         let due = {
@@ -278,11 +283,18 @@ impl Placement {
             std::mem::take(pending)
         };
         let rules = self.rules.clone();
+        let warned = self.tally_warned.clone();
+        let now_ms = self.started.elapsed().as_millis() as u64;
         tokio::spawn(async move {
             for (model, tally) in due {
                 let report = Forward::tally(&model, &tally);
                 if let Err(e) = report.send(&leader, &http, Duration::from_secs(5), &rules).await {
-                    tracing::warn!(model = %model, "a rollout tally did not reach the leader: {e}");
+                    // Once a minute at most: a leader that refuses every report would fill the log.
+                    let last = warned.load(Ordering::Relaxed);
+                    if last == 0 || now_ms.saturating_sub(last) >= 60_000 {
+                        warned.store(now_ms.max(1), Ordering::Relaxed);
+                        tracing::warn!(model = %model, "a rollout tally did not reach the leader: {e}");
+                    }
                 }
             }
         });

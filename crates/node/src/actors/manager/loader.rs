@@ -297,12 +297,15 @@ pub fn written_config(
     settings: &LoadSettings,
 ) -> Result<(ModelConfig, bool), String> {
     let (mut config, sets_mbs) = match override_config {
+        // A router's rollout: the model's own config, serving the versions the override names.
+        Some(c) if c.parameters.contains_key(mesh::config::VERSION_POLICY_ONLY) => {
+            let (mut own, sets_mbs) = read_config(dir, settings.config_name.as_deref())?;
+            own.version_policy = c.version_policy;
+            (own, sets_mbs)
+        }
         Some(mut c) => {
             adopt_name(&mut c, &dir.name, "the config override")?;
-            // A router's rollout places a config.pbtxt that left max_batch_size to auto-complete
-            // with its version policy widened: it is still left to auto-complete.
-            let auto = c.parameters.remove(mesh::config::AUTO_MAX_BATCH_SIZE).is_some();
-            (c, !auto)
+            (c, true)
         }
         None => read_config(dir, settings.config_name.as_deref())?,
     };

@@ -110,3 +110,40 @@ fn a_count_change_alone_applies_in_place() {
         "any other change reloads"
     );
 }
+
+#[test]
+fn a_rollouts_override_brings_only_its_version_policy() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("m");
+    std::fs::create_dir_all(dir.join("configs")).unwrap();
+    let own = "name: \"m\"\nbackend: \"python\"\nversion_policy: { specific: { versions: [1] } }\n";
+    std::fs::write(dir.join("config.pbtxt"), own).unwrap();
+    std::fs::write(
+        dir.join("configs").join("big.pbtxt"),
+        format!("{own}max_batch_size: 8\n"),
+    )
+    .unwrap();
+    let md = ModelDir::at("m", dir);
+    let policy_only = mesh::config::config_from_json(
+        r#"{"name": "m", "version_policy": {"specific": {"versions": [1, 2]}},
+            "parameters": {"mesh.version_policy_only": {"string_value": "true"}}}"#,
+    )
+    .unwrap();
+    let settings = |name: Option<&str>| LoadSettings {
+        config_name: name.map(str::to_string),
+        auto_complete: true,
+        retries: 0,
+        threads: 1,
+        namespacing: false,
+        gpu_limits: BTreeMap::new(),
+    };
+    let versions = |c: &ModelConfig| format!("{:?}", c.version_policy.as_ref().unwrap().policy_choice);
+    // Its own config.pbtxt (max_batch_size still left to auto-complete), serving both versions.
+    let (c, sets_mbs) = written_config(&md, Some(policy_only.clone()), &settings(None)).unwrap();
+    assert_eq!((c.backend.as_str(), sets_mbs, c.parameters.len()), ("python", false, 0));
+    assert_eq!(versions(&c), "Some(Specific(Specific { versions: [1, 2] }))");
+    // --model-config-name still picks its file.
+    let (c, sets_mbs) = written_config(&md, Some(policy_only), &settings(Some("big"))).unwrap();
+    assert_eq!((c.max_batch_size, sets_mbs), (8, true));
+    assert_eq!(versions(&c), "Some(Specific(Specific { versions: [1, 2] }))");
+}

@@ -142,9 +142,8 @@ impl PlacementState {
             crate::metrics::placement_event(e.kind.as_str());
         }
         crate::metrics::replicas(&out.view.models);
-        for (model, r) in &out.view.rollouts {
-            crate::metrics::rollout_share(model, r.share());
-        }
+        let shares: Vec<(String, u8)> = out.view.rollouts.iter().map(|(m, r)| (m.clone(), r.share())).collect();
+        crate::metrics::rollout_shares(&shares);
         self.handle.publish(out.view);
     }
 

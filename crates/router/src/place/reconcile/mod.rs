@@ -176,8 +176,8 @@ pub struct Reconcile {
     /// Each model's rollout, kept for the next leader (the operator's and the guard's decisions).
     rollouts: BTreeMap<String, crate::rollout::Stored>,
     /// The leader's running rollouts with their step's answers (the guard's state; a new leader
-    /// starts each step's count over).
-    live: BTreeMap<String, crate::rollout::Rollout>,
+    /// starts each step's count over), and since when it judges each.
+    live: BTreeMap<String, (crate::rollout::Rollout, Instant)>,
 }
 
 /// What a replica holds: the files' content key and the config it was placed with.
@@ -503,12 +503,18 @@ impl Reconcile {
 
     /// Ships a model again to replicas holding an older copy (its files or config changed).
     fn reship(&mut self, snap: &Snapshot, epoch: u64, out: &mut Output) {
+        // What each model ships now, once per model (a rollout's config is made anew each time).
+        let mut now: HashMap<&str, String> = HashMap::new();
         let stale: Vec<(String, String)> = self
             .shipped
             .iter()
             .filter(|((model, _), was)| {
-                snap.model(model)
-                    .is_some_and(|m| shipment(m, &self.placed_config(m)) != **was)
+                snap.model(model).is_some_and(|m| {
+                    let current = now
+                        .entry(model.as_str())
+                        .or_insert_with(|| shipment(m, &self.placed_config(m)));
+                    current != *was
+                })
             })
             .map(|(pair, _)| pair.clone())
             .collect();

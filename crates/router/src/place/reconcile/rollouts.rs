@@ -17,7 +17,7 @@ use mesh::{Error, Result};
 use super::Reconcile;
 use crate::membership::NodeSummary;
 use crate::repository::RepoModel;
-use crate::rollout::{Command, Decision, Phase, Rollout, Start, Stored, Tally};
+use crate::rollout::{Command, Decision, Phase, Start, Stored, Tally};
 
 /// The versions a model directory holds: its numbered subdirectories with files.
 pub fn versions(model: &RepoModel) -> BTreeSet<u64> {
@@ -153,18 +153,41 @@ impl Reconcile {
         self.live.retain(|m, _| open.iter().any(|(o, _)| o == m));
         let mut decided = Vec::new();
         for (model, stored) in open {
-            // A rollout the operator (or another leader) changed starts its step over.
-            let fresh = |l: &Rollout| l.phase == stored.phase && l.spec == stored.spec(&model);
-            if !self.live.get(&model).is_some_and(fresh) {
-                self.live.insert(model.clone(), stored.rollout(&model, now));
+            // The operator's pause and resume go through the live rollout's own transitions (a
+            // resume at 100% keeps the serving version's answers as the baseline); any other
+            // change (another leader's, a new start) starts the step over.
+            let kept = match self.live.get_mut(&model) {
+                Some((l, _)) if l.spec == stored.spec(&model) => match (&l.phase, &stored.phase) {
+                    (a, b) if a == b => true,
+                    (Phase::Running { step: a }, Phase::Paused { step: b }) if a == b => l.pause(),
+                    (Phase::Paused { step: a }, Phase::Running { step: b }) if a == b => l.resume(now),
+                    _ => false,
+                },
+                _ => false,
+            };
+            if !kept {
+                self.live.insert(model.clone(), (stored.rollout(&model, now), now));
             }
-            let Some(live) = self.live.get_mut(&model) else {
+            let Some((live, since)) = self.live.get_mut(&model) else {
                 continue;
             };
             for (_, tally) in tallies.iter().filter(|(m, _)| *m == model) {
                 live.add(tally);
             }
-            let decision = live.tick(now);
+            // Both versions could not be placed on a node (the candidate fails to load, or the
+            // node cannot hold both): roll back, saying where and why.
+            let failed = self.placer.failed_since(&model, *since);
+            let decision = match failed.filter(|_| matches!(live.phase, Phase::Running { .. })) {
+                Some((node, why)) => {
+                    let reason = format!(
+                        "versions {} and {} could not be placed on node '{node}': {why}",
+                        stored.serving, stored.candidate
+                    );
+                    live.phase = Phase::RolledBack { reason: reason.clone() };
+                    Decision::RollBack { reason }
+                }
+                None => live.tick(now),
+            };
             if decision != Decision::Stay {
                 tracing::info!(
                     model = %model,
@@ -187,7 +210,10 @@ impl Reconcile {
 
     /// The config override `m` is placed with: while a rollout of it runs, its version policy
     /// serves both versions; once over, the version that won if its own policy would not serve it,
-    /// else its own config again.
+    /// else its own config again. A model placed with its config.pbtxt gets only the version policy
+    /// (the node reads its own config, `--model-config-name` and auto-complete as ever, and takes
+    /// the policy from this); one placed with a load's config override gets that override with the
+    /// policy in it.
     pub fn placed_config(&self, m: &RepoModel) -> String {
         let Some(r) = self.rollouts.get(&m.name) else {
             return m.config_override.clone();
@@ -207,19 +233,28 @@ impl Reconcile {
                 vec![won]
             }
         };
-        let mut config = m.config.clone();
-        config.name = m.name.clone();
-        config.version_policy = Some(ModelVersionPolicy {
+        let policy = Some(ModelVersionPolicy {
             policy_choice: Some(PolicyChoice::Specific(Specific { versions: serve })),
         });
-        if m.auto_batch {
-            config.parameters.insert(
-                mesh::config::AUTO_MAX_BATCH_SIZE.into(),
+        let config = if m.config_override.is_empty() {
+            let mut only = ModelConfig {
+                name: m.name.clone(),
+                version_policy: policy,
+                ..ModelConfig::default()
+            };
+            only.parameters.insert(
+                mesh::config::VERSION_POLICY_ONLY.into(),
                 ModelParameter {
                     string_value: "true".into(),
                 },
             );
-        }
+            only
+        } else {
+            ModelConfig {
+                version_policy: policy,
+                ..m.config.clone()
+            }
+        };
         mesh::config::config_to_json(&config).to_string()
     }
 

@@ -296,13 +296,19 @@ fn a_model_is_placed_with_both_versions_while_its_rollout_runs() {
         format!("{:?}", placed.version_policy.unwrap().policy_choice.unwrap()),
         "Specific(Specific { versions: [1, 2] })"
     );
-    assert!(placed.parameters.is_empty(), "its config sets max_batch_size");
-    let auto = RepoModel {
-        auto_batch: true,
+    assert!(
+        placed.parameters.contains_key(mesh::config::VERSION_POLICY_ONLY) && placed.backend.is_empty(),
+        "the policy only: the node reads its own config"
+    );
+    // Placed with a load's config override: that override, the policy in it.
+    let overridden = RepoModel {
+        config_override: r#"{"name": "m", "backend": "python", "max_batch_size": 4}"#.into(),
+        config: mesh::config::config_from_json(r#"{"name": "m", "backend": "python", "max_batch_size": 4}"#).unwrap(),
         ..own()
     };
-    let placed = mesh::config::config_from_json(&rc.placed_config(&auto)).unwrap();
-    assert!(placed.parameters.contains_key(mesh::config::AUTO_MAX_BATCH_SIZE));
+    let placed = mesh::config::config_from_json(&rc.placed_config(&overridden)).unwrap();
+    assert_eq!((placed.backend.as_str(), placed.max_batch_size), ("python", 4));
+    assert!(placed.parameters.is_empty() && placed.version_policy.is_some());
     // Rolled back: version 1 is not what its own policy serves (the latest, 3), so it is pinned.
     run(&mut rc, "m", Command::Abort, &[]).unwrap();
     let placed = mesh::config::config_from_json(&rc.placed_config(&m)).unwrap();

@@ -46,7 +46,6 @@ pub(super) fn repo_model_of(name: &str, key: &str, files: Vec<msg::FileEntry>) -
         manifest: Manifest { key: key.into(), files },
         config_override: String::new(),
         config: Default::default(),
-        auto_batch: false,
         min: None,
         max: None,
         needs_gpu: false,
@@ -516,4 +515,33 @@ fn a_rollout_places_both_versions_and_its_end_restores_the_config() {
         .unwrap();
     w.ticks(3);
     assert_eq!(again(&w)[holders..], vec![String::new(); holders]);
+}
+
+#[test]
+fn a_candidate_that_cannot_be_placed_rolls_its_rollout_back_saying_where_and_why() {
+    let mut w = World::new(settings(ControlMode::Explicit), &["m"], false);
+    let files = ["config.pbtxt", "1/model.onnx", "2/model.onnx"]
+        .map(|p| msg::FileEntry {
+            path: p.into(),
+            size: 10,
+        })
+        .to_vec();
+    w.repo.push(repo_model_of("m", "k1", files));
+    w.ticks(3);
+    let start = crate::rollout::Command::parse(br#"{"action": "start", "candidate": "2", "serving": "1"}"#).unwrap();
+    let (repo, nodes) = (w.repo.clone(), w.nodes.clone());
+    w.rc.rollout("m", &start, &repo, &nodes, w.now).unwrap();
+    assert!(w.rc.judge(&[], w.now).is_empty(), "the guard starts judging");
+    w.failing.insert("m".into(), "version 2 has no model file".into());
+    w.ticks(3);
+    let decided = w.rc.judge(&[], w.now);
+    let [(model, crate::rollout::Decision::RollBack { reason })] = decided.as_slice() else {
+        panic!("{decided:?}")
+    };
+    assert_eq!(model, "m");
+    assert!(
+        reason.starts_with("versions 1 and 2 could not be placed on node 'n") && reason.contains("no model file"),
+        "{reason}"
+    );
+    assert_eq!(w.rc.rollout_of("m").unwrap().share(), 0);
 }
