@@ -139,3 +139,38 @@ fn bodies_are_objects_with_a_known_action_and_known_fields_only() {
     let huge = format!(r#"{{"action": "pause", "pad": "{}"}}"#, " ".repeat(MAX_BODY_BYTES));
     assert_eq!(parse(&huge).unwrap_err().code, Code::PayloadTooLarge);
 }
+
+#[test]
+fn mangled_bodies_are_refused_never_a_panic() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let good = [
+        r#"{"action": "start", "candidate": 3, "serving": "1", "steps": [10, 100], "min_step_seconds": 0,
+            "min_step_requests": 5, "min_requests": 7, "max_error_rate_increase": 0.05, "max_p99_ratio": 2,
+            "shadow": 10}"#
+            .to_string(),
+        super::super::report::body(&super::super::Tally::new("1", "2")).to_string(),
+        r#"{"action": "pause"}"#.to_string(),
+    ];
+    let mut rng = StdRng::seed_from_u64(59);
+    for _ in 0..20_000 {
+        let mut b = good[rng.random_range(0..good.len())].clone().into_bytes();
+        for _ in 0..rng.random_range(1..6) {
+            let at = rng.random_range(0..b.len().max(1));
+            let last = b.len().saturating_sub(1);
+            let symbol = b"0123456789-.e\"{}[],:"[rng.random_range(0..20)];
+            match rng.random_range(0..4) {
+                0 if !b.is_empty() => b[at.min(last)] = rng.random(),
+                1 => b.insert(at.min(b.len()), symbol),
+                2 if !b.is_empty() => {
+                    b.remove(at.min(last));
+                }
+                _ => b.truncate(at),
+            }
+        }
+        let _ = Command::parse(&b);
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b) {
+            let _ = super::super::report::parse(&v);
+        }
+    }
+}
