@@ -106,6 +106,8 @@ pub struct RolloutView {
     pub share: u64,
     #[serde(deserialize_with = "text")]
     pub reason: String,
+    /// The router's own shadow results, when it shadowed requests.
+    pub shadow_results: Option<serde_json::Value>,
 }
 
 impl RolloutView {
@@ -136,6 +138,29 @@ impl RolloutView {
         ));
         if !self.reason.is_empty() {
             out.push_str(&format!(": {}", sanitize(&self.reason)));
+        }
+        if let Some(s) = &self.shadow_results {
+            let n = |k: &str| s.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+            out.push_str(&format!(
+                "; shadows on this router: {} compared, {} mismatched, {} failed, {} dropped",
+                n("compared"),
+                n("mismatched"),
+                n("failed"),
+                n("dropped")
+            ));
+            if let Some(largest) = s.get("largest_abs_difference").and_then(serde_json::Value::as_object) {
+                let each: Vec<String> = largest
+                    .iter()
+                    .take(8)
+                    .map(|(k, v)| {
+                        let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                        format!("{} {}", sanitize(k), sanitize(&v))
+                    })
+                    .collect();
+                if !each.is_empty() {
+                    out.push_str(&format!(" (largest difference: {})", each.join(", ")));
+                }
+            }
         }
         out
     }

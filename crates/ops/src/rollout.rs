@@ -127,6 +127,21 @@ mod tests {
         assert!(t.contains("rolled_back  -       0%     version 2 failed"), "{t}");
         let junk: RolloutView = serde_json::from_value(json!({"model": 3, "share": "x", "steps": 7})).unwrap();
         assert_eq!((junk.share, junk.steps.len()), (0, 0));
+        let shadowed: RolloutView = serde_json::from_value(json!({
+            "model": "m", "serving": "1", "candidate": "2", "state": "running", "step": 0,
+            "steps": [5, 100], "share": 5, "reason": "",
+            "shadow_results": {"compared": 40, "mismatched": 3, "failed": 1, "dropped": 2,
+                               "largest_abs_difference": {"Y": 0.5, "Z": "differs"}}
+        }))
+        .unwrap();
+        assert!(
+            shadowed.line().ends_with(
+                "; shadows on this router: 40 compared, 3 mismatched, 1 failed, 2 dropped \
+                 (largest difference: Y 0.5, Z differs)"
+            ),
+            "{}",
+            shadowed.line()
+        );
     }
 
     #[test]
