@@ -236,7 +236,7 @@ impl RouterDispatch {
                     result = self.unary_attempts(&mut r, &mut request, &route).await;
                 }
             }
-            self.tally(side, &request.model_name, result.as_ref(), r.deadline(), Instant::now());
+            self.tally(side, result.as_ref(), r.deadline(), Instant::now());
         }
         if let (Some(shadow), Ok(answer)) = (shadow, &result) {
             // For the comparison, after the answer is ready (a clone shares the tensors' bytes).
@@ -293,7 +293,7 @@ impl RouterDispatch {
                     result = self.stream_attempts(&mut r, &mut request, sink, &route).await;
                 }
             }
-            self.tally(side, &request.model_name, result.as_ref(), r.deadline(), Instant::now());
+            self.tally(side, result.as_ref(), r.deadline(), Instant::now());
         }
         self.finish(&r, (&request.model_name, &mut route), started, &result);
         result

@@ -3,6 +3,7 @@
 //! draw), its answer is tallied for the leader's guard, and one the candidate failed goes again to
 //! the serving version where the written rule ([`split::retry_on_serving`]) says that is safe. A
 //! request that names a version gets it, as in Triton, and never comes here.
+use std::sync::Arc;
 use std::time::Instant;
 
 use mesh::sync::Locked;
@@ -13,6 +14,7 @@ use crate::metrics;
 use crate::rollout::split::{self, Key};
 use crate::rollout::Arm;
 use crate::route::Attempts;
+use crate::shared::Placement;
 
 /// The request parameters that carry a client's key (the second is what Triton's
 /// `--http-header-forward-pattern mesh-rollout-key` makes of an HTTP header of that name).
@@ -21,8 +23,8 @@ pub const KEY_PARAMETERS: [&str; 2] = ["rollout_key", "mesh-rollout-key"];
 /// The longest client key taken whole (a longer one is cut: only its first bytes choose the side).
 const MAX_KEY_BYTES: usize = 256;
 
-/// Which side of a rollout a request went to.
-#[derive(Debug, Clone)]
+/// Which side of a rollout a request went to. Dropped before its answer was tallied (its client
+/// went away), it tallies the time so far as a latency sample, so a candidate that hangs shows.
 pub(super) struct Side {
     pub arm: Arm,
     pub serving: String,
@@ -35,8 +37,12 @@ pub(super) struct Side {
     pub started: u64,
     /// The request set its own deadline (its `timeout` parameter).
     client_deadline: bool,
+    /// A draw chose the side (not the client's key or sequence).
+    drawn: bool,
     /// When the request went to its side's version (for the tallied latency).
     since: Instant,
+    /// Where its answer is tallied, until it is.
+    untallied: Option<(Arc<Placement>, String)>,
 }
 
 impl Side {
@@ -45,6 +51,21 @@ impl Side {
             Arm::Serving => &self.serving,
             Arm::Candidate => &self.candidate,
         }
+    }
+
+    /// Tallies an answer (`Some(ok)`) of its version at `now`, or none (`None`); either way its
+    /// answer is settled.
+    fn settle(&mut self, ok: Option<bool>, now: Instant) {
+        if let (Some((placement, model)), Some(ok)) = (self.untallied.take(), ok) {
+            let rollout = (self.serving.as_str(), self.candidate.as_str(), self.started);
+            placement.tally(&model, rollout, self.arm, ok, now - self.since);
+        }
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        self.settle(Some(true), Instant::now());
     }
 }
 
@@ -73,15 +94,18 @@ impl RouterDispatch {
         }
         let view = self.placement.view();
         let (_, rollout) = view.rollouts.iter().find(|(m, _)| *m == request.model_name)?;
+        let open = rollout.is_open();
         let mut side = Side {
             arm: Arm::Serving,
             serving: rollout.serving.clone(),
             candidate: rollout.candidate.clone(),
-            open: rollout.is_open(),
+            open,
             shadow: rollout.shadow,
             started: rollout.started,
             client_deadline: mesh::params::timeout(&request.parameters).ok().flatten().is_some(),
+            drawn: false,
             since: Instant::now(),
+            untallied: open.then(|| (self.placement.clone(), request.model_name.clone())),
         };
         let table = self.view.routing();
         let ready = |arm| table.resolve(&request.model_name, side.version(arm)).is_ok();
@@ -99,7 +123,9 @@ impl RouterDispatch {
             (None, Some(k)) => Key::Client(k),
             (None, None) => Key::Drawn(rand::random()),
         };
+        let drawn = matches!(key, Key::Drawn(_));
         let arm = split::choose(key, rollout.share(), &mut self.pins.locked(), side.since, ready);
+        side.drawn = drawn;
         side.arm = arm;
         request.model_version = side.version(arm).to_string();
         Some(side)
@@ -124,38 +150,25 @@ impl RouterDispatch {
         }
         let took = now - side.since;
         let model = request.model_name.clone();
-        self.tally::<()>(side, &model, Err(error), r.deadline(), now);
+        self.tally::<()>(side, Err(error), r.deadline(), now);
         metrics::request(&model, &side.candidate, 1, took, Some(error.metric_reason()));
         metrics::rollout_retry(&model);
         tracing::debug!(model = %model, candidate = %side.candidate, serving = %side.serving,
             "the candidate failed ({error}); sending the request to the serving version");
         side.arm = Arm::Serving;
         side.since = now;
+        side.untallied = Some((self.placement.clone(), model));
         request.model_version = side.serving.clone();
         *r = self.begin_until(request, r.deadline());
         true
     }
 
-    /// Tallies an answer of the side's version for the guard (a running rollout's only): a success,
-    /// or the server's failure; a client's own mistake, or a deadline the client set that passed,
-    /// counts for neither version (a client cannot steer the guard).
-    pub(super) fn tally<T>(
-        &self,
-        side: &Side,
-        model: &str,
-        result: Result<T, &Error>,
-        deadline: Instant,
-        now: Instant,
-    ) {
-        let ok = match result {
-            Ok(_) => true,
-            Err(e) if split::servers_failure(e.code) && !(side.client_deadline && now >= deadline) => false,
-            Err(_) => return,
-        };
-        if side.open {
-            let pair = (side.serving.as_str(), side.candidate.as_str());
-            self.placement.tally(model, pair, side.arm, ok, now - side.since);
-        }
+    /// Tallies the answer of the side's version for the guard (a running rollout's only), as
+    /// [`split::counted`] says it counts.
+    pub(super) fn tally<T>(&self, side: &mut Side, result: Result<T, &Error>, deadline: Instant, now: Instant) {
+        let gave_up = side.client_deadline && now >= deadline;
+        let ok = split::counted(result.map(drop).map_err(|e| e.code), side.drawn, gave_up);
+        side.settle(ok, now);
     }
 }
 

@@ -48,13 +48,16 @@ impl Default for Shadows {
 }
 
 impl Shadows {
-    /// `f` on `model`'s results of `rollout` (serving, candidate, started; new ones when the
-    /// model's rollout is another).
+    /// `f` on `model`'s results of `rollout` (serving, candidate, started): new ones for a later
+    /// rollout of the model; a late shadow of an earlier one counts for nothing.
     fn with(&self, model: &str, rollout: (&str, &str, u64), f: impl FnOnce(&mut Results)) {
         let mut all = self.results.locked();
         let r = all.entry(model.to_string()).or_insert_with(|| Results::new(rollout));
         let (serving, candidate, started) = rollout;
         if r.rollout != (serving.to_string(), candidate.to_string(), started) {
+            if started < r.rollout.2 {
+                return;
+            }
             *r = Results::new(rollout);
         }
         f(r);
@@ -144,6 +147,9 @@ impl Shadow {
         let started = Instant::now();
         let result = self.send().await;
         let took = started.elapsed();
+        // The request's bytes are let go; the shadow's answer is held until compared.
+        let answer_size = result.as_ref().map_or(0, outputs_size);
+        self.shadows.bytes.fetch_add(answer_size, Ordering::AcqRel);
         self.shadows.bytes.fetch_sub(self.held, Ordering::AcqRel);
         let versions = (self.rollout.0.as_str(), self.rollout.1.as_str(), self.rollout.2);
         let outcome = match result {
@@ -159,12 +165,16 @@ impl Shadow {
             Ok(shadow) => {
                 // The client's answer, once it is sent; a request that failed is not compared.
                 let Ok(Ok((real, real_took))) = tokio::time::timeout(ANSWER_WAIT, answer).await else {
+                    self.shadows.bytes.fetch_sub(answer_size, Ordering::AcqRel);
+                    self.shadows.with(&self.model, versions, |r| r.dropped += 1);
+                    metrics::rollout_shadow(&self.model, "dropped");
                     return;
                 };
                 // Both answers are held while compared: within the shadows' bytes, off the async
                 // threads (a large output takes a while).
-                let size = outputs_size(&real) + outputs_size(&shadow);
-                let held = self.shadows.bytes.fetch_add(size, Ordering::AcqRel) + size;
+                let real_size = outputs_size(&real);
+                let size = real_size + answer_size;
+                let held = self.shadows.bytes.fetch_add(real_size, Ordering::AcqRel) + real_size;
                 let compared = if held <= MAX_SHADOW_BYTES {
                     tokio::task::spawn_blocking(move || shadow::compare(&real.outputs, &shadow.outputs))
                         .await

@@ -489,15 +489,6 @@ impl Placer {
         self.failures.insert(k, Failure { at: now, reason: why });
     }
 
-    /// The latest failure to place `model` on a node at or after `since`: (node, why).
-    pub fn failed_since(&self, model: &str, since: Instant) -> Option<(String, String)> {
-        self.failures
-            .iter()
-            .filter(|((m, _), f)| m == model && f.at >= since)
-            .max_by_key(|(_, f)| f.at)
-            .map(|((_, node), f)| (node.clone(), f.reason.clone()))
-    }
-
     /// Records a rollout's command or decision of `model` among the events.
     pub fn rollout_event(&mut self, at: Instant, model: &str, detail: &str) {
         self.event(at, EventKind::Rollout, model, "", detail);

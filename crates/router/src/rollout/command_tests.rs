@@ -149,7 +149,7 @@ fn mangled_bodies_are_refused_never_a_panic() {
             "min_step_requests": 5, "min_requests": 7, "max_error_rate_increase": 0.05, "max_p99_ratio": 2,
             "shadow": 10}"#
             .to_string(),
-        super::super::report::body(&super::super::Tally::new("1", "2")).to_string(),
+        super::super::report::body(&super::super::Tally::new("1", "2", 7)).to_string(),
         r#"{"action": "pause"}"#.to_string(),
     ];
     let mut rng = StdRng::seed_from_u64(59);

@@ -204,9 +204,10 @@ impl Rollout {
         }
     }
 
-    /// A router's tally of answers, when it counted this rollout's versions.
+    /// A router's tally of answers, when it counted this rollout's versions (the caller checks it
+    /// is of this rollout, not an earlier one of the same versions).
     pub fn add(&mut self, tally: &Tally) {
-        if tally.counts(&self.spec.serving, &self.spec.candidate) {
+        if tally.serving == self.spec.serving && tally.candidate == self.spec.candidate {
             self.serving.merge(&tally.serving_answers);
             self.candidate.merge(&tally.candidate_answers);
         }

@@ -12,12 +12,23 @@ use crate::metrics::histogram::{Histogram, BUCKETS};
 /// The most answers one report may carry per version (a router reports every second).
 pub const MAX_REPORTED: u64 = 10_000_000;
 
+/// A report's fields.
+const FIELDS: [&str; 6] = [
+    "action",
+    "serving",
+    "candidate",
+    "started",
+    "serving_answers",
+    "candidate_answers",
+];
+
 /// The report of `tally`.
 pub fn body(tally: &Tally) -> Value {
     json!({
         "action": "tally",
         "serving": tally.serving,
         "candidate": tally.candidate,
+        "started": tally.started,
         "serving_answers": window(&tally.serving_answers),
         "candidate_answers": window(&tally.candidate_answers),
     })
@@ -41,10 +52,7 @@ pub fn parse(body: &Value) -> Result<Tally> {
     let fields = body
         .as_object()
         .ok_or_else(|| Error::invalid("a tally report is a JSON object"))?;
-    if let Some(k) = fields
-        .keys()
-        .find(|k| !["action", "serving", "candidate", "serving_answers", "candidate_answers"].contains(&k.as_str()))
-    {
+    if let Some(k) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(Error::invalid(format!("a tally report has no field '{k}'")));
     }
     let get = |k: &str| {
@@ -55,6 +63,9 @@ pub fn parse(body: &Value) -> Result<Tally> {
     Ok(Tally {
         serving: version(get("serving")?, "serving")?,
         candidate: version(get("candidate")?, "candidate")?,
+        started: get("started")?
+            .as_u64()
+            .ok_or_else(|| Error::invalid("'started' of a tally report must be the rollout's start, in ms"))?,
         serving_answers: read_window(get("serving_answers")?, "serving_answers")?,
         candidate_answers: read_window(get("candidate_answers")?, "candidate_answers")?,
     })
@@ -106,14 +117,17 @@ mod tests {
 
     #[test]
     fn a_report_reads_back_as_the_tally_it_was() {
-        let mut t = Tally::new("1", "2");
+        let mut t = Tally::new("1", "2", 7);
         for i in 0..50u64 {
             t.record(Arm::Serving, true, Duration::from_millis(10 + i));
             t.record(Arm::Candidate, i % 5 != 0, Duration::from_millis(40));
         }
         let back = parse(&body(&t)).unwrap();
         assert!(is_report(&body(&t)));
-        assert_eq!((back.serving.as_str(), back.candidate.as_str()), ("1", "2"));
+        assert_eq!(
+            (back.serving.as_str(), back.candidate.as_str(), back.started),
+            ("1", "2", 7)
+        );
         assert_eq!(
             (back.candidate_answers.requests(), back.candidate_answers.errors()),
             (50, 10)
@@ -124,7 +138,7 @@ mod tests {
 
     #[test]
     fn a_hostile_report_is_refused_naming_the_problem() {
-        let good = body(&Tally::new("1", "2"));
+        let good = body(&Tally::new("1", "2", 7));
         let with = |path: &[&str], v: Value| {
             let mut b = good.clone();
             let mut at = &mut b;
@@ -137,6 +151,7 @@ mod tests {
         assert!(parse(&good).is_ok());
         assert!(with(&["serving"], json!("0")).contains("'serving' must be a version"));
         assert!(with(&["extra"], json!(1)).contains("no field 'extra'"));
+        assert!(with(&["started"], json!(-1)).contains("'started' of a tally report"));
         assert!(with(&["serving_answers", "requests"], json!(MAX_REPORTED + 1)).contains("at most"));
         assert!(with(&["serving_answers", "errors"], json!(1)).contains("more errors than requests"));
         assert!(with(&["candidate_answers", "latency"], json!([[BUCKETS, 1]])).contains("bucket below"));

@@ -80,7 +80,7 @@ fn run(seed: u64, candidate: Candidate, leader_change: Option<Duration>) -> Seen
     let mut routers: Vec<Router> = (0..ROUTERS)
         .map(|_| Router {
             pins: Pins::new(1000, Duration::from_secs(60)),
-            tally: Tally::new("1", "2"),
+            tally: Tally::new("1", "2", 0),
         })
         .collect();
     let mut seen = Seen::default();
@@ -166,7 +166,7 @@ fn run(seed: u64, candidate: Candidate, leader_change: Option<Duration>) -> Seen
         if t >= next_report {
             next_report += Duration::from_secs(1);
             for router in &mut routers {
-                let tally = std::mem::replace(&mut router.tally, Tally::new("1", "2"));
+                let tally = std::mem::replace(&mut router.tally, Tally::new("1", "2", 0));
                 if rng.random_range(0..10) != 0 {
                     leader.add(&tally);
                 }

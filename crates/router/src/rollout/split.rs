@@ -66,9 +66,25 @@ pub fn retry_on_serving(code: Code, in_sequence: bool, answers: u32, idempotent:
     servers_failure(code) && !in_sequence && answers == 0 && (idempotent || never_ran)
 }
 
+/// How an answer counts for its version in the guard: `Some(true)` an answer (with its latency),
+/// `Some(false)` a failure, `None` not at all. The server's failures count against the version; a
+/// client's own mistake (a bad input, a payload too large, a cancel) too when the request's side
+/// was drawn (a client cannot choose it, so such mistakes fall on both versions alike, and a
+/// candidate that refuses what the serving version takes shows), never when the client's key or
+/// sequence chose it (a client could steer the guard). A request whose own deadline (`timeout`)
+/// passed, or whose client went away, is a latency sample: it took at least that long.
+pub fn counted(result: Result<(), Code>, drawn: bool, gave_up: bool) -> Option<bool> {
+    match result {
+        Ok(()) => Some(true),
+        Err(_) if gave_up => Some(true),
+        Err(code) if servers_failure(code) => Some(false),
+        Err(_) if drawn => Some(false),
+        Err(_) => None,
+    }
+}
+
 /// Whether a failure is the server's (internal, unavailable, overloaded, the model's own UNKNOWN,
-/// the version not found), which counts against its version in the guard; a client's own mistake
-/// (a bad input, a payload too large, a cancel) counts for neither version.
+/// the version not found), not the client's.
 pub fn servers_failure(code: Code) -> bool {
     matches!(
         code,
@@ -105,9 +121,9 @@ pub fn arm_of_key(key: &str, share: u8) -> Arm {
 }
 
 /// Sequences' versions, pinned at their first request: at most `cap` of them, each forgotten when
-/// its sequence ends or after `idle` without a request. A sequence that finds no room is not
-/// pinned and follows its id's bucket ([`arm_of_key`]), which holds while the share does. A pin is
-/// kept under a 64-bit hash of its id, so a pin's size is fixed whatever the client's id.
+/// its sequence ends or after `idle` without a request. A sequence that finds no room runs on the
+/// serving version, as does one this router saw begin before its pins did. A pin is kept under a
+/// 64-bit hash of its id, so a pin's size is fixed whatever the client's id.
 #[derive(Debug)]
 pub struct Pins {
     pins: HashMap<u64, (Arm, Instant)>,
@@ -138,43 +154,60 @@ impl Pins {
 
     /// The version of a request of `sequence` at `now` (`start`: its first request, which pins it
     /// anew; `end`: its last, which lets it go), the candidate's share being `share`; and whether
-    /// that came from its pin (a sequence under way).
+    /// it stays there whatever the replicas (a sequence under way, or a START that found no room).
+    /// A START goes by its id's bucket, or to the serving version when no pin is left for it; a
+    /// request of a sequence this router holds no pin of (begun before the rollout, forgotten idle,
+    /// or without room) is one under way on the serving version.
     pub fn arm(&mut self, sequence: &str, (start, end): (bool, bool), share: u8, now: Instant) -> (Arm, bool) {
         let key = pin_key(sequence);
-        let pinned = match self.pins.get_mut(&key) {
-            Some((arm, seen)) if !start && now.saturating_duration_since(*seen) < self.idle => {
-                *seen = now;
-                Some(*arm)
+        if !start {
+            let arm = match self.pins.get_mut(&key) {
+                Some((arm, seen)) if now.saturating_duration_since(*seen) < self.idle => {
+                    *seen = now;
+                    *arm
+                }
+                _ => Arm::Serving,
+            };
+            if end {
+                self.pins.remove(&key);
             }
-            _ => None,
-        };
-        let arm = pinned.unwrap_or_else(|| arm_of_key(sequence, share));
+            return (arm, true);
+        }
+        let wanted = arm_of_key(sequence, share);
         if end {
             self.pins.remove(&key);
-        } else if pinned.is_none() {
-            self.pin(key, arm, now);
+            return (wanted, false);
         }
-        (arm, pinned.is_some())
+        if self.pin(key, wanted, now) {
+            (wanted, false)
+        } else {
+            // No room: the serving version, where its later requests will go too.
+            (Arm::Serving, true)
+        }
     }
 
     /// Pins a new `sequence` to `arm` after its request went there instead of where its id's
     /// bucket said.
     fn repin(&mut self, sequence: &str, arm: Arm, end: bool, now: Instant) {
         if !end {
+            // It was pinned at its START (a START without room stays on the serving version).
             let key = pin_key(sequence);
             self.pins.remove(&key);
             self.pin(key, arm, now);
         }
     }
 
-    fn pin(&mut self, key: u64, arm: Arm, now: Instant) {
+    /// Pins `key` to `arm`; false when there is no room.
+    fn pin(&mut self, key: u64, arm: Arm, now: Instant) -> bool {
         if self.pins.len() >= self.cap && !self.pins.contains_key(&key) {
             self.sweep(now);
         }
         if self.pins.len() < self.cap || self.pins.contains_key(&key) {
             self.pins.insert(key, (arm, now));
+            true
         } else {
             self.unpinned += 1;
+            false
         }
     }
 

@@ -253,8 +253,8 @@ fn a_sequence_keeps_its_version_until_it_ends_or_goes_idle() {
     );
     assert_eq!(
         pins.arm(&seqs[1], (false, false), 100, t0 + MS + idle).0,
-        Arm::Candidate,
-        "idle: forgotten"
+        Arm::Serving,
+        "idle: forgotten, taken for one under way on the serving version"
     );
 }
 
@@ -269,6 +269,15 @@ fn pins_are_bounded_and_expired_ones_make_room() {
     assert_eq!((pins.len(), pins.unpinned), (2, 1), "no room for c");
     pins.arm("d", (true, false), 50, t0 + idle);
     assert_eq!((pins.len(), pins.unpinned), (1, 1), "the idle ones were swept");
+    // A START without room goes to the serving version and stays there, whatever the replicas.
+    let full = (0..100)
+        .map(|i| format!("s{i}"))
+        .find(|k| arm_of_key(k, 50) == Arm::Candidate)
+        .unwrap();
+    pins.arm("e", (true, false), 50, t0 + idle);
+    assert_eq!(pins.arm(&full, (true, false), 50, t0 + idle), (Arm::Serving, true));
+    // A request of a sequence never pinned here (begun before): one under way on the serving version.
+    assert_eq!(pins.arm("older", (false, false), 100, t0 + idle), (Arm::Serving, true));
     pins.clear();
     assert!(pins.is_empty());
 }
@@ -337,6 +346,33 @@ fn a_sequence_that_went_to_the_other_side_stays_there() {
     assert_eq!(choose(seq(false, false), 0, &mut pins, t0, |_| true), Arm::Candidate);
     // A new one at share 0 never goes there.
     assert_eq!(choose(seq(true, false), 0, &mut pins, t0, |_| true), Arm::Serving);
+}
+
+#[test]
+fn the_guard_counts_what_a_client_cannot_steer() {
+    use super::split::counted;
+    assert_eq!(counted(Ok(()), false, false), Some(true));
+    assert_eq!(
+        counted(Err(Code::Internal), false, false),
+        Some(false),
+        "the server's, keyed or not"
+    );
+    assert_eq!(counted(Err(Code::Unavailable), true, false), Some(false));
+    assert_eq!(
+        counted(Err(Code::InvalidArgument), true, false),
+        Some(false),
+        "drawn: on both alike"
+    );
+    assert_eq!(
+        counted(Err(Code::InvalidArgument), false, false),
+        None,
+        "keyed: the client chose the side"
+    );
+    assert_eq!(
+        counted(Err(Code::Unavailable), false, true),
+        Some(true),
+        "its own deadline: a latency sample"
+    );
 }
 
 #[test]

@@ -12,16 +12,19 @@ use crate::metrics::histogram::Histogram;
 pub struct Tally {
     pub serving: String,
     pub candidate: String,
+    /// When the rollout started (names it among the model's).
+    pub started: u64,
     pub serving_answers: Window,
     pub candidate_answers: Window,
 }
 
 impl Tally {
-    /// An empty tally of a rollout from `serving` to `candidate`.
-    pub fn new(serving: &str, candidate: &str) -> Tally {
+    /// An empty tally of the rollout from `serving` to `candidate` that started at `started`.
+    pub fn new(serving: &str, candidate: &str, started: u64) -> Tally {
         Tally {
             serving: serving.to_string(),
             candidate: candidate.to_string(),
+            started,
             ..Tally::default()
         }
     }
@@ -34,9 +37,15 @@ impl Tally {
         }
     }
 
-    /// Whether it counts a rollout from `serving` to `candidate`.
-    pub fn counts(&self, serving: &str, candidate: &str) -> bool {
-        self.serving == serving && self.candidate == candidate
+    /// Whether it counts the rollout from `serving` to `candidate` that started at `started`.
+    pub fn counts(&self, serving: &str, candidate: &str, started: u64) -> bool {
+        self.serving == serving && self.candidate == candidate && self.started == started
+    }
+
+    /// Adds another tally of the same rollout to this one.
+    pub fn merge(&mut self, other: &Tally) {
+        self.serving_answers.merge(&other.serving_answers);
+        self.candidate_answers.merge(&other.candidate_answers);
     }
 }
 

@@ -208,14 +208,21 @@ impl Placement {
 
     /// Counts one answer of a rolled-out model's version (`arm` of the rollout from `serving` to
     /// `candidate`): `ok` unless it failed, after `took`.
-    pub fn tally(&self, model: &str, (serving, candidate): (&str, &str), arm: Arm, ok: bool, took: Duration) {
+    pub fn tally(
+        &self,
+        model: &str,
+        (serving, candidate, started): (&str, &str, u64),
+        arm: Arm,
+        ok: bool,
+        took: Duration,
+    ) {
         use mesh::sync::Locked;
         let mut tallies = self.tallies.locked();
         let t = tallies
             .entry(model.to_string())
-            .or_insert_with(|| Tally::new(serving, candidate));
-        if !t.counts(serving, candidate) {
-            *t = Tally::new(serving, candidate);
+            .or_insert_with(|| Tally::new(serving, candidate, started));
+        if !t.counts(serving, candidate, started) {
+            *t = Tally::new(serving, candidate, started);
         }
         t.record(arm, ok, took);
     }
@@ -233,7 +240,7 @@ impl Placement {
         let runs = view
             .rollouts
             .iter()
-            .any(|(m, r)| m == model && r.is_open() && tally.counts(&r.serving, &r.candidate));
+            .any(|(m, r)| m == model && r.is_open() && tally.counts(&r.serving, &r.candidate, r.started));
         if !runs {
             return Err(mesh::Error::not_found(format!(
                 "model '{model}' has no running rollout from version {} to {}",
@@ -243,12 +250,11 @@ impl Placement {
         let mut tallies = self.tallies.locked();
         let mine = tallies
             .entry(model.to_string())
-            .or_insert_with(|| Tally::new(&tally.serving, &tally.candidate));
-        if !mine.counts(&tally.serving, &tally.candidate) {
-            *mine = Tally::new(&tally.serving, &tally.candidate);
+            .or_insert_with(|| Tally::new(&tally.serving, &tally.candidate, tally.started));
+        if !mine.counts(&tally.serving, &tally.candidate, tally.started) {
+            *mine = Tally::new(&tally.serving, &tally.candidate, tally.started);
         }
-        mine.serving_answers.merge(&tally.serving_answers);
-        mine.candidate_answers.merge(&tally.candidate_answers);
+        mine.merge(tally);
         Ok(())
     }
 
@@ -268,13 +274,12 @@ impl Placement {
             for (model, tally) in taken {
                 let mine = pending
                     .entry(model)
-                    .or_insert_with(|| Tally::new(&tally.serving, &tally.candidate));
-                if !mine.counts(&tally.serving, &tally.candidate) {
+                    .or_insert_with(|| Tally::new(&tally.serving, &tally.candidate, tally.started));
+                if !mine.counts(&tally.serving, &tally.candidate, tally.started) {
                     *mine = tally;
                     continue;
                 }
-                mine.serving_answers.merge(&tally.serving_answers);
-                mine.candidate_answers.merge(&tally.candidate_answers);
+                mine.merge(&tally);
             }
             if pending.is_empty() || sent.is_some_and(|at| now.saturating_duration_since(at) < REPORT_EVERY) {
                 return;

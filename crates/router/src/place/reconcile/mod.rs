@@ -21,7 +21,7 @@ use mesh::control::ControlMode;
 
 use super::{
     Action, Autoscaler, EventKind, ModelSpec, ModelView, NodeSpec, NodeState, Observed, PlaceEvent, PlacementSettings,
-    Placer,
+    Placer, ReplicaState,
 };
 use crate::membership::{NodeState as Member, NodeSummary};
 use crate::repository::RepoModel;
@@ -176,8 +176,12 @@ pub struct Reconcile {
     /// Each model's rollout, kept for the next leader (the operator's and the guard's decisions).
     rollouts: BTreeMap<String, crate::rollout::Stored>,
     /// The leader's running rollouts with their step's answers (the guard's state; a new leader
-    /// starts each step's count over), and since when it judges each.
-    live: BTreeMap<String, (crate::rollout::Rollout, Instant)>,
+    /// starts each step's count over), each with when it started (names it among the model's).
+    live: BTreeMap<String, (crate::rollout::Rollout, u64)>,
+    /// Replicas shipped with a rollout's config and not answered yet, and each model's latest
+    /// failure to place one: (node, why).
+    rollout_ships: BTreeSet<(String, String)>,
+    rollout_failed: BTreeMap<String, (String, String)>,
 }
 
 /// What a replica holds: the files' content key and the config it was placed with.
@@ -216,6 +220,8 @@ impl Reconcile {
             scaled: BTreeMap::new(),
             rollouts: BTreeMap::new(),
             live: BTreeMap::new(),
+            rollout_ships: BTreeSet::new(),
+            rollout_failed: BTreeMap::new(),
         }
     }
 
@@ -450,8 +456,13 @@ impl Reconcile {
     fn ship(&mut self, model: &str, node: &str, snap: &Snapshot, epoch: u64, again: bool) -> Option<Command> {
         let m = snap.model(model)?.clone();
         let config = self.placed_config(&m);
-        self.shipped
-            .insert((model.to_string(), node.to_string()), shipment(&m, &config));
+        let pair = (model.to_string(), node.to_string());
+        if config != m.config_override {
+            self.rollout_ships.insert(pair.clone());
+        } else {
+            self.rollout_ships.remove(&pair);
+        }
+        self.shipped.insert(pair, shipment(&m, &config));
         Some(Command::Place {
             node: node.to_string(),
             model: m,
@@ -503,6 +514,19 @@ impl Reconcile {
 
     /// Ships a model again to replicas holding an older copy (its files or config changed).
     fn reship(&mut self, snap: &Snapshot, epoch: u64, out: &mut Output) {
+        // A ready replica this router did not ship (adopted: placed before it led) holds the model
+        // as its own config places it: a rollout's config differs and ships it again.
+        for v in self.placer.view() {
+            let Some(m) = snap.model(&v.name) else { continue };
+            for r in v.replicas.iter().filter(|r| r.state == ReplicaState::Ready) {
+                let pair = (v.name.clone(), r.node.clone());
+                if !self.evicting.contains(&pair) {
+                    self.shipped
+                        .entry(pair)
+                        .or_insert_with(|| shipment(m, &m.config_override));
+                }
+            }
+        }
         // What each model ships now, once per model (a rollout's config is made anew each time).
         let mut now: HashMap<&str, String> = HashMap::new();
         let stale: Vec<(String, String)> = self

@@ -106,7 +106,13 @@ impl Reconcile {
     /// A node answered a Place. Readiness comes from membership (what the node reports), never
     /// from this answer: the two travel apart, and membership is what Absent is judged against.
     pub fn placed(&mut self, node: &str, answer: msg::Placed, now: Instant) {
-        self.pending.remove(&(answer.model.clone(), node.to_string()));
+        let pair = (answer.model.clone(), node.to_string());
+        self.pending.remove(&pair);
+        if self.rollout_ships.remove(&pair) && !answer.error.is_empty() {
+            // A rollout's placement failed: its guard rolls it back.
+            let why = (node.to_string(), answer.error.clone());
+            self.rollout_failed.insert(answer.model.clone(), why);
+        }
         if answer.error.is_empty() {
             self.placer.measured(&answer.model, answer.footprint);
         } else {

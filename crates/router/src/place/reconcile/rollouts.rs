@@ -43,7 +43,11 @@ impl Reconcile {
         now: Instant,
     ) -> Result<Stored> {
         let stored = match command {
-            Command::Start(start) => self.start(model, start, repo, nodes)?,
+            Command::Start(start) => {
+                let stored = self.start(model, start, repo, nodes)?;
+                self.rollout_failed.remove(model);
+                stored
+            }
             other => {
                 let Some(r) = self.rollouts.get_mut(model) else {
                     return Err(Error::not_found(format!(
@@ -157,26 +161,32 @@ impl Reconcile {
             // resume at 100% keeps the serving version's answers as the baseline); any other
             // change (another leader's, a new start) starts the step over.
             let kept = match self.live.get_mut(&model) {
-                Some((l, _)) if l.spec == stored.spec(&model) => match (&l.phase, &stored.phase) {
-                    (a, b) if a == b => true,
-                    (Phase::Running { step: a }, Phase::Paused { step: b }) if a == b => l.pause(),
-                    (Phase::Paused { step: a }, Phase::Running { step: b }) if a == b => l.resume(now),
-                    _ => false,
-                },
+                Some((l, started)) if *started == stored.started && l.spec == stored.spec(&model) => {
+                    match (&l.phase, &stored.phase) {
+                        (a, b) if a == b => true,
+                        (Phase::Running { step: a }, Phase::Paused { step: b }) if a == b => l.pause(),
+                        (Phase::Paused { step: a }, Phase::Running { step: b }) if a == b => l.resume(now),
+                        _ => false,
+                    }
+                }
                 _ => false,
             };
             if !kept {
-                self.live.insert(model.clone(), (stored.rollout(&model, now), now));
+                self.live
+                    .insert(model.clone(), (stored.rollout(&model, now), stored.started));
             }
-            let Some((live, since)) = self.live.get_mut(&model) else {
+            let Some((live, _)) = self.live.get_mut(&model) else {
                 continue;
             };
-            for (_, tally) in tallies.iter().filter(|(m, _)| *m == model) {
+            for (_, tally) in tallies
+                .iter()
+                .filter(|(m, t)| *m == model && t.started == stored.started)
+            {
                 live.add(tally);
             }
-            // Both versions could not be placed on a node (the candidate fails to load, or the
-            // node cannot hold both): roll back, saying where and why.
-            let failed = self.placer.failed_since(&model, *since);
+            // A node answered a Place of both versions with a failure (the candidate does not load,
+            // or the node cannot hold both): roll back, saying where and why.
+            let failed = self.rollout_failed.remove(&model);
             let decision = match failed.filter(|_| matches!(live.phase, Phase::Running { .. })) {
                 Some((node, why)) => {
                     let reason = format!(

@@ -205,8 +205,8 @@ fn quick_start() -> Command {
 }
 
 /// A router's tally of `n` answers of each version, `bad` of the candidate's failing.
-fn tally(versions: (&str, &str), n: u32, bad: u32) -> Vec<(String, Tally)> {
-    let mut t = Tally::new(versions.0, versions.1);
+fn tally(versions: (&str, &str, u64), n: u32, bad: u32) -> Vec<(String, Tally)> {
+    let mut t = Tally::new(versions.0, versions.1, versions.2);
     for i in 0..n {
         t.record(Arm::Serving, true, Duration::from_millis(10));
         t.record(Arm::Candidate, i >= bad, Duration::from_millis(10));
@@ -217,15 +217,24 @@ fn tally(versions: (&str, &str), n: u32, bad: u32) -> Vec<(String, Tally)> {
 #[test]
 fn the_leaders_guard_advances_on_the_routers_tallies_and_stores_each_step() {
     let (mut rc, now) = router(&leader(1, &[]));
-    run(&mut rc, "m", quick_start(), &[]).unwrap();
-    assert_eq!(rc.judge(&tally(("1", "2"), 5, 0), now), vec![], "too few answers yet");
+    let started = run(&mut rc, "m", quick_start(), &[]).unwrap().started;
     assert_eq!(
-        rc.judge(&tally(("2", "3"), 50, 0), now),
+        rc.judge(&tally(("1", "2", started), 5, 0), now),
+        vec![],
+        "too few answers yet"
+    );
+    assert_eq!(
+        rc.judge(&tally(("1", "2", started + 1), 50, 0), now),
+        vec![],
+        "an earlier or later rollout of the same versions counts for nothing"
+    );
+    assert_eq!(
+        rc.judge(&tally(("2", "3", started), 50, 0), now),
         vec![],
         "another rollout's tally counts for nothing"
     );
     assert_eq!(
-        rc.judge(&tally(("1", "2"), 5, 0), now),
+        rc.judge(&tally(("1", "2", started), 5, 0), now),
         vec![("m".to_string(), Decision::Advance { step: 1, share: 100 })]
     );
     assert_eq!(rc.rollout_of("m").unwrap().phase, Phase::Running { step: 1 });
@@ -234,12 +243,12 @@ fn the_leaders_guard_advances_on_the_routers_tallies_and_stores_each_step() {
         Phase::Running { step: 1 }
     );
     assert_eq!(
-        rc.judge(&tally(("1", "2"), 10, 0), now),
+        rc.judge(&tally(("1", "2", started), 10, 0), now),
         vec![("m".to_string(), Decision::Promote)]
     );
     assert_eq!(rc.rollout_of("m").unwrap().phase, Phase::Promoted);
     assert_eq!(
-        rc.judge(&tally(("1", "2"), 10, 10), now),
+        rc.judge(&tally(("1", "2", started), 10, 10), now),
         vec![],
         "over: nothing to judge"
     );
@@ -248,8 +257,8 @@ fn the_leaders_guard_advances_on_the_routers_tallies_and_stores_each_step() {
 #[test]
 fn a_failing_candidate_is_rolled_back_with_why_and_a_follower_judges_nothing() {
     let (mut rc, now) = router(&leader(1, &[]));
-    run(&mut rc, "m", quick_start(), &[]).unwrap();
-    let decided = rc.judge(&tally(("1", "2"), 10, 2), now);
+    let started = run(&mut rc, "m", quick_start(), &[]).unwrap().started;
+    let decided = rc.judge(&tally(("1", "2", started), 10, 2), now);
     let [(_, Decision::RollBack { reason })] = decided.as_slice() else {
         panic!("{decided:?}")
     };
@@ -280,7 +289,7 @@ fn a_failing_candidate_is_rolled_back_with_why_and_a_follower_judges_nothing() {
         state: intent(&[("m", running.clone().unwrap())]),
     };
     let (mut f, now) = router(&follower);
-    assert_eq!(f.judge(&tally(("1", "2"), 10, 10), now), vec![]);
+    assert_eq!(f.judge(&tally(("1", "2", started), 10, 10), now), vec![]);
     assert_eq!(f.rollout_of("m"), running.as_ref());
 }
 

@@ -545,3 +545,53 @@ fn a_candidate_that_cannot_be_placed_rolls_its_rollout_back_saying_where_and_why
     );
     assert_eq!(w.rc.rollout_of("m").unwrap().share(), 0);
 }
+
+#[test]
+fn a_rollout_reaches_replicas_placed_before_this_router_led() {
+    // The nodes hold m already (placed by a router before this one): this router adopts them.
+    let mut w = World::new(settings(ControlMode::Explicit), &["m"], false);
+    let files = ["config.pbtxt", "1/model.onnx", "2/model.onnx"]
+        .map(|p| msg::FileEntry {
+            path: p.into(),
+            size: 10,
+        })
+        .to_vec();
+    w.repo.push(repo_model_of("m", "k1", files));
+    let held = crate::membership::NodeModel {
+        name: "m".into(),
+        version: 1,
+        ready: true,
+        reason: String::new(),
+        placed: true,
+        inflight: 0,
+    };
+    for n in &mut w.nodes {
+        n.models = vec![held.clone()];
+    }
+    w.ticks(5);
+    assert!(w.places().is_empty(), "adopted, not placed again: {:?}", w.places());
+    w.sent.clear();
+    let start = crate::rollout::Command::parse(br#"{"action": "start", "candidate": "2", "serving": "1"}"#).unwrap();
+    let (repo, nodes) = (w.repo.clone(), w.nodes.clone());
+    w.rc.rollout("m", &start, &repo, &nodes, w.now).unwrap();
+    w.ticks(3);
+    let widened: Vec<String> = w
+        .sent
+        .iter()
+        .filter_map(|c| match c {
+            Command::Place {
+                node,
+                config,
+                again: true,
+                ..
+            } if !config.is_empty() => Some(node.clone()),
+            _ => None,
+        })
+        .collect();
+    let kept: Vec<String> = w.holders("m").into_iter().collect();
+    assert!(!kept.is_empty());
+    assert_eq!(
+        widened, kept,
+        "each adopted replica kept placed again with both versions"
+    );
+}
