@@ -11,6 +11,9 @@ version.
 - A candidate that fails a fifth of its requests, and one five times slower, are rolled back by
   themselves; clients see no error (the candidate's failures are answered by version 1) and the
   reason is in `mesh-ops status`.
+- A router with etcd, killed and started again twice: a rollout started on replicas the new router
+  adopted places the candidate there, and one under way when the router dies goes on from the step
+  it had reached, to promotion, with every answer right.
 - Two routers sharing etcd, every request through the follower: the leader's guard judges on the
   follower's reported tallies alone and rolls a failing candidate back.
 - Shadow traffic: a client whose key keeps it on version 1 gets only version 1's answers while every
@@ -28,7 +31,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from cluster_util import wait_until
+from cluster_util import free_udp_port, wait_until
 from etcd_util import Etcd, require_etcd
 from mesh_util import metric_sum, parse_metrics
 from test_cluster_placement import empty_node, ops, python_args  # noqa: F401
@@ -116,8 +119,10 @@ class Load:
     """Eight threads of requests that name no version, each X unique; every answer is checked
     against the version that gave it and kept as (sent, answered, version, error)."""
 
-    def __init__(self, url: str, threads: int = 8, sequences: int = 0, key: str | None = None):
-        self.url, self.stop_, self.lock = url, threading.Event(), threading.Lock()
+    def __init__(self, url, threads: int = 8, sequences: int = 0, key: str | None = None):
+        # The router's address, or a function giving it now (a router started again has new ports).
+        self.url_of = url if callable(url) else (lambda: url)
+        self.stop_, self.lock = threading.Event(), threading.Lock()
         self.params = {"rollout_key": key} if key else None
         self.done: list[tuple[float, float, int | None, str | None]] = []
         self.wrong: list[str] = []
@@ -146,8 +151,11 @@ class Load:
         return v
 
     def run(self) -> None:
-        client = httpclient.InferenceServerClient(self.url, network_timeout=60)
+        client, at = None, None
         while not self.stop_.is_set():
+            if self.url_of() != at:
+                at = self.url_of()
+                client = httpclient.InferenceServerClient(at, network_timeout=60)
             x, sent = self.x(), time.monotonic()
             try:
                 v, err = self.infer(client, x, parameters=self.params), None
@@ -158,7 +166,7 @@ class Load:
 
     def sequence(self, sid: int) -> None:
         """Sequences of 20 requests each; the versions each one got."""
-        client = httpclient.InferenceServerClient(self.url, network_timeout=60)
+        client = httpclient.InferenceServerClient(self.url_of(), network_timeout=60)
         while not self.stop_.is_set() and not self.seq_stop.is_set():
             sid += 100
             got = set()
@@ -237,6 +245,12 @@ def start_rollout(c, **guard) -> dict:
 
 def resume(c) -> None:
     assert rollout(c, {"action": "resume"})["state"] == "running"
+
+
+def placed_on(router) -> set[str]:
+    """The nodes where `ver` is placed and ready, as the router's view has it."""
+    models = {m["name"]: m for m in router.view()["placement"]["models"]}
+    return {r["node"] for r in models.get(MODEL, {}).get("replicas", []) if r["state"] == "ready"}
 
 
 def router_metric(c, name: str, **labels) -> float:
@@ -398,5 +412,50 @@ def test_the_leaders_guard_judges_on_a_followers_reports(cluster_factory, tmp_pa
         assert router_metric(r1, "mesh_router_rollout_events_total", model=MODEL, event="roll_back") == 1
         assert router_metric(r1, "nv_inference_request_success", model=MODEL) == 0
         assert router_metric(r2, "mesh_router_rollout_retries_total", model=MODEL) > 0
+    finally:
+        etcd.stop()
+
+
+def test_a_router_killed_mid_rollout_leaves_it_where_it_was(cluster_factory, tmp_path):
+    require_etcd()
+    etcd = Etcd(tmp_path / "etcd", tmp_path / "etcd.log").start()
+    try:
+        c = cluster_factory()
+        args = ["--etcd-endpoints", etcd.endpoint, "--etcd-lease-secs", "2", "--load-timeout-ms", "60000",
+                "--router-name", "r1"]
+        # A fixed cluster port, so that the nodes find the router started again.
+        r1 = c.start_router([make_repo(tmp_path / "repo")], args, name="r1", cluster_port=free_udp_port())
+        for name in ("n1", "n2"):
+            empty_node(c, name)
+        wait_until(lambda: len(placed_on(r1)) == 2, 90, "version 1 placed and ready on both nodes")
+
+        def restart():
+            r1.kill()
+            r1.start([], timeout=60)
+            wait_until(lambda: r1.view()["router"]["lead"]["role"] == "leader", 60, "r1 to lead again")
+            wait_until(lambda: len(placed_on(r1)) == 2, 60, "both nodes back with the new router")
+
+        # The new router adopts the replicas; the rollout it starts reaches them.
+        restart()
+        start_rollout(c, max_p99_ratio=20.0, min_step_seconds=3)
+        load = Load(lambda: r1.http_url)
+        resume(c)
+        try:
+            wait_until(lambda: rollout(c)["share"] == 50, 120, lambda: f"the second step: {rollout(c)}")
+            # Killed mid-rollout: the next router goes on from the step it had reached.
+            restart()
+            r = rollout(c)
+            assert (r["state"], r["share"]) in {("running", 50), ("running", 100), ("promoted", 100)}, r
+            wait_until(lambda: rollout(c)["state"] == "promoted", 120, lambda: f"promotion: {rollout(c)}")
+        finally:
+            load.stop()
+        # Every answer right for the version that gave it; failures only while no router ran, or
+        # one just started had no node back yet (it knows no model then).
+        assert not load.wrong, load.wrong[:3]
+        answered = [v for _, _, v, err in load.done if err is None]
+        assert 2 in answered and 1 in answered, "both versions answered"
+        down = ("Connection refused", "connection closed", "unknown model: 'ver' is not found")
+        assert all(any(d in err for d in down) for *_, err in load.done if err), \
+            {err for *_, err in load.done if err}
     finally:
         etcd.stop()
