@@ -64,6 +64,12 @@ if [ -z "${MESH_FRESH_NS:-}" ]; then
 fi
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/mesh-fresh.XXXXXX")
+# The fresh root builds everything (debug with libtorch, release, the test models): about 30 GiB.
+# Less free space fails late with "No space left on device"; say so first.
+free_gib=$(( $(df -Pk "$work" | awk 'NR == 2 {print $4}') / 1048576 ))
+if [ "$free_gib" -lt 30 ]; then
+  echo "check-fresh: warning: $free_gib GiB free under $work; the fresh root's builds need about 30 GiB" >&2
+fi
 root=$work/root
 logs=$work/logs
 mkdir -p "$root" "$logs"
