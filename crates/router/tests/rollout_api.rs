@@ -344,7 +344,8 @@ async fn a_rollout_is_kept_with_placements_intent_across_leaders_and_restarts() 
     assert_eq!(r.0, 409, "the leader's conflict comes back as one: {r:?}");
     shows(r1.http, "paused").await;
     shows(r2.http, "paused").await;
-    let r = call(r2.http, "POST", ROLLOUT, Some(&tally(50)), None).await;
+    let started = shows(r1.http, "paused").await["started_ms"].as_u64().unwrap();
+    let r = call(r2.http, "POST", ROLLOUT, Some(&tally(started, 50)), None).await;
     assert_eq!(r.0, 503, "a follower's guard judges nothing: {r:?}");
     assert!(error_of(&r).contains("tallies go to the leader"), "{r:?}");
 
@@ -387,7 +388,10 @@ async fn a_rollout_is_kept_with_placements_intent_across_leaders_and_restarts() 
 
     // A follower's tally, as its placement sends it each second, reaches the leader's guard: a
     // candidate failing half of its requests is rolled back, and says why.
-    let r = call(r3.http, "POST", ROLLOUT, Some(&tally(50)), None).await;
+    let started = v["started_ms"].as_u64().unwrap();
+    let r = call(r3.http, "POST", ROLLOUT, Some(&tally(started + 1, 50)), None).await;
+    assert_eq!(r.0, 404, "a report of another rollout of the same versions: {r:?}");
+    let r = call(r3.http, "POST", ROLLOUT, Some(&tally(started, 50)), None).await;
     assert_eq!(r.0, 200, "{r:?}");
     let v = shows(r3.http, "rolled_back").await;
     assert!(
@@ -398,19 +402,20 @@ async fn a_rollout_is_kept_with_placements_intent_across_leaders_and_restarts() 
         "{v}"
     );
     assert_eq!(v["share"], 0);
-    let r = call(r3.http, "POST", ROLLOUT, Some(&tally(0)), None).await;
+    let r = call(r3.http, "POST", ROLLOUT, Some(&tally(started, 0)), None).await;
     assert_eq!(r.0, 404, "{r:?}");
     assert!(error_of(&r).contains("no running rollout from version 1 to 2"), "{r:?}");
 }
 
-/// A follower's report of 100 answers of each version (all 10 ms), `failed` of the candidate's
-/// failing.
-fn tally(failed: u32) -> String {
+/// A follower's report of 100 answers of each version (all 10 ms) of the rollout that started at
+/// `started`, `failed` of the candidate's failing.
+fn tally(started: u64, failed: u32) -> String {
     let answers = |errors: u32| json!({"requests": 100, "errors": errors, "latency": [[53, 100]]});
     json!({
         "action": "tally",
         "serving": "1",
         "candidate": "2",
+        "started": started,
         "serving_answers": answers(0),
         "candidate_answers": answers(failed),
     })

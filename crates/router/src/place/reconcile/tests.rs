@@ -473,8 +473,8 @@ fn scale_sets_bounds_that_the_intent_keeps() {
     assert_eq!(w.rc.intent(&w.repo).bounds, BTreeMap::from([("m".to_string(), (2, 3))]));
 }
 
-#[test]
-fn a_rollout_places_both_versions_and_its_end_restores_the_config() {
+/// A world whose repository holds m with versions 1 and 2.
+fn two_versions() -> World {
     let mut w = World::new(settings(ControlMode::Explicit), &["m"], false);
     let files = ["config.pbtxt", "1/model.onnx", "2/model.onnx"]
         .map(|p| msg::FileEntry {
@@ -483,6 +483,21 @@ fn a_rollout_places_both_versions_and_its_end_restores_the_config() {
         })
         .to_vec();
     w.repo.push(repo_model_of("m", "k1", files));
+    w
+}
+
+impl World {
+    /// An operator's rollout command (its body) for m, made now.
+    fn rollout(&mut self, body: &[u8]) {
+        let command = crate::rollout::Command::parse(body).unwrap();
+        let (repo, nodes) = (self.repo.clone(), self.nodes.clone());
+        self.rc.rollout("m", &command, &repo, &nodes, self.now).unwrap();
+    }
+}
+
+#[test]
+fn a_rollout_places_both_versions_and_its_end_restores_the_config() {
+    let mut w = two_versions();
     w.ticks(3);
     let holders = w.holders("m").len();
     assert!(holders > 0);
@@ -497,9 +512,7 @@ fn a_rollout_places_both_versions_and_its_end_restores_the_config() {
             })
             .collect()
     };
-    let start = crate::rollout::Command::parse(br#"{"action": "start", "candidate": "2", "serving": "1"}"#).unwrap();
-    let (repo, nodes) = (w.repo.clone(), w.nodes.clone());
-    w.rc.rollout("m", &start, &repo, &nodes, w.now).unwrap();
+    w.rollout(br#"{"action": "start", "candidate": "2", "serving": "1"}"#);
     w.ticks(3);
     let shipped = again(&w);
     assert_eq!(shipped.len(), holders, "each replica placed again once");
@@ -511,26 +524,16 @@ fn a_rollout_places_both_versions_and_its_end_restores_the_config() {
     };
     assert_eq!(s.versions, [1, 2]);
     // Promoted: version 2 is what the config's own policy (the latest) serves: its config again.
-    w.rc.rollout("m", &crate::rollout::Command::Promote, &repo, &nodes, w.now)
-        .unwrap();
+    w.rollout(br#"{"action": "promote"}"#);
     w.ticks(3);
     assert_eq!(again(&w)[holders..], vec![String::new(); holders]);
 }
 
 #[test]
 fn a_candidate_that_cannot_be_placed_rolls_its_rollout_back_saying_where_and_why() {
-    let mut w = World::new(settings(ControlMode::Explicit), &["m"], false);
-    let files = ["config.pbtxt", "1/model.onnx", "2/model.onnx"]
-        .map(|p| msg::FileEntry {
-            path: p.into(),
-            size: 10,
-        })
-        .to_vec();
-    w.repo.push(repo_model_of("m", "k1", files));
+    let mut w = two_versions();
     w.ticks(3);
-    let start = crate::rollout::Command::parse(br#"{"action": "start", "candidate": "2", "serving": "1"}"#).unwrap();
-    let (repo, nodes) = (w.repo.clone(), w.nodes.clone());
-    w.rc.rollout("m", &start, &repo, &nodes, w.now).unwrap();
+    w.rollout(br#"{"action": "start", "candidate": "2", "serving": "1"}"#);
     assert!(w.rc.judge(&[], w.now).is_empty(), "the guard starts judging");
     w.failing.insert("m".into(), "version 2 has no model file".into());
     w.ticks(3);
@@ -549,14 +552,7 @@ fn a_candidate_that_cannot_be_placed_rolls_its_rollout_back_saying_where_and_why
 #[test]
 fn a_rollout_reaches_replicas_placed_before_this_router_led() {
     // The nodes hold m already (placed by a router before this one): this router adopts them.
-    let mut w = World::new(settings(ControlMode::Explicit), &["m"], false);
-    let files = ["config.pbtxt", "1/model.onnx", "2/model.onnx"]
-        .map(|p| msg::FileEntry {
-            path: p.into(),
-            size: 10,
-        })
-        .to_vec();
-    w.repo.push(repo_model_of("m", "k1", files));
+    let mut w = two_versions();
     let held = crate::membership::NodeModel {
         name: "m".into(),
         version: 1,
@@ -571,9 +567,7 @@ fn a_rollout_reaches_replicas_placed_before_this_router_led() {
     w.ticks(5);
     assert!(w.places().is_empty(), "adopted, not placed again: {:?}", w.places());
     w.sent.clear();
-    let start = crate::rollout::Command::parse(br#"{"action": "start", "candidate": "2", "serving": "1"}"#).unwrap();
-    let (repo, nodes) = (w.repo.clone(), w.nodes.clone());
-    w.rc.rollout("m", &start, &repo, &nodes, w.now).unwrap();
+    w.rollout(br#"{"action": "start", "candidate": "2", "serving": "1"}"#);
     w.ticks(3);
     let widened: Vec<String> = w
         .sent
