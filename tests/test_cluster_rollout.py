@@ -34,7 +34,7 @@ import tritonclient.http as httpclient
 from cluster_util import free_udp_port, wait_until
 from etcd_util import Etcd, require_etcd
 from mesh_util import metric_sum, parse_metrics
-from test_cluster_placement import empty_node, ops, python_args  # noqa: F401
+from test_cluster_placement import empty_node, ops, python_args, ready_nodes  # noqa: F401
 
 pytestmark = [pytest.mark.server, pytest.mark.cluster]
 
@@ -247,12 +247,6 @@ def resume(c) -> None:
     assert rollout(c, {"action": "resume"})["state"] == "running"
 
 
-def placed_on(router) -> set[str]:
-    """The nodes where `ver` is placed and ready, as the router's view has it."""
-    models = {m["name"]: m for m in router.view()["placement"]["models"]}
-    return {r["node"] for r in models.get(MODEL, {}).get("replicas", []) if r["state"] == "ready"}
-
-
 def router_metric(c, name: str, **labels) -> float:
     return metric_sum(parse_metrics(at(c).metrics()), name, **labels) or 0.0
 
@@ -427,13 +421,13 @@ def test_a_router_killed_mid_rollout_leaves_it_where_it_was(cluster_factory, tmp
         r1 = c.start_router([make_repo(tmp_path / "repo")], args, name="r1", cluster_port=free_udp_port())
         for name in ("n1", "n2"):
             empty_node(c, name)
-        wait_until(lambda: len(placed_on(r1)) == 2, 90, "version 1 placed and ready on both nodes")
+        wait_until(lambda: len(ready_nodes(r1, MODEL)) == 2, 90, "version 1 placed and ready on both nodes")
 
         def restart():
             r1.kill()
             r1.start([], timeout=60)
             wait_until(lambda: r1.view()["router"]["lead"]["role"] == "leader", 60, "r1 to lead again")
-            wait_until(lambda: len(placed_on(r1)) == 2, 60, "both nodes back with the new router")
+            wait_until(lambda: len(ready_nodes(r1, MODEL)) == 2, 60, "both nodes back with the new router")
 
         # The new router adopts the replicas; the rollout it starts reaches them.
         restart()

@@ -103,15 +103,22 @@ pub fn rollout_shares(shares: &[(String, u8)]) {
     let set = |model: &str, share: u8| {
         gauge!("mesh_router_rollout_share", "model" => model.to_string()).set(f64::from(share));
     };
-    let now: BTreeSet<String> = shares.iter().map(|(m, _)| m.clone()).collect();
-    let mut published = ROLLOUTS.lock().unwrap_or_else(|e| e.into_inner());
-    for gone in published.difference(&now) {
-        set(gone, 0);
+    let gone = republish(&ROLLOUTS, shares.iter().map(|(m, _)| m.clone()).collect());
+    for model in &gone {
+        set(model, 0);
     }
     for (model, share) in shares {
         set(model, *share);
     }
+}
+
+/// Records `now` as the models `published` holds, answering those it held before and not now
+/// (whose series are to be set to 0: the registry keeps a series once set).
+fn republish(published: &Mutex<BTreeSet<String>>, now: BTreeSet<String>) -> Vec<String> {
+    let mut published = published.lock().unwrap_or_else(|e| e.into_inner());
+    let gone = published.difference(&now).cloned().collect();
     *published = now;
+    gone
 }
 
 /// A shadow request of `model`'s rollout and how it ended.
@@ -139,11 +146,9 @@ pub fn replicas(models: &[ModelView]) {
     let set = |model: &str, state: &'static str, n: f64| {
         gauge!("mesh_router_model_replicas", "model" => model.to_string(), "state" => state).set(n);
     };
-    let now: BTreeSet<String> = models.iter().map(|m| m.name.clone()).collect();
-    let mut published = PUBLISHED.lock().unwrap_or_else(|e| e.into_inner());
-    for gone in published.difference(&now) {
+    for gone in republish(&PUBLISHED, models.iter().map(|m| m.name.clone()).collect()) {
         for state in ["min", "max", "wanted", "ready"] {
-            set(gone, state, 0.0);
+            set(&gone, state, 0.0);
         }
     }
     for m in models {
@@ -153,7 +158,6 @@ pub fn replicas(models: &[ModelView]) {
         set(&m.name, "wanted", f64::from(m.wanted));
         set(&m.name, "ready", ready as f64);
     }
-    *published = now;
 }
 
 /// One finished client request.

@@ -29,17 +29,19 @@ async fn show(dispatch: Arc<RouterDispatch>, model: String) -> Response {
 }
 
 async fn change(dispatch: Arc<RouterDispatch>, model: String, body: &[u8]) -> Response {
+    let value = match Command::read(body) {
+        Ok(v) => v,
+        Err(e) => return error_response(e),
+    };
     // A follower's tally of answers for the leader's guard (`rollout::report`).
-    if body.len() <= crate::rollout::command::MAX_BODY_BYTES {
-        if let Some(report) = serde_json::from_slice(body).ok().filter(report::is_report) {
-            let taken = report::parse(&report).and_then(|t| dispatch.placement.merge_tally(&model, &t));
-            return match taken {
-                Ok(()) => Json(serde_json::json!({})).into_response(),
-                Err(e) => error_response(e),
-            };
-        }
+    if report::is_report(&value) {
+        let taken = report::parse(&value).and_then(|t| dispatch.placement.merge_tally(&model, &t));
+        return match taken {
+            Ok(()) => Json(serde_json::json!({})).into_response(),
+            Err(e) => error_response(e),
+        };
     }
-    let command = match Command::parse(body) {
+    let command = match Command::from_value(value) {
         Ok(c) => c,
         Err(e) => return error_response(e),
     };

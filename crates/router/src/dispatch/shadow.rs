@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use mesh::cluster::call::{self, Peer};
 use mesh::cluster::convert::request_frame;
 use mesh::sync::Locked;
-use mesh::{InferRequest, InferResponse};
+use mesh::{InferRequest, InferResponse, NamedTensor};
 use serde_json::Value;
 use tokio::sync::{oneshot, Semaphore};
 
@@ -64,9 +64,9 @@ impl Shadows {
     }
 }
 
-/// The bytes of an answer's outputs.
-fn outputs_size(answer: &InferResponse) -> usize {
-    answer.outputs.iter().map(|t| t.tensor.data.len()).sum()
+/// The bytes of tensors (a request's inputs, an answer's outputs).
+fn tensors_size(tensors: &[NamedTensor]) -> usize {
+    tensors.iter().map(|t| t.tensor.data.len()).sum()
 }
 
 /// Why a shadow got no answer.
@@ -107,7 +107,7 @@ impl RouterDispatch {
         }
         let rollout = (side.serving.as_str(), side.candidate.as_str(), side.started);
         let model = request.model_name.clone();
-        let size = request.inputs.iter().map(|t| t.tensor.data.len()).sum::<usize>();
+        let size = tensors_size(&request.inputs);
         let slot = self.shadows.slots.clone().try_acquire_owned().ok();
         let held = self.shadows.bytes.fetch_add(size, Ordering::AcqRel) + size;
         let Some(slot) = slot.filter(|_| held <= MAX_SHADOW_BYTES) else {
@@ -148,7 +148,7 @@ impl Shadow {
         let result = self.send().await;
         let took = started.elapsed();
         // The request's bytes are let go; the shadow's answer is held until compared.
-        let answer_size = result.as_ref().map_or(0, outputs_size);
+        let answer_size = result.as_ref().map_or(0, |a| tensors_size(&a.outputs));
         self.shadows.bytes.fetch_add(answer_size, Ordering::AcqRel);
         self.shadows.bytes.fetch_sub(self.held, Ordering::AcqRel);
         let versions = (self.rollout.0.as_str(), self.rollout.1.as_str(), self.rollout.2);
@@ -172,7 +172,7 @@ impl Shadow {
                 };
                 // Both answers are held while compared: within the shadows' bytes, off the async
                 // threads (a large output takes a while).
-                let real_size = outputs_size(&real);
+                let real_size = tensors_size(&real.outputs);
                 let size = real_size + answer_size;
                 let held = self.shadows.bytes.fetch_add(real_size, Ordering::AcqRel) + real_size;
                 let compared = if held <= MAX_SHADOW_BYTES {

@@ -94,6 +94,11 @@ impl Command {
     /// Reads a request body: `{"action": "start", "candidate": "2", ...}` or `{"action": "pause"}`
     /// (resume, promote, abort). Every mistake is an invalid-argument error naming the field.
     pub fn parse(body: &[u8]) -> Result<Command> {
+        Command::from_value(Command::read(body)?)
+    }
+
+    /// A rollout request's body as JSON, read within its bounds (413 past [`MAX_BODY_BYTES`]).
+    pub fn read(body: &[u8]) -> Result<Value> {
         if body.len() > MAX_BODY_BYTES {
             return Err(Error::new(
                 Code::PayloadTooLarge,
@@ -103,7 +108,11 @@ impl Command {
                 ),
             ));
         }
-        let value = mesh::http::json_bounded::parse(body, "rollout request")?;
+        mesh::http::json_bounded::parse(body, "rollout request")
+    }
+
+    /// The command a request's JSON body gives.
+    pub fn from_value(value: Value) -> Result<Command> {
         let Value::Object(fields) = value else {
             return Err(Error::invalid(
                 "the rollout request must be a JSON object such as {\"action\": \"start\", \"candidate\": \"2\"}",

@@ -204,13 +204,20 @@ impl Rollout {
         }
     }
 
-    /// A router's tally of answers, when it counted this rollout's versions (the caller checks it
-    /// is of this rollout, not an earlier one of the same versions).
+    /// A router's tally of this rollout's answers (the caller checks it counts this rollout:
+    /// [`Tally::counts`]).
     pub fn add(&mut self, tally: &Tally) {
-        if tally.serving == self.spec.serving && tally.candidate == self.spec.candidate {
-            self.serving.merge(&tally.serving_answers);
-            self.candidate.merge(&tally.candidate_answers);
+        self.serving.merge(&tally.serving_answers);
+        self.candidate.merge(&tally.candidate_answers);
+    }
+
+    /// Rolls it back for `reason` while it runs (a paused or finished one stays as it is).
+    pub fn roll_back(&mut self, reason: String) -> Decision {
+        if !matches!(self.phase, Phase::Running { .. }) {
+            return Decision::Stay;
         }
+        self.phase = Phase::RolledBack { reason: reason.clone() };
+        Decision::RollBack { reason }
     }
 
     /// What to do at `now`: roll back, advance, promote, or nothing.
@@ -219,8 +226,7 @@ impl Rollout {
             return Decision::Stay;
         };
         if let Some(reason) = self.judge() {
-            self.phase = Phase::RolledBack { reason: reason.clone() };
-            return Decision::RollBack { reason };
+            return self.roll_back(reason);
         }
         // At 100% the serving version gets no versionless requests: its window is the last step's
         // (kept as the baseline), or none for a rollout restored there, judged on time and count.

@@ -1,6 +1,7 @@
 //! One version's answers in a rollout's step: how many, how many failed, and their latency
 //! (a bounded histogram, so a step of any length holds a fixed size); and a router's [`Tally`] of
 //! both versions' answers, which the leader's guard adds to the step's windows.
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::Arm;
@@ -35,6 +36,27 @@ impl Tally {
             Arm::Serving => self.serving_answers.record(ok, latency),
             Arm::Candidate => self.candidate_answers.record(ok, latency),
         }
+    }
+
+    /// The rollout it counts: (serving, candidate, started).
+    pub fn rollout(&self) -> (&str, &str, u64) {
+        (&self.serving, &self.candidate, self.started)
+    }
+
+    /// `model`'s tally in `tallies`, of `rollout` (serving, candidate, started): empty if it held
+    /// another rollout's (which is dropped).
+    pub fn of<'a>(
+        tallies: &'a mut HashMap<String, Tally>,
+        model: &str,
+        (serving, candidate, started): (&str, &str, u64),
+    ) -> &'a mut Tally {
+        let t = tallies
+            .entry(model.to_string())
+            .or_insert_with(|| Tally::new(serving, candidate, started));
+        if !t.counts(serving, candidate, started) {
+            *t = Tally::new(serving, candidate, started);
+        }
+        t
     }
 
     /// Whether it counts the rollout from `serving` to `candidate` that started at `started`.

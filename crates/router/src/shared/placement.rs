@@ -1,7 +1,7 @@
 //! Placement as the request path and the router's API see it: the cluster repository, the
 //! PlacementActor's mailbox (load, unload, scale, drain, rollout), its last published view, and
 //! which models requests use (for least-recently-used eviction).
-use mesh::sync::ReadWrite;
+use mesh::sync::{Locked, ReadWrite};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -208,29 +208,13 @@ impl Placement {
 
     /// Counts one answer of a rolled-out model's version (`arm` of the rollout from `serving` to
     /// `candidate`): `ok` unless it failed, after `took`.
-    pub fn tally(
-        &self,
-        model: &str,
-        (serving, candidate, started): (&str, &str, u64),
-        arm: Arm,
-        ok: bool,
-        took: Duration,
-    ) {
-        use mesh::sync::Locked;
-        let mut tallies = self.tallies.locked();
-        let t = tallies
-            .entry(model.to_string())
-            .or_insert_with(|| Tally::new(serving, candidate, started));
-        if !t.counts(serving, candidate, started) {
-            *t = Tally::new(serving, candidate, started);
-        }
-        t.record(arm, ok, took);
+    pub fn tally(&self, model: &str, rollout: (&str, &str, u64), arm: Arm, ok: bool, took: Duration) {
+        Tally::of(&mut self.tallies.locked(), model, rollout).record(arm, ok, took);
     }
 
     /// Adds a follower's reported `tally` of `model` to this router's, for its guard: taken only
     /// by the leader, for a model whose rollout runs between those versions.
     pub fn merge_tally(&self, model: &str, tally: &Tally) -> Result<()> {
-        use mesh::sync::Locked;
         if self.lead.role().epoch().is_none() {
             return Err(mesh::Error::unavailable(
                 "this router does not lead placement: a rollout's tallies go to the leader",
@@ -247,14 +231,7 @@ impl Placement {
                 tally.serving, tally.candidate
             )));
         }
-        let mut tallies = self.tallies.locked();
-        let mine = tallies
-            .entry(model.to_string())
-            .or_insert_with(|| Tally::new(&tally.serving, &tally.candidate, tally.started));
-        if !mine.counts(&tally.serving, &tally.candidate, tally.started) {
-            *mine = Tally::new(&tally.serving, &tally.candidate, tally.started);
-        }
-        mine.merge(tally);
+        Tally::of(&mut self.tallies.locked(), model, tally.rollout()).merge(tally);
         Ok(())
     }
 
@@ -262,7 +239,6 @@ impl Placement {
     /// at a time; a report the leader does not take is dropped with a log line (the guard judges
     /// on the answers it has). Nothing for a router that leads.
     pub(crate) fn hand_over(&self, taken: Vec<(String, Tally)>, now: Instant) {
-        use mesh::sync::Locked;
         let Some((leader, http)) = self.leader_elsewhere() else {
             // Leading (or alone): nothing waits to go to another leader any more.
             self.outbox.locked().0.clear();
@@ -272,14 +248,7 @@ impl Placement {
             let mut outbox = self.outbox.locked();
             let (pending, sent) = &mut *outbox;
             for (model, tally) in taken {
-                let mine = pending
-                    .entry(model)
-                    .or_insert_with(|| Tally::new(&tally.serving, &tally.candidate, tally.started));
-                if !mine.counts(&tally.serving, &tally.candidate, tally.started) {
-                    *mine = tally;
-                    continue;
-                }
-                mine.merge(&tally);
+                Tally::of(pending, &model, tally.rollout()).merge(&tally);
             }
             if pending.is_empty() || sent.is_some_and(|at| now.saturating_duration_since(at) < REPORT_EVERY) {
                 return;
@@ -307,7 +276,6 @@ impl Placement {
 
     /// Takes every tally counted since the last time.
     pub(crate) fn take_tallies(&self) -> Vec<(String, Tally)> {
-        use mesh::sync::Locked;
         std::mem::take(&mut *self.tallies.locked()).into_iter().collect()
     }
 

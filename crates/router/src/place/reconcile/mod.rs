@@ -515,8 +515,13 @@ impl Reconcile {
     /// Ships a model again to replicas holding an older copy (its files or config changed).
     fn reship(&mut self, snap: &Snapshot, epoch: u64, out: &mut Output) {
         // A ready replica this router did not ship (adopted: placed before it led) holds the model
-        // as its own config places it: a rollout's config differs and ships it again.
-        for v in self.placer.view() {
+        // as its own config places it; only a rollout's config differs, and ships it again.
+        let rolled_out = if self.rollouts.is_empty() {
+            Vec::new()
+        } else {
+            self.placer.view()
+        };
+        for v in rolled_out.iter().filter(|v| self.rollouts.contains_key(&v.name)) {
             let Some(m) = snap.model(&v.name) else { continue };
             for r in v.replicas.iter().filter(|r| r.state == ReplicaState::Ready) {
                 let pair = (v.name.clone(), r.node.clone());
@@ -528,13 +533,13 @@ impl Reconcile {
             }
         }
         // What each model ships now, once per model (a rollout's config is made anew each time).
-        let mut now: HashMap<&str, String> = HashMap::new();
+        let mut shipping: HashMap<&str, String> = HashMap::new();
         let stale: Vec<(String, String)> = self
             .shipped
             .iter()
             .filter(|((model, _), was)| {
                 snap.model(model).is_some_and(|m| {
-                    let current = now
+                    let current = shipping
                         .entry(model.as_str())
                         .or_insert_with(|| shipment(m, &self.placed_config(m)));
                     current != *was

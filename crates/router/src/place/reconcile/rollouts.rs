@@ -178,24 +178,17 @@ impl Reconcile {
             let Some((live, _)) = self.live.get_mut(&model) else {
                 continue;
             };
-            for (_, tally) in tallies
-                .iter()
-                .filter(|(m, t)| *m == model && t.started == stored.started)
-            {
+            let ours = |t: &Tally| t.counts(&stored.serving, &stored.candidate, stored.started);
+            for (_, tally) in tallies.iter().filter(|(m, t)| *m == model && ours(t)) {
                 live.add(tally);
             }
             // A node answered a Place of both versions with a failure (the candidate does not load,
             // or the node cannot hold both): roll back, saying where and why.
-            let failed = self.rollout_failed.remove(&model);
-            let decision = match failed.filter(|_| matches!(live.phase, Phase::Running { .. })) {
-                Some((node, why)) => {
-                    let reason = format!(
-                        "versions {} and {} could not be placed on node '{node}': {why}",
-                        stored.serving, stored.candidate
-                    );
-                    live.phase = Phase::RolledBack { reason: reason.clone() };
-                    Decision::RollBack { reason }
-                }
+            let decision = match self.rollout_failed.remove(&model) {
+                Some((node, why)) => live.roll_back(format!(
+                    "versions {} and {} could not be placed on node '{node}': {why}",
+                    stored.serving, stored.candidate
+                )),
                 None => live.tick(now),
             };
             if decision != Decision::Stay {
